@@ -1,0 +1,28 @@
+"""keras_vit: the Vision Transformer (Dosovitskiy et al., 2021) for Keras 3.
+
+    import keras_vit
+    model = keras_vit.ViT_B16()                      # 224x224, 1000 classes
+    model = keras_vit.vit("R50+B/16", num_classes=37)
+"""
+
+from keras_vit import layers, resnet
+from keras_vit.builders import (
+    R26_ViT_S32,
+    R50_ViT_B16,
+    R50_ViT_L32,
+    R_ViT_Ti16,
+    ViT_B8,
+    ViT_B16,
+    ViT_B32,
+    ViT_H14,
+    ViT_L16,
+    ViT_L32,
+    ViT_S16,
+    ViT_S32,
+    ViT_Ti16,
+)
+from keras_vit.model import attention_model, vit
+from keras_vit.preprocessing import preprocess_inputs
+from keras_vit.variants import VARIANT_NAMES, parse_variant
+
+__version__ = "0.1.0"

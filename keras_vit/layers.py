@@ -1,0 +1,445 @@
+"""The Vision Transformer's layers, written with `keras.ops` so they run on any Keras backend.
+
+Reading order follows the model: patches, class token, position embeddings, then the encoder
+block (attention + MLP). Weights are named after the original checkpoint tree so that loading a
+released `.npz` file is a mechanical map.
+"""
+
+import math
+
+import keras
+from keras import ops
+
+LAYER_NORM_EPSILON = 1e-6  # the original's; Keras' default is 1e-3
+
+
+def _xavier_uniform_flat(fan_in, fan_out):
+    """Xavier-uniform on the flattened (fan_in, fan_out) matrix, for any kernel shape."""
+    limit = math.sqrt(6.0 / (fan_in + fan_out))
+    return keras.initializers.RandomUniform(-limit, limit)
+
+
+def _check_rank(layer, shape, rank, what):
+    if len(shape) != rank:
+        raise ValueError(
+            f"{layer.__class__.__name__} '{layer.name}' expects {what} of rank {rank}, "
+            f"got shape {tuple(shape)}."
+        )
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class PatchEmbed(keras.layers.Layer):
+    """Cuts images into non-overlapping square patches and projects each to `hidden_size`.
+
+    The projection is the paper's E (a convolution with stride = kernel = patch size).
+
+    Args:
+        patch_size: side of the square patches in pixels.
+        hidden_size: width D of each token.
+        **kwargs: base `Layer` arguments (`name`, `dtype`, ...).
+
+    Input: images `[batch, height, width, channels]`, height and width multiples of
+    `patch_size`. Output: tokens `[batch, (height // p) * (width // p), hidden_size]`, row major.
+    """
+
+    def __init__(self, patch_size, hidden_size, **kwargs):
+        super().__init__(**kwargs)
+        self.patch_size = int(patch_size)
+        self.hidden_size = int(hidden_size)
+
+    def build(self, input_shape):
+        _check_rank(self, input_shape, 4, "images [batch, height, width, channels]")
+        height, width, channels = input_shape[1:]
+        for side, value in (("height", height), ("width", width)):
+            if value is not None and value % self.patch_size:
+                raise ValueError(
+                    f"Image {side} {value} is not divisible by the patch size {self.patch_size}; "
+                    f"use a multiple of {self.patch_size}, e.g. "
+                    f"{value // self.patch_size * self.patch_size or self.patch_size}."
+                )
+        if channels is None:
+            raise ValueError("PatchEmbed needs a known number of input channels.")
+        self.kernel = self.add_weight(
+            name="kernel",
+            shape=(self.patch_size, self.patch_size, channels, self.hidden_size),
+            initializer="lecun_normal",
+        )
+        self.bias = self.add_weight(name="bias", shape=(self.hidden_size,), initializer="zeros")
+        self.channels = channels
+
+    def call(self, images):
+        if images.shape[-1] != self.channels:
+            raise ValueError(
+                f"Expected images with {self.channels} channels (last axis), "
+                f"got shape {tuple(images.shape)}."
+            )
+        patches = ops.conv(images, self.kernel, strides=self.patch_size, padding="valid")
+        patches = patches + self.bias
+        batch = ops.shape(patches)[0]
+        return ops.reshape(patches, (batch, -1, self.hidden_size))
+
+    def compute_output_shape(self, input_shape):
+        batch, height, width, _ = input_shape
+        tokens = None
+        if height is not None and width is not None:
+            tokens = (height // self.patch_size) * (width // self.patch_size)
+        return (batch, tokens, self.hidden_size)
+
+    def get_config(self):
+        return {**super().get_config(), "patch_size": self.patch_size,
+                "hidden_size": self.hidden_size}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class ClassToken(keras.layers.Layer):
+    """Prepends the learned class token (initialised to zeros) to a token sequence.
+
+    Input: `[batch, tokens, D]`. Output: `[batch, tokens + 1, D]`. The weight is named `cls`
+    like the original's.
+    """
+
+    def build(self, input_shape):
+        _check_rank(self, input_shape, 3, "tokens [batch, tokens, hidden]")
+        self.cls = self.add_weight(name="cls", shape=(1, 1, input_shape[-1]), initializer="zeros")
+
+    def call(self, tokens):
+        batch = ops.shape(tokens)[0]
+        cls = ops.broadcast_to(ops.cast(self.cls, tokens.dtype), (batch, 1, tokens.shape[-1]))
+        return ops.concatenate([cls, tokens], axis=1)
+
+    def compute_output_shape(self, input_shape):
+        tokens = None if input_shape[1] is None else input_shape[1] + 1
+        return (input_shape[0], tokens, input_shape[2])
+
+
+POSITION_EMBEDDINGS = ("learned", "learned_2d", "none")
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class AddPositionEmbs(keras.layers.Layer):
+    """Adds position embeddings to a sequence of `prefix` tokens followed by a grid of patches.
+
+    Args:
+        grid_size: `(rows, columns)` of the patch grid.
+        num_prefix_tokens: tokens before the grid (1 with a class token, else 0).
+        kind: the paper's choices (appendix D.4):
+            "learned": one learned D-vector per position, including the prefix tokens, weight
+                `pos_embedding` of shape `(1, prefix + rows * columns, D)` as in the checkpoints;
+            "learned_2d": learned row and column embeddings of size D/2 each, concatenated
+                (`row_embedding`, `column_embedding`), plus `prefix_embedding` for prefix tokens;
+            "none": nothing is added.
+        **kwargs: base `Layer` arguments.
+    """
+
+    def __init__(self, grid_size, num_prefix_tokens=1, kind="learned", **kwargs):
+        super().__init__(**kwargs)
+        if kind not in POSITION_EMBEDDINGS:
+            raise ValueError(
+                f"Unknown position embedding {kind!r}; expected one of {POSITION_EMBEDDINGS}."
+            )
+        self.grid_size = tuple(int(g) for g in grid_size)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.kind = kind
+
+    @property
+    def num_tokens(self):
+        return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+
+    def build(self, input_shape):
+        _check_rank(self, input_shape, 3, "tokens [batch, tokens, hidden]")
+        hidden = input_shape[-1]
+        init = keras.initializers.RandomNormal(stddev=0.02)
+        if self.kind == "learned":
+            self.pos_embedding = self.add_weight(
+                name="pos_embedding", shape=(1, self.num_tokens, hidden), initializer=init)
+        elif self.kind == "learned_2d":
+            if hidden % 2:
+                raise ValueError(f"learned_2d position embeddings need an even width, got {hidden}.")
+            rows, columns = self.grid_size
+            self.row_embedding = self.add_weight(
+                name="row_embedding", shape=(rows, hidden // 2), initializer=init)
+            self.column_embedding = self.add_weight(
+                name="column_embedding", shape=(columns, hidden // 2), initializer=init)
+            if self.num_prefix_tokens:
+                self.prefix_embedding = self.add_weight(
+                    name="prefix_embedding", shape=(self.num_prefix_tokens, hidden),
+                    initializer=init)
+
+    def embeddings(self):
+        """The `[1, tokens, D]` embeddings this layer adds (zeros for "none")."""
+        if self.kind == "learned":
+            return self.pos_embedding
+        if self.kind == "none":
+            return None
+        rows, columns = self.grid_size
+        half = self.row_embedding.shape[-1]
+        row = ops.broadcast_to(self.row_embedding[:, None, :], (rows, columns, half))
+        column = ops.broadcast_to(self.column_embedding[None, :, :], (rows, columns, half))
+        grid = ops.reshape(ops.concatenate([row, column], axis=-1), (rows * columns, 2 * half))
+        if self.num_prefix_tokens:
+            grid = ops.concatenate([self.prefix_embedding, grid], axis=0)
+        return grid[None]
+
+    def call(self, tokens):
+        if tokens.shape[1] is not None and tokens.shape[1] != self.num_tokens:
+            raise ValueError(
+                f"Position embeddings were built for {self.num_tokens} tokens "
+                f"({self.num_prefix_tokens} prefix + {self.grid_size[0]}x{self.grid_size[1]} "
+                f"grid) but got {tokens.shape[1]}. Build the model for this image size."
+            )
+        embeddings = self.embeddings()
+        if embeddings is None:
+            return tokens
+        return tokens + ops.cast(embeddings, tokens.dtype)
+
+    def get_config(self):
+        return {**super().get_config(), "grid_size": self.grid_size,
+                "num_prefix_tokens": self.num_prefix_tokens, "kind": self.kind}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class DropPath(keras.layers.Layer):
+    """Stochastic depth: drops the whole residual branch of a sample with probability `rate`.
+
+    Kept samples are scaled by `1 / (1 - rate)`, so inference needs no change.
+
+    Args:
+        rate: probability of dropping a sample's branch during training.
+        seed: optional integer seed.
+    """
+
+    def __init__(self, rate=0.0, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        if not 0.0 <= rate < 1.0:
+            raise ValueError(f"DropPath rate must be in [0, 1), got {rate}.")
+        self.rate = float(rate)
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed) if rate > 0 else None
+
+    def call(self, inputs, training=False):
+        if not training or self.rate == 0.0:
+            return inputs
+        keep = 1.0 - self.rate
+        shape = (ops.shape(inputs)[0],) + (1,) * (len(inputs.shape) - 1)
+        noise = keras.random.uniform(shape, seed=self.seed_generator, dtype=inputs.dtype)
+        mask = ops.cast(noise < keep, inputs.dtype)
+        return inputs * mask / ops.cast(keep, inputs.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "rate": self.rate, "seed": self.seed}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class MultiHeadSelfAttention(keras.layers.Layer):
+    """Multi-head scaled dot-product self-attention, as in the paper's equations 5 to 8.
+
+    Weights: `query`, `key`, `value` and `out` dense layers on the flattened `(D, D)` shape
+    (the checkpoints store them as `(D, heads, D/heads)`; loading reshapes).
+
+    Args:
+        num_heads: attention heads; must divide the input width.
+        dropout: dropout on the attention weights.
+        **kwargs: base `Layer` arguments.
+
+    `call(x, training, return_attention_scores=False)` returns `[batch, tokens, D]`, and with
+    `return_attention_scores=True` also the weights `[batch, heads, tokens, tokens]`.
+    """
+
+    def __init__(self, num_heads, dropout=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.dropout = float(dropout)
+
+    def build(self, input_shape):
+        _check_rank(self, input_shape, 3, "tokens [batch, tokens, hidden]")
+        hidden = input_shape[-1]
+        if hidden % self.num_heads:
+            raise ValueError(
+                f"Hidden size {hidden} is not divisible by num_heads={self.num_heads}; "
+                f"choose num_heads among the divisors of {hidden}."
+            )
+        self.head_dim = hidden // self.num_heads
+        kernel_init = _xavier_uniform_flat(hidden, hidden)
+
+        def dense(name):
+            layer = keras.layers.Dense(hidden, kernel_initializer=kernel_init, name=name,
+                                       dtype=self.dtype_policy)
+            layer.build(input_shape)
+            return layer
+
+        self.query, self.key, self.value, self.out = (
+            dense(n) for n in ("query", "key", "value", "out"))
+        self.attention_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+
+    def _split_heads(self, x):
+        batch, tokens = ops.shape(x)[0], ops.shape(x)[1]
+        x = ops.reshape(x, (batch, tokens, self.num_heads, self.head_dim))
+        return ops.transpose(x, (0, 2, 1, 3))
+
+    def call(self, x, training=False, return_attention_scores=False):
+        scale = ops.cast(1.0 / math.sqrt(self.head_dim), x.dtype)
+        query = self._split_heads(self.query(x) * scale)
+        key = self._split_heads(self.key(x))
+        value = self._split_heads(self.value(x))
+        logits = ops.matmul(query, ops.transpose(key, (0, 1, 3, 2)))
+        # Softmax in float32 even under a bfloat16 policy, as the original does.
+        weights = ops.cast(ops.softmax(ops.cast(logits, "float32"), axis=-1), x.dtype)
+        attended = ops.matmul(self.attention_dropout(weights, training=training), value)
+        attended = ops.transpose(attended, (0, 2, 1, 3))
+        batch, tokens = ops.shape(x)[0], ops.shape(x)[1]
+        output = self.out(ops.reshape(attended, (batch, tokens, self.num_heads * self.head_dim)))
+        if return_attention_scores:
+            return output, weights
+        return output
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "num_heads": self.num_heads, "dropout": self.dropout}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class MlpBlock(keras.layers.Layer):
+    """Dense(mlp_dim) -> GELU -> Dropout -> Dense(D) -> Dropout (weights `Dense_0`, `Dense_1`).
+
+    Args:
+        mlp_dim: hidden size of the MLP.
+        dropout: dropout rate after each dense layer.
+        approximate_gelu: tanh approximation of GELU (the original's default) when True.
+        **kwargs: base `Layer` arguments.
+    """
+
+    def __init__(self, mlp_dim, dropout=0.0, approximate_gelu=True, **kwargs):
+        super().__init__(**kwargs)
+        self.mlp_dim = int(mlp_dim)
+        self.dropout = float(dropout)
+        self.approximate_gelu = bool(approximate_gelu)
+
+    def build(self, input_shape):
+        hidden = input_shape[-1]
+        bias_init = keras.initializers.RandomNormal(stddev=1e-6)
+        self.dense_0 = keras.layers.Dense(
+            self.mlp_dim, kernel_initializer="glorot_uniform", bias_initializer=bias_init,
+            name="Dense_0", dtype=self.dtype_policy)
+        self.dense_1 = keras.layers.Dense(
+            hidden, kernel_initializer="glorot_uniform", bias_initializer=bias_init,
+            name="Dense_1", dtype=self.dtype_policy)
+        self.dense_0.build(input_shape)
+        self.dense_1.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
+        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+
+    def call(self, x, training=False):
+        x = ops.gelu(self.dense_0(x), approximate=self.approximate_gelu)
+        x = self.dropout_layer(x, training=training)
+        return self.dropout_layer(self.dense_1(x), training=training)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "mlp_dim": self.mlp_dim, "dropout": self.dropout,
+                "approximate_gelu": self.approximate_gelu}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class EncoderBlock(keras.layers.Layer):
+    """One pre-norm transformer block (paper equations 2 and 3):
+
+        x = x + DropPath(Dropout(MSA(LN(x))))
+        x = x + DropPath(MLP(LN(x)))
+
+    Sub-layers are named as in the checkpoints: `LayerNorm_0`, `MultiHeadDotProductAttention_1`,
+    `LayerNorm_2`, `MlpBlock_3`.
+
+    Args:
+        num_heads: attention heads.
+        mlp_dim: hidden size of the MLP.
+        dropout: dropout after the attention and inside the MLP.
+        attention_dropout: dropout on the attention weights.
+        drop_path_rate: stochastic-depth rate of this block.
+        approximate_gelu: tanh-approximate GELU (the original) when True, exact when False.
+        **kwargs: base `Layer` arguments.
+
+    `call(x, training, return_attention_scores=False)`: with `return_attention_scores=True`
+    returns `(x, attention_weights)` with weights `[batch, heads, tokens, tokens]`.
+    """
+
+    def __init__(self, num_heads, mlp_dim, dropout=0.0, attention_dropout=0.0,
+                 drop_path_rate=0.0, approximate_gelu=True, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.mlp_dim = int(mlp_dim)
+        self.dropout = float(dropout)
+        self.attention_dropout = float(attention_dropout)
+        self.drop_path_rate = float(drop_path_rate)
+        self.approximate_gelu = bool(approximate_gelu)
+
+    def build(self, input_shape):
+        _check_rank(self, input_shape, 3, "tokens [batch, tokens, hidden]")
+        policy = self.dtype_policy
+        self.norm_0 = keras.layers.LayerNormalization(
+            epsilon=LAYER_NORM_EPSILON, name="LayerNorm_0", dtype=policy)
+        self.attention = MultiHeadSelfAttention(
+            self.num_heads, dropout=self.attention_dropout,
+            name="MultiHeadDotProductAttention_1", dtype=policy)
+        self.norm_2 = keras.layers.LayerNormalization(
+            epsilon=LAYER_NORM_EPSILON, name="LayerNorm_2", dtype=policy)
+        self.mlp = MlpBlock(self.mlp_dim, dropout=self.dropout,
+                            approximate_gelu=self.approximate_gelu, name="MlpBlock_3",
+                            dtype=policy)
+        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=policy)
+        self.drop_path = DropPath(self.drop_path_rate, dtype=policy)
+        for layer in (self.norm_0, self.attention, self.norm_2, self.mlp):
+            layer.build(input_shape)
+
+    def call(self, x, training=False, return_attention_scores=False):
+        attended = self.attention(self.norm_0(x), training=training,
+                                  return_attention_scores=return_attention_scores)
+        if return_attention_scores:
+            attended, weights = attended
+        attended = self.dropout_layer(attended, training=training)
+        x = x + self.drop_path(attended, training=training)
+        x = x + self.drop_path(self.mlp(self.norm_2(x), training=training), training=training)
+        if return_attention_scores:
+            return x, weights
+        return x
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "num_heads": self.num_heads, "mlp_dim": self.mlp_dim,
+                "dropout": self.dropout, "attention_dropout": self.attention_dropout,
+                "drop_path_rate": self.drop_path_rate,
+                "approximate_gelu": self.approximate_gelu}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class TokenPooling(keras.layers.Layer):
+    """Reduces `[batch, tokens, D]` to `[batch, D]`: the class token ("token") or the mean
+    of all tokens ("gap").
+
+    Args:
+        classifier: "token" or "gap".
+    """
+
+    def __init__(self, classifier="token", **kwargs):
+        super().__init__(**kwargs)
+        if classifier not in ("token", "gap"):
+            raise ValueError(f"classifier must be 'token' or 'gap', got {classifier!r}.")
+        self.classifier = classifier
+
+    def call(self, tokens):
+        if self.classifier == "token":
+            return tokens[:, 0]
+        return ops.mean(tokens, axis=1)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[-1])
+
+    def get_config(self):
+        return {**super().get_config(), "classifier": self.classifier}

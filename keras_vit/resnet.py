@@ -1,0 +1,180 @@
+"""The ResNet-v2 ("BiT") front of the hybrid models: weight-standardised convolutions,
+GroupNorm(32 groups), a stem and bottleneck stages. Names follow the original checkpoints
+(`conv_root`, `gn_root`, `block{s}/unit{u}/conv1`, ...)."""
+
+import keras
+from keras import ops
+
+GROUP_NORM_EPSILON = 1e-6
+WEIGHT_STANDARDIZATION_EPSILON = 1e-5
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class StdConv2D(keras.layers.Conv2D):
+    """A `Conv2D` whose kernel is standardised per output channel at every call:
+    `(w - mean) / (std + 1e-5)` over the spatial and input axes (no bias by default).
+
+    Takes the arguments of `keras.layers.Conv2D`; padding defaults to "same".
+    """
+
+    def __init__(self, filters, kernel_size, strides=1, padding="same", use_bias=False,
+                 **kwargs):
+        super().__init__(filters, kernel_size, strides=strides, padding=padding,
+                         use_bias=use_bias, **kwargs)
+
+    def convolution_op(self, inputs, kernel):
+        kernel = ops.cast(kernel, "float32")
+        mean = ops.mean(kernel, axis=(0, 1, 2), keepdims=True)
+        std = ops.std(kernel, axis=(0, 1, 2), keepdims=True)
+        kernel = ops.cast((kernel - mean) / (std + WEIGHT_STANDARDIZATION_EPSILON), inputs.dtype)
+        return super().convolution_op(inputs, kernel)
+
+
+def _group_norm(name, policy, zero_scale=False):
+    return keras.layers.GroupNormalization(
+        groups=32, epsilon=GROUP_NORM_EPSILON, name=name, dtype=policy,
+        gamma_initializer="zeros" if zero_scale else "ones")
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class ResNetStem(keras.layers.Layer):
+    """Root of the ResNet: 7x7/2 StdConv (`conv_root`) -> GroupNorm (`gn_root`) -> ReLU ->
+    3x3/2 max-pool. Downsamples by 4.
+
+    Args:
+        width: output channels (64 in every released hybrid).
+    """
+
+    def __init__(self, width=64, **kwargs):
+        super().__init__(**kwargs)
+        self.width = int(width)
+
+    def build(self, input_shape):
+        if len(input_shape) != 4:
+            raise ValueError(f"ResNetStem expects images of rank 4, got shape {tuple(input_shape)}.")
+        self.conv_root = StdConv2D(self.width, 7, strides=2, name="conv_root",
+                                   dtype=self.dtype_policy)
+        self.gn_root = _group_norm("gn_root", self.dtype_policy)
+        self.conv_root.build(input_shape)
+        self.gn_root.build(self.conv_root.compute_output_shape(input_shape))
+        self.input_channels = input_shape[-1]
+
+    def call(self, images):
+        if images.shape[-1] != self.input_channels:
+            raise ValueError(
+                f"Expected images with {self.input_channels} channels (last axis), "
+                f"got shape {tuple(images.shape)}."
+            )
+        x = ops.relu(self.gn_root(self.conv_root(images)))
+        return ops.max_pool(x, pool_size=3, strides=2, padding="same")
+
+    def compute_output_shape(self, input_shape):
+        batch, height, width, _ = input_shape
+        quarter = lambda side: None if side is None else -(-side // 4)  # noqa: E731
+        return (batch, quarter(height), quarter(width), self.width)
+
+    def get_config(self):
+        return {**super().get_config(), "width": self.width}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class BottleneckUnit(keras.layers.Layer):
+    """ResNet-v2 bottleneck as in the original hybrid: 1x1 -> 3x3 (strided) -> 1x1 (4x width),
+    GroupNorm after each (the last one's scale starts at zero), ReLU, and
+    `relu(residual + y)`; a projection (`conv_proj`, `gn_proj`) when the shape changes.
+
+    Args:
+        features: width of the bottleneck; the output has `4 * features` channels.
+        strides: stride of the 3x3 convolution and of the projection.
+    """
+
+    def __init__(self, features, strides=1, **kwargs):
+        super().__init__(**kwargs)
+        self.features = int(features)
+        self.strides = int(strides)
+
+    def build(self, input_shape):
+        policy = self.dtype_policy
+        out = 4 * self.features
+        self.needs_projection = input_shape[-1] != out or self.strides != 1
+        if self.needs_projection:
+            self.conv_proj = StdConv2D(out, 1, strides=self.strides, name="conv_proj",
+                                       dtype=policy)
+            self.gn_proj = _group_norm("gn_proj", policy)
+        self.conv1 = StdConv2D(self.features, 1, name="conv1", dtype=policy)
+        self.gn1 = _group_norm("gn1", policy)
+        self.conv2 = StdConv2D(self.features, 3, strides=self.strides, name="conv2",
+                               dtype=policy)
+        self.gn2 = _group_norm("gn2", policy)
+        self.conv3 = StdConv2D(out, 1, name="conv3", dtype=policy)
+        self.gn3 = _group_norm("gn3", policy, zero_scale=True)
+        # Build in call order so each weight exists before the first call.
+        shape = input_shape
+        strided = self.compute_output_shape(input_shape)
+        if self.needs_projection:
+            self.conv_proj.build(shape)
+            self.gn_proj.build(strided)
+        self.conv1.build(shape)
+        self.gn1.build(shape[:-1] + (self.features,))
+        self.conv2.build(shape[:-1] + (self.features,))
+        self.gn2.build(strided[:-1] + (self.features,))
+        self.conv3.build(strided[:-1] + (self.features,))
+        self.gn3.build(strided)
+
+    def call(self, x):
+        residual = x
+        if self.needs_projection:
+            residual = self.gn_proj(self.conv_proj(x))
+        y = ops.relu(self.gn1(self.conv1(x)))
+        y = ops.relu(self.gn2(self.conv2(y)))
+        y = self.gn3(self.conv3(y))
+        return ops.relu(residual + y)
+
+    def compute_output_shape(self, input_shape):
+        batch, height, width, _ = input_shape
+        shrink = lambda side: None if side is None else -(-side // self.strides)  # noqa: E731
+        return (batch, shrink(height), shrink(width), 4 * self.features)
+
+    def get_config(self):
+        return {**super().get_config(), "features": self.features, "strides": self.strides}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class ResNetStage(keras.layers.Layer):
+    """`num_units` bottleneck units named `unit1`, `unit2`, ...; the first carries the stride.
+
+    Args:
+        num_units: bottleneck units in the stage.
+        features: bottleneck width (output channels are `4 * features`).
+        first_stride: stride of the first unit (1 for the first stage, 2 after).
+    """
+
+    def __init__(self, num_units, features, first_stride=1, **kwargs):
+        super().__init__(**kwargs)
+        self.num_units = int(num_units)
+        self.features = int(features)
+        self.first_stride = int(first_stride)
+
+    def build(self, input_shape):
+        self.units = []
+        shape = input_shape
+        for index in range(self.num_units):
+            unit = BottleneckUnit(self.features, self.first_stride if index == 0 else 1,
+                                  name=f"unit{index + 1}", dtype=self.dtype_policy)
+            unit.build(shape)
+            shape = unit.compute_output_shape(shape)
+            self.units.append(unit)
+
+    def call(self, x):
+        for unit in self.units:
+            x = unit(x)
+        return x
+
+    def compute_output_shape(self, input_shape):
+        batch, height, width, _ = input_shape
+        shrink = lambda side: None if side is None else -(-side // self.first_stride)  # noqa: E731
+        return (batch, shrink(height), shrink(width), 4 * self.features)
+
+    def get_config(self):
+        return {**super().get_config(), "num_units": self.num_units, "features": self.features,
+                "first_stride": self.first_stride}

@@ -1,0 +1,119 @@
+"""The table of ViT variants and the parser for names such as "B/16" or "R50+B/16".
+
+Variants are data: a transformer size from `TRANSFORMER_SIZES`, a patch size, and for the hybrids
+a ResNet from `RESNET_STAGES`. `vit()` decodes a name into one `VariantConfig`.
+"""
+
+import dataclasses
+import re
+
+# name: (hidden_size, mlp_dim, num_heads, num_layers)
+TRANSFORMER_SIZES = {
+    "Ti": (192, 768, 3, 12),
+    "S": (384, 1536, 6, 12),
+    "B": (768, 3072, 12, 12),
+    "L": (1024, 4096, 16, 24),
+    "H": (1280, 5120, 16, 32),
+}
+# Dropout of the upstream configurations; every other variant uses none.
+UPSTREAM_DROPOUT = {"L/16": 0.1, "H/14": 0.1}
+
+# ResNet prefix: (units per stage, patch size on the ResNet feature map or None for "1")
+RESNET_STAGES = {
+    "R": ((), 8),  # stem only, 8x8 patches of the stride-4 feature map
+    "R26": ((2, 2, 2, 2), None),
+    "R50": ((3, 4, 9), None),  # stage 4 removed, its blocks moved into stage 3 (R50+B/16)
+}
+# R50+L/32 keeps the four standard stages of ResNet-50.
+_R50_FOUR_STAGES = (3, 4, 6, 3)
+
+# Every name the package builds, with the name of its builder function.
+VARIANT_NAMES = {
+    "Ti/16": "ViT_Ti16",
+    "S/16": "ViT_S16",
+    "S/32": "ViT_S32",
+    "B/8": "ViT_B8",
+    "B/16": "ViT_B16",
+    "B/32": "ViT_B32",
+    "L/16": "ViT_L16",
+    "L/32": "ViT_L32",
+    "H/14": "ViT_H14",
+    "R+Ti/16": "R_ViT_Ti16",
+    "R26+S/32": "R26_ViT_S32",
+    "R50+B/16": "R50_ViT_B16",
+    "R50+L/32": "R50_ViT_L32",
+}
+
+_NAME_PATTERN = re.compile(r"^(?:(R\d*)\+)?(Ti|S|B|L|H)/(\d+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class VariantConfig:
+    """The architecture of one variant.
+
+    Attributes:
+        name: the canonical name, such as "B/16" or "R50+B/16".
+        patch_size: side of the square patches cut from the image (or from the ResNet feature
+            map for hybrids).
+        hidden_size: width D of the transformer.
+        mlp_dim: hidden size of the MLP in each encoder block.
+        num_heads: attention heads; must divide `hidden_size`.
+        num_layers: encoder blocks.
+        dropout: dropout rate of the upstream configuration.
+        resnet_units: units per ResNet stage for hybrids, `()` for the stem alone, None for a
+            plain ViT.
+    """
+
+    name: str
+    patch_size: int
+    hidden_size: int
+    mlp_dim: int
+    num_heads: int
+    num_layers: int
+    dropout: float = 0.0
+    resnet_units: tuple | None = None
+
+    @property
+    def is_hybrid(self):
+        return self.resnet_units is not None
+
+    @property
+    def resnet_stride(self):
+        """Downsampling of the ResNet in front of the patches (1 for a plain ViT)."""
+        if self.resnet_units is None:
+            return 1
+        return 4 * 2 ** max(len(self.resnet_units) - 1, 0)
+
+    @property
+    def total_stride(self):
+        """Pixels per token along each side of the image."""
+        return self.resnet_stride * self.patch_size
+
+
+def parse_variant(name):
+    """Returns the `VariantConfig` of a name such as "B/16" or "R50+B/16"."""
+    if not isinstance(name, str):
+        raise TypeError(f"variant must be a string such as 'B/16', got {name!r}")
+    match = _NAME_PATTERN.match(name.strip())
+    if match is None or name.strip() not in VARIANT_NAMES:
+        raise ValueError(
+            f"Unknown ViT variant {name!r}. Valid names: {', '.join(VARIANT_NAMES)}."
+        )
+    resnet, size, patch = match.group(1), match.group(2), int(match.group(3))
+    hidden, mlp, heads, layers = TRANSFORMER_SIZES[size]
+    resnet_units = None
+    if resnet is not None:
+        resnet_units, hybrid_patch = RESNET_STAGES[resnet]
+        if resnet == "R50" and size == "L":
+            resnet_units = _R50_FOUR_STAGES
+        patch = hybrid_patch or 1
+    return VariantConfig(
+        name=name.strip(),
+        patch_size=patch,
+        hidden_size=hidden,
+        mlp_dim=mlp,
+        num_heads=heads,
+        num_layers=layers,
+        dropout=UPSTREAM_DROPOUT.get(name.strip(), 0.0),
+        resnet_units=resnet_units,
+    )
