@@ -237,7 +237,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     """Multi-head scaled dot-product self-attention, as in the paper's equations 5 to 8.
 
     Weights: `query`, `key`, `value` and `out` dense layers on the flattened `(D, D)` shape
-    (the checkpoints store them as `(D, heads, D/heads)`; loading reshapes).
+    (the checkpoints store them as `(D, heads, D/heads)`; loading reshapes). The call fuses the
+    query, key and value projections into one matmul.
 
     Args:
         num_heads: attention heads; must divide the input width.
@@ -274,23 +275,23 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             dense(n) for n in ("query", "key", "value", "out"))
         self.attention_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
-    def _split_heads(self, x):
-        batch, tokens = ops.shape(x)[0], ops.shape(x)[1]
-        x = ops.reshape(x, (batch, tokens, self.num_heads, self.head_dim))
-        return ops.transpose(x, (0, 2, 1, 3))
-
     def call(self, x, training=False, return_attention_scores=False):
-        scale = ops.cast(1.0 / math.sqrt(self.head_dim), x.dtype)
-        query = self._split_heads(self.query(x) * scale)
-        key = self._split_heads(self.key(x))
-        value = self._split_heads(self.value(x))
-        logits = ops.matmul(query, ops.transpose(key, (0, 1, 3, 2)))
-        # Softmax in float32 even under a bfloat16 policy, as the original does.
+        batch, tokens, hidden = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
+        heads, head_dim = self.num_heads, self.head_dim
+        # One (D, 3D) matmul on 2-D rows instead of three: faster on every backend.
+        kernel = ops.concatenate(
+            [self.query.kernel, self.key.kernel, self.value.kernel], axis=1)
+        bias = ops.concatenate([self.query.bias, self.key.bias, self.value.bias], axis=0)
+        qkv = ops.matmul(ops.reshape(x, (-1, hidden)), ops.cast(kernel, x.dtype))
+        qkv = ops.reshape(qkv + ops.cast(bias, x.dtype), (batch, tokens, 3, heads, head_dim))
+        qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # [3, batch, heads, tokens, head_dim]
+        query = qkv[0] * ops.cast(1.0 / math.sqrt(head_dim), x.dtype)
+        logits = ops.matmul(query, ops.transpose(qkv[1], (0, 1, 3, 2)))
+        # Softmax in float32 even under a bfloat16 policy, for accuracy.
         weights = ops.cast(ops.softmax(ops.cast(logits, "float32"), axis=-1), x.dtype)
-        attended = ops.matmul(self.attention_dropout(weights, training=training), value)
-        attended = ops.transpose(attended, (0, 2, 1, 3))
-        batch, tokens = ops.shape(x)[0], ops.shape(x)[1]
-        output = self.out(ops.reshape(attended, (batch, tokens, self.num_heads * self.head_dim)))
+        attended = ops.matmul(self.attention_dropout(weights, training=training), qkv[2])
+        attended = ops.reshape(ops.transpose(attended, (0, 2, 1, 3)), (-1, hidden))
+        output = ops.reshape(self.out(attended), (batch, tokens, hidden))
         if return_attention_scores:
             return output, weights
         return output
@@ -333,9 +334,12 @@ class MlpBlock(keras.layers.Layer):
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
     def call(self, x, training=False):
+        shape = ops.shape(x)
+        x = ops.reshape(x, (-1, x.shape[-1]))  # 2-D matmuls are the fastest on CPU
         x = ops.gelu(self.dense_0(x), approximate=self.approximate_gelu)
         x = self.dropout_layer(x, training=training)
-        return self.dropout_layer(self.dense_1(x), training=training)
+        x = self.dropout_layer(self.dense_1(x), training=training)
+        return ops.reshape(x, shape)
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -23,7 +23,9 @@ class StdConv2D(keras.layers.Conv2D):
                          use_bias=use_bias, **kwargs)
 
     def convolution_op(self, inputs, kernel):
-        kernel = ops.cast(kernel, "float32")
+        # Standardise in at least float32, also when the policy computes in bfloat16.
+        precise = "float64" if keras.backend.standardize_dtype(inputs.dtype) == "float64" else "float32"
+        kernel = ops.cast(kernel, precise)
         mean = ops.mean(kernel, axis=(0, 1, 2), keepdims=True)
         std = ops.std(kernel, axis=(0, 1, 2), keepdims=True)
         kernel = ops.cast((kernel - mean) / (std + WEIGHT_STANDARDIZATION_EPSILON), inputs.dtype)

@@ -1,0 +1,260 @@
+"""Reads and writes the original ViT `.npz` checkpoints (the layout of the JAX release).
+
+A checkpoint is a flat numpy archive whose keys are '/'-joined Flax paths such as
+`Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel`. Keras weights are named after the same
+tree, so each key maps mechanically to one model variable (`checkpoint_key`), with two layout
+changes: attention kernels are stored as `(D, heads, D/heads)` (Keras keeps `(D, D)`), and old
+hybrid files store GroupNorm parameters as `(1, 1, 1, C)`.
+
+Loading checks everything before assigning anything, so a failed load leaves the model as it was.
+"""
+
+import logging
+import os
+import zipfile
+
+import numpy as np
+
+from keras_vit import layers as vit_layers
+
+logger = logging.getLogger(__name__)
+
+_TRANSFORMER_LAYERS = ("posembed_input", "encoderblock_", "encoder_norm")
+_HEAD_KEYS = ("head/kernel", "head/bias")
+_PRE_LOGITS_KEYS = ("pre_logits/kernel", "pre_logits/bias")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not fit the model, or a file that is not a checkpoint."""
+
+
+def checkpoint_key(variable_path):
+    """Maps a Keras variable path of a `keras_vit` model to its key in the original `.npz`.
+
+    >>> checkpoint_key("encoderblock_3/LayerNorm_0/gamma")
+    'Transformer/encoderblock_3/LayerNorm_0/scale'
+    """
+    parts = variable_path.split("/")
+    if parts[0] == "resnet_root":  # the ResNet root lives at the top of the original tree
+        parts = parts[1:]
+    if parts == ["cls", "cls"]:
+        parts = ["cls"]
+    parts[-1] = {"gamma": "scale", "beta": "bias"}.get(parts[-1], parts[-1])
+    if parts[0].startswith(_TRANSFORMER_LAYERS):
+        parts = ["Transformer"] + parts
+    return "/".join(parts)
+
+
+def _checkpoint_shape(key, keras_shape, num_heads):
+    """The shape the original stores for a variable of `keras_shape`."""
+    if "MultiHeadDotProductAttention_1" not in key:
+        return tuple(keras_shape)
+    hidden = keras_shape[-1]
+    head_dim = hidden // num_heads
+    if "/out/" in key:
+        return (num_heads, head_dim, hidden) if key.endswith("kernel") else (hidden,)
+    if key.endswith("kernel"):
+        return (keras_shape[0], num_heads, head_dim)
+    return (num_heads, head_dim)
+
+
+def _model_variables(model):
+    """Yields `(checkpoint key, variable, checkpoint shape)` for every weight of `model`."""
+    heads = {}
+    for layer in model.layers:
+        if isinstance(layer, vit_layers.EncoderBlock):
+            heads[layer.name] = layer.num_heads
+    for variable in model.weights:
+        key = checkpoint_key(variable.path)
+        num_heads = heads.get(variable.path.split("/")[0], 1)
+        yield key, variable, _checkpoint_shape(key, variable.shape, num_heads)
+
+
+def read_npz(path):
+    """Reads an `.npz` checkpoint into a dict of numpy arrays, with clear errors for files
+    that are missing, truncated or not numpy archives. Never unpickles."""
+    import tensorflow as tf  # local: only file I/O needs TensorFlow (gs:// paths)
+
+    path = os.fspath(path)
+    if not tf.io.gfile.exists(path):
+        raise FileNotFoundError(f"No checkpoint file at {path!r}.")
+    with tf.io.gfile.GFile(path, "rb") as handle:
+        try:
+            with np.load(handle, allow_pickle=False) as archive:
+                if not hasattr(archive, "files"):
+                    raise CheckpointError(
+                        f"{path!r} holds a single numpy array, not an .npz checkpoint archive.")
+                return {key: archive[key] for key in archive.files}
+        except (zipfile.BadZipFile, EOFError, OSError, ValueError) as error:
+            if isinstance(error, CheckpointError):
+                raise
+            raise CheckpointError(
+                f"{path!r} is not a readable .npz checkpoint (truncated or corrupt?): {error}"
+            ) from error
+
+
+def resize_position_embeddings(embeddings, new_grid, old_grid=None, num_prefix_tokens=1):
+    """Resizes learned position embeddings to a new patch grid, as the original does.
+
+    The prefix rows (the class token's) are kept as they are; the grid rows are reshaped to
+    `(old_rows, old_columns, D)` and resized with bilinear interpolation that keeps the
+    corners ("align corners": a 2-wide grid resized to 3 gives weights [0, 0.5, 1]).
+
+    Args:
+        embeddings: array `[1, prefix + old_rows * old_columns, D]` (or without the leading 1).
+        new_grid: `(rows, columns)` of the target grid.
+        old_grid: `(rows, columns)` of the source grid; None assumes a square grid.
+        num_prefix_tokens: rows before the grid (1 for a class token, 0 for a GAP model).
+
+    Returns:
+        A float array `[1, prefix + rows * columns, D]` of the input's dtype.
+    """
+    embeddings = np.asarray(embeddings)
+    squeezed = embeddings.ndim == 2
+    if squeezed:
+        embeddings = embeddings[None]
+    if embeddings.ndim != 3 or embeddings.shape[0] != 1:
+        raise ValueError(f"Expected embeddings of shape [1, tokens, D], got {embeddings.shape}.")
+    prefix, grid = embeddings[0, :num_prefix_tokens], embeddings[0, num_prefix_tokens:]
+    if old_grid is None:
+        side = int(round(np.sqrt(len(grid))))
+        if side * side != len(grid):
+            raise ValueError(
+                f"{len(grid)} grid positions do not form a square grid; pass old_grid.")
+        old_grid = (side, side)
+    old_rows, old_columns = old_grid
+    if old_rows * old_columns != len(grid):
+        raise ValueError(f"old_grid {old_grid} does not hold the {len(grid)} grid positions.")
+    rows, columns = new_grid
+    grid = grid.reshape(old_rows, old_columns, -1).astype(np.float64)
+    grid = _interpolate_axis(grid, rows, axis=0)
+    grid = _interpolate_axis(grid, columns, axis=1)
+    resized = np.concatenate([prefix, grid.reshape(rows * columns, -1).astype(embeddings.dtype)])
+    return resized if squeezed else resized[None]
+
+
+def _interpolate_axis(array, size, axis):
+    """Linear interpolation along one axis with aligned corners."""
+    old = array.shape[axis]
+    if old == size:
+        return array
+    if old == 1 or size == 1:
+        positions = np.zeros(size)
+    else:
+        positions = np.arange(size) * (old - 1) / (size - 1)
+    low = np.floor(positions).astype(int)
+    high = np.minimum(low + 1, old - 1)
+    weight = positions - low
+    shape = [1] * array.ndim
+    shape[axis] = size
+    weight = weight.reshape(shape)
+    return (np.take(array, low, axis=axis) * (1 - weight)
+            + np.take(array, high, axis=axis) * weight)
+
+
+def _position_layer(model):
+    for layer in model.layers:
+        if isinstance(layer, vit_layers.AddPositionEmbs):
+            return layer
+    return None
+
+
+def load_npz(model, path, *, strict=True, new_head=False):
+    """Loads an original `.npz` checkpoint into a model built by `keras_vit`.
+
+    Position embeddings are resized when the model's patch grid differs from the file's. The
+    head is zero-initialised (the paper's transfer recipe) when the file has none, when its
+    number of classes differs from the model's, or when `new_head=True`. A `pre_logits` layer
+    in the file is used when the model has one and dropped otherwise.
+
+    Args:
+        model: a model from `keras_vit.vit()` or a named builder.
+        path: local path or `gs://` path of the `.npz` file, or a dict of arrays.
+        strict: if True (default), keys the model needs but the file lacks, keys the file has
+            that the model cannot use, and shape mismatches raise one `CheckpointError` naming
+            them all, and nothing is assigned. If False, what matches is loaded and the rest is
+            logged.
+        new_head: start the head from zeros even when the file's head would fit.
+
+    Returns:
+        A dict with lists `loaded`, `missing`, `unexpected`, `mismatched` and `resized` keys.
+    """
+    arrays = dict(path) if isinstance(path, dict) else read_npz(path)
+    position = _position_layer(model)
+    file_prefix = int("cls" in arrays)
+    report = {"loaded": [], "missing": [], "unexpected": [], "mismatched": [], "resized": [],
+              "new_head": []}
+    assignments, used = [], set()
+    for key, variable, shape in _model_variables(model):
+        value = arrays.get(key)
+        if key in _HEAD_KEYS and (new_head or value is None or value.shape != shape):
+            used.add(key)
+            report["new_head"].append(key)
+            assignments.append((variable, np.zeros(variable.shape)))
+            continue
+        if value is None:
+            report["missing"].append(key)
+            continue
+        used.add(key)
+        if key.endswith("pos_embedding") and value.shape != shape and position is not None:
+            if file_prefix != position.num_prefix_tokens:
+                report["mismatched"].append(
+                    f"{key}: the file has {file_prefix} class-token rows, the model "
+                    f"{position.num_prefix_tokens} (classifier 'token' vs 'gap')")
+                continue
+            try:
+                value = resize_position_embeddings(value, position.grid_size,
+                                                   num_prefix_tokens=file_prefix)
+            except ValueError as error:
+                report["mismatched"].append(f"{key}: {error}")
+                continue
+            report["resized"].append(key)
+        elif value.ndim == 4 and value.shape[:3] == (1, 1, 1) and len(shape) == 1:
+            value = value.reshape(-1)  # GroupNorm parameters of old hybrid files
+        if value.shape != shape:
+            report["mismatched"].append(f"{key}: file {value.shape}, model {shape}")
+            continue
+        assignments.append((variable, value.reshape(variable.shape)))
+        report["loaded"].append(key)
+    # Head and pre-logits the model does not have are dropped by design, not errors.
+    droppable = set(_HEAD_KEYS) | set(_PRE_LOGITS_KEYS)
+    report["unexpected"] = sorted(set(arrays) - used - droppable)
+    problems = [(name, report[name]) for name in ("missing", "unexpected", "mismatched")
+                if report[name]]
+    if problems:
+        text = "; ".join(f"{name} ({len(keys)}): {', '.join(keys)}" for name, keys in problems)
+        if strict:
+            raise CheckpointError(
+                f"The checkpoint does not fit model {model.name!r}: {text}. Nothing was loaded. "
+                "Pass strict=False to load the weights that fit.")
+        logger.warning("Loaded %d weights into %s; skipped %s", len(assignments), model.name,
+                       text)
+    for variable, value in assignments:
+        variable.assign(value.astype(variable.dtype))
+    if report["resized"]:
+        logger.info("Resized position embeddings to the %s grid.", position.grid_size)
+    if report["new_head"]:
+        logger.info("Started a new zero-initialised head (%s).", ", ".join(report["new_head"]))
+    return report
+
+
+def save_npz(model, path):
+    """Writes a model's weights as an `.npz` in the original layout (JAX code can read it).
+
+    The file is written to a temporary name and renamed, so an interrupted save leaves any
+    previous file at `path` intact. `path` may be local or `gs://`.
+    """
+    import tensorflow as tf  # local: only file I/O needs TensorFlow (gs:// paths)
+
+    arrays = {key: np.asarray(variable.numpy()).reshape(shape)
+              for key, variable, shape in _model_variables(model)}
+    path = os.fspath(path)
+    temporary = f"{path}.partial-{os.getpid()}"
+    try:
+        with tf.io.gfile.GFile(temporary, "wb") as handle:
+            np.savez(handle, **arrays)
+        tf.io.gfile.rename(temporary, path, overwrite=True)
+    finally:
+        if tf.io.gfile.exists(temporary):
+            tf.io.gfile.remove(temporary)
+    return path

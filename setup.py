@@ -1,0 +1,29 @@
+"""keras_vit: the Vision Transformer (Dosovitskiy et al., ICLR 2021) for Keras 3 and TensorFlow."""
+
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+here = Path(__file__).parent
+version = re.search(r'__version__ = "([^"]+)"', (here / "keras_vit" / "__init__.py").read_text())[1]
+
+setup(
+    name="keras_vit",
+    version=version,
+    description="Vision Transformer (ViT) for Keras 3: every released variant, faithful numerics.",
+    long_description=(here / "README.md").read_text(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["keras_vit", "keras_vit.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "tensorflow>=2.19,<2.22",
+        "keras>=3.10",
+        "numpy",
+    ],
+    extras_require={
+        "test": ["pytest"],
+        "benchmark": ["keras-hub"],
+    },
+    license="Apache-2.0",
+)

@@ -1,0 +1,428 @@
+"""The public layers: standalone use in a user's functional model, .keras round trips with
+safe_mode=True, numerics (LayerNorm epsilon, GELU, initialisers, DropPath, attention weights,
+2-D position embeddings) and the ResNet pieces of the hybrids."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit import layers as L
+from keras_vit import resnet as R
+
+
+def to_np(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_session():
+    keras.backend.clear_session(free_memory=False)
+    keras.utils.set_random_seed(0)
+    yield
+
+
+def randomise(model, seed=1, scale=0.5):
+    """Gives every weight random values, so that zero initialisations cannot hide bugs."""
+    rng = np.random.default_rng(seed)
+    for variable in model.weights:
+        value = rng.normal(0.0, scale, size=tuple(variable.shape))
+        variable.assign(value.astype(variable.dtype))
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def _gelu_exact(x):
+    return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+
+
+# (id, factory of the layer, input shape without batch, expected output shape without batch)
+LAYER_CASES = [
+    ("PatchEmbed", lambda: L.PatchEmbed(4, 8), (8, 12, 3), (6, 8)),
+    ("ClassToken", lambda: L.ClassToken(), (6, 8), (7, 8)),
+    ("AddPositionEmbs_learned", lambda: L.AddPositionEmbs((2, 3), 1, kind="learned"), (7, 8), (7, 8)),
+    ("AddPositionEmbs_learned_2d", lambda: L.AddPositionEmbs((2, 3), 1, kind="learned_2d"),
+     (7, 8), (7, 8)),
+    ("AddPositionEmbs_learned_2d_no_prefix",
+     lambda: L.AddPositionEmbs((2, 3), 0, kind="learned_2d"), (6, 8), (6, 8)),
+    ("AddPositionEmbs_none", lambda: L.AddPositionEmbs((2, 3), 1, kind="none"), (7, 8), (7, 8)),
+    ("DropPath", lambda: L.DropPath(0.3, seed=3), (7, 8), (7, 8)),
+    ("MultiHeadSelfAttention", lambda: L.MultiHeadSelfAttention(2, dropout=0.1), (7, 8), (7, 8)),
+    ("MlpBlock", lambda: L.MlpBlock(16, dropout=0.1), (7, 8), (7, 8)),
+    ("MlpBlock_exact_gelu", lambda: L.MlpBlock(16, approximate_gelu=False), (7, 8), (7, 8)),
+    ("EncoderBlock", lambda: L.EncoderBlock(2, 16, dropout=0.1, attention_dropout=0.1,
+                                            drop_path_rate=0.2), (7, 8), (7, 8)),
+    ("TokenPooling_token", lambda: L.TokenPooling("token"), (7, 8), (8,)),
+    ("TokenPooling_gap", lambda: L.TokenPooling("gap"), (7, 8), (8,)),
+    ("StdConv2D", lambda: R.StdConv2D(8, 3, strides=2), (8, 8, 4), (4, 4, 8)),
+    ("ResNetStem", lambda: R.ResNetStem(32), (16, 12, 3), (4, 3, 32)),
+    ("BottleneckUnit_projection", lambda: R.BottleneckUnit(32, strides=2), (8, 8, 64),
+     (4, 4, 128)),
+    ("BottleneckUnit_identity", lambda: R.BottleneckUnit(32), (4, 4, 128), (4, 4, 128)),
+    ("ResNetStage", lambda: R.ResNetStage(2, 32, first_stride=2), (8, 8, 64), (4, 4, 128)),
+]
+
+
+def _user_model(layer, input_shape):
+    inputs = keras.Input(shape=input_shape)
+    features = layer(inputs)
+    outputs = keras.layers.Dense(3, name="user_dense")(features)
+    return keras.Model(inputs, [features, outputs])
+
+
+@pytest.mark.parametrize("case", LAYER_CASES, ids=[c[0] for c in LAYER_CASES])
+def test_layer_in_functional_model_round_trips(case, tmp_path):
+    _, factory, input_shape, output_shape = case
+    layer = factory()
+    model = _user_model(layer, input_shape)
+    assert tuple(model.outputs[0].shape) == (None,) + output_shape
+    randomise(model)
+    x = np.random.default_rng(2).normal(size=(2,) + input_shape).astype("float32")
+    features, outputs = (to_np(t) for t in model(x, training=False))
+    assert features.shape == (2,) + output_shape
+    assert outputs.shape == (2,) + output_shape[:-1] + (3,)
+    assert np.all(np.isfinite(features))
+
+    path = tmp_path / "m.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path, safe_mode=True)
+    loaded_layer = loaded.get_layer(layer.name)
+    assert type(loaded_layer) is type(layer)
+    assert loaded_layer.get_config() == layer.get_config()
+    new_features, new_outputs = (to_np(t) for t in loaded(x, training=False))
+    np.testing.assert_allclose(new_features, features, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(new_outputs, outputs, rtol=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Patches, class token, position embeddings, pooling
+
+
+def test_patch_embed_is_a_row_major_linear_projection_of_patches():
+    layer = L.PatchEmbed(2, 5)
+    x = np.random.default_rng(0).normal(size=(2, 4, 6, 3)).astype("float32")
+    layer.build(x.shape)
+    randomise(layer)
+    kernel, bias = (to_np(w) for w in (layer.kernel, layer.bias))
+    got = to_np(layer(x))
+    assert got.shape == (2, 2 * 3, 5)
+    for row in range(2):
+        for column in range(3):
+            patch = x[:, 2 * row:2 * row + 2, 2 * column:2 * column + 2, :]
+            expected = np.einsum("bhwc,hwcd->bd", patch, kernel) + bias
+            np.testing.assert_allclose(got[:, row * 3 + column], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_patch_embed_initialisers():
+    layer = L.PatchEmbed(8, 256)
+    layer.build((None, 16, 16, 3))
+    kernel = to_np(layer.kernel)
+    fan_in = 8 * 8 * 3
+    assert kernel.shape == (8, 8, 3, 256)
+    assert abs(kernel.std() - math.sqrt(1.0 / fan_in)) < 0.1 * math.sqrt(1.0 / fan_in)
+    np.testing.assert_array_equal(to_np(layer.bias), 0.0)
+
+
+def test_class_token_prepends_zero_initialised_cls():
+    layer = L.ClassToken()
+    x = np.random.default_rng(0).normal(size=(3, 4, 6)).astype("float32")
+    out = to_np(layer(x))
+    assert [w.name for w in layer.weights] == ["cls"]
+    assert tuple(layer.cls.shape) == (1, 1, 6)
+    np.testing.assert_array_equal(to_np(layer.cls), 0.0)
+    cls = np.arange(6, dtype="float32").reshape(1, 1, 6)
+    layer.cls.assign(cls)
+    out = to_np(layer(x))
+    assert out.shape == (3, 5, 6)
+    np.testing.assert_array_equal(out[:, 0], np.broadcast_to(cls[0], (3, 6)))
+    np.testing.assert_array_equal(out[:, 1:], x)
+
+
+def test_learned_position_embedding_shape_and_initialiser():
+    layer = L.AddPositionEmbs((8, 8), num_prefix_tokens=1, kind="learned")
+    x = np.random.default_rng(0).normal(size=(2, 65, 64)).astype("float32")
+    out = to_np(layer(x))
+    pos = to_np(layer.pos_embedding)
+    assert pos.shape == (1, 65, 64)
+    assert [w.name for w in layer.weights] == ["pos_embedding"]
+    assert abs(pos.mean()) < 0.002
+    assert 0.018 < pos.std() < 0.022
+    np.testing.assert_allclose(out, x + pos, rtol=1e-6, atol=1e-6)
+
+
+def test_position_embedding_none_adds_nothing():
+    layer = L.AddPositionEmbs((2, 3), num_prefix_tokens=1, kind="none")
+    x = np.random.default_rng(0).normal(size=(2, 7, 8)).astype("float32")
+    np.testing.assert_array_equal(to_np(layer(x)), x)
+    assert layer.weights == []
+
+
+def test_position_embedding_rejects_unknown_kind_and_wrong_token_count():
+    with pytest.raises(ValueError, match="learned_2d"):
+        L.AddPositionEmbs((2, 2), kind="sinusoidal")
+    layer = L.AddPositionEmbs((2, 3), num_prefix_tokens=1)
+    with pytest.raises(ValueError, match="7 tokens"):
+        layer(np.zeros((1, 10, 8), "float32"))
+
+
+def test_learned_2d_position_embeddings_have_row_and_column_structure():
+    rows, columns, hidden = 3, 4, 8
+    layer = L.AddPositionEmbs((rows, columns), num_prefix_tokens=1, kind="learned_2d")
+    zeros = np.zeros((1, 1 + rows * columns, hidden), "float32")
+    layer.build(zeros.shape)
+    assert tuple(layer.row_embedding.shape) == (rows, hidden // 2)
+    assert tuple(layer.column_embedding.shape) == (columns, hidden // 2)
+    assert tuple(layer.prefix_embedding.shape) == (1, hidden)
+    pos = to_np(layer(zeros))[0]
+    np.testing.assert_array_equal(pos[0], to_np(layer.prefix_embedding)[0])
+    grid = pos[1:].reshape(rows, columns, hidden)  # tokens are row major
+    half = hidden // 2
+    for r in range(rows):
+        for c in range(columns):
+            np.testing.assert_array_equal(grid[r, c, :half], to_np(layer.row_embedding)[r])
+            np.testing.assert_array_equal(grid[r, c, half:],
+                                          to_np(layer.column_embedding)[c])
+    # Same row -> same first half; different rows -> different first halves (and the same for
+    # columns in the second half).
+    assert np.all(grid[:, :, :half] == grid[:, :1, :half])
+    assert np.all(grid[:, :, half:] == grid[:1, :, half:])
+    assert not np.allclose(grid[0, 0, :half], grid[1, 0, :half])
+    assert not np.allclose(grid[0, 0, half:], grid[0, 1, half:])
+    assert 0.01 < to_np(layer.row_embedding).std() < 0.04
+
+
+def test_learned_2d_needs_an_even_width():
+    layer = L.AddPositionEmbs((2, 2), num_prefix_tokens=0, kind="learned_2d")
+    with pytest.raises(ValueError, match="even"):
+        layer(np.zeros((1, 4, 7), "float32"))
+
+
+def test_token_pooling():
+    x = np.random.default_rng(0).normal(size=(2, 5, 4)).astype("float32")
+    np.testing.assert_array_equal(to_np(L.TokenPooling("token")(x)), x[:, 0])
+    np.testing.assert_allclose(to_np(L.TokenPooling("gap")(x)), x.mean(axis=1), atol=1e-6)
+    with pytest.raises(ValueError, match="'token' or 'gap'"):
+        L.TokenPooling("max")
+
+
+# ---------------------------------------------------------------------------------------------
+# MLP, GELU, LayerNorm epsilon, attention
+
+
+def _mlp_by_hand(x, layer, approximate):
+    w0, b0 = (to_np(w).astype("float64") for w in layer.dense_0.weights)
+    w1, b1 = (to_np(w).astype("float64") for w in layer.dense_1.weights)
+    h = x.astype("float64") @ w0 + b0
+    h = _gelu_tanh(h) if approximate else _gelu_exact(h)
+    return h @ w1 + b1
+
+
+@pytest.mark.parametrize("approximate", [True, False])
+def test_mlp_block_matches_hand_computation(approximate):
+    layer = L.MlpBlock(32, approximate_gelu=approximate)
+    x = np.random.default_rng(0).normal(scale=2.0, size=(4, 3, 8)).astype("float32")
+    layer.build(x.shape)
+    randomise(layer, scale=1.0)
+    got = to_np(layer(x))
+    np.testing.assert_allclose(got, _mlp_by_hand(x, layer, approximate), rtol=1e-4, atol=1e-4)
+    # The two GELUs differ by up to ~1e-3 per unit: make sure the test can tell them apart.
+    other = _mlp_by_hand(x, layer, not approximate)
+    assert np.abs(got - other).max() > 1e-3
+
+
+def test_gelu_is_approximate_by_default():
+    assert L.MlpBlock(8).approximate_gelu is True
+    block = L.EncoderBlock(2, 8)
+    assert block.approximate_gelu is True
+    block.build((None, 3, 4))
+    assert block.mlp.approximate_gelu is True
+    model = keras_vit.vit("B/16", image_size=16, patch_size=8, hidden_size=8, mlp_dim=16,
+                          num_heads=2, num_layers=2, num_classes=2)
+    for index in range(2):
+        assert model.get_layer(f"encoderblock_{index}").mlp.approximate_gelu is True
+
+
+def test_mlp_initialisers():
+    layer = L.MlpBlock(512)
+    layer.build((None, 3, 128))
+    for dense, (fan_in, fan_out) in ((layer.dense_0, (128, 512)), (layer.dense_1, (512, 128))):
+        kernel, bias = (to_np(w) for w in dense.weights)
+        limit = math.sqrt(6.0 / (fan_in + fan_out))
+        assert np.abs(kernel).max() <= limit
+        assert np.abs(kernel).max() > 0.95 * limit
+        assert 0.5e-6 < bias.std() < 1.5e-6, bias.std()
+
+
+def _all_sublayers(layer):
+    return list(layer._flatten_layers(include_self=True, recursive=True))
+
+
+def test_layer_norm_epsilon_is_1e_6_everywhere():
+    model = keras_vit.vit("B/16", image_size=16, patch_size=8, hidden_size=8, mlp_dim=16,
+                          num_heads=2, num_layers=2, num_classes=2)
+    norms = [l for l in _all_sublayers(model) if isinstance(l, keras.layers.LayerNormalization)]
+    assert len(norms) == 2 * 2 + 1  # two per block + encoder_norm
+    assert all(n.epsilon == 1e-6 for n in norms), [n.epsilon for n in norms]
+    # Numerically: a token with variance 1e-4 is normalised with eps 1e-6, not Keras' 1e-3.
+    block = model.get_layer("encoderblock_0")
+    x = np.array([[[0.01, -0.01] * 4]], "float32")
+    got = to_np(block.norm_0(x))
+    np.testing.assert_allclose(got, x / math.sqrt(1e-4 + 1e-6), rtol=1e-4)
+
+
+def test_attention_initialisers():
+    hidden = 64
+    layer = L.MultiHeadSelfAttention(4)
+    layer.build((None, 5, hidden))
+    limit = math.sqrt(6.0 / (2 * hidden))
+    for dense in (layer.query, layer.key, layer.value, layer.out):
+        kernel, bias = (to_np(w) for w in dense.weights)
+        assert kernel.shape == (hidden, hidden)
+        assert np.abs(kernel).max() <= limit
+        assert np.abs(kernel).max() > 0.95 * limit
+        assert abs(kernel.std() - limit / math.sqrt(3)) < 0.05 * limit
+        np.testing.assert_array_equal(bias, 0.0)
+
+
+def test_attention_rejects_width_not_divisible_by_heads():
+    with pytest.raises(ValueError, match="divisible by num_heads=3"):
+        L.MultiHeadSelfAttention(3)(np.zeros((1, 2, 8), "float32"))
+
+
+def test_encoder_block_attention_scores_are_a_softmax():
+    block = L.EncoderBlock(num_heads=2, mlp_dim=16)
+    x = np.random.default_rng(0).normal(size=(3, 5, 8)).astype("float32")
+    block.build(x.shape)
+    randomise(block)
+    out, scores = block(x, return_attention_scores=True)
+    out, scores = to_np(out), to_np(scores)
+    assert out.shape == (3, 5, 8)
+    assert scores.shape == (3, 2, 5, 5)
+    assert np.all(scores >= 0)
+    np.testing.assert_allclose(scores.sum(axis=-1), 1.0, atol=1e-5)
+    assert scores.std() > 1e-3  # not uniform: the weights depend on the tokens
+    np.testing.assert_allclose(to_np(block(x)), out, rtol=1e-6, atol=1e-6)
+
+
+def test_encoder_block_returns_attention_scores_in_a_functional_model():
+    inputs = keras.Input(shape=(5, 8))
+    block = L.EncoderBlock(num_heads=2, mlp_dim=16)
+    result = block(inputs, return_attention_scores=True)
+    assert isinstance(result, (tuple, list)) and len(result) == 2
+    out, scores = result
+    assert tuple(out.shape) == (None, 5, 8)
+    assert tuple(scores.shape) == (None, 2, 5, 5)
+
+
+def test_encoder_block_is_pre_norm_residual():
+    # With the attention output and MLP output projections zeroed, the block is the identity.
+    block = L.EncoderBlock(num_heads=2, mlp_dim=16)
+    x = np.random.default_rng(0).normal(size=(2, 5, 8)).astype("float32")
+    block.build(x.shape)
+    randomise(block)
+    for dense in (block.attention.out, block.mlp.dense_1):
+        for w in dense.weights:
+            w.assign(np.zeros(w.shape, "float32"))
+    np.testing.assert_allclose(to_np(block(x)), x, rtol=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# DropPath
+
+
+def test_drop_path_is_identity_at_inference():
+    layer = L.DropPath(0.5, seed=1)
+    x = np.random.default_rng(0).normal(size=(8, 3, 4)).astype("float32")
+    np.testing.assert_array_equal(to_np(layer(x)), x)
+    np.testing.assert_array_equal(to_np(layer(x, training=False)), x)
+    np.testing.assert_array_equal(to_np(L.DropPath(0.0)(x, training=True)), x)
+
+
+@pytest.mark.parametrize("rate", [0.25, 0.5])
+def test_drop_path_drops_whole_samples_and_rescales(rate):
+    layer = L.DropPath(rate, seed=7)
+    x = np.ones((2000, 3, 4), "float32")
+    out = to_np(layer(x, training=True))
+    per_sample = out.reshape(2000, -1)
+    # Each sample is either entirely dropped or entirely kept and scaled by 1 / (1 - rate).
+    kept = np.all(per_sample == np.float32(1.0 / (1.0 - rate)), axis=1)
+    dropped = np.all(per_sample == 0.0, axis=1)
+    assert np.all(kept | dropped)
+    assert abs(dropped.mean() - rate) < 0.05
+    assert abs(out.mean() - 1.0) < 0.1
+    # A second call draws a new mask.
+    again = to_np(layer(x, training=True)).reshape(2000, -1)
+    assert not np.array_equal(again, per_sample)
+
+
+def test_drop_path_rejects_bad_rates():
+    for rate in (-0.1, 1.0):
+        with pytest.raises(ValueError, match=r"\[0, 1\)"):
+            L.DropPath(rate)
+
+
+# ---------------------------------------------------------------------------------------------
+# ResNet pieces
+
+
+def test_std_conv_standardises_the_kernel_per_output_channel():
+    layer = R.StdConv2D(6, 1)
+    x = np.random.default_rng(0).normal(size=(2, 3, 3, 5)).astype("float32")
+    layer.build(x.shape)
+    kernel = np.random.default_rng(1).normal(loc=0.3, scale=2.0, size=(1, 1, 5, 6))
+    layer.kernel.assign(kernel.astype("float32"))
+    w = kernel.reshape(5, 6)
+    standardised = (w - w.mean(axis=0)) / (w.std(axis=0) + 1e-5)
+    expected = np.einsum("bhwc,cd->bhwd", x, standardised)
+    np.testing.assert_allclose(to_np(layer(x)), expected, rtol=1e-4, atol=1e-4)
+    # Invariant to an affine change of each output channel's kernel.
+    layer.kernel.assign((kernel * 3.0 + 1.0).astype("float32"))
+    np.testing.assert_allclose(to_np(layer(x)), expected, rtol=1e-3, atol=1e-3)
+    assert layer.use_bias is False and layer.padding == "same"
+
+
+def test_resnet_stem_structure():
+    stem = R.ResNetStem(32)
+    x = np.random.default_rng(0).normal(size=(2, 32, 24, 3)).astype("float32")
+    out = to_np(stem(x))
+    assert out.shape == (2, 8, 6, 32)
+    assert np.all(out >= 0)  # ReLU before the max-pool
+    assert isinstance(stem.conv_root, R.StdConv2D)
+    assert stem.conv_root.kernel_size == (7, 7) and stem.conv_root.strides == (2, 2)
+    assert stem.gn_root.groups == 32 and stem.gn_root.epsilon == 1e-6
+    with pytest.raises(ValueError, match="3 channels"):
+        stem(np.zeros((1, 32, 24, 1), "float32"))
+
+
+def test_bottleneck_unit_initialisation_and_structure():
+    unit = R.BottleneckUnit(32)
+    x = np.random.default_rng(0).normal(size=(2, 4, 4, 128)).astype("float32")
+    out = to_np(unit(x))
+    assert not unit.needs_projection
+    # gn3's scale starts at zero, so at initialisation the unit is relu(residual).
+    np.testing.assert_array_equal(to_np(unit.gn3.gamma), 0.0)
+    np.testing.assert_array_equal(to_np(unit.gn1.gamma), 1.0)
+    np.testing.assert_allclose(out, np.maximum(x, 0.0), atol=1e-6)
+    for gn in (unit.gn1, unit.gn2, unit.gn3):
+        assert gn.groups == 32 and gn.epsilon == 1e-6
+    assert unit.conv2.kernel_size == (3, 3)
+
+    strided = R.BottleneckUnit(32, strides=2)
+    out = to_np(strided(np.ones((1, 8, 8, 64), "float32")))
+    assert strided.needs_projection
+    assert out.shape == (1, 4, 4, 128)
+    assert strided.conv2.strides == (2, 2) and strided.conv_proj.strides == (2, 2)
+    assert strided.conv1.strides == (1, 1)
+
+
+def test_resnet_stage_units():
+    stage = R.ResNetStage(3, 32, first_stride=2)
+    out = stage(np.ones((1, 8, 8, 64), "float32"))
+    assert tuple(out.shape) == (1, 4, 4, 128)
+    assert [u.name for u in stage.units] == ["unit1", "unit2", "unit3"]
+    assert [u.strides for u in stage.units] == [2, 1, 1]
+    assert [u.needs_projection for u in stage.units] == [True, False, False]
