@@ -9,6 +9,7 @@ hybrid files store GroupNorm parameters as `(1, 1, 1, C)`.
 Loading checks everything before assigning anything, so a failed load leaves the model as it was.
 """
 
+import io
 import logging
 import os
 import zipfile
@@ -80,17 +81,22 @@ def read_npz(path):
         raise FileNotFoundError(f"No checkpoint file at {path!r}.")
     with tf.io.gfile.GFile(path, "rb") as handle:
         try:
-            with np.load(handle, allow_pickle=False) as archive:
-                if not hasattr(archive, "files"):
-                    raise CheckpointError(
-                        f"{path!r} holds a single numpy array, not an .npz checkpoint archive.")
-                return {key: archive[key] for key in archive.files}
+            archive = np.load(handle, allow_pickle=False)
         except (zipfile.BadZipFile, EOFError, OSError, ValueError) as error:
-            if isinstance(error, CheckpointError):
-                raise
             raise CheckpointError(
                 f"{path!r} is not a readable .npz checkpoint (truncated or corrupt?): {error}"
             ) from error
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise CheckpointError(
+                f"{path!r} holds a single numpy array, not an .npz checkpoint archive.")
+        with archive:
+            try:
+                return {key: archive[key] for key in archive.files}
+            except (zipfile.BadZipFile, EOFError, OSError, ValueError) as error:
+                raise CheckpointError(
+                    f"{path!r} is not a readable .npz checkpoint (truncated, corrupt, or "
+                    f"holding pickled objects, which are never loaded): {error}"
+                ) from error
 
 
 def resize_position_embeddings(embeddings, new_grid, old_grid=None, num_prefix_tokens=1):
@@ -185,9 +191,16 @@ def load_npz(model, path, *, strict=True, new_head=False):
     report = {"loaded": [], "missing": [], "unexpected": [], "mismatched": [], "resized": [],
               "new_head": []}
     assignments, used = [], set()
+    shapes = {key: shape for key, _, shape in _model_variables(model)}
+    # The head is kept or replaced as a whole. A head trained on top of pre_logits is useless
+    # once the model drops pre_logits, even when its shape happens to fit.
+    replace_head = new_head or any(
+        key not in arrays or arrays[key].shape != shapes[key]
+        for key in _HEAD_KEYS if key in shapes
+    ) or any(key in arrays and key not in shapes for key in _PRE_LOGITS_KEYS)
     for key, variable, shape in _model_variables(model):
         value = arrays.get(key)
-        if key in _HEAD_KEYS and (new_head or value is None or value.shape != shape):
+        if key in _HEAD_KEYS and replace_head:
             used.add(key)
             report["new_head"].append(key)
             assignments.append((variable, np.zeros(variable.shape)))
@@ -251,8 +264,10 @@ def save_npz(model, path):
     path = os.fspath(path)
     temporary = f"{path}.partial-{os.getpid()}"
     try:
+        buffer = io.BytesIO()  # zip needs a seekable file; GFile writers are not
+        np.savez(buffer, **arrays)
         with tf.io.gfile.GFile(temporary, "wb") as handle:
-            np.savez(handle, **arrays)
+            handle.write(buffer.getvalue())
         tf.io.gfile.rename(temporary, path, overwrite=True)
     finally:
         if tf.io.gfile.exists(temporary):

@@ -111,6 +111,9 @@ class ClassToken(keras.layers.Layer):
         tokens = None if input_shape[1] is None else input_shape[1] + 1
         return (input_shape[0], tokens, input_shape[2])
 
+    def get_config(self):  # explicit, so the dtype policy serialises like the other layers'
+        return super().get_config()
+
 
 POSITION_EMBEDDINGS = ("learned", "learned_2d", "none")
 
@@ -296,8 +299,14 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             return output, weights
         return output
 
-    def compute_output_shape(self, input_shape):
-        return input_shape
+    def compute_output_spec(self, x, training=False, return_attention_scores=False):
+        output = keras.KerasTensor(x.shape, dtype=self.compute_dtype)
+        if not return_attention_scores:
+            return output
+        tokens = x.shape[1]
+        scores = keras.KerasTensor((x.shape[0], self.num_heads, tokens, tokens),
+                                   dtype=self.compute_dtype)
+        return output, scores
 
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "dropout": self.dropout}
@@ -412,8 +421,14 @@ class EncoderBlock(keras.layers.Layer):
             return x, weights
         return x
 
-    def compute_output_shape(self, input_shape):
-        return input_shape
+    def compute_output_spec(self, x, training=False, return_attention_scores=False):
+        output = keras.KerasTensor(x.shape, dtype=self.compute_dtype)
+        if not return_attention_scores:
+            return output
+        tokens = x.shape[1]
+        scores = keras.KerasTensor((x.shape[0], self.num_heads, tokens, tokens),
+                                   dtype=self.compute_dtype)
+        return output, scores
 
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "mlp_dim": self.mlp_dim,

@@ -7,8 +7,8 @@ encoder_norm -> pool -> [pre_logits] -> head.
 
 import keras
 
+from keras_vit import checkpoint, pretrained, resnet
 from keras_vit import layers as vit_layers
-from keras_vit import resnet
 from keras_vit.variants import parse_variant
 
 CLASSIFIERS = ("token", "gap")
@@ -91,7 +91,11 @@ def vit(
             rate at the last.
         position_embedding: "learned" (1-D, the default), "learned_2d" or "none".
         approximate_gelu: tanh-approximate GELU as the original (True) or exact (False).
-        weights: pre-trained weights; only None is supported in this version.
+        weights: None (random initialisation), or an original `.npz` checkpoint to load:
+            a published name (see `keras_vit.pretrained.PUBLISHED`, e.g. "imagenet21k"), a
+            local path, an https/file URL or a gs:// path. Position embeddings are resized
+            to `image_size`; the head starts from zeros when `num_classes` differs from the
+            checkpoint's.
         dtype: a Keras dtype policy such as "float32" or "mixed_bfloat16"; None takes the
             global policy. Outputs are float32 under mixed policies.
         name: model name; defaults to e.g. "vit_b16".
@@ -113,11 +117,6 @@ def vit(
         config = config.__class__(**{**config.__dict__, **overrides})
     image_size = _image_size_pair(image_size)
     _check_config(config, image_size, classifier, representation_size)
-    if weights is not None:
-        raise ValueError(
-            f"weights={weights!r}: loading pre-trained weights is not available in this "
-            "version of keras_vit; build with weights=None."
-        )
     if position_embedding not in vit_layers.POSITION_EMBEDDINGS:
         raise ValueError(
             f"position_embedding must be one of {vit_layers.POSITION_EMBEDDINGS}, "
@@ -161,7 +160,36 @@ def vit(
                                dtype=head_dtype)(x)
     if name is None:
         name = "vit_" + config.name.lower().replace("/", "").replace("+", "_")
-    return keras.Model(images, x, name=name)
+    model = keras.Model(images, x, name=name)
+    if weights is not None:
+        checkpoint.load_npz(model, pretrained.resolve_weights(weights, config.name))
+    return model
+
+
+class _AttentionModel(keras.Model):
+    """Runs a ViT's layers in order and returns the attention weights of every block."""
+
+    def __init__(self, model, **kwargs):
+        super().__init__(**kwargs)
+        self.vit_model = model
+        self.blocks = [layer for layer in model.layers
+                       if isinstance(layer, vit_layers.EncoderBlock)]
+        if not self.blocks:
+            raise ValueError(f"Model {model.name!r} has no EncoderBlock layers.")
+
+    def call(self, images):
+        x, weights = images, []
+        for layer in self.vit_model.layers:
+            if isinstance(layer, keras.layers.InputLayer):
+                continue
+            if not isinstance(layer, vit_layers.EncoderBlock):
+                x = layer(x)
+                continue
+            x, attention = layer(x, return_attention_scores=True)
+            weights.append(attention)
+            if len(weights) == len(self.blocks):
+                break  # nothing after the last block is needed
+        return weights
 
 
 def attention_model(model):
@@ -171,18 +199,4 @@ def attention_model(model):
     Its output is a list with one `[batch, heads, tokens, tokens]` tensor per encoder block.
     The default forward pass of `model` is untouched and computes no extra output.
     """
-    x = model.inputs[0]
-    weights = []
-    for layer in model.layers:
-        if isinstance(layer, keras.layers.InputLayer):
-            continue
-        if isinstance(layer, vit_layers.EncoderBlock):
-            x, attention = layer(x, return_attention_scores=True)
-            weights.append(attention)
-        elif isinstance(layer, vit_layers.TokenPooling):
-            break
-        else:
-            x = layer(x)
-    if not weights:
-        raise ValueError(f"Model {model.name!r} has no EncoderBlock layers.")
-    return keras.Model(model.inputs[0], weights, name=f"{model.name}_attention")
+    return _AttentionModel(model, name=f"{model.name}_attention")

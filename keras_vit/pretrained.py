@@ -79,6 +79,8 @@ def resolve_weights(weights, variant, cache_dir=None):
     # Keep the bucket folder in the cached name: imagenet21k/ and imagenet21k+imagenet2012/
     # hold files of the same name.
     relative = weights[len(BUCKET_URL):] if weights.startswith(BUCKET_URL) else None
+    # Keras reads KERAS_HOME once at import; read it now so a later setting counts.
+    cache_dir = cache_dir or os.environ.get("KERAS_HOME")
     fname = (relative or weights.rstrip("/").rsplit("/", 1)[-1]).replace("/", "--")
     return keras.utils.get_file(fname=fname, origin=weights, file_hash=file_hash,
                                 cache_subdir=os.path.join("models", "keras_vit"),

@@ -24,7 +24,8 @@ class StdConv2D(keras.layers.Conv2D):
 
     def convolution_op(self, inputs, kernel):
         # Standardise in at least float32, also when the policy computes in bfloat16.
-        precise = "float64" if keras.backend.standardize_dtype(inputs.dtype) == "float64" else "float32"
+        input_dtype = keras.backend.standardize_dtype(inputs.dtype)
+        precise = "float64" if input_dtype == "float64" else "float32"
         kernel = ops.cast(kernel, precise)
         mean = ops.mean(kernel, axis=(0, 1, 2), keepdims=True)
         std = ops.std(kernel, axis=(0, 1, 2), keepdims=True)
@@ -96,6 +97,7 @@ class BottleneckUnit(keras.layers.Layer):
         self.strides = int(strides)
 
     def build(self, input_shape):
+        input_shape = tuple(input_shape)  # a list when Keras rebuilds a loaded model
         policy = self.dtype_policy
         out = 4 * self.features
         self.needs_projection = input_shape[-1] != out or self.strides != 1

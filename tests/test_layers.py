@@ -44,7 +44,8 @@ def _gelu_exact(x):
 LAYER_CASES = [
     ("PatchEmbed", lambda: L.PatchEmbed(4, 8), (8, 12, 3), (6, 8)),
     ("ClassToken", lambda: L.ClassToken(), (6, 8), (7, 8)),
-    ("AddPositionEmbs_learned", lambda: L.AddPositionEmbs((2, 3), 1, kind="learned"), (7, 8), (7, 8)),
+    ("AddPositionEmbs_learned", lambda: L.AddPositionEmbs((2, 3), 1, kind="learned"),
+     (7, 8), (7, 8)),
     ("AddPositionEmbs_learned_2d", lambda: L.AddPositionEmbs((2, 3), 1, kind="learned_2d"),
      (7, 8), (7, 8)),
     ("AddPositionEmbs_learned_2d_no_prefix",
@@ -369,19 +370,23 @@ def test_drop_path_rejects_bad_rates():
 # ResNet pieces
 
 
-def test_std_conv_standardises_the_kernel_per_output_channel():
+@pytest.mark.parametrize("kernel_scale", [2.0, 0.01])
+def test_std_conv_standardises_the_kernel_per_output_channel(kernel_scale):
     layer = R.StdConv2D(6, 1)
     x = np.random.default_rng(0).normal(size=(2, 3, 3, 5)).astype("float32")
     layer.build(x.shape)
-    kernel = np.random.default_rng(1).normal(loc=0.3, scale=2.0, size=(1, 1, 5, 6))
-    layer.kernel.assign(kernel.astype("float32"))
-    w = kernel.reshape(5, 6)
+    kernel = np.random.default_rng(1).normal(loc=0.3, scale=kernel_scale, size=(1, 1, 5, 6))
+    kernel = kernel.astype("float32")
+    layer.kernel.assign(kernel)
+    w = kernel.reshape(5, 6).astype("float64")
+    # (w - mean) / (std + 1e-5) with the population std over the spatial and input axes. With
+    # the small kernel the epsilon's placement matters (sqrt(var + eps) would be 5% off).
     standardised = (w - w.mean(axis=0)) / (w.std(axis=0) + 1e-5)
     expected = np.einsum("bhwc,cd->bhwd", x, standardised)
     np.testing.assert_allclose(to_np(layer(x)), expected, rtol=1e-4, atol=1e-4)
-    # Invariant to an affine change of each output channel's kernel.
-    layer.kernel.assign((kernel * 3.0 + 1.0).astype("float32"))
-    np.testing.assert_allclose(to_np(layer(x)), expected, rtol=1e-3, atol=1e-3)
+    # Nearly invariant to an affine change of each output channel's kernel.
+    layer.kernel.assign(kernel * 3.0 + 1.0)
+    np.testing.assert_allclose(to_np(layer(x)), expected, rtol=1e-2, atol=1e-2)
     assert layer.use_bias is False and layer.padding == "same"
 
 

@@ -1,7 +1,6 @@
 """The model builder `keras_vit.vit`: argument errors, shapes, .keras round trips, XLA, mixed
 precision, attention outputs, preprocessing and a few training steps. All on tiny models."""
 
-import json
 import zipfile
 
 import keras
@@ -10,7 +9,6 @@ import pytest
 import tensorflow as tf
 
 import keras_vit
-from keras_vit import layers as L
 
 TINY = dict(image_size=32, patch_size=8, hidden_size=24, mlp_dim=48, num_heads=3, num_layers=2,
             num_classes=5)
@@ -121,8 +119,6 @@ def test_hidden_size_not_divisible_by_heads():
 def test_other_argument_errors():
     with pytest.raises(ValueError, match="position_embedding"):
         tiny(position_embedding="sinusoidal")
-    with pytest.raises(ValueError, match="weights=None"):
-        tiny(weights="imagenet21k")
     with pytest.raises(TypeError, match="patch_size"):
         tiny(patch_sise=8)
     with pytest.raises(ValueError, match="image_size"):
@@ -174,7 +170,7 @@ def test_include_top_false_returns_pooled_features(classifier):
     features = to_np(model(x))
     assert features.shape == (3, 24)
     # The pooled representation is the encoder_norm output at the class token / token mean.
-    tokens = keras.Model(model.inputs, model.get_layer("encoder_norm").output)(x)
+    tokens = keras.Model(model.input, model.get_layer("encoder_norm").output)(x)
     tokens = to_np(tokens)
     expected = tokens[:, 0] if classifier == "token" else tokens.mean(axis=1)
     np.testing.assert_allclose(features, expected, rtol=1e-5, atol=1e-5)
@@ -209,20 +205,22 @@ def test_drop_path_rate_rises_linearly_and_dropout_is_passed():
                          ).get_layer("dropout").rate == 0.0
 
 
-def _assert_no_lambda(model, tmp_path):
-    assert not [l.name for l in all_layers(model) if isinstance(l, keras.layers.Lambda)]
-    assert "Lambda" not in json.dumps(model.get_config())
+def _assert_no_lambda(model):
+    # Walk every layer, nested ones included (the saved config is checked in the round trips).
+    found = all_layers(model)
+    assert len(found) > len(model.layers)  # the walk does reach the sub-layers
+    assert not [l.name for l in found if isinstance(l, keras.layers.Lambda)]
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"classifier": "gap", "position_embedding": "learned_2d",
                                         "representation_size": 8}], ids=["token", "gap_2d"])
-def test_no_lambda_layers(kwargs, tmp_path):
-    _assert_no_lambda(tiny(**kwargs), tmp_path)
+def test_no_lambda_layers(kwargs):
+    _assert_no_lambda(tiny(**kwargs))
 
 
-def test_no_lambda_layers_hybrid(tmp_path):
+def test_no_lambda_layers_hybrid():
     _assert_no_lambda(keras_vit.vit("R26+S/32", image_size=32, hidden_size=24, mlp_dim=48,
-                                    num_heads=3, num_layers=1, num_classes=5), tmp_path)
+                                    num_heads=3, num_layers=1, num_classes=5))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,7 +233,7 @@ ROUND_TRIP_CASES = {
                                        representation_size=8),
     "hybrid_stem_token": lambda: keras_vit.vit("R+Ti/16", **TINY_HYBRID),
     # R26: four ResNet stages of bottleneck units (~14M parameters, all in the ResNet).
-    "hybrid_r26_gap": lambda: keras_vit.vit("R26+S/32", image_size=32, hidden_size=24,
+    "hybrid_r26_gap": lambda: keras_vit.vit("R26+S/32", image_size=64, hidden_size=24,
                                             mlp_dim=48, num_heads=3, num_layers=1,
                                             num_classes=5, classifier="gap"),
 }
@@ -274,7 +272,8 @@ def test_forward_pass_compiles_with_xla(hybrid):
     got = to_np(forward(tf.constant(x)))
     assert np.abs(expected).max() > 1e-2
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
-    assert "XLA" in forward.experimental_get_compiler_ir(tf.constant(x))(stage="hlo") or True
+    # It really went through XLA: the compiler IR of the compiled function exists.
+    assert "HloModule" in forward.experimental_get_compiler_ir(tf.constant(x))(stage="hlo")
 
 
 def test_compile_with_jit_compile_and_predict():
@@ -328,7 +327,7 @@ def test_attention_model():
         assert scores.shape == (2, 3, 17, 17)  # [batch, heads, tokens, tokens]
         np.testing.assert_allclose(scores.sum(axis=-1), 1.0, atol=1e-5)
     # It shares the weights: block 0's maps are those of the layer on the embedded tokens.
-    embedded = keras.Model(model.inputs, model.get_layer("dropout").output)(x)
+    embedded = keras.Model(model.input, model.get_layer("dropout").output)(x)
     _, scores_0 = model.get_layer("encoderblock_0")(embedded, return_attention_scores=True)
     np.testing.assert_allclose(to_np(maps[0]), to_np(scores_0), rtol=1e-5, atol=1e-6)
     # The default model is unchanged: one output, the same logits.

@@ -74,7 +74,8 @@ def test_every_variant_has_a_pinned_count():
     assert not missing, f"variants without a pinned parameter count: {sorted(missing)}"
     stale = set(PINNED_PARAMS) - names
     assert not stale, f"pinned counts for variants that no longer exist: {sorted(stale)}"
-    assert not names - set(TOKENS_224), f"variants without a pinned token count: {names - set(TOKENS_224)}"
+    missing_tokens = names - set(TOKENS_224)
+    assert not missing_tokens, f"variants without a pinned token count: {sorted(missing_tokens)}"
 
 
 @pytest.mark.parametrize("name", list(keras_vit.VARIANT_NAMES))
