@@ -148,8 +148,7 @@ def vit(
             config.num_heads, config.mlp_dim, dropout=dropout,
             attention_dropout=attention_dropout, drop_path_rate=rate,
             approximate_gelu=approximate_gelu, name=f"encoderblock_{index}", dtype=policy)(x)
-    x = keras.layers.LayerNormalization(epsilon=vit_layers.LAYER_NORM_EPSILON,
-                                        name="encoder_norm", dtype=policy)(x)
+    x = vit_layers.LayerNorm(name="encoder_norm", dtype=policy)(x)
     head_dtype = _head_dtype(policy)
     x = vit_layers.TokenPooling(classifier, name="pool", dtype=head_dtype)(x)
     if representation_size is not None:
