@@ -14,7 +14,7 @@ setup(
     description="Vision Transformer (ViT) for Keras 3: every released variant, faithful numerics.",
     long_description=(here / "README.md").read_text(),
     long_description_content_type="text/markdown",
-    packages=find_packages(include=["keras_vit", "keras_vit.*"]),
+    packages=find_packages(include=["keras_vit", "keras_vit.*", "train", "configs"]),
     python_requires=">=3.10",
     install_requires=[
         "tensorflow>=2.19,<2.22",
@@ -22,7 +22,10 @@ setup(
         "numpy",
     ],
     extras_require={
-        "test": ["pytest"],
+        "train": ["absl-py", "ml-collections", "tensorflow-datasets", "importlib_resources",
+                  "tensorboard"],
+        "test": ["pytest", "absl-py", "ml-collections", "tensorflow-datasets",
+                 "importlib_resources", "tensorboard"],
         "benchmark": ["keras-hub"],
     },
     license="Apache-2.0",

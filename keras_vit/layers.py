@@ -68,7 +68,7 @@ class PatchEmbed(keras.layers.Layer):
         self.channels = channels
 
     def call(self, images):
-        if images.shape[-1] != self.channels:
+        if images.shape[-1] not in (self.channels, None):
             raise ValueError(
                 f"Expected images with {self.channels} channels (last axis), "
                 f"got shape {tuple(images.shape)}."

@@ -63,7 +63,7 @@ class ResNetStem(keras.layers.Layer):
         self.input_channels = input_shape[-1]
 
     def call(self, images):
-        if images.shape[-1] != self.input_channels:
+        if images.shape[-1] not in (self.input_channels, None):
             raise ValueError(
                 f"Expected images with {self.input_channels} channels (last axis), "
                 f"got shape {tuple(images.shape)}."

@@ -1,0 +1,64 @@
+"""Defaults shared by every experiment config; each field is documented here.
+
+Experiment files (`quickstart.py`, `finetune.py`, `pretrain.py`) start from `get_config()` and
+change what they need. The driver locks the result, so a misspelt `--config.field` is an error.
+"""
+
+import ml_collections
+from ml_collections.config_dict import placeholder
+
+
+def get_config():
+    config = ml_collections.ConfigDict()
+    config.seed = 0  # seeds the model initialisation, the data order and the augmentation
+
+    # Model: any keras_vit variant name, with optional overrides of its table fields.
+    config.model = "B/16"  # e.g. "Ti/16", "B/16", "R50+B/16"
+    config.patch_size = placeholder(int)  # None: variant's
+    config.hidden_size = placeholder(int)  # None: variant's
+    config.mlp_dim = placeholder(int)  # None: variant's
+    config.num_heads = placeholder(int)  # None: variant's
+    config.num_layers = placeholder(int)  # None: variant's
+    config.classifier = "token"  # "token" (class token) or "gap" (mean of the tokens)
+    config.representation_size = placeholder(int)  # pre_logits
+    config.dropout = 0.0  # after the position embeddings, attention and MLP dense layers
+    config.attention_dropout = 0.0  # on the attention weights
+    config.drop_path_rate = 0.0  # stochastic depth at the last block (linear in depth)
+    config.pretrained = ""  # "" for none, or a keras_vit weights name or .npz path/URL
+
+    # Data.
+    config.dataset = "fashion_mnist_local"  # a TFDS name, "folder:/path/to/root" or the default
+    config.data_dir = placeholder(str)  # TFDS data_dir (gs://)
+    config.train_split = "train"  # TFDS split expression for training
+    config.eval_split = "test"  # TFDS split expression for evaluation (all of it is used)
+    config.image_size = 224  # training and evaluation resolution (square)
+    config.crop_min_area = 0.05  # inception crop: smallest fraction of the image kept
+    config.flip = True  # random horizontal flips in training
+    config.shuffle_buffer = 50_000  # examples (still encoded) in the shuffle buffer
+
+    # Optimisation.
+    config.batch_size = 512  # global batch, split evenly across replicas
+    config.eval_batch_size = 512  # global evaluation batch
+    config.total_steps = 10_000  # optimizer steps
+    config.optimizer = "sgd"  # "sgd" (with momentum), "adam" or "adamw"
+    config.learning_rate = 0.03  # base learning rate, reached at the end of warm-up
+    config.warmup_steps = 500  # linear warm-up from 0
+    config.decay = "cosine"  # after warm-up: "cosine" or "linear" decay to 0 at total_steps
+    config.momentum = 0.9  # SGD momentum
+    config.beta_1 = 0.9  # Adam
+    config.beta_2 = 0.999  # Adam
+    config.weight_decay = 0.0  # decoupled weight decay (adamw)
+    config.grad_clip_norm = 1.0  # clip the global gradient norm; 0 to turn off
+    config.accum_steps = 1  # gradient accumulation: micro-batches per optimizer step
+    config.label_smoothing = 0.0  # of the one-hot targets
+    config.dtype_policy = "float32"  # or "mixed_bfloat16" (TPU, and CPUs with AMX)
+    config.ema_decay = 0.0  # Polyak averaging of the weights for evaluation; 0 turns it off
+
+    # Loop, evaluation, checkpoints, export.
+    config.steps_per_loop = 100  # steps run on the device per host call (one log line each)
+    config.eval_every_steps = 1000  # also evaluated at the end
+    config.checkpoint_every_steps = 1000  # also saved at the end and on SIGTERM
+    config.keep_checkpoints = 3  # newest checkpoints kept in workdir/checkpoints
+    config.jit_compile = False  # compile the train step with XLA (on TPU it always is)
+    config.export = True  # at the end, write the trained model into workdir/export
+    return config

@@ -1,0 +1,78 @@
+"""Fashion-MNIST from local IDX files (Debian's `dataset-fashion-mnist`) as a TFDS dataset.
+
+Defining the builder registers it, so `tfds.builder("fashion_mnist_local")` prepares the real
+60,000 + 10,000 images offline and the rest of the pipeline is the one every TFDS dataset takes.
+The files are looked up in `$FASHION_MNIST_DIR`, default `/usr/share/datasets/fashion-mnist`.
+"""
+
+import gzip
+import os
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
+CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+               "Sneaker", "Bag", "Ankle boot")
+_FILES = {
+    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+}
+_IMAGE_MAGIC, _LABEL_MAGIC = 2051, 2049
+
+
+def source_dir():
+    return os.environ.get("FASHION_MNIST_DIR", DEFAULT_DIR)
+
+
+def read_idx(path, magic):
+    """Reads a gzipped IDX file (the MNIST format) into a uint8 array, checking its header."""
+    with gzip.open(path, "rb") as handle:
+        data = handle.read()
+    if len(data) < 8 or int.from_bytes(data[:4], "big") != magic:
+        raise ValueError(f"{path} is not an IDX file with magic number {magic}.")
+    rank = data[3]
+    shape = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(rank))
+    body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * rank)
+    if body.size != int(np.prod(shape)):
+        raise ValueError(f"{path} is truncated: expected {np.prod(shape)} values, "
+                         f"found {body.size}.")
+    return body.reshape(shape)
+
+
+class FashionMnistLocal(tfds.core.GeneratorBasedBuilder):
+    """Fashion-MNIST (Xiao et al., 2017) read from local files; no download."""
+
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+        return self.dataset_info_from_configs(
+            description="Fashion-MNIST, 28x28 grayscale, 10 classes, from local IDX files.",
+            features=tfds.features.FeaturesDict({
+                "image": tfds.features.Image(shape=(28, 28, 1)),
+                "label": tfds.features.ClassLabel(names=CLASS_NAMES),
+            }),
+            supervised_keys=("image", "label"),
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager  # nothing to download
+        folder = source_dir()
+        missing = [name for files in _FILES.values() for name in files
+                   if not os.path.exists(os.path.join(folder, name))]
+        if missing:
+            raise FileNotFoundError(
+                f"Fashion-MNIST files {missing} are not in {folder}. Install them with "
+                "`sudo apt-get install dataset-fashion-mnist` (Debian/Ubuntu), or set "
+                "FASHION_MNIST_DIR to a folder holding the four .gz files.")
+        return {split: self._generate_examples(*(os.path.join(folder, f) for f in files))
+                for split, files in _FILES.items()}
+
+    def _generate_examples(self, images_path, labels_path):
+        images = read_idx(images_path, _IMAGE_MAGIC)
+        labels = read_idx(labels_path, _LABEL_MAGIC)
+        if len(images) != len(labels):
+            raise ValueError(f"{images_path} has {len(images)} images but {labels_path} "
+                             f"has {len(labels)} labels.")
+        for index, (image, label) in enumerate(zip(images, labels)):
+            yield index, {"image": image[..., None], "label": int(label)}

@@ -1,0 +1,196 @@
+"""tf.data input for training and evaluation, from any TFDS dataset, a folder of images, or
+the offline Fashion-MNIST default.
+
+Train: shuffle (still encoded) -> decode -> inception crop -> flip -> resize -> [-1, 1], in a
+stream that is a pure function of (seed, step): augmentation uses stateless random ops keyed by
+the example's position in the stream, so a resumed run sees exactly the batches an
+uninterrupted one would. Eval: decode -> resize -> [-1, 1], padded with masked examples so every
+example is counted exactly once with static batch shapes.
+"""
+
+import dataclasses
+import math
+
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+FOLDER_PREFIX = "folder:"
+DEFAULT_DATASET = "fashion_mnist_local"
+
+
+@dataclasses.dataclass
+class Datasets:
+    """What the trainer needs from the data."""
+
+    train: object  # a distributed dataset of {"image", "label"} batches, repeated forever
+    eval: object  # a distributed dataset of {"image", "label", "mask"}; one pass, padded
+    num_classes: int
+    train_examples: int
+    eval_examples: int
+
+
+def get_builder(config):
+    """The TFDS builder (or ImageFolder) named by `config.dataset`, prepared if needed."""
+    name = config.dataset
+    if name.startswith(FOLDER_PREFIX):
+        root = name[len(FOLDER_PREFIX):]
+        if not tf.io.gfile.isdir(root):
+            raise ValueError(f"dataset={name!r}: {root!r} is not a folder. A folder dataset is "
+                             "root/<split>/<class>/<image files>.")
+        return tfds.folder_dataset.ImageFolder(root)
+    if name == DEFAULT_DATASET:
+        from train import fashion_mnist  # noqa: F401  (registers the builder)
+    try:
+        builder = tfds.builder(name, data_dir=config.data_dir)
+    except tfds.core.registered.DatasetNotFoundError as error:
+        raise ValueError(
+            f"Unknown dataset {name!r}: use a TFDS name (e.g. cifar10, imagenet2012), "
+            f"'{FOLDER_PREFIX}/path/to/root' for a folder of images, or '{DEFAULT_DATASET}' "
+            "(offline Fashion-MNIST).") from error
+    builder.download_and_prepare()
+    return builder
+
+
+def _read(builder, split, input_context):
+    """Examples of a split with the image still encoded (decoded after the shuffle)."""
+    read_config = tfds.ReadConfig(input_context=input_context, shuffle_seed=0)
+    return builder.as_dataset(split=split, shuffle_files=False, read_config=read_config,
+                              decoders={"image": tfds.decode.SkipDecoding()})
+
+
+def _count(dataset):
+    count = int(dataset.cardinality())
+    if count < 0:  # unknown after sharding: count the (still encoded) records once
+        count = int(dataset.reduce(0, lambda total, _: total + 1))
+    return count
+
+
+def decode_image(encoded):
+    """Decodes PNG/JPEG/GIF/BMP bytes to uint8 RGB (grayscale is repeated to 3 channels)."""
+    image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
+    image.set_shape([None, None, 3])
+    return image
+
+
+def to_model_range(image, dtype=tf.float32):
+    """uint8 or float pixels in [0, 255] to [-1, 1], as the original (static shape kept)."""
+    image = tf.ensure_shape(image, (image.shape[0], image.shape[1], 3))
+    return tf.cast((tf.cast(image, tf.float32) - 127.5) / 127.5, dtype)
+
+
+def preprocess_train(encoded, seed, image_size, crop_min_area, flip, dtype=tf.float32):
+    """Inception crop (area in [crop_min_area, 1], aspect 3/4 to 4/3) + flip + resize.
+
+    `seed` is a shape-[2] int tensor; the same seed gives the same augmentation.
+    """
+    image = decode_image(encoded)
+    crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.shape(image), bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+        seed=crop_seed, min_object_covered=0.0, area_range=(crop_min_area, 1.0),
+        aspect_ratio_range=(3 / 4, 4 / 3), max_attempts=10, use_image_if_no_bounding_boxes=True)
+    image = tf.slice(image, begin, size)
+    image = tf.image.resize(image, (image_size, image_size), method="bilinear")
+    if flip:
+        image = tf.image.stateless_random_flip_left_right(image, flip_seed)
+    return to_model_range(image, dtype)
+
+
+def preprocess_eval(encoded, image_size, dtype=tf.float32):
+    image = decode_image(encoded)
+    image = tf.image.resize(image, (image_size, image_size), method="bilinear")
+    return to_model_range(image, dtype)
+
+
+def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32):
+    """Returns `fn(input_context)` for `strategy.distribute_datasets_from_function`.
+
+    The stream of examples is epoch after epoch, each shuffled with a seed derived from
+    (config.seed, epoch); the example at position i gets augmentation seed (config.seed, i).
+    Starting at `start_step` skips at most one epoch of encoded records.
+    """
+
+    def dataset_fn(input_context):
+        per_replica = input_context.get_per_replica_batch_size(config.batch_size)
+        replicas_here = input_context.num_replicas_in_sync // input_context.num_input_pipelines
+        examples = _read(builder, config.train_split, input_context)
+        epoch_size = _count(examples)
+        if epoch_size < per_replica * replicas_here:
+            raise ValueError(f"Split {config.train_split!r} has {epoch_size} examples, fewer "
+                             f"than one batch of {per_replica * replicas_here}.")
+        start = start_step * per_replica * replicas_here
+        first_epoch = start // epoch_size
+
+        def one_epoch(epoch):
+            shuffled = examples.shuffle(min(config.shuffle_buffer, epoch_size),
+                                        seed=config.seed * 100_003 + epoch,
+                                        reshuffle_each_iteration=False)
+            return shuffled.enumerate(start=epoch * epoch_size)
+
+        stream = tf.data.Dataset.range(first_epoch, 2**62).flat_map(one_epoch)
+        stream = stream.skip(start - first_epoch * epoch_size)
+
+        def preprocess(index, example):
+            seed = tf.stack([tf.constant(config.seed, tf.int64), index])
+            image = preprocess_train(example["image"], seed, config.image_size,
+                                     config.crop_min_area, config.flip, dtype)
+            return {"image": image, "label": tf.cast(example["label"], tf.int32)}
+
+        stream = stream.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return stream.batch(per_replica, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+    return dataset_fn
+
+
+def eval_dataset_fn(builder, config, dtype=tf.float32):
+    """Returns `fn(input_context)`: every eval example once, padded with `mask` 0.
+
+    All input pipelines yield the same number of batches, so replicas stay in step.
+    """
+    total = builder.info.splits[config.eval_split].num_examples
+
+    def dataset_fn(input_context):
+        per_replica = input_context.get_per_replica_batch_size(config.eval_batch_size)
+        batch = per_replica * (
+            input_context.num_replicas_in_sync // input_context.num_input_pipelines)
+        steps = math.ceil(math.ceil(total / input_context.num_input_pipelines) / batch)
+        examples = _read(builder, config.eval_split, input_context)
+
+        def preprocess(example):
+            return {"image": preprocess_eval(example["image"], config.image_size, dtype),
+                    "label": tf.cast(example["label"], tf.int32),
+                    "mask": tf.constant(1.0)}
+
+        examples = examples.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+        blank = {"image": tf.zeros((config.image_size, config.image_size, 3), dtype),
+                 "label": tf.constant(0, tf.int32), "mask": tf.constant(0.0)}
+        padding = tf.data.Dataset.from_tensors(blank).repeat()
+        examples = examples.concatenate(padding).take(steps * batch)
+        return examples.batch(per_replica, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+    return dataset_fn
+
+
+def get_datasets(config, strategy, start_step=0, dtype=tf.float32):
+    """Builds the distributed train and eval datasets for `strategy`."""
+    if config.batch_size % strategy.num_replicas_in_sync:
+        raise ValueError(f"batch_size {config.batch_size} is not divisible by the "
+                         f"{strategy.num_replicas_in_sync} replicas.")
+    if config.eval_batch_size % strategy.num_replicas_in_sync:
+        raise ValueError(f"eval_batch_size {config.eval_batch_size} is not divisible by the "
+                         f"{strategy.num_replicas_in_sync} replicas.")
+    builder = get_builder(config)
+    info = builder.info
+    for split in (config.train_split, config.eval_split):
+        if split not in info.splits:
+            raise ValueError(f"Dataset {config.dataset!r} has no split {split!r}; it has "
+                             f"{sorted(info.splits)}.")
+    train_fn = train_dataset_fn(builder, config, start_step, dtype)
+    eval_fn = eval_dataset_fn(builder, config, dtype)
+    return Datasets(
+        train=strategy.distribute_datasets_from_function(train_fn),
+        eval=strategy.distribute_datasets_from_function(eval_fn),
+        num_classes=info.features["label"].num_classes,
+        train_examples=info.splits[config.train_split].num_examples,
+        eval_examples=info.splits[config.eval_split].num_examples,
+    )

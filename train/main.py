@@ -1,0 +1,39 @@
+"""Trains or fine-tunes a ViT from the command line.
+
+    python -m train.main --config=configs/quickstart.py --workdir=/tmp/vit_quickstart
+    python -m train.main --config=configs/finetune.py:model=B/16,dataset=cifar10 \
+        --config.pretrained=imagenet21k --workdir=gs://bucket/run --strategy=tpu --tpu=local
+
+Rerunning the same command resumes from the newest checkpoint in the workdir.
+"""
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+config_flags.DEFINE_config_file("config", None, "Experiment config file (file.py[:arg]).",
+                                lock_config=True)
+flags.DEFINE_string("workdir", None, "Directory (local or gs://) for checkpoints, logs, export.")
+flags.DEFINE_enum("strategy", "", ["", "tpu", "mirrored", "multi_worker", "one_device"],
+                  "Distribution strategy; default: TPU if --tpu, else all GPUs, else CPU.")
+flags.DEFINE_string("tpu", "", "TPU name, grpc:// address, or 'local' on a TPU VM.")
+flags.DEFINE_integer("cpu_devices", 1, "Split the CPU into this many logical devices.")
+flags.mark_flags_as_required(["config", "workdir"])
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    from train import strategy as strategies  # after flags: TensorFlow starts here
+
+    if FLAGS.cpu_devices > 1:
+        strategies.split_cpu(FLAGS.cpu_devices)
+    strategy = strategies.make_strategy(FLAGS.strategy, FLAGS.tpu)
+    from train import trainer
+
+    logging.info("Config:\n%s", FLAGS.config)
+    trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir, strategy)
+
+
+if __name__ == "__main__":
+    app.run(main)

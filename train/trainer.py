@@ -1,0 +1,299 @@
+"""The distributed training loop: model, optimizer, steps on device, evaluation, checkpoints.
+
+One host call runs `steps_per_loop` steps inside a `tf.function` (the TPU idiom). Each step
+all-reduces the gradients once, clips their global norm, and applies them; evaluation covers the
+whole eval split exactly once. Checkpoints (model, optimizer, EMA, step) go to
+`workdir/checkpoints` every `checkpoint_every_steps`, at the end, and on SIGTERM; rerunning the
+same command resumes from the newest one.
+"""
+
+import os
+import signal
+import time
+
+import keras
+import tensorflow as tf
+from absl import logging
+
+import keras_vit
+from train import input_pipeline, schedules
+from train.metrics import MetricsWriter
+from train.strategy import is_tpu
+
+MODEL_OVERRIDES = ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+def check_config(config, num_replicas):
+    """Rejects values that would fail later, with what to change."""
+    if config.optimizer not in OPTIMIZERS:
+        raise ValueError(f"config.optimizer={config.optimizer!r}; expected one of {OPTIMIZERS}.")
+    per_replica = config.batch_size // num_replicas
+    if config.accum_steps < 1 or per_replica % config.accum_steps:
+        raise ValueError(f"config.accum_steps={config.accum_steps} must divide the per-replica "
+                         f"batch {per_replica}.")
+    for field in ("total_steps", "steps_per_loop", "eval_every_steps",
+                  "checkpoint_every_steps"):
+        if config[field] <= 0:
+            raise ValueError(f"config.{field} must be positive, got {config[field]}.")
+
+
+def build_model(config, num_classes):
+    overrides = {name: config[name] for name in MODEL_OVERRIDES if config[name] is not None}
+    return keras_vit.vit(
+        config.model, image_size=config.image_size, num_classes=num_classes,
+        classifier=config.classifier, representation_size=config.representation_size,
+        dropout=config.dropout, attention_dropout=config.attention_dropout,
+        drop_path_rate=config.drop_path_rate, dtype=config.dtype_policy, **overrides)
+
+
+def build_optimizer(config):
+    schedule = schedules.WarmupDecay(config.learning_rate, config.warmup_steps,
+                                     config.total_steps, config.decay)
+    if config.optimizer == "sgd":
+        return keras.optimizers.SGD(schedule, momentum=config.momentum)
+    if config.optimizer == "adam":
+        return keras.optimizers.Adam(schedule, beta_1=config.beta_1, beta_2=config.beta_2)
+    optimizer = keras.optimizers.AdamW(schedule, weight_decay=config.weight_decay,
+                                       beta_1=config.beta_1, beta_2=config.beta_2)
+    # Decay the matrices only, not biases, norms, embeddings of positions or the class token.
+    optimizer.exclude_from_weight_decay(
+        var_names=["bias", "gamma", "beta", "pos_embedding", "cls", "embedding"])
+    return optimizer
+
+
+def cross_entropy(labels, logits, num_classes, label_smoothing):
+    targets = tf.one_hot(labels, num_classes)
+    return keras.losses.categorical_crossentropy(
+        targets, tf.cast(logits, tf.float32), from_logits=True, label_smoothing=label_smoothing)
+
+
+class Trainer:
+    """Holds the training state and the compiled step functions."""
+
+    def __init__(self, config, workdir, strategy):
+        check_config(config, strategy.num_replicas_in_sync)
+        self.config, self.workdir, self.strategy = config, workdir, strategy
+        # +1: a global TF seed of 0 breaks tf.data shuffles with tensor seeds (TF 2.19-2.21).
+        keras.utils.set_random_seed(config.seed + 1)
+        self.input_dtype = (tf.bfloat16 if is_tpu(strategy) and "bfloat16" in config.dtype_policy
+                            else tf.float32)
+        builder = input_pipeline.get_builder(config)
+        self.num_classes = builder.info.features["label"].num_classes
+        with strategy.scope():
+            self.model = build_model(config, self.num_classes)
+            self.optimizer = build_optimizer(config)
+            self.optimizer.build(self.model.trainable_variables)
+            self.ema = [tf.Variable(v, trainable=False, name="ema",
+                                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+                        for v in self.model.trainable_variables] if config.ema_decay else []
+        checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
+                                         ema=self.ema)
+        self.manager = tf.train.CheckpointManager(
+            checkpoint, os.path.join(workdir, "checkpoints"), max_to_keep=config.keep_checkpoints)
+        if self.manager.latest_checkpoint:
+            checkpoint.restore(self.manager.latest_checkpoint).assert_existing_objects_matched()
+            logging.info("Resumed from %s at step %d.", self.manager.latest_checkpoint,
+                         self.step)
+        elif config.pretrained:
+            path = keras_vit.pretrained.resolve_weights(config.pretrained, config.model)
+            report = keras_vit.checkpoint.load_npz(self.model, path)
+            logging.info("Initialised from %s (%d weights, resized: %s, new head: %s).", path,
+                         len(report["loaded"]), report["resized"], report["new_head"])
+        self.data = input_pipeline.get_datasets(config, strategy, start_step=self.step,
+                                                dtype=self.input_dtype)
+        self.train_loop = self._make_train_loop()
+        self.eval_step = self._make_eval_step()
+        self.stop_requested = False
+
+    @property
+    def step(self):
+        return int(self.optimizer.iterations.numpy())
+
+    def _replica_train_step(self, batch):
+        config, model = self.config, self.model
+        variables = model.trainable_variables
+        images, labels = batch["image"], batch["label"]
+        micro = images.shape[0] // config.accum_steps
+        grads = [tf.zeros_like(v) for v in variables]
+        loss = tf.constant(0.0)
+        for index in range(config.accum_steps):  # static: unrolled micro-batches
+            part = slice(index * micro, (index + 1) * micro)
+            with tf.GradientTape() as tape:
+                logits = model(images[part], training=True)
+                per_example = cross_entropy(labels[part], logits, self.num_classes,
+                                            config.label_smoothing)
+                # Summed over the global batch: all-reducing gives the global mean's gradient.
+                micro_loss = tf.reduce_sum(per_example) / config.batch_size
+            grads = [g + d for g, d in zip(grads, tape.gradient(micro_loss, variables))]
+            loss += micro_loss
+        context = tf.distribute.get_replica_context()
+        grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+        grad_norm = tf.linalg.global_norm(grads)
+        if config.grad_clip_norm:
+            grads, _ = tf.clip_by_global_norm(grads, config.grad_clip_norm, use_norm=grad_norm)
+        # Keras' optimizer sums gradients over replicas again; give it each replica's share of
+        # the already reduced (and clipped) gradient so that sum is the gradient itself.
+        share = 1.0 / self.strategy.num_replicas_in_sync
+        self.optimizer.apply([g * share for g in grads], variables)
+        for average, variable in zip(self.ema, variables):
+            average.assign(config.ema_decay * average + (1.0 - config.ema_decay) * variable)
+        return loss, grad_norm
+
+    def _make_train_loop(self):
+        strategy, config = self.strategy, self.config
+        replica_step = self._replica_train_step
+        if config.jit_compile and not is_tpu(strategy):
+            if strategy.num_replicas_in_sync > 1:
+                raise ValueError("config.jit_compile works on one device (or TPU, where XLA "
+                                 "is always on); it fails under MirroredStrategy.")
+            replica_step = tf.function(replica_step, jit_compile=True)
+
+        @tf.function
+        def train_loop(iterator, steps):
+            loss_sum = tf.constant(0.0)
+            grad_norm = tf.constant(0.0)
+            for _ in tf.range(steps):
+                loss, grad_norm = strategy.run(replica_step, args=(next(iterator),))
+                loss_sum += strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
+                grad_norm = strategy.reduce(tf.distribute.ReduceOp.MEAN, grad_norm, axis=None)
+            return loss_sum / tf.cast(steps, tf.float32), grad_norm
+
+        return train_loop
+
+    def _make_eval_step(self):
+        strategy, model = self.strategy, self.model
+
+        def replica_eval(batch):
+            logits = tf.cast(model(batch["image"], training=False), tf.float32)
+            mask = batch["mask"]
+            correct = tf.cast(tf.argmax(logits, -1, output_type=tf.int32) == batch["label"],
+                              tf.float32)
+            loss = cross_entropy(batch["label"], logits, self.num_classes, 0.0)
+            return (tf.reduce_sum(correct * mask), tf.reduce_sum(loss * mask),
+                    tf.reduce_sum(mask))
+
+        @tf.function
+        def eval_step(batch):
+            results = strategy.run(replica_eval, args=(batch,))
+            return [strategy.reduce(tf.distribute.ReduceOp.SUM, r, axis=None) for r in results]
+
+        return eval_step
+
+    def swap_ema(self):
+        """Exchanges the model's weights and their moving averages (call twice to undo)."""
+        for average, variable in zip(self.ema, self.model.trainable_variables):
+            current = tf.identity(variable)
+            variable.assign(average)
+            average.assign(current)
+
+    def evaluate(self):
+        """Top-1 accuracy and mean loss over the whole eval split (EMA weights if enabled)."""
+        if self.ema:
+            self.swap_ema()
+        correct = loss = count = 0.0
+        for batch in self.data.eval:
+            batch_correct, batch_loss, batch_count = self.eval_step(batch)
+            correct += float(batch_correct)
+            loss += float(batch_loss)
+            count += float(batch_count)
+        if self.ema:
+            self.swap_ema()
+        if int(count) != self.data.eval_examples:
+            raise RuntimeError(f"Evaluated {int(count)} examples, expected "
+                               f"{self.data.eval_examples}.")
+        return correct / count, loss / count
+
+    def _on_sigterm(self, signum, frame):
+        del signum, frame
+        logging.warning("SIGTERM: saving a checkpoint after the current loop, then stopping.")
+        self.stop_requested = True
+
+    def train(self):
+        """Runs to `config.total_steps`; returns the final eval metrics (or None if stopped)."""
+        config = self.config
+        writer = MetricsWriter(self.workdir, resume_step=self.step)
+        previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        iterator = iter(self.data.train)
+        start_step, start_time = self.step, time.time()
+        try:
+            while self.step < config.total_steps:
+                step = self.step
+                steps = min(config.steps_per_loop, config.total_steps - step,
+                            config.eval_every_steps - step % config.eval_every_steps,
+                            config.checkpoint_every_steps - step % config.checkpoint_every_steps)
+                loop_start = time.time()
+                loss, grad_norm = self.train_loop(iterator, tf.constant(steps))
+                loss = float(loss)
+                elapsed = time.time() - loop_start
+                step = self.step
+                if not tf.math.is_finite(loss):
+                    raise FloatingPointError(f"Loss is {loss} at step {step}; lower the "
+                                             "learning rate or check the data.")
+                images_per_second = steps * config.batch_size / elapsed
+                rate = (step - start_step) / (time.time() - start_time)
+                learning_rate = float(self.optimizer.learning_rate)
+                logging.info("step %d/%d  loss %.4f  lr %.3g  %.1f img/s  ETA %s", step,
+                             config.total_steps, loss, learning_rate, images_per_second,
+                             _duration((config.total_steps - step) / rate))
+                writer.write(step, loss=loss, learning_rate=learning_rate,
+                             images_per_second=images_per_second, grad_norm=float(grad_norm))
+                if step % config.checkpoint_every_steps == 0 or self.stop_requested:
+                    self.manager.save(checkpoint_number=step)
+                if self.stop_requested:
+                    logging.warning("Stopped at step %d; rerun the same command to resume.",
+                                    step)
+                    return None
+                if step % config.eval_every_steps == 0 and step < config.total_steps:
+                    accuracy, eval_loss = self.evaluate()
+                    logging.info("step %d  eval accuracy %.4f  eval loss %.4f", step, accuracy,
+                                 eval_loss)
+                    writer.write(step, eval_accuracy=accuracy, eval_loss=eval_loss)
+            if self.manager.latest_checkpoint is None or \
+                    not self.manager.latest_checkpoint.endswith(f"-{self.step}"):
+                self.manager.save(checkpoint_number=self.step)
+            accuracy, eval_loss = self.evaluate()
+            logging.info("Final (step %d): eval accuracy %.4f  eval loss %.4f over %d examples.",
+                         self.step, accuracy, eval_loss, self.data.eval_examples)
+            writer.write(self.step, eval_accuracy=accuracy, eval_loss=eval_loss)
+            return {"eval_accuracy": accuracy, "eval_loss": eval_loss}
+        finally:
+            signal.signal(signal.SIGTERM, previous_handler)
+
+    def export(self):
+        """Writes the final model (EMA weights if enabled) as `workdir/export/model.keras`."""
+        directory = os.path.join(self.workdir, "export")
+        tf.io.gfile.makedirs(directory)
+        path = os.path.join(directory, "model.keras")
+        if self.ema:
+            self.swap_ema()
+        try:
+            local = os.path.join(_local_tmp(), "model.keras")
+            self.model.save(local)
+            tf.io.gfile.copy(local, path + ".tmp", overwrite=True)
+            tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+        finally:
+            if self.ema:
+                self.swap_ema()
+        logging.info("Saved the trained model to %s.", path)
+        return path
+
+
+def _local_tmp():
+    import tempfile
+    return tempfile.mkdtemp(prefix="keras_vit_export_")
+
+
+def _duration(seconds):
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def train_and_evaluate(config, workdir, strategy):
+    """Trains (or resumes) per `config` in `workdir` and exports at the end if asked."""
+    tf.io.gfile.makedirs(workdir)
+    trainer = Trainer(config, workdir, strategy)
+    metrics = trainer.train()
+    if metrics is not None and config.export:
+        trainer.export()
+    return metrics
