@@ -1,0 +1,50 @@
+"""Images per second the training input pipeline delivers on its own, for a config.
+
+    python benchmarks/input_pipeline.py --config=configs/quickstart.py --batches=200
+
+Compare with the `images_per_second` the training loop logs (workdir/metrics.jsonl): the
+pipeline should deliver several times what the step consumes, so training never waits on data.
+"""
+
+import os
+import statistics
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+config_flags.DEFINE_config_file("config", "configs/quickstart.py", "Experiment config.",
+                                lock_config=True)
+flags.DEFINE_integer("batches", 200, "Batches timed after warm-up.")
+flags.DEFINE_integer("repeats", 3, "Timed passes; the median is reported.")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+    import tensorflow as tf
+
+    from train import input_pipeline
+
+    config = FLAGS.config
+    builder = input_pipeline.get_builder(config)
+    dataset_fn = input_pipeline.train_dataset_fn(builder, config)
+    dataset = dataset_fn(tf.distribute.InputContext())
+    iterator = iter(dataset)
+    for _ in range(20):  # warm-up: fills the shuffle buffer and the prefetch queue
+        next(iterator)
+    rates = []
+    for _ in range(FLAGS.repeats):
+        start = time.perf_counter()
+        for _ in range(FLAGS.batches):
+            next(iterator)
+        rates.append(FLAGS.batches * config.batch_size / (time.perf_counter() - start))
+    print(f"{config.dataset} at {config.image_size}px, batch {config.batch_size}, "
+          f"{os.cpu_count()} CPU threads: {statistics.median(rates):.0f} images/s "
+          f"(median of {FLAGS.repeats} x {FLAGS.batches} batches)")
+
+
+if __name__ == "__main__":
+    app.run(main)

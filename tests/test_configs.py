@@ -1,0 +1,190 @@
+"""Experiment configs (configs/*.py) and the learning-rate schedule (train/schedules.py)."""
+
+import ast
+import io
+import os
+import re
+import subprocess
+import sys
+import tokenize
+
+import numpy as np
+import pytest
+
+from configs import common, finetune, pretrain, quickstart
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = os.path.join(REPO, "configs")
+
+
+def _all_configs():
+    return {
+        "common": common.get_config(),
+        "quickstart": quickstart.get_config(),
+        "finetune": finetune.get_config("model=B/16,dataset=cifar10"),
+        "finetune default": finetune.get_config(),
+        "finetune L/16 pets": finetune.get_config("model=L/16,dataset=oxford_iiit_pet"),
+        "pretrain": pretrain.get_config(),
+        "pretrain L/16 i21k": pretrain.get_config("model=L/16,dataset=imagenet21k"),
+    }
+
+
+def test_every_config_loads_with_the_common_fields():
+    fields = set(common.get_config())
+    for name, config in _all_configs().items():
+        assert set(config) == fields, f"{name} adds or drops fields: {set(config) ^ fields}"
+        assert config.optimizer in ("sgd", "adam", "adamw"), name
+        assert config.decay in ("cosine", "linear"), name
+        assert 0 <= config.warmup_steps <= config.total_steps, name
+        for field in ("total_steps", "steps_per_loop", "eval_every_steps",
+                      "checkpoint_every_steps", "batch_size", "eval_batch_size"):
+            assert config[field] > 0, (name, field)
+
+
+def test_finetune_recipe():
+    config = finetune.get_config("model=B/16,dataset=cifar10")
+    assert (config.model, config.dataset, config.eval_split) == ("B/16", "cifar10", "test")
+    assert (config.optimizer, config.momentum, config.weight_decay) == ("sgd", 0.9, 0.0)
+    assert (config.batch_size, config.grad_clip_norm, config.image_size) == (512, 1.0, 384)
+    assert config.learning_rate in (0.001, 0.003, 0.01, 0.03)
+    assert (config.decay, config.warmup_steps, config.pretrained) == ("cosine", 500,
+                                                                      "imagenet21k")
+    # Steps of the published runs (REFERENCE.md section 6).
+    expected = {"cifar10": 10_000, "cifar100": 10_000, "imagenet2012": 20_000,
+                "oxford_iiit_pet": 500, "oxford_flowers102": 500}
+    for dataset, steps in expected.items():
+        config = finetune.get_config(f"model=B/16,dataset={dataset}")
+        assert config.total_steps == steps, dataset
+        assert config.warmup_steps < steps, dataset
+    assert finetune.get_config("dataset=imagenet2012").eval_split == "validation"
+    assert finetune.get_config("model=L/16,dataset=cifar100").model == "L/16"
+
+
+def test_pretrain_recipe():
+    config = pretrain.get_config()
+    assert config.optimizer in ("adam", "adamw")
+    assert (config.beta_1, config.beta_2) == (0.9, 0.999)
+    if config.optimizer == "adam":  # build_optimizer applies weight decay with adamw only
+        pytest.fail("pretrain uses optimizer 'adam', which ignores config.weight_decay")
+    assert (config.weight_decay, config.batch_size, config.warmup_steps) == (0.1, 4096, 10_000)
+    assert (config.decay, config.dropout, config.image_size) == ("linear", 0.1, 224)
+    assert config.dataset == "imagenet2012" and config.eval_split == "validation"
+    assert config.representation_size == 768  # B/16: the tanh pre-logits head
+
+
+@pytest.mark.parametrize("model, hidden", [("L/16", 1024), ("H/14", 1280)])
+def test_pretrain_pre_logits_for_every_model(model, hidden):
+    """Pre-training uses a head with one hidden tanh (pre-logits) layer of the model's width
+    (paper section 3.1, REFERENCE.md section 1), for the paper's L and H models too."""
+    assert pretrain.get_config(f"model={model}").representation_size == hidden
+
+
+@pytest.mark.parametrize("arg", ["modle=B/16", "model", "model=B/16,datset=cifar10"])
+def test_bad_config_argument_raises(arg):
+    with pytest.raises(ValueError, match=re.escape(arg.split(",")[-1].split("=")[0])):
+        finetune.get_config(arg)
+    with pytest.raises(ValueError):
+        pretrain.get_config(arg)
+
+
+def test_misspelt_override_on_the_command_line_fails(tmp_path):
+    command = [sys.executable, "-m", "train.main", "--config=configs/quickstart.py",
+               f"--workdir={tmp_path / 'run'}", "--config.pach_size=3"]
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode != 0
+    assert "pach_size" in result.stderr
+    assert not (tmp_path / "run").exists()  # rejected before anything ran
+
+
+def _common_assignments():
+    """(field, line) of every `config.<field> = ...` in configs/common.py, and the comments."""
+    with open(os.path.join(CONFIGS, "common.py")) as handle:
+        source = handle.read()
+    comments = {token.start[0] for token in tokenize.generate_tokens(io.StringIO(source).readline)
+                if token.type == tokenize.COMMENT}
+    fields = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for element in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                    if (isinstance(element, ast.Attribute) and isinstance(element.value, ast.Name)
+                            and element.value.id == "config"):
+                        fields.append((element.attr, node.lineno, node.end_lineno))
+    return fields, comments
+
+
+def test_every_common_field_has_a_comment():
+    fields, comments = _common_assignments()
+    assert {name for name, _, _ in fields} == set(common.get_config())
+    undocumented = [name for name, first, last in fields
+                    if not any(line in comments for line in range(first, last + 1))]
+    assert not undocumented, f"fields without a comment in configs/common.py: {undocumented}"
+
+
+def test_no_dead_config_fields():
+    """Every field is read somewhere in train/ (DESIGN.md: avoid dead config fields)."""
+    from train import trainer
+    text = ""
+    for name in os.listdir(os.path.join(REPO, "train")):
+        if name.endswith(".py"):
+            with open(os.path.join(REPO, "train", name)) as handle:
+                text += handle.read()
+    used = set(re.findall(r"config\.(\w+)", text)) | set(re.findall(r'config\["(\w+)"\]', text))
+    used |= set(trainer.MODEL_OVERRIDES)
+    assert not set(common.get_config()) - used
+
+
+# The learning-rate schedule.
+
+def _rates(schedule, steps):
+    return np.array([float(schedule(step)) for step in steps])
+
+
+def test_schedule_cosine_reference_values():
+    from train.schedules import WarmupDecay
+    schedule = WarmupDecay(0.03, 500, 10_000, "cosine")
+    np.testing.assert_allclose(_rates(schedule, [0, 250, 500, 5250, 10_000, 12_000]),
+                               [0.0, 0.015, 0.03, 0.015, 0.0, 0.0], atol=1e-7)
+    middle = _rates(schedule, [2875])  # a quarter of the decay: 0.03 * (1 + cos(pi/4)) / 2
+    np.testing.assert_allclose(middle, [0.03 * (1 + np.cos(np.pi / 4)) / 2], rtol=1e-5)
+    rates = _rates(schedule, range(0, 10_001, 250))
+    assert np.all(np.diff(rates[:3]) > 0) and np.all(np.diff(rates[2:]) < 0)
+
+
+def test_schedule_linear_values():
+    from train.schedules import WarmupDecay
+    schedule = WarmupDecay(0.03, 500, 10_000, "linear")
+    np.testing.assert_allclose(
+        _rates(schedule, [0, 100, 500, 2875, 5250, 7625, 10_000, 20_000]),
+        [0.0, 0.006, 0.03, 0.0225, 0.015, 0.0075, 0.0, 0.0], atol=1e-7)
+    no_warmup = WarmupDecay(1.0, 0, 100, "linear")
+    np.testing.assert_allclose(_rates(no_warmup, [0, 50, 100]), [1.0, 0.5, 0.0], atol=1e-7)
+
+
+def test_schedule_serializes_and_works_in_an_optimizer():
+    import keras
+    from train.schedules import WarmupDecay
+    schedule = WarmupDecay(0.03, 500, 10_000, "linear")
+    again = WarmupDecay.from_config(schedule.get_config())
+    assert again.get_config() == schedule.get_config()
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))
+    assert float(restored(5250)) == pytest.approx(0.015)
+    optimizer = keras.optimizers.SGD(schedule)
+    optimizer.iterations.assign(250)
+    assert float(optimizer.learning_rate) == pytest.approx(0.015)
+
+
+@pytest.mark.parametrize("args", [
+    (0.03, 500, 10_000, "step"),  # unknown decay
+    (0.03, 20_000, 10_000, "cosine"),  # warm-up past the end
+    (0.03, -1, 10_000, "cosine"),
+    (0.03, 0, 0, "linear"),
+    (0.03, 0, -5, "linear"),
+])
+def test_schedule_bad_arguments_raise(args):
+    from train.schedules import WarmupDecay
+    with pytest.raises(ValueError):
+        WarmupDecay(*args)

@@ -1,0 +1,199 @@
+"""Shared helpers for the training-driver tests: a tiny fake Fashion-MNIST, a tiny config, and
+running `python -m train.main` in a subprocess.
+
+The fake dataset is four gzipped IDX files (the MNIST format) holding 512 train and 100 test
+28x28 images whose class is easy to learn (a bright horizontal band whose row is the label),
+prepared once per test session as the TFDS dataset `fashion_mnist_local` in a temporary
+`data_dir` (`fake_fashion_mnist`).
+"""
+
+import gzip
+import json
+import os
+import sys
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NUM_TRAIN, NUM_TEST, NUM_CLASSES = 512, 100, 10
+IMAGE_MAGIC, LABEL_MAGIC = 2051, 2049
+FILES = {
+    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+}
+
+# A tiny ViT and a short run; every value is a locked-config override of configs/quickstart.py.
+TINY = {
+    "hidden_size": 16,
+    "mlp_dim": 32,
+    "num_heads": 2,
+    "num_layers": 1,
+    "patch_size": 7,
+    "batch_size": 32,
+    "eval_batch_size": 50,
+    "total_steps": 6,
+    "steps_per_loop": 2,
+    "warmup_steps": 2,
+    "eval_every_steps": 6,
+    "checkpoint_every_steps": 2,
+    "shuffle_buffer": 512,
+    "export": False,
+}
+
+
+def idx_bytes(array, magic):
+    """The IDX encoding of a uint8 array: magic (big-endian int32, its low byte the rank), the
+    dimensions as big-endian int32, then the values."""
+    array = np.ascontiguousarray(array, dtype=np.uint8)
+    assert magic & 0xFF == array.ndim
+    header = magic.to_bytes(4, "big") + b"".join(n.to_bytes(4, "big") for n in array.shape)
+    return header + array.tobytes()
+
+
+def write_idx(path, array, magic):
+    with gzip.open(path, "wb") as handle:
+        handle.write(idx_bytes(array, magic))
+
+
+def fake_images(count, seed):
+    """`count` 28x28 uint8 images and labels: noise plus a bright band at rows 2*label+4.."""
+    rng = np.random.default_rng(seed)
+    labels = (np.arange(count) % NUM_CLASSES).astype(np.uint8)
+    rng.shuffle(labels)
+    images = rng.integers(0, 60, size=(count, 28, 28), dtype=np.uint8)
+    for image, label in zip(images, labels):
+        row = 2 * int(label) + 4
+        image[row:row + 2, 3:25] = 255
+    return images, labels
+
+
+def write_fake_fashion_mnist(folder, num_train=NUM_TRAIN, num_test=NUM_TEST):
+    os.makedirs(folder, exist_ok=True)
+    for split, count, seed in (("train", num_train, 1), ("test", num_test, 2)):
+        images, labels = fake_images(count, seed)
+        write_idx(os.path.join(folder, FILES[split][0]), images, IMAGE_MAGIC)
+        write_idx(os.path.join(folder, FILES[split][1]), labels, LABEL_MAGIC)
+    return folder
+
+
+def png_bytes(array):
+    import tensorflow as tf
+    return tf.io.encode_png(tf.constant(array, tf.uint8)).numpy()
+
+
+def write_image_folder(root, rng, classes=("cat", "dog", "fox"), per_class=(6, 3)):
+    """root/{train,test}/<class>/*.png, alternating RGB and grayscale, of varied sizes."""
+    counts = {}
+    for split, count in zip(("train", "test"), per_class):
+        for label, name in enumerate(classes):
+            folder = os.path.join(root, split, name)
+            os.makedirs(folder, exist_ok=True)
+            for index in range(count):
+                channels = 3 if index % 2 == 0 else 1
+                height, width = 20 + 4 * index, 24 + 2 * label
+                image = rng.integers(0, 256, size=(height, width, channels), dtype=np.uint8)
+                with open(os.path.join(folder, f"{index}.png"), "wb") as handle:
+                    handle.write(png_bytes(image))
+        counts[split] = count * len(classes)
+    return counts
+
+
+class FakeData:
+    """Where the fake dataset lives: `source` (the .gz files) and `data_dir` (prepared TFDS)."""
+
+    def __init__(self, root):
+        self.root = str(root)
+        self.source = os.path.join(self.root, "fashion-mnist")
+        self.data_dir = os.path.join(self.root, "tfds")
+
+    def env(self):
+        env = dict(os.environ)
+        env.update(PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", FASHION_MNIST_DIR=self.source,
+                   CUDA_VISIBLE_DEVICES="")
+        return env
+
+
+_CACHE = {}
+
+
+def fake_fashion_mnist(tmp_path_factory):
+    """The fake Fashion-MNIST, written and prepared (TFDS) once per test session; test modules
+    wrap it in a fixture."""
+    if "data" not in _CACHE:
+        data = FakeData(tmp_path_factory.mktemp("fake_fmnist"))
+        write_fake_fashion_mnist(data.source)
+        previous = os.environ.get("FASHION_MNIST_DIR")
+        os.environ["FASHION_MNIST_DIR"] = data.source
+        try:
+            from train import input_pipeline
+            input_pipeline.get_builder(tiny_config(data))  # prepares it under data.data_dir
+        finally:
+            if previous is None:
+                del os.environ["FASHION_MNIST_DIR"]
+            else:
+                os.environ["FASHION_MNIST_DIR"] = previous
+        _CACHE["data"] = data
+    return _CACHE["data"]
+
+
+def tiny_config(data, **overrides):
+    """configs/quickstart.py with TINY and `overrides`, reading the fake data (in-process)."""
+    from configs import quickstart
+    config = quickstart.get_config()
+    config.update(TINY)
+    config.data_dir = data.data_dir
+    config.update(overrides)
+    config.lock()
+    return config
+
+
+def flags(data, workdir, config="configs/quickstart.py", **overrides):
+    values = dict(TINY, **overrides)
+    args = [f"--config={config}", f"--workdir={workdir}", f"--config.data_dir={data.data_dir}"]
+    args += [f"--config.{name}={value}" for name, value in values.items()]
+    return args
+
+
+def main_command(data, workdir, *extra, **overrides):
+    return [sys.executable, "-m", "train.main", *flags(data, workdir, **overrides), *extra]
+
+
+def read_metrics(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def latest_checkpoint_step(workdir):
+    """The step of the newest checkpoint named in workdir/checkpoints/checkpoint, or None."""
+    path = os.path.join(workdir, "checkpoints", "checkpoint")
+    try:
+        with open(path) as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("model_checkpoint_path:"):
+            return int(line.split('"')[1].rsplit("-", 1)[1])
+    return None
+
+
+def checkpoint_values(workdir):
+    """{name: array} of every saved variable (model, optimizer, EMA) in the newest checkpoint,
+    without the checkpoint's own bookkeeping."""
+    import tensorflow as tf
+    path = tf.train.latest_checkpoint(os.path.join(workdir, "checkpoints"))
+    assert path, f"no checkpoint in {workdir}"
+    reader = tf.train.load_checkpoint(path)
+    names = [name for name in reader.get_variable_to_shape_map()
+             if "save_counter" not in name and "_CHECKPOINTABLE_OBJECT_GRAPH" not in name]
+    return {name: reader.get_tensor(name) for name in names}
+
+
+def assert_same_values(first, second, atol):
+    assert sorted(first) == sorted(second)
+    assert len(first) > 10  # model weights and optimizer slots, not an empty match
+    worst = {name: float(np.max(np.abs(np.asarray(first[name], np.float64) -
+                                       np.asarray(second[name], np.float64)), initial=0.0))
+             for name in first if np.asarray(first[name]).dtype.kind in "fiu"}
+    bad = {name: diff for name, diff in worst.items() if diff > atol}
+    assert not bad, f"differ by more than {atol}: {bad}"
