@@ -51,6 +51,7 @@ def get_config(arg=None):
     config.learning_rate = 0.03
     config.decay = "cosine"
     config.total_steps = TOTAL_STEPS.get(args["dataset"], 10_000)
+    # 500 warm-up steps, but a tenth of the run for the 500-step ones, so they still decay.
     config.warmup_steps = min(500, config.total_steps // 10)
     config.crop_min_area = 0.05
     config.eval_every_steps = 1_000

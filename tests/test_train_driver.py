@@ -357,13 +357,16 @@ def test_adamw_decays_only_the_matrices(fake_fmnist):
         if not np.any(value):
             continue
         decayed = not np.allclose(variable.numpy(), value)
-        assert decayed == variable.path.endswith("kernel"), variable.path
+        assert decayed == variable.path.endswith("kernel"), (
+            f"{variable.path}: {'decayed' if decayed else 'not decayed'}")
 
 
 def test_folder_dataset_trains(tmp_path, fake_fmnist):
+    """A few steps on a folder of RGB and grayscale PNGs, with quickstart's hybrid (R+Ti) stem."""
     root = str(tmp_path / "images")
     counts = write_image_folder(root, np.random.default_rng(1))
-    config = tiny_config(fake_fmnist, dataset=f"folder:{root}", image_size=14, batch_size=4,
+    config = tiny_config(fake_fmnist, dataset=f"folder:{root}", model="R+Ti/16", patch_size=1,
+                         image_size=16, batch_size=4,
                          eval_batch_size=4, total_steps=2, steps_per_loop=1, eval_every_steps=2,
                          checkpoint_every_steps=2)
     workdir = str(tmp_path / "run")

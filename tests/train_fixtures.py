@@ -22,8 +22,10 @@ FILES = {
     "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
 }
 
-# A tiny ViT and a short run; every value is a locked-config override of configs/quickstart.py.
+# A tiny plain ViT (whatever model quickstart.py picks) and a short run; every value is a
+# locked-config override of configs/quickstart.py.
 TINY = {
+    "model": "Ti/16",
     "hidden_size": 16,
     "mlp_dim": 32,
     "num_heads": 2,

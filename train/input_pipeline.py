@@ -182,9 +182,11 @@ def get_datasets(config, strategy, start_step=0, dtype=tf.float32):
     builder = get_builder(config)
     info = builder.info
     for split in (config.train_split, config.eval_split):
-        if split not in info.splits:
+        try:
+            info.splits[split]  # also accepts split expressions such as "train[:90%]"
+        except (KeyError, ValueError) as error:
             raise ValueError(f"Dataset {config.dataset!r} has no split {split!r}; it has "
-                             f"{sorted(info.splits)}.")
+                             f"{sorted(info.splits)}.") from error
     train_fn = train_dataset_fn(builder, config, start_step, dtype)
     eval_fn = eval_dataset_fn(builder, config, dtype)
     return Datasets(

@@ -58,7 +58,7 @@ def build_optimizer(config):
                                        beta_1=config.beta_1, beta_2=config.beta_2)
     # Decay the matrices only, not biases, norms, embeddings of positions or the class token.
     optimizer.exclude_from_weight_decay(
-        var_names=["bias", "gamma", "beta", "pos_embedding", "cls", "embedding"])
+        var_names=["bias", "gamma", "beta", "pos_embedding", "cls"])
     return optimizer
 
 
