@@ -24,6 +24,7 @@ setup(
     extras_require={
         "train": ["absl-py", "ml-collections", "tensorflow-datasets", "importlib_resources",
                   "tensorboard"],
+        "serving": ["ai-edge-litert", "tensorflow-serving-api"],
         "test": ["pytest", "absl-py", "ml-collections", "tensorflow-datasets",
                  "importlib_resources", "tensorboard"],
         "benchmark": ["keras-hub"],

@@ -52,3 +52,12 @@ def make_strategy(name="", tpu=""):
 
 def is_tpu(strategy):
     return isinstance(strategy, (tf.distribute.TPUStrategy,))
+
+
+def is_chief(strategy):
+    """True on the one worker that writes exports (always, without a multi-worker cluster)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    task_type = getattr(resolver, "task_type", None)
+    if not task_type or isinstance(strategy, tf.distribute.TPUStrategy):
+        return True
+    return task_type == "chief" or (task_type == "worker" and resolver.task_id == 0)

@@ -9,6 +9,7 @@ same command resumes from the newest one.
 
 import os
 import signal
+import tempfile
 import time
 
 import keras
@@ -18,7 +19,7 @@ from absl import logging
 import keras_vit
 from train import input_pipeline, schedules
 from train.metrics import MetricsWriter
-from train.strategy import is_tpu
+from train.strategy import is_chief, is_tpu
 
 MODEL_OVERRIDES = ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers")
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -79,7 +80,10 @@ class Trainer:
         self.input_dtype = (tf.bfloat16 if is_tpu(strategy) and "bfloat16" in config.dtype_policy
                             else tf.float32)
         builder = input_pipeline.get_builder(config)
-        self.num_classes = builder.info.features["label"].num_classes
+        label = builder.info.features["label"]
+        self.num_classes = label.num_classes
+        self.class_names = list(label.names) if label.names else [
+            str(index) for index in range(self.num_classes)]
         with strategy.scope():
             self.model = build_model(config, self.num_classes)
             self.optimizer = build_optimizer(config)
@@ -261,27 +265,31 @@ class Trainer:
             signal.signal(signal.SIGTERM, previous_handler)
 
     def export(self):
-        """Writes the final model (EMA weights if enabled) as `workdir/export/model.keras`."""
+        """Writes the final model (EMA weights if enabled) into `workdir/export`: the `.keras`
+        model and class names, a TF Serving SavedModel, and float32 and int8 TFLite files."""
+        from train import exporting
+
         directory = os.path.join(self.workdir, "export")
         tf.io.gfile.makedirs(directory)
         path = os.path.join(directory, "model.keras")
         if self.ema:
             self.swap_ema()
         try:
-            local = os.path.join(_local_tmp(), "model.keras")
+            local = os.path.join(tempfile.mkdtemp(prefix="keras_vit_export_"), "model.keras")
             self.model.save(local)
             tf.io.gfile.copy(local, path + ".tmp", overwrite=True)
             tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+            names = self.class_names
+            with tf.io.gfile.GFile(os.path.join(directory, "class_names.txt"), "w") as handle:
+                handle.write("\n".join(names) + "\n")
+            representative = exporting.calibration_images(self.config, 200)
+            exporting.export_model(self.model, directory, names, ("float32", "int8"),
+                                representative)
         finally:
             if self.ema:
                 self.swap_ema()
-        logging.info("Saved the trained model to %s.", path)
+        logging.info("Saved the trained model to %s.", directory)
         return path
-
-
-def _local_tmp():
-    import tempfile
-    return tempfile.mkdtemp(prefix="keras_vit_export_")
 
 
 def _duration(seconds):
@@ -292,8 +300,10 @@ def _duration(seconds):
 def train_and_evaluate(config, workdir, strategy):
     """Trains (or resumes) per `config` in `workdir` and exports at the end if asked."""
     tf.io.gfile.makedirs(workdir)
+    with tf.io.gfile.GFile(os.path.join(workdir, "config.json"), "w") as handle:
+        handle.write(config.to_json_best_effort(indent=2))  # read back by train.export
     trainer = Trainer(config, workdir, strategy)
     metrics = trainer.train()
-    if metrics is not None and config.export:
+    if metrics is not None and config.export and is_chief(strategy):
         trainer.export()
     return metrics

@@ -1,0 +1,102 @@
+"""Latency and throughput of the exported models: the SavedModel's `serving_images` signature
+and each TFLite variant in LiteRT (XNNPack), for a variant at one image size.
+
+    python benchmarks/export_latency.py --variant=Ti/16 --variant=B/16 --threads=2
+
+Batch-1 latency (median of repeats) and batch-32 throughput; model sizes on disk. Weights are
+random (latency does not depend on their values); int8 calibrates on random images.
+"""
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from ai_edge_litert.interpreter import Interpreter  # noqa: E402
+
+import keras_vit  # noqa: E402
+from keras_vit import export  # noqa: E402
+
+
+def median_seconds(function, repeats):
+    function()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def directory_size(path):
+    return sum(os.path.getsize(os.path.join(root, name))
+               for root, _, names in os.walk(path) for name in names)
+
+
+def tflite_runner(path, batch, threads):
+    interpreter = Interpreter(path, num_threads=threads)
+    index = interpreter.get_input_details()[0]["index"]
+    interpreter.resize_tensor_input(index, [batch, *interpreter.get_input_details()[0]["shape"][1:]])
+    interpreter.allocate_tensors()
+    output = interpreter.get_output_details()[0]["index"]
+
+    def run(images):
+        interpreter.set_tensor(index, images)
+        interpreter.invoke()
+        return interpreter.get_tensor(output)
+
+    return run
+
+
+def measure(variant, image_size, batch, threads, repeats, workdir):
+    model = keras_vit.vit(variant, image_size=image_size)
+    rng = np.random.default_rng(0)
+    one = rng.uniform(0, 255, (1, image_size, image_size, 3)).astype(np.float32)
+    many = rng.uniform(0, 255, (batch, image_size, image_size, 3)).astype(np.float32)
+    rows = []
+    saved = export.export_saved_model(model, os.path.join(workdir, "saved_model"))
+    signature = tf.saved_model.load(saved).signatures["serving_images"]
+    latency = median_seconds(lambda: signature(images=tf.constant(one)), repeats)
+    throughput = batch / median_seconds(lambda: signature(images=tf.constant(many)), repeats)
+    rows.append(("SavedModel (TF)", directory_size(saved), latency, throughput))
+    calibration = rng.uniform(0, 255, (8, image_size, image_size, 3)).astype(np.float32)
+    for quantization in export.QUANTIZATIONS:
+        path = os.path.join(workdir, f"{quantization}.tflite")
+        export.export_tflite(model, path, quantization, representative_data=calibration)
+        run_one = tflite_runner(path, 1, threads)
+        run_many = tflite_runner(path, batch, threads)
+        latency = median_seconds(lambda: run_one(one), repeats)
+        throughput = batch / median_seconds(lambda: run_many(many), repeats)
+        name = "float32" if quantization == "none" else quantization
+        rows.append((f"TFLite {name}", os.path.getsize(path), latency, throughput))
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--variant", action="append", help="repeat for several (default Ti/16)")
+    parser.add_argument("--image_size", type=int, default=224)
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    print(f"{args.image_size}px, LiteRT threads {args.threads}, TF {tf.__version__}, "
+          f"median of {args.repeats}\n")
+    print(f"| variant | format | size MB | batch-1 latency ms | batch-{args.batch_size} images/s |")
+    print("|---|---|---|---|---|")
+    for variant in args.variant or ["Ti/16"]:
+        with tempfile.TemporaryDirectory() as workdir:
+            for name, size, latency, throughput in measure(
+                    variant, args.image_size, args.batch_size, args.threads, args.repeats,
+                    workdir):
+                print(f"| {variant} | {name} | {size / 2**20:.1f} | {latency * 1000:.1f} | "
+                      f"{throughput:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
