@@ -19,6 +19,17 @@ def _xavier_uniform_flat(fan_in, fan_out):
     return keras.initializers.RandomUniform(-limit, limit)
 
 
+def _attention_output_spec(layer, x, return_attention_scores):
+    """Symbolic outputs of a layer that returns tokens and optionally attention weights."""
+    output = keras.KerasTensor(x.shape, dtype=layer.compute_dtype)
+    if not return_attention_scores:
+        return output
+    tokens = x.shape[1]
+    scores = keras.KerasTensor((x.shape[0], layer.num_heads, tokens, tokens),
+                               dtype=layer.compute_dtype)
+    return output, scores
+
+
 def _check_rank(layer, shape, rank, what):
     if len(shape) != rank:
         raise ValueError(
@@ -332,13 +343,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         return output
 
     def compute_output_spec(self, x, training=False, return_attention_scores=False):
-        output = keras.KerasTensor(x.shape, dtype=self.compute_dtype)
-        if not return_attention_scores:
-            return output
-        tokens = x.shape[1]
-        scores = keras.KerasTensor((x.shape[0], self.num_heads, tokens, tokens),
-                                   dtype=self.compute_dtype)
-        return output, scores
+        return _attention_output_spec(self, x, return_attention_scores)
 
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "dropout": self.dropout}
@@ -452,13 +457,7 @@ class EncoderBlock(keras.layers.Layer):
         return x
 
     def compute_output_spec(self, x, training=False, return_attention_scores=False):
-        output = keras.KerasTensor(x.shape, dtype=self.compute_dtype)
-        if not return_attention_scores:
-            return output
-        tokens = x.shape[1]
-        scores = keras.KerasTensor((x.shape[0], self.num_heads, tokens, tokens),
-                                   dtype=self.compute_dtype)
-        return output, scores
+        return _attention_output_spec(self, x, return_attention_scores)
 
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "mlp_dim": self.mlp_dim,
