@@ -191,14 +191,15 @@ def load_npz(model, path, *, strict=True, new_head=False):
     report = {"loaded": [], "missing": [], "unexpected": [], "mismatched": [], "resized": [],
               "new_head": []}
     assignments, used = [], set()
-    shapes = {key: shape for key, _, shape in _model_variables(model)}
+    entries = list(_model_variables(model))
+    shapes = {key: shape for key, _, shape in entries}
     # The head is kept or replaced as a whole. A head trained on top of pre_logits is useless
     # once the model drops pre_logits, even when its shape happens to fit.
     replace_head = new_head or any(
         key not in arrays or arrays[key].shape != shapes[key]
         for key in _HEAD_KEYS if key in shapes
     ) or any(key in arrays and key not in shapes for key in _PRE_LOGITS_KEYS)
-    for key, variable, shape in _model_variables(model):
+    for key, variable, shape in entries:
         value = arrays.get(key)
         if key in _HEAD_KEYS and replace_head:
             used.add(key)

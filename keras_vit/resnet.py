@@ -33,6 +33,13 @@ class StdConv2D(keras.layers.Conv2D):
         return super().convolution_op(inputs, kernel)
 
 
+def _strided_shape(input_shape, stride, channels):
+    """Output shape of a "same"-padded op with `stride` on NHWC input: ceil(side / stride)."""
+    batch, height, width, _ = input_shape
+    shrink = [None if side is None else -(-side // stride) for side in (height, width)]
+    return (batch, *shrink, channels)
+
+
 def _group_norm(name, policy, zero_scale=False):
     return keras.layers.GroupNormalization(
         groups=32, epsilon=GROUP_NORM_EPSILON, name=name, dtype=policy,
@@ -72,9 +79,7 @@ class ResNetStem(keras.layers.Layer):
         return ops.max_pool(x, pool_size=3, strides=2, padding="same")
 
     def compute_output_shape(self, input_shape):
-        batch, height, width, _ = input_shape
-        quarter = lambda side: None if side is None else -(-side // 4)  # noqa: E731
-        return (batch, quarter(height), quarter(width), self.width)
+        return _strided_shape(input_shape, 4, self.width)
 
     def get_config(self):
         return {**super().get_config(), "width": self.width}
@@ -135,9 +140,7 @@ class BottleneckUnit(keras.layers.Layer):
         return ops.relu(residual + y)
 
     def compute_output_shape(self, input_shape):
-        batch, height, width, _ = input_shape
-        shrink = lambda side: None if side is None else -(-side // self.strides)  # noqa: E731
-        return (batch, shrink(height), shrink(width), 4 * self.features)
+        return _strided_shape(input_shape, self.strides, 4 * self.features)
 
     def get_config(self):
         return {**super().get_config(), "features": self.features, "strides": self.strides}
@@ -175,9 +178,7 @@ class ResNetStage(keras.layers.Layer):
         return x
 
     def compute_output_shape(self, input_shape):
-        batch, height, width, _ = input_shape
-        shrink = lambda side: None if side is None else -(-side // self.first_stride)  # noqa: E731
-        return (batch, shrink(height), shrink(width), 4 * self.features)
+        return _strided_shape(input_shape, self.first_stride, 4 * self.features)
 
     def get_config(self):
         return {**super().get_config(), "num_units": self.num_units, "features": self.features,
