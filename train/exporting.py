@@ -29,10 +29,9 @@ def calibration_images(config, count):
     from train import input_pipeline
 
     builder = input_pipeline.get_builder(config)
-    examples = builder.as_dataset(split=config.eval_split, shuffle_files=False).take(count)
+    examples = input_pipeline.read_encoded(builder, config.eval_split).take(count)
     images = examples.map(lambda example: tf.image.resize(
-        tf.image.grayscale_to_rgb(example["image"]) if example["image"].shape[-1] == 1
-        else example["image"], (config.image_size, config.image_size)))
+        input_pipeline.decode_image(example["image"]), (config.image_size, config.image_size)))
     return np.stack(list(images.as_numpy_iterator())).astype(np.float32)
 
 

@@ -51,7 +51,7 @@ def get_builder(config):
     return builder
 
 
-def _read(builder, split, input_context):
+def read_encoded(builder, split, input_context=None):
     """Examples of a split with the image still encoded (decoded after the shuffle)."""
     read_config = tfds.ReadConfig(input_context=input_context, shuffle_seed=0)
     return builder.as_dataset(split=split, shuffle_files=False, read_config=read_config,
@@ -113,7 +113,7 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32):
     def dataset_fn(input_context):
         per_replica = input_context.get_per_replica_batch_size(config.batch_size)
         replicas_here = input_context.num_replicas_in_sync // input_context.num_input_pipelines
-        examples = _read(builder, config.train_split, input_context)
+        examples = read_encoded(builder, config.train_split, input_context)
         epoch_size = _count(examples)
         if epoch_size < per_replica * replicas_here:
             raise ValueError(f"Split {config.train_split!r} has {epoch_size} examples, fewer "
@@ -154,7 +154,7 @@ def eval_dataset_fn(builder, config, dtype=tf.float32):
         batch = per_replica * (
             input_context.num_replicas_in_sync // input_context.num_input_pipelines)
         steps = math.ceil(math.ceil(total / input_context.num_input_pipelines) / batch)
-        examples = _read(builder, config.eval_split, input_context)
+        examples = read_encoded(builder, config.eval_split, input_context)
 
         def preprocess(example):
             return {"image": preprocess_eval(example["image"], config.image_size, dtype),
@@ -171,15 +171,16 @@ def eval_dataset_fn(builder, config, dtype=tf.float32):
     return dataset_fn
 
 
-def get_datasets(config, strategy, start_step=0, dtype=tf.float32):
-    """Builds the distributed train and eval datasets for `strategy`."""
+def get_datasets(config, strategy, start_step=0, dtype=tf.float32, builder=None):
+    """Builds the distributed train and eval datasets for `strategy` (from `builder`, default
+    the one `config.dataset` names)."""
     if config.batch_size % strategy.num_replicas_in_sync:
         raise ValueError(f"batch_size {config.batch_size} is not divisible by the "
                          f"{strategy.num_replicas_in_sync} replicas.")
     if config.eval_batch_size % strategy.num_replicas_in_sync:
         raise ValueError(f"eval_batch_size {config.eval_batch_size} is not divisible by the "
                          f"{strategy.num_replicas_in_sync} replicas.")
-    builder = get_builder(config)
+    builder = builder or get_builder(config)
     info = builder.info
     for split in (config.train_split, config.eval_split):
         try:

@@ -105,7 +105,7 @@ class Trainer:
             logging.info("Initialised from %s (%d weights, resized: %s, new head: %s).", path,
                          len(report["loaded"]), report["resized"], report["new_head"])
         self.data = input_pipeline.get_datasets(config, strategy, start_step=self.step,
-                                                dtype=self.input_dtype)
+                                                dtype=self.input_dtype, builder=builder)
         self.train_loop = self._make_train_loop()
         self.eval_step = self._make_eval_step()
         self.stop_requested = False
