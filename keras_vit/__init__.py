@@ -5,7 +5,7 @@
     model = keras_vit.vit("R50+B/16", num_classes=37)
 """
 
-from keras_vit import checkpoint, export, layers, pretrained, resnet, serving
+from keras_vit import analysis, checkpoint, export, layers, plotting, pretrained, resnet, serving
 from keras_vit.builders import (
     R26_ViT_S32,
     R50_ViT_B16,

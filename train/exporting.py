@@ -29,7 +29,8 @@ def calibration_images(config, count):
     from train import input_pipeline
 
     builder = input_pipeline.get_builder(config)
-    examples = input_pipeline.read_encoded(builder, config.eval_split).take(count)
+    examples = input_pipeline.read_encoded(builder, config.eval_split, autocache=False)
+    examples = examples.take(count)
     images = examples.map(lambda example: tf.image.resize(
         input_pipeline.decode_image(example["image"]), (config.image_size, config.image_size)))
     return np.stack(list(images.as_numpy_iterator())).astype(np.float32)

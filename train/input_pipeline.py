@@ -51,9 +51,14 @@ def get_builder(config):
     return builder
 
 
-def read_encoded(builder, split, input_context=None):
-    """Examples of a split with the image still encoded (decoded after the shuffle)."""
-    read_config = tfds.ReadConfig(input_context=input_context, shuffle_seed=0)
+def read_encoded(builder, split, input_context=None, autocache=True):
+    """Examples of a split with the image still encoded (decoded after the shuffle).
+
+    `autocache=False` for a partial read (`.take(n)`): TFDS caches small datasets in memory
+    and warns when a cached read stops early.
+    """
+    read_config = tfds.ReadConfig(input_context=input_context, shuffle_seed=0,
+                                  try_autocache=autocache)
     return builder.as_dataset(split=split, shuffle_files=False, read_config=read_config,
                               decoders={"image": tfds.decode.SkipDecoding()})
 

@@ -1,0 +1,270 @@
+"""Writes the paper's pictures of a model's insides, and its few-shot accuracy, as PNG files.
+
+    # a trained run (its export/model.keras and config.json):
+    python -m train.analyze --workdir=/tmp/vit_quickstart --out=/tmp/vit_quickstart/analysis
+    # a published checkpoint (the config names the model, weights and dataset):
+    python -m train.analyze --config=configs/finetune.py:model=B/16,dataset=cifar10 \
+        --config.pretrained=imagenet21k --config.image_size=224 --out=plots/
+    # your own images for the attention maps:
+    python -m train.analyze --workdir=DIR --images=a.jpg,b.png --out=plots/
+
+Writes into --out: attention_rollout.png, attention_distance.png, position_embeddings.png,
+embedding_filters.png, few_shot.png, and analysis.json with the numbers behind them.
+"""
+
+import json
+import os
+import time
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+config_flags.DEFINE_config_file("config", None, "Config file (file.py[:arg]); default: the "
+                                "workdir's config.json. Names the dataset, and the model and "
+                                "weights when there is no --workdir.", lock_config=True)
+flags.DEFINE_string("workdir", None, "Training workdir holding export/model.keras.")
+flags.DEFINE_string("out", None, "Folder (local or gs://) for the PNG files and analysis.json.")
+flags.DEFINE_list("images", [], "Image files (PNG/JPEG/GIF/BMP) for the attention maps; "
+                  "default: the first --num_images eval images.")
+flags.DEFINE_integer("num_images", 6, "Eval images drawn with attention maps without --images.")
+flags.DEFINE_integer("distance_images", 128, "Eval images averaged for the attention distance.")
+flags.DEFINE_integer("filters", 28, "Principal components of the pixel filters to draw.")
+flags.DEFINE_list("shots", ["1", "5", "10", "25"], "Few-shot k values; 'none' skips few-shot.")
+flags.DEFINE_integer("few_shot_train", 10000, "Train examples the k-shot sets are drawn from.")
+flags.DEFINE_integer("few_shot_test", 10000, "Eval examples the few-shot accuracy is measured on.")
+flags.DEFINE_float("l2_reg", None, "Ridge regularisation of the few-shot linear fit; "
+                   "default keras_vit.analysis.DEFAULT_L2_REG.")
+flags.DEFINE_integer("draws", 5, "Random k-shot draws averaged per k.")
+flags.mark_flags_as_required(["out"])
+FLAGS = flags.FLAGS
+
+
+def load_config(workdir):
+    import ml_collections
+    import tensorflow as tf
+
+    if FLAGS.config is not None:
+        return FLAGS.config
+    path = os.path.join(workdir or "", "config.json")
+    if not workdir or not tf.io.gfile.exists(path):
+        raise app.UsageError("Give --config=FILE (or a --workdir with a config.json): it names "
+                             "the dataset, and the model and weights without --workdir.")
+    with tf.io.gfile.GFile(path) as handle:
+        return ml_collections.ConfigDict(json.load(handle))
+
+
+def load_model(config, workdir):
+    """The workdir's trained model, or the config's model with its pre-trained weights."""
+    import keras
+    import tensorflow as tf
+
+    import keras_vit
+    from train.trainer import MODEL_OVERRIDES
+
+    if workdir:
+        path = os.path.join(workdir, "export", "model.keras")
+        if not tf.io.gfile.exists(path):
+            raise app.UsageError(f"No trained model at {path}: train first with "
+                                 f"python -m train.main --workdir={workdir} ...")
+        return keras.models.load_model(path, safe_mode=True), _class_names(workdir)
+    if not config.pretrained:
+        raise app.UsageError("Nothing to analyze: give --workdir of a trained run, or "
+                             "--config.pretrained=<weights name or .npz> for a checkpoint.")
+    overrides = {name: config[name] for name in MODEL_OVERRIDES if config[name] is not None}
+    model = keras_vit.vit(config.model, image_size=config.image_size, include_top=False,
+                          classifier=config.classifier,
+                          representation_size=config.representation_size,
+                          weights=config.pretrained, **overrides)
+    return model, None
+
+
+def _class_names(workdir):
+    import tensorflow as tf
+
+    path = os.path.join(workdir, "export", "class_names.txt")
+    if not tf.io.gfile.exists(path):
+        return None
+    with tf.io.gfile.GFile(path) as handle:
+        return handle.read().splitlines()
+
+
+def read_image_files(paths, size):
+    """Decoded files resized to the model's `size`: (uint8 pixels, model inputs, names)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from train import input_pipeline
+
+    pixels = []
+    for path in paths:
+        if not tf.io.gfile.exists(path):
+            raise app.UsageError(f"--images: {path} does not exist.")
+        with tf.io.gfile.GFile(path, "rb") as handle:
+            encoded = handle.read()
+        try:
+            image = input_pipeline.decode_image(encoded)
+        except tf.errors.InvalidArgumentError as error:
+            raise app.UsageError(f"--images: {path} is not a PNG, JPEG, GIF or BMP image "
+                                 f"({error.message.splitlines()[0]}).") from None
+        pixels.append(tf.image.resize(image, size, method="bilinear").numpy())
+    return _pixels_and_inputs(np.stack(pixels)) + ([os.path.basename(p) for p in paths],)
+
+
+def _pixels_and_inputs(resized):
+    import numpy as np
+
+    pixels = np.clip(np.round(resized), 0, 255).astype(np.uint8)
+    return pixels, (resized.astype(np.float32) - 127.5) / 127.5
+
+
+def dataset_images(builder, split, size, count):
+    """The first `count` examples of `split` resized to `size`: (pixels, inputs, labels)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from train import input_pipeline
+
+    examples = input_pipeline.read_encoded(builder, split, autocache=False).take(count).map(
+        lambda example: (tf.image.resize(input_pipeline.decode_image(example["image"]), size),
+                         example["label"]))
+    resized, labels = zip(*examples.as_numpy_iterator())
+    return _pixels_and_inputs(np.stack(resized)) + (np.asarray(labels),)
+
+
+def labelled_batches(builder, split, size, count):
+    """`(inputs, labels)` batches of the first `count` examples, for the few-shot features."""
+    import tensorflow as tf
+
+    from train import input_pipeline
+
+    def preprocess(example):
+        image = tf.image.resize(input_pipeline.decode_image(example["image"]), size)
+        return input_pipeline.to_model_range(image), example["label"]
+
+    return input_pipeline.read_encoded(builder, split, autocache=False).take(count).map(
+        preprocess, num_parallel_calls=tf.data.AUTOTUNE).batch(256)
+
+
+def _write_json(path, values):
+    import tensorflow as tf
+
+    with tf.io.gfile.GFile(path + ".partial", "w") as handle:
+        json.dump(values, handle, indent=2)
+    tf.io.gfile.rename(path + ".partial", path, overwrite=True)
+
+
+def _shots():
+    if [value.lower() for value in FLAGS.shots] in ([], ["none"]):
+        return ()
+    try:
+        shots = tuple(int(value) for value in FLAGS.shots)
+    except ValueError:
+        raise app.UsageError(f"--shots={','.join(FLAGS.shots)}: give whole numbers, e.g. "
+                             "1,5,10,25, or 'none'.") from None
+    if min(shots) < 1:
+        raise app.UsageError("--shots must be positive.")
+    return shots
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    shots = _shots()
+    import numpy as np
+    import tensorflow as tf
+
+    from keras_vit import analysis, plotting, resnet
+    from train import input_pipeline
+
+    config = load_config(FLAGS.workdir)
+    model, class_names = load_model(config, FLAGS.workdir)
+    layout = analysis.token_layout(model)
+    size = layout.image_size
+    builder = input_pipeline.get_builder(config)
+    if class_names is None and "label" in builder.info.features:
+        class_names = builder.info.features["label"].names
+    out = FLAGS.out
+    tf.io.gfile.makedirs(out)
+    logging.info("Analyzing %s: %dx%d grid of %gx%g-pixel patches, %d prefix token(s).",
+                 model.name, *layout.grid, *layout.pixel_pitch, layout.num_prefix_tokens)
+    results = {"model": model.name, "grid": list(layout.grid),
+               "pixel_pitch": list(layout.pixel_pitch)}
+    start = time.time()
+
+    if FLAGS.images:
+        pixels, inputs, captions = read_image_files(FLAGS.images, size)
+    else:
+        pixels, inputs, labels = dataset_images(builder, config.eval_split, size,
+                                                FLAGS.num_images)
+        captions = [f"label: {_name(class_names, label)}" for label in labels]
+    if len(model.outputs[0].shape) == 2 and model.layers[-1].name == "head":
+        predicted = np.argmax(model.predict_on_batch(inputs), axis=-1)
+        captions = [f"{caption}\npredicted: {_name(class_names, index)}"
+                    for caption, index in zip(captions, predicted)]
+    rollout = analysis.attention_rollout(model, inputs)
+    paths = [plotting.plot_rollout(pixels, rollout, os.path.join(out, "attention_rollout.png"),
+                                   captions)]
+
+    distance_inputs = dataset_images(builder, config.eval_split, size,
+                                     FLAGS.distance_images)[1]
+    distance = analysis.mean_attention_distance(model, distance_inputs)
+    results["mean_attention_distance_pixels"] = np.round(distance, 3).tolist()
+    results["distance_images"] = len(distance_inputs)
+    paths.append(plotting.plot_attention_distance(
+        distance, os.path.join(out, "attention_distance.png"), size))
+    logging.info("Attention maps and distances: %.1f s.", time.time() - start)
+
+    try:
+        similarity = analysis.position_embedding_similarity(model)
+    except ValueError as error:
+        logging.warning("Skipping the position embeddings: %s", error)
+    else:
+        paths.append(plotting.plot_position_similarity(
+            similarity, os.path.join(out, "position_embeddings.png")))
+
+    kernel = analysis.first_layer_filters(model)
+    available = min(kernel.shape[-1] - 1, int(np.prod(kernel.shape[:3])))
+    count = min(FLAGS.filters, available)
+    if count < FLAGS.filters:
+        logging.info("The model has %d principal filter components; drawing %d.", available,
+                     count)
+    hybrid = any(isinstance(layer, resnet.ResNetStem) for layer in model.layers)
+    title = (f"ResNet root filters (7x7): first {count} principal components" if hybrid
+             else None)
+    paths.append(plotting.plot_embedding_filters(
+        analysis.embedding_filters(model, n=count), os.path.join(out, "embedding_filters.png"),
+        title))
+
+    if shots:
+        l2_reg = analysis.DEFAULT_L2_REG if FLAGS.l2_reg is None else FLAGS.l2_reg
+        logging.info("Few-shot: features of %d train and %d eval examples...",
+                     FLAGS.few_shot_train, FLAGS.few_shot_test)
+        accuracy = analysis.few_shot_accuracy(
+            model, labelled_batches(builder, config.train_split, size, FLAGS.few_shot_train),
+            labelled_batches(builder, config.eval_split, size, FLAGS.few_shot_test),
+            shots=shots, l2_reg=l2_reg, draws=FLAGS.draws, progress=_log_progress)
+        for k, value in accuracy.items():
+            logging.info("%d-shot linear accuracy: %.2f%%", k, 100 * value)
+        results["few_shot"] = {"accuracy": {str(k): v for k, v in accuracy.items()},
+                               "l2_reg": l2_reg, "draws": FLAGS.draws,
+                               "dataset": config.dataset}
+        paths.append(plotting.plot_few_shot(
+            accuracy, os.path.join(out, "few_shot.png"),
+            f"Few-shot linear accuracy on {config.dataset} (frozen features)"))
+
+    paths.append(os.path.join(out, "analysis.json"))
+    _write_json(paths[-1], results)
+    logging.info("Wrote %s in %.1f s.", ", ".join(paths), time.time() - start)
+
+
+def _log_progress(done):
+    logging.log_every_n_seconds(logging.INFO, "Few-shot features: %d images done.", 10, done)
+
+
+def _name(class_names, index):
+    index = int(index)
+    return class_names[index] if class_names and index < len(class_names) else str(index)
+
+
+if __name__ == "__main__":
+    app.run(main)
