@@ -151,11 +151,11 @@ def overlay(images, rollout, alpha=0.6, colormap="inferno"):
         colormap: a matplotlib colormap name.
 
     Returns:
-        uint8 `[N, height, width, 3]` (no batch axis if neither input had one).
+        uint8 `[N, height, width, 3]`, or `[height, width, 3]` for one `[rows, columns]` map.
     """
     images = np.asarray(images)
     maps = np.asarray(rollout, dtype=np.float64)
-    single = maps.ndim == 2 and images.ndim in (2, 3) and images.shape[-1] in (1, 3)
+    single = maps.ndim == 2  # one map for one image
     if single:
         images, maps = images[None], maps[None]
     if images.ndim == 3:
@@ -258,6 +258,23 @@ def position_embedding_similarity(model):
     unit = grid / np.maximum(np.linalg.norm(grid, axis=-1, keepdims=True), 1e-12)
     rows, columns = position.grid_size
     return (unit @ unit.T).reshape(-1, rows, columns)
+
+
+def position_similarity_summary(similarity):
+    """Mean cosine similarity (from `position_embedding_similarity`) between distinct patches
+    that are adjacent (sharing an edge), in the same row, in the same column, or neither."""
+    similarity = np.asarray(similarity)
+    count, rows, columns = similarity.shape
+    row, column = np.divmod(np.arange(count), columns)
+    same_row = row[:, None] == row[None, :]
+    same_column = column[:, None] == column[None, :]
+    distinct = ~np.eye(count, dtype=bool)
+    steps = np.abs(row[:, None] - row[None, :]) + np.abs(column[:, None] - column[None, :])
+    flat = similarity.reshape(count, count)
+    groups = {"adjacent": steps == 1, "same_row": same_row & distinct,
+              "same_column": same_column & distinct, "other": ~same_row & ~same_column}
+    return {name: float(flat[mask].mean()) if mask.any() else float("nan")
+            for name, mask in groups.items()}
 
 
 def first_layer_filters(model):

@@ -219,6 +219,9 @@ def main(argv):
     except ValueError as error:
         logging.warning("Skipping the position embeddings: %s", error)
     else:
+        summary = analysis.position_similarity_summary(similarity)
+        results["position_similarity_mean"] = {name: round(value, 4)
+                                               for name, value in summary.items()}
         paths.append(plotting.plot_position_similarity(
             similarity, os.path.join(out, "position_embeddings.png")))
 
@@ -250,7 +253,8 @@ def main(argv):
                                "dataset": config.dataset}
         paths.append(plotting.plot_few_shot(
             accuracy, os.path.join(out, "few_shot.png"),
-            f"Few-shot linear accuracy on {config.dataset} (frozen features)"))
+            f"Few-shot linear accuracy on {config.dataset}\n(frozen features, mean of "
+            f"{FLAGS.draws} draws)"))
 
     paths.append(os.path.join(out, "analysis.json"))
     _write_json(paths[-1], results)

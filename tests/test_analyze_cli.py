@@ -1,0 +1,123 @@
+"""`python -m train.analyze` on a small model and the fake Fashion-MNIST: the PNG files it writes,
+the numbers in analysis.json, the pre-trained checkpoint path, and its errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import keras_vit
+from train_fixtures import REPO, TINY, fake_fashion_mnist, png_bytes, tiny_config
+
+FIGURES = ("attention_rollout.png", "attention_distance.png", "position_embeddings.png",
+           "embedding_filters.png", "few_shot.png")
+
+
+@pytest.fixture(scope="module")
+def fake_fmnist(tmp_path_factory):
+    return fake_fashion_mnist(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def workdir(fake_fmnist, tmp_path_factory):
+    """A workdir as training leaves it: export/model.keras, class names and config.json."""
+    from train import trainer
+
+    root = tmp_path_factory.mktemp("analyze_workdir")
+    config = tiny_config(fake_fmnist, num_layers=2)
+    model = trainer.build_model(config, num_classes=10)
+    os.makedirs(root / "export")
+    model.save(root / "export" / "model.keras")
+    (root / "export" / "class_names.txt").write_text(
+        "\n".join(f"class {index}" for index in range(10)) + "\n")
+    (root / "config.json").write_text(config.to_json_best_effort())
+    keras_vit.checkpoint.save_npz(model, root / "weights.npz")
+    return root
+
+
+def run_analyze(data, *args):
+    env = dict(data.env())
+    result = subprocess.run([sys.executable, "-m", "train.analyze", *map(str, args)], cwd=REPO,
+                            env=env, capture_output=True, text=True, timeout=300)
+    return result
+
+
+def png_size(path):
+    import tensorflow as tf
+    image = tf.io.decode_png(tf.io.read_file(str(path)))
+    return tuple(image.shape[:2]), float(tf.math.reduce_std(tf.cast(image, tf.float32)))
+
+
+def test_cli_writes_the_figures(fake_fmnist, workdir, tmp_path):
+    rng = np.random.default_rng(0)
+    first, second = tmp_path / "shirt.png", tmp_path / "boot.jpg"
+    first.write_bytes(png_bytes(rng.integers(0, 256, size=(40, 30, 1), dtype=np.uint8)))
+    import tensorflow as tf
+    second.write_bytes(tf.io.encode_jpeg(
+        rng.integers(0, 256, size=(50, 60, 3), dtype=np.uint8)).numpy())
+    out = tmp_path / "plots"
+    result = run_analyze(fake_fmnist, f"--workdir={workdir}", f"--out={out}",
+                         f"--images={first},{second}", "--distance_images=16", "--shots=1,2",
+                         "--few_shot_train=200", "--few_shot_test=100", "--draws=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    # Figure sizes follow from plotting's layouts at 100 dpi: the rollout has a column per
+    # image; the model has a 4x4 grid (28 px, patch 7) and 16 filters (15 components).
+    expected = {"attention_rollout.png": (390, 380), "attention_distance.png": (420, 600),
+                "position_embeddings.png": (380, 420), "embedding_filters.png": (470, 440),
+                "few_shot.png": (360, 500)}
+    for name in FIGURES:
+        size, spread = png_size(out / name)
+        assert size == expected[name], name
+        assert spread > 10, f"{name} is blank"
+        assert os.path.getsize(out / name) < 300_000
+    results = json.loads((out / "analysis.json").read_text())
+    assert results["grid"] == [4, 4] and results["pixel_pitch"] == [7.0, 7.0]
+    distance = np.array(results["mean_attention_distance_pixels"])
+    assert distance.shape == (2, 2) and np.all(distance > 0)
+    assert set(results["few_shot"]["accuracy"]) == {"1", "2"}
+    # The fake classes are bright bands: easy even for an untrained model's features.
+    assert all(0.1 <= value <= 1.0 for value in results["few_shot"]["accuracy"].values())
+    assert not list(out.glob("*.partial"))
+
+
+def test_cli_on_a_checkpoint(fake_fmnist, workdir, tmp_path):
+    """No workdir: the config names the model and its .npz weights; the same weights give the
+    same attention distances as the trained model in the workdir."""
+    config_flags = [f"--config.{name}={value}" for name, value in TINY.items()]
+    runs = {}
+    for source, extra in (("workdir", [f"--workdir={workdir}"]),
+                          ("npz", ["--config=configs/quickstart.py",
+                                   f"--config.data_dir={fake_fmnist.data_dir}",
+                                   *config_flags, "--config.num_layers=2",
+                                   f"--config.pretrained={workdir / 'weights.npz'}"])):
+        out = tmp_path / source
+        result = run_analyze(fake_fmnist, *extra, f"--out={out}", "--distance_images=16",
+                             "--shots=none", "--num_images=2")
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert not (out / "few_shot.png").exists()
+        runs[source] = json.loads((out / "analysis.json").read_text())
+    np.testing.assert_allclose(runs["npz"]["mean_attention_distance_pixels"],
+                               runs["workdir"]["mean_attention_distance_pixels"], atol=1e-3)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--images={bad}"], "is not a PNG, JPEG, GIF or BMP image"),
+    (["--images={missing}"], "does not exist"),
+    (["--shots=1,x"], "give whole numbers"),
+])
+def test_cli_errors(fake_fmnist, workdir, tmp_path, args, message):
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"not an image at all")
+    args = [arg.format(bad=bad, missing=tmp_path / "missing.png") for arg in args]
+    result = run_analyze(fake_fmnist, f"--workdir={workdir}", f"--out={tmp_path / 'out'}", *args)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_cli_needs_a_model(fake_fmnist, tmp_path):
+    result = run_analyze(fake_fmnist, "--config=configs/quickstart.py", f"--out={tmp_path}")
+    assert result.returncode != 0
+    assert "Nothing to analyze" in result.stderr
