@@ -66,7 +66,7 @@ def rollout_from_attention(attentions, grid, num_prefix_tokens=1):
 
     Args:
         attentions: one array per layer, in order, `[batch, heads, tokens, tokens]` (or
-            `[heads, tokens, tokens]`), rows summing to 1.
+            `[heads, tokens, tokens]` for one image), rows summing to 1.
         grid: `(rows, columns)` of the patch grid; tokens = num_prefix_tokens + rows * columns.
         num_prefix_tokens: 1 reads the class token's row; 0 (a "gap" model) averages the rows of
             all tokens.
@@ -80,13 +80,10 @@ def rollout_from_attention(attentions, grid, num_prefix_tokens=1):
     rows, columns = grid
     tokens = num_prefix_tokens + rows * columns
     rollout = None
-    for index, weights in enumerate(attentions):
-        weights = _attention_array(weights, tokens, f"attentions[{index}]")
+    for weights in _checked_layers(attentions, tokens):
         mixed = weights.mean(axis=1) + np.eye(tokens)
         mixed /= mixed.sum(axis=-1, keepdims=True)
         rollout = mixed if rollout is None else mixed @ rollout
-    if rollout is None:
-        raise ValueError("attentions is empty; pass one attention array per layer.")
     if num_prefix_tokens:
         source = rollout[:, 0, num_prefix_tokens:]
     else:
@@ -95,17 +92,32 @@ def rollout_from_attention(attentions, grid, num_prefix_tokens=1):
     return source.reshape(-1, rows, columns)
 
 
-def _attention_array(weights, tokens, what):
-    weights = np.asarray(weights, dtype=np.float64)
-    if weights.ndim == 3:
-        weights = weights[None]
-    if weights.ndim != 4 or weights.shape[-2:] != (tokens, tokens):
-        raise ValueError(f"{what} has shape {weights.shape}; expected [batch, heads, {tokens}, "
-                         f"{tokens}] for this grid and number of prefix tokens.")
-    return weights
+def _checked_layers(attentions, tokens):
+    """Yields each layer's attention as float64 `[batch, heads, tokens, tokens]`, one layer at a
+    time (a batch of all layers in float64 would not fit in memory for large models)."""
+    batch = None
+    for index, weights in enumerate(attentions):
+        weights = np.asarray(weights, dtype=np.float64)
+        if weights.ndim == 3:
+            weights = weights[None]
+        what = f"attentions[{index}]"
+        if weights.ndim != 4 or weights.shape[-2:] != (tokens, tokens):
+            raise ValueError(f"{what} has shape {weights.shape}; expected [batch, heads, "
+                             f"{tokens}, {tokens}] for this grid and number of prefix tokens.")
+        if batch is not None and weights.shape[0] != batch:
+            raise ValueError(f"{what} has {weights.shape[0]} images, attentions[0] {batch}; "
+                             "every layer must hold the same images.")
+        batch = weights.shape[0]
+        # Loose enough for bfloat16 softmax outputs; catches logits passed by mistake.
+        if weights.min() < 0 or np.abs(weights.sum(axis=-1) - 1).max() > 2e-2:
+            raise ValueError(f"{what} is not attention weights: rows must be >= 0 and sum to 1 "
+                             "(softmax outputs, not logits).")
+        yield weights
+    if batch is None:
+        raise ValueError("attentions is empty; pass one attention array per layer.")
 
 
-def attention_rollout(model, images, batch_size=32):
+def attention_rollout(model, images, batch_size=8):
     """Attention rollout (see `rollout_from_attention`) of `images` through `model`.
 
     Returns `[N, rows, columns]`, one map per image over the patch grid, each summing to 1.
@@ -117,12 +129,13 @@ def attention_rollout(model, images, batch_size=32):
 
 
 def _attention_batches(model, images, batch_size):
-    """Yields the list of per-layer attention weights for each batch of `images`."""
+    """Yields the list of per-layer attention weights (model dtype) for each batch."""
     images = check_images(model, images)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
     weights_model = attention_model(model)
     for start in range(0, len(images), batch_size):
-        outputs = weights_model.predict_on_batch(images[start:start + batch_size])
-        yield [np.asarray(weights, dtype=np.float64) for weights in outputs]
+        yield weights_model.predict_on_batch(images[start:start + batch_size])
 
 
 def check_images(model, images):
@@ -214,29 +227,28 @@ def attention_distance_from_attention(attentions, grid, pixel_pitch=(1.0, 1.0),
                                       num_prefix_tokens=1):
     """Mean attention distance of per-layer attention weights (see `rollout_from_attention`
     for `attentions`), `[layers, heads]`: for each query patch, the attention-weighted mean
-    distance in pixels to the patches it attends to, averaged over queries and images."""
+    distance to the patches it attends to, averaged over queries and images. Distances are in
+    units of `pixel_pitch` (rows, columns), the spacing of the patches: pixels if it is the
+    patch size, patches with the default (1, 1)."""
     distances = patch_center_distances(grid, pixel_pitch)
     tokens = num_prefix_tokens + distances.shape[0]
-    result = []
-    for index, weights in enumerate(attentions):
-        weights = _attention_array(weights, tokens, f"attentions[{index}]")
-        count = weights.shape[0] * distances.shape[0]
-        result.append(_distance_sums(weights, distances, num_prefix_tokens) / count)
-    if not result:
-        raise ValueError("attentions is empty; pass one attention array per layer.")
-    return np.stack(result)
+    return np.stack([_distance_sums(weights, distances, num_prefix_tokens) /
+                     (weights.shape[0] * distances.shape[0])
+                     for weights in _checked_layers(attentions, tokens)])
 
 
-def mean_attention_distance(model, images, batch_size=32):
+def mean_attention_distance(model, images, batch_size=8):
     """The paper's mean attention distance (figure 7, right): `[layers, heads]` in pixels of
     the input image, averaged over `images` (the paper used 128)."""
     layout = token_layout(model)
     distances = patch_center_distances(layout.grid, layout.pixel_pitch)
+    tokens = layout.num_prefix_tokens + distances.shape[0]
     totals, count = 0.0, 0
-    for weights in _attention_batches(model, images, batch_size):
-        totals = totals + np.stack([_distance_sums(layer, distances, layout.num_prefix_tokens)
-                                    for layer in weights])
-        count += weights[0].shape[0] * distances.shape[0]
+    for attentions in _attention_batches(model, images, batch_size):
+        layers = _checked_layers(attentions, tokens)
+        totals = totals + np.stack([_distance_sums(weights, distances, layout.num_prefix_tokens)
+                                    for weights in layers])
+        count += attentions[0].shape[0] * distances.shape[0]
     return totals / count
 
 
@@ -273,7 +285,7 @@ def position_similarity_summary(similarity):
     flat = similarity.reshape(count, count)
     groups = {"adjacent": steps == 1, "same_row": same_row & distinct,
               "same_column": same_column & distinct, "other": ~same_row & ~same_column}
-    return {name: float(flat[mask].mean()) if mask.any() else float("nan")
+    return {name: float(flat[mask].mean()) if mask.any() else None  # None: no such pairs
             for name, mask in groups.items()}
 
 
@@ -290,6 +302,16 @@ def first_layer_filters(model):
     return np.asarray(keras.ops.convert_to_numpy(embed.kernel), np.float64)
 
 
+def _component_count(kernel):
+    kh, kw, channels, count = kernel.shape
+    return min(count - 1, kh * kw * channels)  # centring removes one dimension
+
+
+def embedding_filter_count(model):
+    """How many principal components `embedding_filters` can return for `model`."""
+    return _component_count(first_layer_filters(model))
+
+
 def embedding_filters(model, n=28):
     """The first `n` principal components of the pixel filters (`first_layer_filters`),
     `[n, kh, kw, channels]`, unit norm, strongest first; each is signed so that its largest
@@ -297,7 +319,7 @@ def embedding_filters(model, n=28):
     kernel = first_layer_filters(model)
     kh, kw, channels, count = kernel.shape
     filters = kernel.reshape(-1, count).T  # one row per filter
-    available = min(count - 1, filters.shape[1])  # centring removes one dimension
+    available = _component_count(kernel)
     if not 1 <= n <= available:
         raise ValueError(f"n={n}: this model's {count} filters of {kh}x{kw}x{channels} have "
                          f"{available} principal components; pass 1 <= n <= {available}.")
@@ -318,9 +340,11 @@ def ridge_classifier(features, labels, num_classes, l2_reg=DEFAULT_L2_REG):
     features, the equal n x n dual form.
     """
     x = np.asarray(features, np.float64)
-    targets = 2.0 * np.eye(num_classes)[np.asarray(labels)] - 1.0
-    if l2_reg < 0:
-        raise ValueError(f"l2_reg must be >= 0, got {l2_reg}.")
+    labels = _class_indices(labels, "labels", num_classes)
+    _check_pairs(x, labels, "train")
+    if not l2_reg > 0:
+        raise ValueError(f"l2_reg must be > 0 (the fit is regularised), got {l2_reg}.")
+    targets = 2.0 * np.eye(num_classes)[labels] - 1.0
     x_mean, y_mean = x.mean(axis=0), targets.mean(axis=0)
     xc, yc = x - x_mean, targets - y_mean
     n, d = xc.shape
@@ -351,24 +375,28 @@ def few_shot_from_features(train_features, train_labels, test_features, test_lab
     """
     train_features = np.asarray(train_features, np.float64)
     test_features = np.asarray(test_features, np.float64)
-    train_labels = np.asarray(train_labels).astype(np.int64)
-    test_labels = np.asarray(test_labels).astype(np.int64)
+    train_labels = _class_indices(train_labels, "train labels", num_classes)
+    test_labels = _class_indices(test_labels, "test labels", num_classes)
     _check_pairs(train_features, train_labels, "train")
     _check_pairs(test_features, test_labels, "test")
     if num_classes is None:
         num_classes = int(max(train_labels.max(), test_labels.max())) + 1
-    by_class = [np.flatnonzero(train_labels == label) for label in range(num_classes)]
     if draws < 1:
         raise ValueError(f"draws must be at least 1, got {draws}.")
+    if not l2_reg > 0:
+        raise ValueError(f"l2_reg must be > 0 (the fit is regularised), got {l2_reg}.")
+    by_class = [np.flatnonzero(train_labels == label) for label in range(num_classes)]
     rng = np.random.default_rng(seed)
     results = {}
     for k in shots:
+        if k < 1:
+            raise ValueError(f"shots must be positive, got {k}.")
         short = {label: len(indices) for label, indices in enumerate(by_class)
                  if len(indices) < k}
-        if k < 1 or short:
-            raise ValueError(f"{k}-shot needs {k} training examples of every class; "
-                             f"{'k must be >= 1' if k < 1 else f'classes with fewer: {short}'}. "
-                             "Give more training examples or smaller shots.")
+        if short:
+            raise ValueError(f"{k}-shot needs {k} training examples of every class; these "
+                             f"classes have fewer: {short}. Give more training examples or "
+                             "smaller shots.")
         accuracies = []
         for _ in range(draws):
             chosen = np.concatenate([rng.choice(indices, k, replace=False)
@@ -382,12 +410,26 @@ def few_shot_from_features(train_features, train_labels, test_features, test_lab
     return results
 
 
+def _class_indices(labels, what, num_classes=None):
+    """`labels` as int64 class indices, or a ValueError naming what is wrong."""
+    labels = np.asarray(labels)
+    if labels.size and (labels.dtype.kind not in "iuf" or not np.all(labels == np.round(labels))
+                        or labels.min() < 0):
+        raise ValueError(f"{what} must be class indices (whole numbers >= 0), got "
+                         f"{labels.dtype} values such as {labels.ravel()[:3]}.")
+    labels = labels.astype(np.int64)
+    if num_classes is not None and labels.size and labels.max() >= num_classes:
+        raise ValueError(f"{what} go up to {labels.max()}, but num_classes={num_classes}.")
+    return labels
+
+
 def _check_pairs(features, labels, what):
     if features.ndim != 2 or labels.shape != (features.shape[0],) or not len(labels):
         raise ValueError(f"{what} features {features.shape} and labels {labels.shape} must be "
                          "[n, d] and [n] with n > 0.")
-    if labels.min() < 0:
-        raise ValueError(f"{what} labels must be class indices >= 0.")
+    if not np.all(np.isfinite(features)):
+        raise ValueError(f"{what} features contain NaN or infinity; the model's outputs "
+                         "overflowed or its weights are broken.")
 
 
 def feature_model(model):
@@ -407,7 +449,8 @@ def representations(model, data, batch_size=256, progress=None):
 
     `data` is a tuple `(images, labels)` of arrays, or an iterable (e.g. a `tf.data.Dataset`) of
     `(images, labels)` batches or of `{"image", "label"}` batches, optionally with a "mask"
-    (examples with mask 0 are padding and dropped). Images are preprocessed to [-1, 1].
+    (examples with mask 0 are padding and dropped). Images must be scaled to [-1, 1] as the
+    model takes them.
     `progress`, if given, is called with the number of examples done after each batch.
     """
     features_of = feature_model(model)
@@ -454,7 +497,10 @@ def few_shot_accuracy(model, train_data, test_data, shots=DEFAULT_SHOTS,
     `few_shot_from_features`.
     """
     train = representations(model, train_data, batch_size, progress)
-    test = representations(model, test_data, batch_size, progress)
+    # The progress count runs on through the test examples.
+    test_progress = None if progress is None else (
+        lambda done: progress(len(train[1]) + done))
+    test = representations(model, test_data, batch_size, test_progress)
     num_classes = int(max(train[1].max(), test[1].max())) + 1
     return few_shot_from_features(*train, *test, shots=shots, l2_reg=l2_reg, draws=draws,
                                   seed=seed, num_classes=num_classes)

@@ -48,11 +48,15 @@ def test_rollout_of_a_gap_model_averages_all_tokens():
     np.testing.assert_allclose(rollout, [[[0.125, 0.375, 0.5]]], atol=1e-12)
 
 
-def test_rollout_rejects_a_wrong_token_count():
+def test_rollout_rejects_what_is_not_attention():
     with pytest.raises(ValueError, match=r"expected \[batch, heads, 5, 5\]"):
         analysis.rollout_from_attention([LAYER_1], grid=(2, 2))
     with pytest.raises(ValueError, match="empty"):
         analysis.rollout_from_attention([], grid=(1, 2))
+    with pytest.raises(ValueError, match="same images"):
+        analysis.rollout_from_attention([LAYER_1, np.concatenate([LAYER_2] * 2)], grid=(1, 2))
+    with pytest.raises(ValueError, match="not logits"):
+        analysis.attention_distance_from_attention([LAYER_1 * 3 - 1], grid=(1, 2))
 
 
 @pytest.mark.parametrize("kwargs, grid", [
@@ -254,9 +258,9 @@ def test_few_shot_on_random_labels_is_near_chance():
     assert accuracy[10] < 0.5  # 4 classes: chance is 0.25
 
 
-# More examples than features (the primal form) and fewer (the dual form, which needs l2 > 0).
+# More examples than features (the primal form) and fewer (the dual form).
 @pytest.mark.parametrize("count, dims, l2_reg", [
-    (30, 8, 0.0), (30, 8, 0.7), (30, 8, 50.0), (5, 12, 0.7), (5, 12, 50.0)])
+    (30, 8, 1e-9), (30, 8, 0.7), (30, 8, 50.0), (5, 12, 0.7), (5, 12, 50.0)])
 def test_ridge_closed_form_equals_a_least_squares_solve(count, dims, l2_reg):
     rng = np.random.default_rng(count + dims)
     features = rng.normal(size=(count, dims)) + 3.0
@@ -274,12 +278,45 @@ def test_ridge_closed_form_equals_a_least_squares_solve(count, dims, l2_reg):
 
 def test_few_shot_errors():
     features, labels = separable(3, 1)
+
+    def few_shot(**kwargs):
+        arguments = dict(train_features=features, train_labels=labels, test_features=features,
+                         test_labels=labels, shots=(2,))
+        return analysis.few_shot_from_features(**{**arguments, **kwargs})
+
     with pytest.raises(ValueError, match=r"5-shot needs 5 .* fewer: \{0: 3, 1: 3, 2: 3, 3: 3\}"):
-        analysis.few_shot_from_features(features, labels, features, labels, shots=(5,))
+        few_shot(shots=(5,))
     with pytest.raises(ValueError, match="must be"):
-        analysis.few_shot_from_features(features, labels[:-1], features, labels)
-    with pytest.raises(ValueError, match="l2_reg"):
-        analysis.ridge_classifier(features, labels, 4, -1.0)
+        few_shot(train_labels=labels[:-1])
+    with pytest.raises(ValueError, match="whole numbers"):
+        few_shot(train_labels=labels + 0.5)
+    with pytest.raises(ValueError, match="whole numbers"):
+        few_shot(test_labels=labels - 1)
+    with pytest.raises(ValueError, match="num_classes=3"):
+        few_shot(num_classes=3)
+    broken = features.copy()
+    broken[0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        few_shot(test_features=broken)
+    with pytest.raises(ValueError, match="l2_reg must be > 0"):
+        few_shot(l2_reg=0.0)
+    with pytest.raises(ValueError, match="draws"):
+        few_shot(draws=0)
+    with pytest.raises(ValueError, match="positive"):
+        few_shot(shots=(0,))
+    with pytest.raises(ValueError, match="num_classes=4"):
+        analysis.ridge_classifier(features, labels + 1, 4)
+
+
+def test_few_shot_draws_are_random_subsets():
+    features, labels = separable(40, 1)
+    noisy = features + np.random.default_rng(3).normal(size=features.shape) * 12
+    one_draw = [analysis.few_shot_from_features(noisy, labels, noisy, labels, shots=(2,),
+                                                draws=1, seed=seed)[2] for seed in range(4)]
+    assert len(set(one_draw)) > 1  # different seeds pick different examples
+    repeated = analysis.few_shot_from_features(noisy, labels, noisy, labels, shots=(2,),
+                                               draws=1, seed=0)[2]
+    assert repeated == one_draw[0]  # and a seed repeats its draw
 
 
 def test_few_shot_accuracy_of_a_model():

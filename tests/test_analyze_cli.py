@@ -27,7 +27,7 @@ def workdir(fake_fmnist, tmp_path_factory):
     from train import trainer
 
     root = tmp_path_factory.mktemp("analyze_workdir")
-    config = tiny_config(fake_fmnist, num_layers=2)
+    config = tiny_config(fake_fmnist, num_layers=2, representation_size=8)
     model = trainer.build_model(config, num_classes=10)
     os.makedirs(root / "export")
     model.save(root / "export" / "model.keras")
@@ -85,7 +85,8 @@ def test_cli_writes_the_figures(fake_fmnist, workdir, tmp_path):
 
 def test_cli_on_a_checkpoint(fake_fmnist, workdir, tmp_path):
     """No workdir: the config names the model and its .npz weights; the same weights give the
-    same attention distances as the trained model in the workdir."""
+    same attention distances and, through the checkpoint's pre-logits (which the config does
+    not mention), the same few-shot features as the trained model in the workdir."""
     config_flags = [f"--config.{name}={value}" for name, value in TINY.items()]
     runs = {}
     for source, extra in (("workdir", [f"--workdir={workdir}"]),
@@ -95,18 +96,24 @@ def test_cli_on_a_checkpoint(fake_fmnist, workdir, tmp_path):
                                    f"--config.pretrained={workdir / 'weights.npz'}"])):
         out = tmp_path / source
         result = run_analyze(fake_fmnist, *extra, f"--out={out}", "--distance_images=16",
-                             "--shots=none", "--num_images=2")
+                             "--shots=2", "--few_shot_train=200", "--few_shot_test=100",
+                             "--num_images=2")
         assert result.returncode == 0, result.stderr[-3000:]
-        assert not (out / "few_shot.png").exists()
         runs[source] = json.loads((out / "analysis.json").read_text())
     np.testing.assert_allclose(runs["npz"]["mean_attention_distance_pixels"],
                                runs["workdir"]["mean_attention_distance_pixels"], atol=1e-3)
+    assert runs["npz"]["few_shot"]["accuracy"] == pytest.approx(
+        runs["workdir"]["few_shot"]["accuracy"], abs=1e-9)
 
 
 @pytest.mark.parametrize("args, message", [
     (["--images={bad}"], "is not a PNG, JPEG, GIF or BMP image"),
     (["--images={missing}"], "does not exist"),
     (["--shots=1,x"], "give whole numbers"),
+    (["--distance_images=0"], "--distance_images must be at least 1"),
+    (["--l2_reg=0"], "--l2_reg must be > 0"),
+    (["--shots=60", "--few_shot_train=50", "--num_images=1", "--distance_images=2"],
+     "60-shot needs 60 training examples"),
 ])
 def test_cli_errors(fake_fmnist, workdir, tmp_path, args, message):
     bad = tmp_path / "bad.png"
@@ -115,6 +122,8 @@ def test_cli_errors(fake_fmnist, workdir, tmp_path, args, message):
     result = run_analyze(fake_fmnist, f"--workdir={workdir}", f"--out={tmp_path / 'out'}", *args)
     assert result.returncode != 0
     assert message in result.stderr
+    if "60-shot" in message:  # the figures and numbers before the few-shot step are kept
+        assert (tmp_path / "out" / "analysis.json").exists()
 
 
 def test_cli_needs_a_model(fake_fmnist, tmp_path):

@@ -71,10 +71,16 @@ def load_model(config, workdir):
         raise app.UsageError("Nothing to analyze: give --workdir of a trained run, or "
                              "--config.pretrained=<weights name or .npz> for a checkpoint.")
     overrides = {name: config[name] for name in MODEL_OVERRIDES if config[name] is not None}
+    arrays = keras_vit.checkpoint.read_npz(
+        keras_vit.pretrained.resolve_weights(config.pretrained, config.model))
+    # The paper's few-shot metric reads the pre-logits layer of checkpoints that have one.
+    representation_size = config.representation_size
+    if representation_size is None and "pre_logits/kernel" in arrays:
+        representation_size = arrays["pre_logits/kernel"].shape[-1]
     model = keras_vit.vit(config.model, image_size=config.image_size, include_top=False,
-                          classifier=config.classifier,
-                          representation_size=config.representation_size,
-                          weights=config.pretrained, **overrides)
+                          classifier=config.classifier, representation_size=representation_size,
+                          **overrides)
+    keras_vit.checkpoint.load_npz(model, arrays)
     return model, None
 
 
@@ -127,7 +133,10 @@ def dataset_images(builder, split, size, count):
     examples = input_pipeline.read_encoded(builder, split, autocache=False).take(count).map(
         lambda example: (tf.image.resize(input_pipeline.decode_image(example["image"]), size),
                          example["label"]))
-    resized, labels = zip(*examples.as_numpy_iterator())
+    pairs = list(examples.as_numpy_iterator())
+    if not pairs:
+        raise app.UsageError(f"The {split!r} split of {builder.name} has no examples.")
+    resized, labels = zip(*pairs)
     return _pixels_and_inputs(np.stack(resized)) + (np.asarray(labels),)
 
 
@@ -153,7 +162,14 @@ def _write_json(path, values):
     tf.io.gfile.rename(path + ".partial", path, overwrite=True)
 
 
-def _shots():
+def check_flags():
+    """Rejects bad flag values before any slow work; returns the few-shot k values."""
+    for name in ("num_images", "distance_images", "filters", "draws", "few_shot_train",
+                 "few_shot_test"):
+        if FLAGS[name].value < 1:
+            raise app.UsageError(f"--{name} must be at least 1, got {FLAGS[name].value}.")
+    if FLAGS.l2_reg is not None and not FLAGS.l2_reg > 0:
+        raise app.UsageError(f"--l2_reg must be > 0, got {FLAGS.l2_reg}.")
     if [value.lower() for value in FLAGS.shots] in ([], ["none"]):
         return ()
     try:
@@ -169,7 +185,7 @@ def _shots():
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    shots = _shots()
+    shots = check_flags()
     import numpy as np
     import tensorflow as tf
 
@@ -220,13 +236,12 @@ def main(argv):
         logging.warning("Skipping the position embeddings: %s", error)
     else:
         summary = analysis.position_similarity_summary(similarity)
-        results["position_similarity_mean"] = {name: round(value, 4)
-                                               for name, value in summary.items()}
+        results["position_similarity_mean"] = {
+            name: None if value is None else round(value, 4) for name, value in summary.items()}
         paths.append(plotting.plot_position_similarity(
             similarity, os.path.join(out, "position_embeddings.png")))
 
-    kernel = analysis.first_layer_filters(model)
-    available = min(kernel.shape[-1] - 1, int(np.prod(kernel.shape[:3])))
+    available = analysis.embedding_filter_count(model)
     count = min(FLAGS.filters, available)
     if count < FLAGS.filters:
         logging.info("The model has %d principal filter components; drawing %d.", available,
@@ -238,14 +253,20 @@ def main(argv):
         analysis.embedding_filters(model, n=count), os.path.join(out, "embedding_filters.png"),
         title))
 
+    json_path = os.path.join(out, "analysis.json")
+    _write_json(json_path, results)  # kept if the slower few-shot evaluation fails
     if shots:
         l2_reg = analysis.DEFAULT_L2_REG if FLAGS.l2_reg is None else FLAGS.l2_reg
         logging.info("Few-shot: features of %d train and %d eval examples...",
                      FLAGS.few_shot_train, FLAGS.few_shot_test)
-        accuracy = analysis.few_shot_accuracy(
-            model, labelled_batches(builder, config.train_split, size, FLAGS.few_shot_train),
-            labelled_batches(builder, config.eval_split, size, FLAGS.few_shot_test),
-            shots=shots, l2_reg=l2_reg, draws=FLAGS.draws, progress=_log_progress)
+        try:
+            accuracy = analysis.few_shot_accuracy(
+                model, labelled_batches(builder, config.train_split, size, FLAGS.few_shot_train),
+                labelled_batches(builder, config.eval_split, size, FLAGS.few_shot_test),
+                shots=shots, l2_reg=l2_reg, draws=FLAGS.draws, progress=_log_progress)
+        except ValueError as error:
+            raise app.UsageError(f"Few-shot evaluation: {error} (--few_shot_train, --shots; "
+                                 f"the other results are in {json_path})") from None
         for k, value in accuracy.items():
             logging.info("%d-shot linear accuracy: %.2f%%", k, 100 * value)
         results["few_shot"] = {"accuracy": {str(k): v for k, v in accuracy.items()},
@@ -256,8 +277,8 @@ def main(argv):
             f"Few-shot linear accuracy on {config.dataset}\n(frozen features, mean of "
             f"{FLAGS.draws} draws)"))
 
-    paths.append(os.path.join(out, "analysis.json"))
-    _write_json(paths[-1], results)
+    paths.append(json_path)
+    _write_json(json_path, results)
     logging.info("Wrote %s in %.1f s.", ", ".join(paths), time.time() - start)
 
 
