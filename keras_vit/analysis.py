@@ -26,7 +26,7 @@ from keras_vit.model import attention_model
 
 DEFAULT_SHOTS = (1, 5, 10, 25)
 # Between the best two of 2^-10..2^14 (2^6 and 2^8, mean over k = 1, 5, 10, 25) measured on
-# the quickstart model; features are standardised first, so the scale carries over.
+# the quickstart model; features are standardised first, so it does not depend on their scale.
 DEFAULT_L2_REG = 128.0
 _STD_EPSILON = 1e-5  # keeps a constant feature from dividing by zero when standardising
 
