@@ -126,14 +126,10 @@ def _pixels_and_inputs(resized):
 def dataset_images(builder, split, size, count):
     """The first `count` examples of `split` resized to `size`: (pixels, inputs, labels)."""
     import numpy as np
-    import tensorflow as tf
 
     from train import input_pipeline
 
-    examples = input_pipeline.read_encoded(builder, split, autocache=False).take(count).map(
-        lambda example: (tf.image.resize(input_pipeline.decode_image(example["image"]), size),
-                         example["label"]))
-    pairs = list(examples.as_numpy_iterator())
+    pairs = list(input_pipeline.resized_examples(builder, split, size, count).as_numpy_iterator())
     if not pairs:
         raise app.UsageError(f"The {split!r} split of {builder.name} has no examples.")
     resized, labels = zip(*pairs)
@@ -142,16 +138,11 @@ def dataset_images(builder, split, size, count):
 
 def labelled_batches(builder, split, size, count):
     """`(inputs, labels)` batches of the first `count` examples, for the few-shot features."""
-    import tensorflow as tf
-
     from train import input_pipeline
 
-    def preprocess(example):
-        image = tf.image.resize(input_pipeline.decode_image(example["image"]), size)
-        return input_pipeline.to_model_range(image), example["label"]
-
-    return input_pipeline.read_encoded(builder, split, autocache=False).take(count).map(
-        preprocess, num_parallel_calls=tf.data.AUTOTUNE).batch(256)
+    examples = input_pipeline.resized_examples(builder, split, size, count)
+    examples = examples.map(lambda image, label: (input_pipeline.to_model_range(image), label))
+    return examples.batch(256)
 
 
 def _write_json(path, values):
@@ -207,11 +198,14 @@ def main(argv):
                "pixel_pitch": list(layout.pixel_pitch)}
     start = time.time()
 
+    # One read of the eval images serves the attention maps and the distances.
+    eval_pixels, eval_inputs, eval_labels = dataset_images(
+        builder, config.eval_split, size, max(FLAGS.num_images, FLAGS.distance_images))
     if FLAGS.images:
         pixels, inputs, captions = read_image_files(FLAGS.images, size)
     else:
-        pixels, inputs, labels = dataset_images(builder, config.eval_split, size,
-                                                FLAGS.num_images)
+        pixels, inputs, labels = (part[:FLAGS.num_images]
+                                  for part in (eval_pixels, eval_inputs, eval_labels))
         captions = [f"label: {_name(class_names, label)}" for label in labels]
     if len(model.outputs[0].shape) == 2 and model.layers[-1].name == "head":
         predicted = np.argmax(model.predict_on_batch(inputs), axis=-1)
@@ -221,8 +215,7 @@ def main(argv):
     paths = [plotting.plot_rollout(pixels, rollout, os.path.join(out, "attention_rollout.png"),
                                    captions)]
 
-    distance_inputs = dataset_images(builder, config.eval_split, size,
-                                     FLAGS.distance_images)[1]
+    distance_inputs = eval_inputs[:FLAGS.distance_images]
     distance = analysis.mean_attention_distance(model, distance_inputs)
     results["mean_attention_distance_pixels"] = np.round(distance, 3).tolist()
     results["distance_images"] = len(distance_inputs)

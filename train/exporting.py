@@ -24,16 +24,12 @@ def parse_tflite(value):
 
 def calibration_images(config, count):
     """`count` eval images in 0..255 at the model's size, for int8 calibration."""
-    import tensorflow as tf
-
     from train import input_pipeline
 
     builder = input_pipeline.get_builder(config)
-    examples = input_pipeline.read_encoded(builder, config.eval_split, autocache=False)
-    examples = examples.take(count)
-    images = examples.map(lambda example: tf.image.resize(
-        input_pipeline.decode_image(example["image"]), (config.image_size, config.image_size)))
-    return np.stack(list(images.as_numpy_iterator())).astype(np.float32)
+    examples = input_pipeline.resized_examples(builder, config.eval_split,
+                                               (config.image_size, config.image_size), count)
+    return np.stack([image for image, _ in examples.as_numpy_iterator()]).astype(np.float32)
 
 
 def export_model(model, directory, class_names=None, tflite_kinds=(), representative=None,

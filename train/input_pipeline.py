@@ -63,6 +63,15 @@ def read_encoded(builder, split, input_context=None, autocache=True):
                               decoders={"image": tfds.decode.SkipDecoding()})
 
 
+def resized_examples(builder, split, size, count):
+    """The first `count` examples of `split` as (float32 image in 0..255 resized to `size`
+    (height, width), label), in order: for calibration and analysis, not training."""
+    examples = read_encoded(builder, split, autocache=False).take(count)
+    return examples.map(
+        lambda example: (tf.image.resize(decode_image(example["image"]), size), example["label"]),
+        num_parallel_calls=tf.data.AUTOTUNE)
+
+
 def _count(dataset):
     count = int(dataset.cardinality())
     if count < 0:  # unknown after sharding: count the (still encoded) records once
