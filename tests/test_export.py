@@ -23,28 +23,10 @@ import tensorflow as tf
 
 import keras_vit
 from keras_vit import export
+from export_fixtures import NUM_CLASSES, SIZE, keras_logits, tiny_vit
 from train_fixtures import REPO, fake_fashion_mnist, main_command
 
-NUM_CLASSES = 7
 CLASS_NAMES = ["cat", "dog", "fox", "owl", "elk", "bee", "ant"]
-SIZE = 32
-
-
-def tiny_vit(seed=0, num_classes=NUM_CLASSES):
-    """A 2-block ViT on 32x32 images with every variable set to N(0, 0.3) noise (the head is
-    zero-initialised, which would make every output trivial)."""
-    model = keras_vit.vit("B/16", image_size=SIZE, patch_size=8, hidden_size=24, mlp_dim=48,
-                          num_heads=3, num_layers=2, num_classes=num_classes)
-    rng = np.random.default_rng(seed)
-    for variable in model.variables:
-        variable.assign(rng.normal(0.0, 0.3, variable.shape).astype(variable.dtype))
-    return model
-
-
-def keras_logits(model, pixels):
-    """The Keras model's logits on pixels in 0..255 at the model's size."""
-    pixels = np.asarray(pixels, np.float32)
-    return np.asarray(model((pixels - 127.5) / 127.5, training=False), np.float64)
 
 
 def grating_images(count, seed, size=SIZE, classes=NUM_CLASSES):

@@ -19,12 +19,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import keras_vit
+from export_fixtures import NUM_CLASSES, SIZE, keras_logits, tiny_vit
 from keras_vit import export, serving
 
-NUM_CLASSES = 7
 CLASS_NAMES = ["cat", "dog", "fox", "owl", "elk", "bee", "ant"]
-SIZE = 32
 
 SERVER = r'''
 import base64, importlib.abc, json, sys
@@ -112,21 +110,6 @@ assert "keras_vit" not in sys.modules
 with open(f"{work}/results.json", "w") as handle:
     json.dump(results, handle)
 '''
-
-
-def tiny_vit(seed=0):
-    """A 2-block ViT on 32x32 images with every variable set to N(0, 0.3) noise."""
-    model = keras_vit.vit("B/16", image_size=SIZE, patch_size=8, hidden_size=24, mlp_dim=48,
-                          num_heads=3, num_layers=2, num_classes=NUM_CLASSES)
-    rng = np.random.default_rng(seed)
-    for variable in model.variables:
-        variable.assign(rng.normal(0.0, 0.3, variable.shape).astype(variable.dtype))
-    return model
-
-
-def keras_logits(model, pixels):
-    pixels = tf.cast(pixels, tf.float32)
-    return np.asarray(model((pixels - 127.5) / 127.5, training=False), np.float64)
 
 
 def reference_logits(model, content):
