@@ -1,13 +1,17 @@
 """The training driver end to end (train/main.py, train/trainer.py, train/metrics.py).
 
-The multi-replica, XLA and interruption runs are `python -m train.main` subprocesses (the CPU can
-only be split into logical devices before TensorFlow starts). They all run on the tiny fake
-Fashion-MNIST and start together in one module fixture, to keep the wall time low on 2 cores:
+The multi-replica, multi-worker, XLA and interruption runs are `python -m train.main`
+subprocesses (the CPU can only be split into logical devices before TensorFlow starts). They all
+run on the tiny fake Fashion-MNIST and start together in one module fixture, to keep the wall
+time low on 2 cores:
 
 - `one`: one device, 100 steps (the reference the others are compared with);
 - `two`: the same on 2 mirrored replicas (--cpu_devices=2), same seed and global batch;
+- `workers`: the same on 2 worker processes (TF_CONFIG on free localhost ports), exporting;
 - `kill`: as `one`, SIGKILLed after its first checkpoint, then rerun to the end;
 - `term`: as `one` but checkpointing every 50 steps, SIGTERMed before the first, then rerun;
+- `workers_kill`, `workers_term`: as `kill` and `term` on 2 workers; the signal goes to worker 1,
+  then both are started again;
 - `xla`: one device with config.jit_compile; `xla2`: jit_compile on 2 replicas (must refuse).
 """
 
@@ -17,6 +21,7 @@ import math
 import os
 import signal
 import subprocess
+import tempfile
 import time
 
 import numpy as np
@@ -25,7 +30,9 @@ import tensorflow as tf
 
 from train import trainer
 from train.metrics import MetricsWriter
+from train.preemption import RESUMABLE_EXIT_CODE
 from train.schedules import WarmupDecay
+from train.strategy import local_cluster
 from train_fixtures import (REPO, assert_same_values, checkpoint_values, fake_fashion_mnist,
                             latest_checkpoint_step, main_command, read_metrics, tiny_config,
                             write_image_folder)
@@ -37,22 +44,29 @@ RUN = dict(optimizer="sgd", learning_rate=0.1, classifier="gap", crop_min_area=1
 # SIGKILL once a checkpoint, SIGTERM once a loss record, at this step or later exists.
 INTERRUPT_AFTER = 10
 TERM_CHECKPOINT_EVERY = 50  # `term` saves less often, so its stopping checkpoint is SIGTERM's
-TIMEOUT = 400
+TIMEOUT = 600
 
 
 class Run:
-    def __init__(self, data, root, name, *extra, env=None, **overrides):
+    """One `python -m train.main` process, started again for each attempt."""
+
+    def __init__(self, data, root, name, *extra, env=None, label=None, **overrides):
         self.name, self.workdir = name, os.path.join(root, name)
+        self.log_prefix = os.path.join(root, label or name)
         self.command = main_command(data, self.workdir, *extra, **dict(RUN, **overrides))
         self.env = dict(data.env(), **(env or {}))
-        self.logs, self.returncodes = [], []
+        self.logs, self.returncodes, self.pids = [], [], []
 
     def start(self):
         os.makedirs(os.path.dirname(self.workdir), exist_ok=True)
-        self.log_path = f"{self.workdir}.{len(self.logs)}.log"
+        self.log_path = f"{self.log_prefix}.{len(self.logs)}.log"
         self.handle = open(self.log_path, "w")
         self.process = subprocess.Popen(self.command, cwd=REPO, env=self.env,
                                         stdout=self.handle, stderr=subprocess.STDOUT)
+        self.pids.append(self.process.pid)
+
+    def running(self):
+        return self.process.poll() is None
 
     def wait(self, deadline):
         try:
@@ -70,6 +84,36 @@ class Run:
         assert self.returncodes[attempt] == 0, (
             f"run {self.name!r} exited with {self.returncodes[attempt]}:\n"
             f"{self.logs[attempt][-6000:]}")
+
+    @property
+    def metrics(self):
+        return read_metrics(self.workdir)
+
+
+class Cluster:
+    """The worker processes of one multi-worker run: the same command, `--strategy=multi_worker`
+    and a TF_CONFIG naming every worker on free localhost ports (new ports for each start)."""
+
+    def __init__(self, data, root, name, workers=2, **overrides):
+        self.name = name
+        self.workers = [Run(data, root, name, "--strategy=multi_worker", label=f"{name}.w{index}",
+                            **overrides) for index in range(workers)]
+        self.workdir = self.workers[0].workdir
+
+    def start(self):
+        for worker, tf_config in zip(self.workers, local_cluster(len(self.workers))):
+            worker.env["TF_CONFIG"] = tf_config
+            worker.start()
+
+    def running(self):
+        return any(worker.running() for worker in self.workers)
+
+    def wait(self, deadline):
+        return [worker.wait(deadline) for worker in self.workers]
+
+    def check(self, attempt=-1):
+        for worker in self.workers:
+            worker.check(attempt)
 
     @property
     def metrics(self):
@@ -94,10 +138,14 @@ def runs(fake_fmnist, tmp_path_factory):
     runs = {
         "one": Run(fake_fmnist, root, "one", "--strategy=one_device", export=True),
         "two": Run(fake_fmnist, root, "two", "--strategy=mirrored", "--cpu_devices=2"),
+        "workers": Cluster(fake_fmnist, root, "workers", export=True),
         "kill": Run(fake_fmnist, root, "kill", "--strategy=one_device"),
         # Checkpoints only every 50 steps: the one it stops at is the one SIGTERM saves.
         "term": Run(fake_fmnist, root, "term", "--strategy=one_device",
                     checkpoint_every_steps=TERM_CHECKPOINT_EVERY),
+        "workers_kill": Cluster(fake_fmnist, root, "workers_kill"),
+        "workers_term": Cluster(fake_fmnist, root, "workers_term",
+                                checkpoint_every_steps=TERM_CHECKPOINT_EVERY),
         "xla": Run(fake_fmnist, root, "xla", "--strategy=one_device", env={
             "TF_CPP_MIN_LOG_LEVEL": "0"}, jit_compile=True, total_steps=4, warmup_steps=2,
             eval_every_steps=4),
@@ -109,39 +157,65 @@ def runs(fake_fmnist, tmp_path_factory):
         yield runs
     finally:
         for run in runs.values():  # only if a test run was interrupted
-            if getattr(run, "process", None) is not None and run.process.poll() is None:
-                run.process.kill()
-                run.process.wait()
+            for process in _processes(run):
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+
+
+def _processes(run):
+    members = run.workers if isinstance(run, Cluster) else [run]
+    return [member.process for member in members if getattr(member, "process", None)]
+
+
+# What to interrupt, with what, in which process (worker 1 of a cluster: not the chief).
+INTERRUPTS = {"kill": signal.SIGKILL, "term": signal.SIGTERM,
+              "workers_kill": signal.SIGKILL, "workers_term": signal.SIGTERM}
+
+
+def _ready_to_interrupt(name, workdir):
+    """SIGKILL once a checkpoint and a newer loss record (the rerun must drop it) exist; SIGTERM
+    mid-run, before the first checkpoint."""
+    step = latest_checkpoint_step(workdir)
+    logged = max(_loss_steps(workdir), default=0)
+    if INTERRUPTS[name] == signal.SIGKILL:
+        return step is not None and step >= INTERRUPT_AFTER and logged > step
+    return logged >= INTERRUPT_AFTER
 
 
 def _run_all(runs):
     deadline = time.time() + TIMEOUT
     for run in runs.values():
         run.start()
-    # Interrupt `kill` after its first checkpoint, once a loss record newer than the checkpoint
-    # exists (the rerun must drop it), and `term` mid-run, before its first checkpoint. Each is
-    # rerun as soon as it has stopped.
-    interrupts = {"kill": signal.SIGKILL, "term": signal.SIGTERM}
-    reruns = set(interrupts)
-    for name in interrupts:
+    # Each interrupted run is rerun, the same command, as soon as all its processes stopped.
+    pending = dict(INTERRUPTS)
+    reruns = set(INTERRUPTS)
+    for name in INTERRUPTS:
         runs[name].at_signal = runs[name].after_stop = None
     while reruns and time.time() < deadline:
-        for name in list(interrupts):
+        for name in list(pending):
             run = runs[name]
-            if run.process.poll() is not None:
-                del interrupts[name]  # finished or failed on its own: the tests say which
+            target = _processes(run)[-1]
+            if target.poll() is not None:
+                del pending[name]  # finished or failed on its own: the tests say which
                 continue
-            step = latest_checkpoint_step(run.workdir)
-            logged = max(_loss_steps(run.workdir), default=0)
-            if name == "kill" and (step is None or step < INTERRUPT_AFTER or logged <= step):
+            if not _ready_to_interrupt(name, run.workdir):
                 continue
-            if name == "term" and logged < INTERRUPT_AFTER:
-                continue
-            run.process.send_signal(interrupts.pop(name))
-            run.at_signal = {"checkpoint": step, "loss_steps": _loss_steps(run.workdir)}
+            run.at_signal = {"checkpoint": latest_checkpoint_step(run.workdir),
+                             "loss_steps": _loss_steps(run.workdir)}
+            target.send_signal(pending.pop(name))
         for name in list(reruns):
             run = runs[name]
-            if name not in interrupts and run.process.poll() is not None:
+            if name in pending:
+                continue
+            if run.running():
+                if INTERRUPTS[name] == signal.SIGKILL:
+                    # Other workers fail once they miss the killed one; stop them if they hang.
+                    run.killed_at = getattr(run, "killed_at", None) or time.time()
+                    if time.time() - run.killed_at > 30:
+                        for process in _processes(run):
+                            process.kill()
+            else:
                 run.wait(deadline)
                 run.after_stop = {"checkpoint": latest_checkpoint_step(run.workdir),
                                   "loss_steps": _loss_steps(run.workdir)}
@@ -189,6 +263,91 @@ def test_two_replicas_match_one_replica(runs):
         assert eval_one[step]["eval_accuracy"] == eval_two[step]["eval_accuracy"]
     assert latest_checkpoint_step(one.workdir) == latest_checkpoint_step(two.workdir) == 100
     assert_same_values(checkpoint_values(one.workdir), checkpoint_values(two.workdir), 1e-5)
+
+
+# 2. Several worker processes compute what one process does.
+
+def _assert_same_training(run, reference, atol=1e-5):
+    train, evaluation = _by_kind(run.metrics)
+    train_ref, eval_ref = _by_kind(reference.metrics)
+    assert sorted(train) == sorted(train_ref) and sorted(evaluation) == sorted(eval_ref)
+    for step in train_ref:
+        for name in ("loss", "learning_rate", "grad_norm"):
+            assert train[step][name] == pytest.approx(train_ref[step][name], abs=atol), (
+                step, name)
+    for step in eval_ref:
+        assert evaluation[step]["eval_loss"] == pytest.approx(eval_ref[step]["eval_loss"],
+                                                              abs=atol)
+        assert evaluation[step]["eval_accuracy"] == eval_ref[step]["eval_accuracy"]
+    assert_same_values(checkpoint_values(run.workdir), checkpoint_values(reference.workdir), atol)
+
+
+def _only_the_chief_wrote(cluster):
+    """No leftovers, and TensorBoard files only from worker 0's processes (their names hold the
+    writer's process id)."""
+    workdir = cluster.workdir
+    assert [name for name in os.listdir(workdir) if "tmp" in name or "temp" in name] == []
+    assert glob.glob(os.path.join(workdir, "**", "*temp*"), recursive=True) == []
+    events = glob.glob(os.path.join(workdir, "tensorboard", "events.out.tfevents.*"))
+    writers = {int(os.path.basename(path).split(".")[-3]) for path in events}
+    assert writers and writers <= set(cluster.workers[0].pids), (writers, cluster.workers[0].pids)
+
+
+def test_two_workers_match_two_replicas(runs):
+    """TF_CONFIG with 2 workers on localhost: the same losses and weights as --cpu_devices=2."""
+    workers, two = runs["workers"], runs["two"]
+    workers.check()
+    two.check()
+    for worker in workers.workers:
+        assert "Strategy multi_worker with 2 replicas" in worker.logs[0]
+    records = workers.metrics
+    _assert_no_duplicate_steps(records)
+    _assert_same_training(workers, two)
+    assert latest_checkpoint_step(workers.workdir) == 100
+    _only_the_chief_wrote(workers)
+    # One export, by the chief: one SavedModel version, the Keras model and the TFLite files.
+    export = os.path.join(workers.workdir, "export")
+    assert sorted(os.listdir(os.path.join(export, "saved_model"))) == ["1"]
+    assert {"model.keras", "class_names.txt", "model_float32.tflite",
+            "model_int8.tflite"} <= set(os.listdir(export))
+    assert "Saved the trained model" in workers.workers[0].logs[0]
+    assert "Saved the trained model" not in workers.workers[1].logs[0]
+
+
+def test_worker_killed_then_all_restarted_matches_uninterrupted(runs):
+    run, reference = runs["workers_kill"], runs["workers"]
+    reference.check()
+    assert run.at_signal is not None, f"never killed:\n{run.workers[1].logs[0][-4000:]}"
+    killed, survivor = run.workers[1], run.workers[0]
+    assert killed.returncodes[0] == -signal.SIGKILL
+    assert survivor.returncodes[0] != 0  # it lost its peer
+    stopped = run.after_stop["checkpoint"]
+    assert INTERRUPT_AFTER <= stopped < RUN["total_steps"]
+    run.check(1)
+    for worker in run.workers:
+        assert f"at step {stopped}" in worker.logs[1] and "Resumed from" in worker.logs[1]
+    _assert_no_duplicate_steps(run.metrics)
+    _assert_same_training(run, reference)
+    _only_the_chief_wrote(run)
+
+
+def test_sigterm_to_one_worker_stops_all_at_one_checkpoint(runs):
+    run, reference = runs["workers_term"], runs["workers"]
+    reference.check()
+    assert run.at_signal is not None, f"never signalled:\n{run.workers[1].logs[0][-4000:]}"
+    assert run.at_signal["checkpoint"] is None  # signalled before any periodic checkpoint
+    stopped = run.after_stop["checkpoint"]
+    assert stopped is not None and stopped % TERM_CHECKPOINT_EVERY, stopped  # SIGTERM's
+    for worker in run.workers:  # both stopped, at the same step, resumable
+        assert worker.returncodes[0] == RESUMABLE_EXIT_CODE, worker.logs[0][-4000:]
+        assert f"Stopped at step {stopped};" in worker.logs[0]
+    assert run.after_stop["loss_steps"][-1] == stopped
+    run.check(1)
+    for worker in run.workers:
+        assert f"at step {stopped}" in worker.logs[1]
+    _assert_no_duplicate_steps(run.metrics)
+    _assert_same_training(run, reference)
+    _only_the_chief_wrote(run)
 
 
 # 2. XLA.
@@ -241,7 +400,7 @@ def test_sigterm_saves_stops_and_resumes(runs):
     run, reference = runs["term"], runs["one"]
     reference.check()
     assert run.at_signal is not None, f"the run was never signalled:\n{run.logs[0][-4000:]}"
-    run.check(0)  # a clean exit
+    assert run.returncodes[0] == RESUMABLE_EXIT_CODE, run.logs[0][-4000:]  # "stopped, resumable"
     assert run.at_signal["checkpoint"] is None  # signalled before any periodic checkpoint
     stopped = run.after_stop["checkpoint"]  # so this one is SIGTERM's
     assert stopped is not None, f"no checkpoint after SIGTERM:\n{run.logs[0][-4000:]}"
@@ -377,3 +536,137 @@ def test_folder_dataset_trains(tmp_path, fake_fmnist):
     assert [record["step"] for record in records if "loss" in record] == [1, 2]
     assert latest_checkpoint_step(workdir) == 2
     assert counts["test"] == 9
+
+
+# Faults one process survives without losing work (in-process, tiny runs).
+
+def _tiny_run(fake_fmnist, workdir, **overrides):
+    config = tiny_config(fake_fmnist, **dict(dict(total_steps=4, steps_per_loop=1,
+                                                  warmup_steps=1, eval_every_steps=2,
+                                                  checkpoint_every_steps=2), **overrides))
+    return trainer.train_and_evaluate(config, str(workdir),
+                                      tf.distribute.OneDeviceStrategy("/cpu:0"))
+
+
+def test_unreadable_newest_checkpoint_is_moved_aside_and_the_run_resumes(tmp_path, fake_fmnist,
+                                                                         caplog):
+    workdir = tmp_path / "run"
+    _tiny_run(fake_fmnist, workdir)
+    checkpoints_dir = workdir / "checkpoints"
+    data = checkpoints_dir / "ckpt-4.data-00000-of-00001"
+    data.write_bytes(data.read_bytes()[:100])  # a save cut short
+    with caplog.at_level("INFO", logger="absl"):
+        _tiny_run(fake_fmnist, workdir, total_steps=6)
+    assert "ckpt-4.data-00000-of-00001" in caplog.text and "unreadable" in caplog.text
+    assert (checkpoints_dir / "corrupt" / "ckpt-4.data-00000-of-00001").exists()
+    assert "Resumed from" in caplog.text and "at step 2." in caplog.text
+    assert latest_checkpoint_step(str(workdir)) == 6
+
+
+def test_missing_index_file_resumes_from_the_newest_checkpoint(tmp_path, fake_fmnist, caplog):
+    workdir = tmp_path / "run"
+    _tiny_run(fake_fmnist, workdir)
+    os.remove(workdir / "checkpoints" / "checkpoint")
+    with caplog.at_level("INFO", logger="absl"):
+        _tiny_run(fake_fmnist, workdir, total_steps=6, keep_checkpoints=2)
+    assert "at step 4." in caplog.text  # not a silent restart from 0
+    kept = sorted(os.path.basename(path) for path in
+                  glob.glob(str(workdir / "checkpoints" / "ckpt-*.index")))
+    assert kept == ["ckpt-4.index", "ckpt-6.index"]  # rotation goes on with the old ones
+    assert latest_checkpoint_step(str(workdir)) == 6
+
+
+def test_resumed_at_an_evaluation_step_writes_its_record(tmp_path, fake_fmnist):
+    """A kill after the checkpoint of an evaluation step, before its record: the rerun writes
+    it (once)."""
+    workdir = tmp_path / "run"
+    _tiny_run(fake_fmnist, workdir, total_steps=2)
+    _tiny_run(fake_fmnist, workdir, total_steps=4)  # the run to interrupt, at step 4
+    records = [record for record in read_metrics(str(workdir))
+               if not ("eval_accuracy" in record and record["step"] == 4)]
+    with open(workdir / "metrics.jsonl", "w") as handle:  # as if killed before the record
+        handle.write("".join(json.dumps(record) + "\n" for record in records))
+    _tiny_run(fake_fmnist, workdir, total_steps=6)
+    records = read_metrics(str(workdir))
+    _assert_no_duplicate_steps(records)
+    _, evaluation = _by_kind(records)
+    assert sorted(evaluation) == [2, 4, 6]
+
+
+def test_rerun_with_another_config_is_refused_before_writing(tmp_path, fake_fmnist):
+    workdir = tmp_path / "run"
+    _tiny_run(fake_fmnist, workdir)
+    before = {path: os.path.getmtime(path) for path in glob.glob(f"{workdir}/**",
+                                                                    recursive=True)}
+    saved = (workdir / "config.json").read_text()
+    with pytest.raises(ValueError) as error:
+        _tiny_run(fake_fmnist, workdir, total_steps=6, hidden_size=32, batch_size=16)
+    message = str(error.value)
+    assert "batch_size: 32 -> 16" in message and "hidden_size: 16 -> 32" in message
+    changes = message.split("(", 1)[1].split(")", 1)[0]
+    assert "new --workdir" in message and "total_steps" not in changes
+    assert (workdir / "config.json").read_text() == saved
+    assert {path: os.path.getmtime(path) for path in glob.glob(f"{workdir}/**",
+                                                                  recursive=True)} == before
+    # Logistics may change: a longer run with other checkpoint and eval intervals resumes.
+    _tiny_run(fake_fmnist, workdir, total_steps=6, checkpoint_every_steps=3,
+              eval_every_steps=3)
+    assert json.loads((workdir / "config.json").read_text())["total_steps"] == 6
+
+
+def test_a_run_and_its_export_leave_no_temporary_files(tmp_path, fake_fmnist, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    os.makedirs(tmp_path / "tmp")
+    workdir = tmp_path / "run"
+    os.makedirs(workdir / "checkpoints" / "ckpt-2_temp" / "part-00000-of-00001")  # killed saves
+    os.makedirs(workdir / "export" / "saved_model" / ".partial-1-999")  # and exports
+    (workdir / "export" / "model_int8.tflite.partial-999").write_bytes(b"half")
+    _tiny_run(fake_fmnist, workdir, export=True)
+    everything = [os.path.relpath(path, tmp_path) for path in
+                  glob.glob(f"{workdir}/**", recursive=True)]
+    assert [path for path in everything if "tmp" in os.path.basename(path) or "temp" in path
+            or "partial" in path] == []
+    # Ours (not TensorFlow's autograph files): the export copy, the TFLite and handler dirs.
+    assert [name for name in os.listdir(tmp_path / "tmp") if name.startswith("keras_vit")] == []
+    assert os.listdir(workdir / "export" / "saved_model") == ["1"]
+
+
+def test_cli_error_is_one_paragraph_without_traceback(tmp_path, fake_fmnist):
+    workdir = tmp_path / "run"
+    (workdir).mkdir()
+    (workdir / "config.json").write_text(json.dumps({"model": "B/16"}))
+    result = subprocess.run(main_command(fake_fmnist, str(workdir), "--strategy=one_device"),
+                            cwd=REPO, env=fake_fmnist.env(), capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1 and "model: 'B/16' -> 'Ti/16'" in errors[0]
+    assert sorted(os.listdir(workdir)) == ["config.json"]
+
+
+@pytest.mark.parametrize("use_tf_handler", [True, False], ids=["tf_handler", "tpu_fallback"])
+def test_preemption_watcher_saves_once_then_stops(use_tf_handler):
+    """SIGTERM: TensorFlow's handler saves at the loop after the next (its agreed step), the
+    fallback used under TPUStrategy at the next one; both save once, raise Stopped, and give
+    back the previous SIGTERM handler."""
+    from train.preemption import PreemptionWatcher, Stopped
+
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    saves = []
+    watcher = PreemptionWatcher(tf.distribute.OneDeviceStrategy("/cpu:0"),
+                                lambda: saves.append(len(saves)), use_tf_handler)
+    try:
+        for _ in range(3):
+            watcher.check()  # no signal yet: nothing happens
+        assert saves == []
+        os.kill(os.getpid(), signal.SIGTERM)
+        loops = 0
+        with pytest.raises(Stopped):
+            for loops in range(1, 4):
+                watcher.check()
+        assert saves == [0] and loops == (2 if use_tf_handler else 1)
+    finally:
+        watcher.close()
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        signal.signal(signal.SIGTERM, previous)

@@ -199,6 +199,58 @@ def test_train_stream_split_over_replicas(builder, fake_fmnist):
                 whole[step][key])
 
 
+def _two_hosts():
+    """The input contexts of 2 hosts (input pipelines) with 1 replica each."""
+    return [tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=host,
+                                       num_replicas_in_sync=2) for host in range(2)]
+
+
+def test_train_stream_split_over_two_hosts(builder, fake_fmnist):
+    """The fake dataset is one file: sharding is by example. Host h gets half h of every
+    global batch of the one-pipeline stream, so an epoch across both hosts is the whole split
+    once, and the training does not depend on the number of hosts."""
+    config = tiny_config(fake_fmnist)  # batch 32: 16 steps per epoch of 512
+    steps_per_epoch = NUM_TRAIN // config.batch_size
+    for start in (0, 3):
+        whole, _ = _train_batches(builder, config, start, steps_per_epoch)
+        hosts = [_train_batches(builder, config, start, steps_per_epoch, context)[0]
+                 for context in _two_hosts()]
+        for step in range(steps_per_epoch):
+            for key in ("image", "label"):
+                np.testing.assert_array_equal(
+                    np.concatenate([hosts[0][step][key], hosts[1][step][key]]),
+                    whole[step][key], err_msg=f"start {start}, step {step}")
+    # One epoch from step 0, taken together: every training example exactly once.
+    config = tiny_config(fake_fmnist, crop_min_area=1.0, flip=False)  # images as stored
+    seen = collections.Counter()
+    for context in _two_hosts():
+        batches, spec = _train_batches(builder, config, 0, steps_per_epoch, context)
+        assert spec["image"].shape == (16, 28, 28, 3)
+        for batch in batches:
+            seen.update(zip(_image_keys(batch["image"]), batch["label"].tolist()))
+    source_images, source_labels = fake_images(NUM_TRAIN, seed=1)
+    assert seen == collections.Counter(zip((image.tobytes() for image in source_images),
+                                           source_labels.tolist()))
+
+
+def test_eval_split_over_two_hosts_counts_every_example_once(builder, fake_fmnist):
+    config = tiny_config(fake_fmnist, eval_batch_size=32)  # 100 examples: 4 global batches
+    found, lengths = collections.Counter(), []
+    for context in _two_hosts():
+        batches = list(input_pipeline.eval_dataset_fn(builder, config)(
+            context).as_numpy_iterator())
+        lengths.append(len(batches))
+        assert all(batch["image"].shape == (16, 28, 28, 3) for batch in batches)
+        for batch in batches:
+            real = batch["mask"] == 1
+            assert not batch["image"][~real].any()
+            found.update(zip(_image_keys(batch["image"][real]), batch["label"][real].tolist()))
+    assert lengths == [4, 4]  # in step: both hosts run the same number of eval steps
+    source_images, source_labels = fake_images(NUM_TEST, seed=2)
+    assert found == collections.Counter(zip((image.tobytes() for image in source_images),
+                                            source_labels.tolist()))
+
+
 # Folder datasets and errors.
 
 def test_folder_dataset_pipeline(tmp_path, fake_fmnist):

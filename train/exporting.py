@@ -22,6 +22,25 @@ def parse_tflite(value):
     return kinds
 
 
+def remove_partial_files(directory):
+    """Removes what killed exports left in `directory` and its `saved_model/`: the
+    `*.partial-*` files and directories that keras_vit writes before renaming into place. Call
+    only where no other export is writing at the same time (a run's own export directory)."""
+    import tensorflow as tf
+
+    for folder in (directory, os.path.join(directory, "saved_model")):
+        if not tf.io.gfile.isdir(folder):
+            continue
+        for name in tf.io.gfile.listdir(folder):
+            name = name.rstrip("/")
+            if ".partial-" in name:
+                path = os.path.join(folder, name)
+                if tf.io.gfile.isdir(path):
+                    tf.io.gfile.rmtree(path)
+                else:
+                    tf.io.gfile.remove(path)
+
+
 def calibration_images(config, count):
     """`count` eval images in 0..255 at the model's size, for int8 calibration."""
     from train import input_pipeline

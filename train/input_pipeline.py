@@ -6,6 +6,13 @@ stream that is a pure function of (seed, step): augmentation uses stateless rand
 the example's position in the stream, so a resumed run sees exactly the batches an
 uninterrupted one would. Eval: decode -> resize -> [-1, 1], padded with masked examples so every
 example is counted exactly once with static batch shapes.
+
+Several input pipelines (one per host of a multi-worker run or a TPU pod): every pipeline reads
+the same global stream of still-encoded records and keeps its own slice of each global batch
+before decoding. Sharding is by example, so it works for datasets with fewer files than hosts,
+and the batches do not depend on the number of hosts or replicas: 1 device, 2 replicas and
+2 workers train on the same examples at every step. The price is that every host reads (but
+does not decode) every record.
 """
 
 import dataclasses
@@ -51,14 +58,14 @@ def get_builder(config):
     return builder
 
 
-def read_encoded(builder, split, input_context=None, autocache=True):
-    """Examples of a split with the image still encoded (decoded after the shuffle).
+def read_encoded(builder, split, autocache=True):
+    """All examples of a split, in order, with the image still encoded (decoded after the
+    shuffle).
 
     `autocache=False` for a partial read (`.take(n)`): TFDS caches small datasets in memory
     and warns when a cached read stops early.
     """
-    read_config = tfds.ReadConfig(input_context=input_context, shuffle_seed=0,
-                                  try_autocache=autocache)
+    read_config = tfds.ReadConfig(shuffle_seed=0, try_autocache=autocache)
     return builder.as_dataset(split=split, shuffle_files=False, read_config=read_config,
                               decoders={"image": tfds.decode.SkipDecoding()})
 
@@ -74,9 +81,22 @@ def resized_examples(builder, split, size, count):
 
 def _count(dataset):
     count = int(dataset.cardinality())
-    if count < 0:  # unknown after sharding: count the (still encoded) records once
+    if count < 0:  # unknown: count the (still encoded) records once
         count = int(dataset.reduce(0, lambda total, _: total + 1))
     return count
+
+
+def keep_pipeline_share(indexed, global_batch, input_context):
+    """Keeps this input pipeline's slice of each global batch of an `(index, example)` stream
+    whose index counts examples from a global batch boundary: with P pipelines, pipeline p
+    takes positions [p * global_batch / P, (p + 1) * global_batch / P) of every batch, the
+    examples that a single pipeline would hand to the same replicas."""
+    pipelines = input_context.num_input_pipelines
+    if pipelines == 1:
+        return indexed
+    share = global_batch // pipelines
+    pipeline_id = input_context.input_pipeline_id
+    return indexed.filter(lambda index, _: index // share % pipelines == pipeline_id)
 
 
 def decode_image(encoded):
@@ -126,13 +146,12 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32):
 
     def dataset_fn(input_context):
         per_replica = input_context.get_per_replica_batch_size(config.batch_size)
-        replicas_here = input_context.num_replicas_in_sync // input_context.num_input_pipelines
-        examples = read_encoded(builder, config.train_split, input_context)
+        examples = read_encoded(builder, config.train_split)
         epoch_size = _count(examples)
-        if epoch_size < per_replica * replicas_here:
+        if epoch_size < config.batch_size:
             raise ValueError(f"Split {config.train_split!r} has {epoch_size} examples, fewer "
-                             f"than one batch of {per_replica * replicas_here}.")
-        start = start_step * per_replica * replicas_here
+                             f"than one batch of {config.batch_size}.")
+        start = start_step * config.batch_size
         first_epoch = start // epoch_size
 
         def one_epoch(epoch):
@@ -143,6 +162,7 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32):
 
         stream = tf.data.Dataset.range(first_epoch, 2**62).flat_map(one_epoch)
         stream = stream.skip(start - first_epoch * epoch_size)
+        stream = keep_pipeline_share(stream, config.batch_size, input_context)
 
         def preprocess(index, example):
             seed = tf.stack([tf.constant(config.seed, tf.int64), index])
@@ -157,7 +177,8 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32):
 
 
 def eval_dataset_fn(builder, config, dtype=tf.float32):
-    """Returns `fn(input_context)`: every eval example once, padded with `mask` 0.
+    """Returns `fn(input_context)`: every eval example once across all pipelines, padded with
+    `mask` 0 to whole global batches.
 
     All input pipelines yield the same number of batches, so replicas stay in step.
     """
@@ -165,12 +186,13 @@ def eval_dataset_fn(builder, config, dtype=tf.float32):
 
     def dataset_fn(input_context):
         per_replica = input_context.get_per_replica_batch_size(config.eval_batch_size)
-        batch = per_replica * (
-            input_context.num_replicas_in_sync // input_context.num_input_pipelines)
-        steps = math.ceil(math.ceil(total / input_context.num_input_pipelines) / batch)
-        examples = read_encoded(builder, config.eval_split, input_context)
+        share = config.eval_batch_size // input_context.num_input_pipelines
+        steps = math.ceil(total / config.eval_batch_size)
+        examples = read_encoded(builder, config.eval_split).enumerate()
+        examples = keep_pipeline_share(examples, config.eval_batch_size, input_context)
 
-        def preprocess(example):
+        def preprocess(index, example):
+            del index
             return {"image": preprocess_eval(example["image"], config.image_size, dtype),
                     "label": tf.cast(example["label"], tf.int32),
                     "mask": tf.constant(1.0)}
@@ -179,7 +201,7 @@ def eval_dataset_fn(builder, config, dtype=tf.float32):
         blank = {"image": tf.zeros((config.image_size, config.image_size, 3), dtype),
                  "label": tf.constant(0, tf.int32), "mask": tf.constant(0.0)}
         padding = tf.data.Dataset.from_tensors(blank).repeat()
-        examples = examples.concatenate(padding).take(steps * batch)
+        examples = examples.concatenate(padding).take(steps * share)
         return examples.batch(per_replica, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
     return dataset_fn
@@ -188,12 +210,10 @@ def eval_dataset_fn(builder, config, dtype=tf.float32):
 def get_datasets(config, strategy, start_step=0, dtype=tf.float32, builder=None):
     """Builds the distributed train and eval datasets for `strategy` (from `builder`, default
     the one `config.dataset` names)."""
-    if config.batch_size % strategy.num_replicas_in_sync:
-        raise ValueError(f"batch_size {config.batch_size} is not divisible by the "
-                         f"{strategy.num_replicas_in_sync} replicas.")
-    if config.eval_batch_size % strategy.num_replicas_in_sync:
-        raise ValueError(f"eval_batch_size {config.eval_batch_size} is not divisible by the "
-                         f"{strategy.num_replicas_in_sync} replicas.")
+    for field in ("batch_size", "eval_batch_size"):
+        if config[field] % strategy.num_replicas_in_sync:
+            raise ValueError(f"{field} {config[field]} is not divisible by the "
+                             f"{strategy.num_replicas_in_sync} replicas.")
     builder = builder or get_builder(config)
     info = builder.info
     for split in (config.train_split, config.eval_split):

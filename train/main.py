@@ -4,8 +4,12 @@
     python -m train.main --config=configs/finetune.py:model=B/16,dataset=cifar10 \
         --config.pretrained=imagenet21k --workdir=gs://bucket/run --strategy=tpu --tpu=local
 
-Rerunning the same command resumes from the newest checkpoint in the workdir.
+Rerunning the same command resumes from the newest checkpoint in the workdir. Exit status: 0
+when the run finished; 75 when it was stopped by SIGTERM after saving a checkpoint (rerun the
+same command to resume); anything else is a failure.
 """
+
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -27,12 +31,23 @@ def main(argv):
     from train import strategy as strategies  # after flags: TensorFlow starts here
 
     if FLAGS.cpu_devices > 1:
+        if FLAGS.strategy == "multi_worker" or (not FLAGS.strategy and
+                                                strategies.cluster_size() > 1):
+            raise app.UsageError("--cpu_devices does not apply to multi-worker runs: each "
+                                 "worker uses its GPUs, or one CPU device.")
         strategies.split_cpu(FLAGS.cpu_devices)
     strategy = strategies.make_strategy(FLAGS.strategy, FLAGS.tpu)
-    from train import trainer
+    from train import checkpoints, preemption, run_config, trainer
 
     logging.info("Config:\n%s", FLAGS.config)
-    trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir, strategy)
+    try:
+        trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir, strategy)
+    except preemption.Stopped:
+        sys.exit(preemption.RESUMABLE_EXIT_CODE)
+    except (run_config.ConfigMismatchError, checkpoints.CheckpointWriteError,
+            checkpoints.NoReadableCheckpointError) as error:
+        print(f"Error: {error}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

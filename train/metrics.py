@@ -11,27 +11,36 @@ class MetricsWriter:
 
     The JSON-lines file is rewritten whole through `tf.io.gfile` (GCS has no append), via a
     temporary file and a rename. On resume, records after the restored step are dropped, so a
-    run that crashed between a checkpoint and its next log leaves no duplicate steps.
+    run that crashed between a checkpoint and its next log leaves no duplicate steps; a record
+    of the same step and the same names (an evaluation repeated on resume) replaces the older.
+    Only the chief of a multi-worker run writes: elsewhere `active=False` makes it a no-op.
     """
 
-    def __init__(self, workdir, resume_step=0):
+    def __init__(self, workdir, resume_step=0, active=True):
         self.path = os.path.join(workdir, "metrics.jsonl")
-        self.lines = []
+        self.active = active
+        self.records = []
+        if not active:
+            return
         if tf.io.gfile.exists(self.path):
             with tf.io.gfile.GFile(self.path) as handle:
                 for line in handle:
                     if line.strip() and json.loads(line).get("step", 0) <= resume_step:
-                        self.lines.append(line.rstrip("\n"))
+                        self.records.append(json.loads(line))
         self.summary = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
 
     def write(self, step, **values):
+        if not self.active:
+            return
         values = {name: float(value) for name, value in values.items()}
         with self.summary.as_default(step=step):
             for name, value in values.items():
                 tf.summary.scalar(name, value)
         self.summary.flush()
-        self.lines.append(json.dumps({"step": int(step), **values}))
+        record = {"step": int(step), **values}
+        self.records = [old for old in self.records if old.keys() != record.keys()
+                        or old["step"] != record["step"]] + [record]
         temporary = self.path + ".tmp"
         with tf.io.gfile.GFile(temporary, "w") as handle:
-            handle.write("\n".join(self.lines) + "\n")
+            handle.write("".join(json.dumps(record) + "\n" for record in self.records))
         tf.io.gfile.rename(temporary, self.path, overwrite=True)

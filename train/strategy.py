@@ -1,5 +1,9 @@
 """tf.distribute set-up: TPU, mirrored GPUs (or split CPUs), multi-worker, or one device."""
 
+import json
+import os
+import socket
+
 import tensorflow as tf
 from absl import logging
 
@@ -22,16 +26,44 @@ def split_cpu(num_devices):
                 "initialised. Pass --cpu_devices before anything runs TensorFlow.") from error
 
 
+def cluster_size():
+    """How many tasks the `TF_CONFIG` environment variable names (0 when it is not set)."""
+    try:
+        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+    except json.JSONDecodeError as error:
+        raise ValueError(f"TF_CONFIG is not valid JSON: {error}.") from error
+    return sum(len(tasks) for tasks in cluster.values())
+
+
+def local_cluster(num_workers):
+    """`TF_CONFIG` values, one per worker, for a cluster of `num_workers` processes on this
+    machine (free localhost ports): for tests, benchmarks and trying multi-worker runs."""
+    sockets = [socket.socket() for _ in range(num_workers)]
+    for handle in sockets:
+        handle.bind(("localhost", 0))
+    cluster = {"worker": [f"localhost:{handle.getsockname()[1]}" for handle in sockets]}
+    for handle in sockets:
+        handle.close()
+    return [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+            for index in range(num_workers)]
+
+
 def make_strategy(name="", tpu=""):
     """Returns the strategy `name` (one of STRATEGIES); "" picks TPU if `tpu` is given, else
-    all local GPUs, else all local (logical) CPUs."""
-    gpus = tf.config.list_logical_devices("GPU")
-    cpus = tf.config.list_logical_devices("CPU")
+    multi-worker if `TF_CONFIG` names a cluster, else all local GPUs, else all local (logical)
+    CPUs."""
     if not name:
-        name = "tpu" if tpu else ("mirrored" if len(gpus) > 1 or len(cpus) > 1 else "one_device")
-    if name not in STRATEGIES:
+        name = "tpu" if tpu else ("multi_worker" if cluster_size() > 1 else "")
+    if name not in STRATEGIES + ("",):
         raise ValueError(f"Unknown strategy {name!r}; expected one of {STRATEGIES}.")
-    if name == "tpu":
+    if name == "multi_worker":
+        # Before anything lists devices: collective ops must be configured at start-up.
+        if not cluster_size():
+            raise ValueError("--strategy=multi_worker needs TF_CONFIG on every worker, e.g. "
+                             '{"cluster": {"worker": ["host1:port", "host2:port"]}, '
+                             '"task": {"type": "worker", "index": 0}}.')
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()  # cluster from TF_CONFIG
+    elif name == "tpu":
         if not tpu:
             raise ValueError("--strategy=tpu needs --tpu: a TPU name, a grpc:// address, "
                              "or 'local' on a TPU VM.")
@@ -39,13 +71,15 @@ def make_strategy(name="", tpu=""):
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
         strategy = tf.distribute.TPUStrategy(resolver)
-    elif name == "mirrored":
-        devices = [d.name for d in (gpus or cpus)]
-        strategy = tf.distribute.MirroredStrategy(devices)
-    elif name == "multi_worker":
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()  # cluster from TF_CONFIG
     else:
-        strategy = tf.distribute.OneDeviceStrategy((gpus or cpus)[0].name)
+        gpus = tf.config.list_logical_devices("GPU")
+        cpus = tf.config.list_logical_devices("CPU")
+        if not name:
+            name = "mirrored" if len(gpus) > 1 or len(cpus) > 1 else "one_device"
+        if name == "mirrored":
+            strategy = tf.distribute.MirroredStrategy([d.name for d in (gpus or cpus)])
+        else:
+            strategy = tf.distribute.OneDeviceStrategy((gpus or cpus)[0].name)
     logging.info("Strategy %s with %d replicas.", name, strategy.num_replicas_in_sync)
     return strategy
 
@@ -55,9 +89,13 @@ def is_tpu(strategy):
 
 
 def is_chief(strategy):
-    """True on the one worker that writes exports (always, without a multi-worker cluster)."""
+    """True on the one worker that writes logs, `config.json` and exports: the "chief" task if
+    the cluster has one, else worker 0 (always true without a multi-worker cluster; a TPU pod
+    has one client)."""
     resolver = getattr(strategy, "cluster_resolver", None)
     task_type = getattr(resolver, "task_type", None)
-    if not task_type or isinstance(strategy, tf.distribute.TPUStrategy):
+    if not task_type or is_tpu(strategy):
         return True
-    return task_type == "chief" or (task_type == "worker" and resolver.task_id == 0)
+    if "chief" in resolver.cluster_spec().as_dict():
+        return task_type == "chief"
+    return task_type == "worker" and resolver.task_id == 0

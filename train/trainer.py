@@ -4,11 +4,14 @@ One host call runs `steps_per_loop` steps inside a `tf.function` (the TPU idiom)
 all-reduces the gradients once, clips their global norm, and applies them; evaluation covers the
 whole eval split exactly once. Checkpoints (model, optimizer, EMA, step) go to
 `workdir/checkpoints` every `checkpoint_every_steps`, at the end, and on SIGTERM; rerunning the
-same command resumes from the newest one.
+same command resumes from the newest readable one.
+
+Several workers run the same code. Every worker takes part in each save (non-chief workers write
+to a local temporary directory that is removed again); only the chief writes into the workdir:
+checkpoints, `metrics.jsonl`, TensorBoard, `config.json` and the export.
 """
 
 import os
-import signal
 import tempfile
 import time
 
@@ -17,8 +20,9 @@ import tensorflow as tf
 from absl import logging
 
 import keras_vit
-from train import input_pipeline, schedules
+from train import checkpoints, input_pipeline, run_config, schedules
 from train.metrics import MetricsWriter
+from train.preemption import PreemptionWatcher, Stopped
 from train.strategy import is_chief, is_tpu
 
 MODEL_OVERRIDES = ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers")
@@ -91,24 +95,45 @@ class Trainer:
             self.ema = [tf.Variable(v, trainable=False, name="ema",
                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
                         for v in self.model.trainable_variables] if config.ema_decay else []
-        checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
-                                         ema=self.ema)
-        self.manager = tf.train.CheckpointManager(
-            checkpoint, os.path.join(workdir, "checkpoints"), max_to_keep=config.keep_checkpoints)
-        if self.manager.latest_checkpoint:
-            checkpoint.restore(self.manager.latest_checkpoint).assert_existing_objects_matched()
-            logging.info("Resumed from %s at step %d.", self.manager.latest_checkpoint,
-                         self.step)
+        self.is_chief = is_chief(strategy)
+        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
+                                              ema=self.ema)
+        self.checkpoint_dir = os.path.join(workdir, "checkpoints")
+        restored = checkpoints.restore_newest(self.checkpoint, self.checkpoint_dir,
+                                              writable=self.is_chief)
+        if restored is not None:
+            logging.info("Resumed from %s at step %d.",
+                         os.path.join(self.checkpoint_dir, f"ckpt-{restored}"), self.step)
         elif config.pretrained:
             path = keras_vit.pretrained.resolve_weights(config.pretrained, config.model)
             report = keras_vit.checkpoint.load_npz(self.model, path)
             logging.info("Initialised from %s (%d weights, resized: %s, new head: %s).", path,
                          len(report["loaded"]), report["resized"], report["new_head"])
+        self._check_workers_agree(restored)
+        self.saved_step = restored
+        self.manager = tf.train.CheckpointManager(self.checkpoint, self.checkpoint_dir,
+                                                  max_to_keep=config.keep_checkpoints)
         self.data = input_pipeline.get_datasets(config, strategy, start_step=self.step,
                                                 dtype=self.input_dtype, builder=builder)
         self.train_loop = self._make_train_loop()
         self.eval_step = self._make_eval_step()
-        self.stop_requested = False
+
+    def _check_workers_agree(self, restored):
+        """Every worker must resume from the same step; a worker that could not read the
+        checkpoint the chief read would otherwise hang the cluster."""
+        if not isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            return
+        strategy = self.strategy
+
+        @tf.function
+        def every_workers_step(step):
+            return strategy.gather(strategy.run(lambda: tf.reshape(step, [1])), axis=0)
+
+        steps = every_workers_step(tf.constant(self.step, tf.int64)).numpy()
+        low, high = int(steps.min()), int(steps.max())
+        if low != high:
+            raise RuntimeError(f"Workers resumed from different steps ({low} to {high}, this "
+                               f"one from {restored}): they must all read {self.checkpoint_dir}.")
 
     @property
     def step(self):
@@ -118,7 +143,8 @@ class Trainer:
         config, model = self.config, self.model
         variables = model.trainable_variables
         images, labels = batch["image"], batch["label"]
-        micro = images.shape[0] // config.accum_steps
+        # From the config, not the batch: multi-worker datasets have no static batch size.
+        micro = config.batch_size // self.strategy.num_replicas_in_sync // config.accum_steps
         grads = [tf.zeros_like(v) for v in variables]
         loss = tf.constant(0.0)
         for index in range(config.accum_steps):  # static: unrolled micro-batches
@@ -208,19 +234,42 @@ class Trainer:
                                f"{self.data.eval_examples}.")
         return correct / count, loss / count
 
-    def _on_sigterm(self, signum, frame):
-        del signum, frame
-        logging.warning("SIGTERM: saving a checkpoint after the current loop, then stopping.")
-        self.stop_requested = True
+    def save(self):
+        """Saves a checkpoint at the current step (on every worker; see the module doc)."""
+        step = self.step
+        if step == self.saved_step:
+            return  # the same decision on every worker: they all save, or none does
+        if self.is_chief:
+            checkpoints.save(self.manager, step)
+        else:  # into a local directory of its own, removed again
+            with tempfile.TemporaryDirectory(prefix="keras_vit_ckpt_") as directory:
+                tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=1).save(
+                    checkpoint_number=step)
+        self.saved_step = step
+
+    def _evaluate_and_log(self, writer, final=False):
+        accuracy, eval_loss = self.evaluate()
+        logging.info("%s (step %d): eval accuracy %.4f  eval loss %.4f over %d examples.",
+                     "Final" if final else "Eval", self.step, accuracy, eval_loss,
+                     self.data.eval_examples)
+        writer.write(self.step, eval_accuracy=accuracy, eval_loss=eval_loss)
+        return {"eval_accuracy": accuracy, "eval_loss": eval_loss}
 
     def train(self):
-        """Runs to `config.total_steps`; returns the final eval metrics (or None if stopped)."""
+        """Runs to `config.total_steps`; returns the final eval metrics.
+
+        Raises `train.preemption.Stopped` after saving a checkpoint when any worker received
+        SIGTERM.
+        """
         config = self.config
-        writer = MetricsWriter(self.workdir, resume_step=self.step)
-        previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        writer = MetricsWriter(self.workdir, resume_step=self.step, active=self.is_chief)
+        watcher = PreemptionWatcher(self.strategy, self.save)
         iterator = iter(self.data.train)
         start_step, start_time = self.step, time.time()
         try:
+            if 0 < self.step < config.total_steps and self.step % config.eval_every_steps == 0:
+                # Resumed at an evaluation step: its record may have been lost with the run.
+                self._evaluate_and_log(writer)
             while self.step < config.total_steps:
                 step = self.step
                 steps = min(config.steps_per_loop, config.total_steps - step,
@@ -242,27 +291,18 @@ class Trainer:
                              _duration((config.total_steps - step) / rate))
                 writer.write(step, loss=loss, learning_rate=learning_rate,
                              images_per_second=images_per_second, grad_norm=float(grad_norm))
-                if step % config.checkpoint_every_steps == 0 or self.stop_requested:
-                    self.manager.save(checkpoint_number=step)
-                if self.stop_requested:
-                    logging.warning("Stopped at step %d; rerun the same command to resume.",
-                                    step)
-                    return None
+                if step % config.checkpoint_every_steps == 0:
+                    self.save()
                 if step % config.eval_every_steps == 0 and step < config.total_steps:
-                    accuracy, eval_loss = self.evaluate()
-                    logging.info("step %d  eval accuracy %.4f  eval loss %.4f", step, accuracy,
-                                 eval_loss)
-                    writer.write(step, eval_accuracy=accuracy, eval_loss=eval_loss)
-            if self.manager.latest_checkpoint is None or \
-                    not self.manager.latest_checkpoint.endswith(f"-{self.step}"):
-                self.manager.save(checkpoint_number=self.step)
-            accuracy, eval_loss = self.evaluate()
-            logging.info("Final (step %d): eval accuracy %.4f  eval loss %.4f over %d examples.",
-                         self.step, accuracy, eval_loss, self.data.eval_examples)
-            writer.write(self.step, eval_accuracy=accuracy, eval_loss=eval_loss)
-            return {"eval_accuracy": accuracy, "eval_loss": eval_loss}
+                    self._evaluate_and_log(writer)
+                watcher.check()  # every worker, at the same point: may save and stop
+            self.save()
+            return self._evaluate_and_log(writer, final=True)
+        except Stopped:
+            logging.warning("Stopped at step %d; rerun the same command to resume.", self.step)
+            raise
         finally:
-            signal.signal(signal.SIGTERM, previous_handler)
+            watcher.close()
 
     def export(self):
         """Writes the final model (EMA weights if enabled) into `workdir/export`: the `.keras`
@@ -271,13 +311,15 @@ class Trainer:
 
         directory = os.path.join(self.workdir, "export")
         tf.io.gfile.makedirs(directory)
+        exporting.remove_partial_files(directory)  # left by an export that was killed
         path = os.path.join(directory, "model.keras")
         if self.ema:
             self.swap_ema()
         try:
-            local = os.path.join(tempfile.mkdtemp(prefix="keras_vit_export_"), "model.keras")
-            self.model.save(local)
-            tf.io.gfile.copy(local, path + ".tmp", overwrite=True)
+            with tempfile.TemporaryDirectory(prefix="keras_vit_export_") as local:
+                self.model.save(os.path.join(local, "model.keras"))
+                tf.io.gfile.copy(os.path.join(local, "model.keras"), path + ".tmp",
+                                 overwrite=True)
             tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
             names = self.class_names
             with tf.io.gfile.GFile(os.path.join(directory, "class_names.txt"), "w") as handle:
@@ -298,12 +340,17 @@ def _duration(seconds):
 
 
 def train_and_evaluate(config, workdir, strategy):
-    """Trains (or resumes) per `config` in `workdir` and exports at the end if asked."""
-    tf.io.gfile.makedirs(workdir)
-    with tf.io.gfile.GFile(os.path.join(workdir, "config.json"), "w") as handle:
-        handle.write(config.to_json_best_effort(indent=2))  # read back by train.export
+    """Trains (or resumes) per `config` in `workdir` and exports at the end if asked.
+
+    Raises `run_config.ConfigMismatchError` before anything is written when `workdir` holds a
+    run with another config, and `train.preemption.Stopped` when stopped by SIGTERM.
+    """
+    run_config.check_resume(config, workdir)
     trainer = Trainer(config, workdir, strategy)
+    if trainer.is_chief:
+        tf.io.gfile.makedirs(workdir)
+        run_config.write(config, workdir)  # now known to be valid; read back by train.export
     metrics = trainer.train()
-    if metrics is not None and config.export and is_chief(strategy):
+    if config.export and trainer.is_chief:
         trainer.export()
     return metrics
