@@ -320,7 +320,9 @@ def test_worker_killed_then_all_restarted_matches_uninterrupted(runs):
     assert run.at_signal is not None, f"never killed:\n{run.workers[1].logs[0][-4000:]}"
     killed, survivor = run.workers[1], run.workers[0]
     assert killed.returncodes[0] == -signal.SIGKILL
-    assert survivor.returncodes[0] != 0  # it lost its peer
+    assert survivor.returncodes[0] == 1  # it lost its peer, and says what to do
+    assert "Error: lost contact with another worker" in survivor.logs[0]
+    assert "Traceback" not in survivor.logs[0]
     stopped = run.after_stop["checkpoint"]
     assert INTERRUPT_AFTER <= stopped < RUN["total_steps"]
     run.check(1)

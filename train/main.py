@@ -37,6 +37,8 @@ def main(argv):
                                  "worker uses its GPUs, or one CPU device.")
         strategies.split_cpu(FLAGS.cpu_devices)
     strategy = strategies.make_strategy(FLAGS.strategy, FLAGS.tpu)
+    import tensorflow as tf
+
     from train import checkpoints, preemption, run_config, trainer
 
     logging.info("Config:\n%s", FLAGS.config)
@@ -47,6 +49,13 @@ def main(argv):
     except (run_config.ConfigMismatchError, checkpoints.CheckpointWriteError,
             checkpoints.NoReadableCheckpointError) as error:
         print(f"Error: {error}", file=sys.stderr)
+        sys.exit(1)
+    except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
+        if strategies.cluster_size() < 2:
+            raise
+        print(f"Error: lost contact with another worker ({type(error).__name__}). Start all "
+              "workers again with the same command: the run resumes from the newest "
+              "checkpoint.", file=sys.stderr)
         sys.exit(1)
 
 

@@ -353,4 +353,13 @@ def train_and_evaluate(config, workdir, strategy):
     metrics = trainer.train()
     if config.export and trainer.is_chief:
         trainer.export()
+    _wait_for_every_worker(strategy)
     return metrics
+
+
+def _wait_for_every_worker(strategy):
+    """Returns once every worker got here: a worker that exits while the chief still exports
+    makes the chief's runtime log that a task crashed."""
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        tf.function(lambda: strategy.reduce(
+            tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)), axis=None))()
