@@ -14,6 +14,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from train import cli
+
 config_flags.DEFINE_config_file("config", None, "Experiment config file (file.py[:arg]).",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory (local or gs://) for checkpoints, logs, export.")
@@ -39,25 +41,22 @@ def main(argv):
     strategy = strategies.make_strategy(FLAGS.strategy, FLAGS.tpu)
     import tensorflow as tf
 
-    from train import checkpoints, preemption, run_config, trainer
+    from train import checkpoints, preemption, trainer
 
     logging.info("Config:\n%s", FLAGS.config)
     try:
         trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir, strategy)
     except preemption.Stopped:
         sys.exit(preemption.RESUMABLE_EXIT_CODE)
-    except (run_config.ConfigMismatchError, checkpoints.CheckpointWriteError,
-            checkpoints.NoReadableCheckpointError) as error:
-        print(f"Error: {error}", file=sys.stderr)
-        sys.exit(1)
+    except (checkpoints.CheckpointWriteError, checkpoints.NoReadableCheckpointError) as error:
+        cli.fail(error)
     except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
         if strategies.cluster_size() < 2:
             raise
-        print(f"Error: lost contact with another worker ({type(error).__name__}). Start all "
-              "workers again with the same command: the run resumes from the newest "
-              "checkpoint.", file=sys.stderr)
-        sys.exit(1)
+        cli.fail(f"lost contact with another worker ({type(error).__name__}). Start all "
+                 "workers again with the same command: the run resumes from the newest "
+                 "checkpoint.")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)
