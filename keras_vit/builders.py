@@ -4,7 +4,11 @@ from keras_vit.model import vit
 
 
 def _builder(variant, function_name):
-    def build(**kwargs):
+    def build(*args, **kwargs):
+        if args:
+            raise TypeError(
+                f"{function_name}() takes keyword arguments only (e.g. image_size=224, "
+                f"num_classes=10), got {len(args)} positional: {args!r}.")
         return vit(variant, **kwargs)
 
     build.__name__ = build.__qualname__ = function_name

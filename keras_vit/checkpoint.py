@@ -71,15 +71,48 @@ def _model_variables(model):
         yield key, variable, _checkpoint_shape(key, variable.shape, num_heads)
 
 
+def _unreachable(path, error):
+    return CheckpointError(
+        f"The checkpoint {path!r} could not be reached ({type(error).__name__}: "
+        f"{str(error).strip().splitlines()[0] if str(error).strip() else error!r}). Check the "
+        "path, the network and the credentials, or copy the file to a local path.")
+
+
 def read_npz(path):
     """Reads an `.npz` checkpoint into a dict of numpy arrays, with clear errors for files
-    that are missing, truncated or not numpy archives. Never unpickles."""
+    that are missing, truncated or not numpy archives. Never unpickles.
+
+    Raises `FileNotFoundError` for a missing file, and `CheckpointError` naming the path for a
+    directory, a file that could not be reached (a `gs://` path without network or access:
+    TensorFlow's error, e.g. an unresolvable host, is wrapped), or one that is not an `.npz`.
+    """
     import tensorflow as tf  # local: only file I/O needs TensorFlow (gs:// paths)
 
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a file path or a gs:// path, got {path!r} "
+                        f"({type(path).__name__}).")
     path = os.fspath(path)
-    if not tf.io.gfile.exists(path):
+    try:
+        exists = tf.io.gfile.exists(path)
+        is_directory = exists and tf.io.gfile.isdir(path)
+    except tf.errors.OpError as error:
+        raise _unreachable(path, error) from error
+    if not exists:
         raise FileNotFoundError(f"No checkpoint file at {path!r}.")
-    with tf.io.gfile.GFile(path, "rb") as handle:
+    if is_directory:
+        raise CheckpointError(
+            f"{path!r} is a directory, not an .npz checkpoint file; pass the path of the "
+            ".npz file inside it.")
+    try:
+        handle = tf.io.gfile.GFile(path, "rb")
+        # np.load reads through GFile; a network failure mid-read surfaces as an OpError.
+        return _read_archive(path, handle)
+    except tf.errors.OpError as error:
+        raise _unreachable(path, error) from error
+
+
+def _read_archive(path, handle):
+    with handle:
         try:
             archive = np.load(handle, allow_pickle=False)
         except (zipfile.BadZipFile, EOFError, OSError, ValueError) as error:
@@ -97,6 +130,13 @@ def read_npz(path):
                     f"{path!r} is not a readable .npz checkpoint (truncated, corrupt, or "
                     f"holding pickled objects, which are never loaded): {error}"
                 ) from error
+
+
+def _nonfinite_keys(arrays):
+    """Keys of the floating-point arrays that hold a NaN or an infinity."""
+    return sorted(key for key, value in arrays.items()
+                  if np.issubdtype(np.asarray(value).dtype, np.inexact)
+                  and not np.all(np.isfinite(value)))
 
 
 def resize_position_embeddings(embeddings, new_grid, old_grid=None, num_prefix_tokens=1):
@@ -165,7 +205,7 @@ def _position_layer(model):
     return None
 
 
-def load_npz(model, path, *, strict=True, new_head=False):
+def load_npz(model, path, *, strict=True, new_head=False, allow_nonfinite=False):
     """Loads an original `.npz` checkpoint into a model built by `keras_vit`.
 
     Position embeddings are resized when the model's patch grid differs from the file's. The
@@ -181,11 +221,28 @@ def load_npz(model, path, *, strict=True, new_head=False):
             them all, and nothing is assigned. If False, what matches is loaded and the rest is
             logged.
         new_head: start the head from zeros even when the file's head would fit.
+        allow_nonfinite: if False (default), a file whose arrays hold NaN or infinities raises
+            a `CheckpointError` naming those arrays and nothing is assigned (such weights make
+            every output NaN). True loads them as they are (e.g. to inspect a diverged run).
+
+    Raises:
+        CheckpointError: the file does not fit the model (with `strict=True`), holds non-finite
+            values (with `allow_nonfinite=False`), is a directory, could not be reached, or is
+            not an `.npz` archive. `FileNotFoundError` for a missing file.
 
     Returns:
         A dict with lists `loaded`, `missing`, `unexpected`, `mismatched` and `resized` keys.
     """
     arrays = dict(path) if isinstance(path, dict) else read_npz(path)
+    if not allow_nonfinite:
+        bad = _nonfinite_keys(arrays)
+        if bad:
+            where = path if not isinstance(path, dict) else "the arrays given"
+            raise CheckpointError(
+                f"The checkpoint {where!r} holds NaN or infinite values in {len(bad)} "
+                f"array(s): {', '.join(bad[:10])}{', ...' if len(bad) > 10 else ''}. Nothing "
+                "was loaded (such weights make every output NaN). Pass allow_nonfinite=True "
+                "to load them anyway.")
     position = _position_layer(model)
     file_prefix = int("cls" in arrays)
     report = {"loaded": [], "missing": [], "unexpected": [], "mismatched": [], "resized": [],
@@ -256,13 +313,36 @@ def save_npz(model, path):
     """Writes a model's weights as an `.npz` in the original layout (JAX code can read it).
 
     The file is written to a temporary name and renamed, so an interrupted save leaves any
-    previous file at `path` intact. `path` may be local or `gs://`.
+    previous file at `path` intact. `path` may be local or `gs://`. A local path whose directory
+    is missing, is not a directory or is not writable raises `FileNotFoundError`,
+    `NotADirectoryError` or `PermissionError` naming the directory before anything is written.
+    Non-finite weights are written as they are (`load_npz` refuses them by default).
     """
     import tensorflow as tf  # local: only file I/O needs TensorFlow (gs:// paths)
 
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a file path or a gs:// path, got {path!r} "
+                        f"({type(path).__name__}).")
+    path = os.fspath(path)
+    directory = os.path.dirname(path) or "."
+    if "://" not in path:  # object stores have no directories to check
+        if not os.path.exists(directory):
+            raise FileNotFoundError(
+                f"Cannot save the checkpoint {path!r}: its directory {directory!r} does not "
+                "exist; create it first.")
+        if not os.path.isdir(directory):
+            raise NotADirectoryError(
+                f"Cannot save the checkpoint {path!r}: {directory!r} is not a directory.")
+        if os.path.isdir(path):
+            raise IsADirectoryError(
+                f"Cannot save the checkpoint {path!r}: it is a directory; pass a file path "
+                "such as model.npz.")
+        if not os.access(directory, os.W_OK):
+            raise PermissionError(
+                f"Cannot save the checkpoint {path!r}: the directory {directory!r} is not "
+                "writable.")
     arrays = {key: np.asarray(variable.numpy()).reshape(shape)
               for key, variable, shape in _model_variables(model)}
-    path = os.fspath(path)
     temporary = f"{path}.partial-{os.getpid()}"
     try:
         buffer = io.BytesIO()  # zip needs a seekable file; GFile writers are not

@@ -5,9 +5,12 @@
                                    representative_data=images)
 
 The SavedModel carries its own preprocessing (decode, RGB, resize, scale to [-1, 1]) so clients
-send image files or raw pixels; it loads with TensorFlow alone, without keras_vit. Both writers
-build the result under a temporary name and rename it into place, so an interrupted export never
-leaves a half-written version or file where a server or app would find it.
+send image files or raw pixels; it loads with TensorFlow alone, without keras_vit. A request that
+breaks the signature's contract (see `export_saved_model`) is refused with INVALID_ARGUMENT by
+checks inside the graph. Both writers build the result under a temporary name and rename it into
+place, so an interrupted export never leaves a half-written version or file where a server or
+app would find it. Arguments are checked (ValueError or TypeError naming the argument) before
+any tracing or conversion.
 """
 
 import os
@@ -27,6 +30,68 @@ def _image_size(model):
     return shape[1], shape[2]
 
 
+def _check_model(model):
+    import keras
+
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"model must be a keras.Model (as keras_vit builds), got "
+                        f"{type(model).__name__} {str(model)[:80]!r}; the model comes first, "
+                        "then the path.")
+    return _image_size(model)
+
+
+def _path_text(path, argument):
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{argument} must be a path (str or os.PathLike), got "
+                        f"{type(path).__name__}.")
+    path = os.fspath(path)
+    if not path:
+        raise ValueError(f"{argument} is empty; pass a path.")
+    return path
+
+
+def _nearest_existing(path):
+    """`path` or its nearest existing ancestor; None when none exists (below a URL's root)."""
+    import tensorflow as tf
+
+    while True:
+        if tf.io.gfile.exists(path):
+            return path
+        parent = os.path.dirname(path.rstrip("/"))
+        if not parent or parent == path or parent.endswith(":") or parent.endswith(":/"):
+            return None
+        path = parent
+
+
+def check_directory(path, argument="base_dir"):
+    """Raises ValueError unless `path` is a directory or can be made one: neither it nor an
+    ancestor is a file. Fast: call it before slow work. Returns the path as a str."""
+    import tensorflow as tf
+
+    path = _path_text(path, argument)
+    existing = _nearest_existing(path)
+    if existing is not None and not tf.io.gfile.isdir(existing):
+        where = "is a file" if existing == path else f"is below {existing}, which is a file"
+        raise ValueError(f"{argument}={path} {where}, not a directory. Pass a directory "
+                         "(it is created if missing), or move the file away.")
+    return path
+
+
+def _check_file_path(path, argument="path"):
+    """Raises ValueError unless a file can be written at `path` (not a directory, no file
+    where a directory has to be)."""
+    import tensorflow as tf
+
+    path = _path_text(path, argument)
+    if tf.io.gfile.isdir(path):
+        raise ValueError(f"{argument}={path} is a directory; pass the path of the file to "
+                         "write, e.g. <directory>/model.tflite.")
+    directory = os.path.dirname(path)
+    if directory:
+        check_directory(directory, f"the directory of {argument}")
+    return path
+
+
 def next_version(base_dir):
     """The next free integer version under `base_dir` (1 for a new or empty one)."""
     import tensorflow as tf
@@ -36,6 +101,64 @@ def next_version(base_dir):
     versions = [int(name.rstrip("/")) for name in tf.io.gfile.listdir(base_dir)
                 if name.rstrip("/").isdigit()]
     return max(versions, default=0) + 1
+
+
+def _checked_images(images):
+    """`images` once they are what `serving_images` takes, else an INVALID_ARGUMENT error (what
+    TF Serving answers for a failed `tf.debugging` assertion) that says what was wrong.
+
+    The checks run inside the graph, on what the server was fed: TF Serving does not hold a
+    request to the signature's shape, so a batch of 6-channel images or one image without its
+    batch axis would otherwise reach the model (6 channels even give answers, as a grouped
+    convolution). NaN, infinite and out-of-range pixels (images scaled to [-1, 1], 16-bit
+    values) would give confident answers on garbage.
+    """
+    import tensorflow as tf
+
+    shape = tf.shape(images)
+    channels = tf.debugging.Assert(
+        tf.reduce_all(tf.equal(shape[-1:], 3)),
+        ["serving_images takes RGB images, float32 [N, H, W, 3] with 3 channels; got shape",
+         shape], summarize=8, name="check_channels")
+    with tf.control_dependencies([channels]):
+        # Rank 4 and 3 channels; survives the optimizer, unlike a check on tf.rank (folded to
+        # the signature's static rank).
+        images = tf.ensure_shape(images, [None, None, None, 3], name="check_shape")
+    shape = tf.shape(images)
+    nonempty = tf.debugging.Assert(
+        tf.reduce_min(shape[:3]) > 0,
+        ["serving_images got no pixels: send at least one image of at least 1x1 pixels, "
+         "float32 [N, H, W, 3]; got shape", shape], summarize=8, name="check_empty")
+    with tf.control_dependencies([nonempty]):
+        # Three reductions (a few ms for 32 images of 224x224, against hundreds for the model);
+        # tf.debugging.assert_all_finite costs several times more. NaN always survives a sum,
+        # infinities are the minimum or maximum.
+        low, high = tf.reduce_min(images), tf.reduce_max(images)
+        has_nan = tf.math.is_nan(tf.reduce_sum(images))
+    finite = tf.debugging.Assert(
+        tf.logical_not(has_nan) & tf.math.is_finite(low) & tf.math.is_finite(high),
+        ["serving_images takes pixels in 0..255, but some are NaN or infinite; got min", low,
+         "max", high], name="check_finite")
+    with tf.control_dependencies([finite]):
+        in_range = tf.debugging.Assert(
+            tf.logical_and(low >= 0.0, high <= 255.0),
+            ["serving_images takes pixels in 0..255 (not scaled to [0, 1] or [-1, 1], not "
+             "16-bit; clip values that resizing took past the ends); got min", low, "max", high],
+            name="check_range")
+    with tf.control_dependencies([in_range]):
+        return tf.identity(images)
+
+
+def _checked_bytes(image_bytes):
+    import tensorflow as tf
+
+    image_bytes = tf.ensure_shape(image_bytes, [None], name="check_shape")
+    nonempty = tf.debugging.Assert(
+        tf.size(image_bytes) > 0,
+        ["serving_default got no images: send at least one encoded image in image_bytes"],
+        name="check_empty")
+    with tf.control_dependencies([nonempty]):
+        return tf.identity(image_bytes)
 
 
 def _serving_functions(model, class_names, top_k):
@@ -64,12 +187,13 @@ def _serving_functions(model, class_names, top_k):
         return tf.image.resize(tf.cast(image, tf.float32), (height, width), method="bilinear")
 
     def serve_bytes(image_bytes):
-        pixels = tf.map_fn(decode, image_bytes,
+        # Decoded pixels are RGB in 0..255 by construction: only the request itself is checked.
+        pixels = tf.map_fn(decode, _checked_bytes(image_bytes),
                            fn_output_signature=tf.TensorSpec((height, width, 3), tf.float32))
         return predict(pixels)
 
     def serve_images(images):
-        return predict(images)
+        return predict(_checked_images(images))
 
     return serve_bytes, serve_images
 
@@ -83,6 +207,11 @@ def export_saved_model(model, base_dir, class_names=None, version=None, top_k=DE
     Outputs: `logits`, `probabilities`, `top_k_indices`, `top_k_probabilities` and, with
     `class_names`, `top_k_names`.
 
+    A request is an INVALID_ARGUMENT error, with a message that says why, when it holds no
+    images, or (`serving_images`) when it is not rank 4, has other than 3 channels, an image of
+    zero height or width, NaN or infinite pixels, or pixels outside 0..255 (e.g. scaled to
+    [-1, 1] or 16-bit); `serving_default` refuses files that do not decode.
+
     Args:
         model: a Keras model of images scaled to [-1, 1] (as `keras_vit` builds).
         base_dir: the model's base directory, as TF Serving's `--model_base_path`.
@@ -93,9 +222,28 @@ def export_saved_model(model, base_dir, class_names=None, version=None, top_k=DE
     import keras
     import tensorflow as tf
 
-    if class_names is not None and len(class_names) != model.output_shape[-1]:
-        raise ValueError(f"{len(class_names)} class names for a model with "
-                         f"{model.output_shape[-1]} outputs.")
+    _check_model(model)
+    base_dir = check_directory(base_dir, "base_dir")
+    outputs = model.output_shape[-1]
+    if class_names is not None:
+        if isinstance(class_names, (str, bytes)) or not hasattr(class_names, "__len__"):
+            raise TypeError(f"class_names must be a list of {outputs} names in label order, "
+                            f"got {type(class_names).__name__} {str(class_names)[:60]!r}.")
+        class_names = list(class_names)
+        if len(class_names) != outputs:
+            raise ValueError(f"{len(class_names)} class names for a model with {outputs} "
+                             "outputs; class_names must name every class, in label order.")
+        wrong = [name for name in class_names if not isinstance(name, (str, bytes))]
+        if wrong:
+            raise TypeError(f"class_names must be strings, got {wrong[:3]!r}.")
+    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1:
+        raise ValueError(f"top_k must be a positive integer, got {top_k!r}.")
+    if version is not None:
+        if isinstance(version, bool) or not (
+                isinstance(version, (int, np.integer))
+                or (isinstance(version, str) and version.isdigit())) or int(version) < 0:
+            raise ValueError(f"version must be a non-negative integer (TF Serving's version "
+                             f"directory), got {version!r}; leave it out for the next free one.")
     version = next_version(base_dir) if version is None else int(version)
     final = os.path.join(base_dir, str(version))
     if tf.io.gfile.exists(final):
@@ -168,19 +316,21 @@ def tflite_bytes(model, quantization="none", representative_data=None):
         quantization: "none" (float32), "float16" (weights), "dynamic" (int8 weights, float
             activations) or "int8" (weights and activations; needs `representative_data`).
         representative_data: for "int8", images [N, H, W, 3] in 0..255 (a few hundred),
-            as an array or an iterable of arrays.
+            as an array or an iterable of arrays; checked before the conversion (shape, finite,
+            0..255, not all in 0..1).
     """
     import tensorflow as tf
 
-    if quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}.")
-    if quantization == "int8" and representative_data is None:
-        raise ValueError('quantization="int8" needs representative_data: a few hundred '
-                         "images [N, H, W, 3] in 0..255 like the ones the model will see.")
-    model = float32_copy(model)
+    check_quantization(quantization)
+    image_size = _check_model(model)
     samples = None
     if quantization == "int8":
-        samples = _representative_samples(representative_data, _image_size(model))
+        if representative_data is None:
+            raise ValueError('quantization="int8" needs representative_data: a few hundred '
+                             "images [N, H, W, 3] in 0..255 like the ones the model will see "
+                             '(or choose quantization="dynamic", which needs none).')
+        samples = _representative_samples(representative_data, image_size)
+    model = float32_copy(model)
     # Through a SavedModel of the frozen function: the TFLite file keeps the signature
     # (input `images`, output `logits`) that LiteRT's signature runners use.
     module = tf.Module()
@@ -205,16 +355,75 @@ def tflite_bytes(model, quantization="none", representative_data=None):
             ) from error
 
 
+ALIASES = {"float32": "none", "fp32": "none", "fp16": "float16", "dynamic_range": "dynamic",
+           "full_integer": "int8"}
+
+
+def check_quantization(quantization):
+    """Raises ValueError unless `quantization` is one of QUANTIZATIONS."""
+    if quantization in QUANTIZATIONS and isinstance(quantization, str):
+        return quantization
+    hint = ""
+    if isinstance(quantization, str):
+        meant = ALIASES.get(quantization.lower(), quantization.lower())
+        if meant in QUANTIZATIONS:
+            hint = f' (for {quantization!r} pass "{meant}")'
+    raise ValueError(f"quantization must be one of {', '.join(map(repr, QUANTIZATIONS))}, "
+                     f"got {quantization!r}{hint}.")
+
+
 def _representative_samples(representative_data, image_size):
-    """A generator function of single images [1, H, W, 3] for int8 calibration."""
+    """A generator function of single images [1, H, W, 3] for int8 calibration, once the data
+    are checked (what converter.convert() would otherwise take minutes to misuse): batches of
+    the model's size, finite pixels in 0..255 (the TFLite model's input, not scaled ones)."""
     height, width = image_size
-    batches = [np.asarray(batch, np.float32) for batch in (
-        [representative_data] if isinstance(representative_data, np.ndarray)
-        else representative_data)]
-    for batch in batches:
+    expected = f"images [N, {height}, {width}, 3] in 0..255"
+    if isinstance(representative_data, (str, bytes, os.PathLike, dict)):
+        raise TypeError(f"representative_data must be {expected} (an array, or an iterable of "
+                        f"such batches), got {type(representative_data).__name__}; load the "
+                        "images first.")
+    if isinstance(representative_data, np.ndarray) or hasattr(representative_data, "numpy"):
+        items = [representative_data]  # one array (or tensor)
+    else:
+        try:
+            items = list(representative_data)
+        except TypeError:
+            raise TypeError(f"representative_data must be {expected} (an array, or an iterable "
+                            f"of such batches), got {type(representative_data).__name__}."
+                            ) from None
+    batches = []
+    for index, item in enumerate(items):
+        where = "representative_data" if len(items) == 1 else f"representative_data[{index}]"
+        batch = np.asarray(item)
+        if batch.dtype.kind not in "biuf":
+            raise TypeError(f"{where} must hold numbers ({expected}), got dtype {batch.dtype}.")
+        if batch.ndim == 3 and batch.shape == (height, width, 3):
+            raise ValueError(f"{where} is one image {batch.shape}; representative_data must be "
+                             f"batches {expected}: stack the images (np.stack) into one array.")
         if batch.ndim != 4 or batch.shape[1:] != (height, width, 3):
-            raise ValueError(f"representative_data must be images [N, {height}, {width}, 3], "
-                             f"got shape {batch.shape}.")
+            raise ValueError(f"{where} must be {expected} (the model's size), got shape "
+                             f"{batch.shape}; resize the images to {height}x{width} RGB.")
+        batch = batch.astype(np.float32)
+        if batch.size == 0:
+            continue
+        bad = np.size(batch) - np.count_nonzero(np.isfinite(batch))
+        if bad:
+            raise ValueError(f"{where} holds {bad} NaN or infinite values; calibration needs "
+                             f"real {expected}.")
+        low, high = float(batch.min()), float(batch.max())
+        if low < 0 or high > 255:
+            fix = ("pass the pixels before scaling (for [-1, 1]: x * 127.5 + 127.5)" if low < 0
+                   else "convert 16-bit images to 8-bit (x / 257)" if high <= 65535
+                   else "pass 8-bit pixel values")
+            raise ValueError(f"{where} must be pixels in 0..255 (what the TFLite model takes; it "
+                             f"scales them itself), got values from {low:g} to {high:g}: {fix}.")
+        batches.append(batch)
+    if not batches:
+        raise ValueError(f"representative_data holds no images; int8 calibration needs "
+                         f"{expected}, a few hundred like the ones the model will see.")
+    if max(float(batch.max()) for batch in batches) <= 1.0:
+        raise ValueError("representative_data is in 0..1, which looks like images scaled to "
+                         "[0, 1]; the TFLite model takes pixels in 0..255: multiply by 255.")
 
     def samples():
         for batch in batches:
@@ -229,6 +438,8 @@ def export_tflite(model, path, quantization="none", representative_data=None):
     returns its size in bytes."""
     import tensorflow as tf
 
+    _check_model(model)  # arguments first: the conversion takes a while
+    path = _check_file_path(path, "path")
     content = tflite_bytes(model, quantization, representative_data)
     directory = os.path.dirname(path)
     if directory:

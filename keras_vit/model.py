@@ -5,36 +5,61 @@ The model is a plain chain of named layers, in the order of the original:
 encoder_norm -> pool -> [pre_logits] -> head.
 """
 
+import numbers
+import os
+
 import keras
+from keras import ops
 
 from keras_vit import checkpoint, pretrained, resnet
 from keras_vit import layers as vit_layers
-from keras_vit.variants import parse_variant
+from keras_vit.variants import (
+    _describe,
+    check_bool,
+    check_choice,
+    check_int,
+    check_rate,
+    parse_variant,
+)
 
 CLASSIFIERS = ("token", "gap")
 _OVERRIDABLE = ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers")
 
 
 def _image_size_pair(image_size):
-    if isinstance(image_size, int):
+    """`image_size` as `(height, width)` of Python ints: an int (also a numpy integer) or a
+    sequence of two (a tuple, a list, a numpy array)."""
+    valid = "a positive integer or (height, width) of two positive integers"
+    if isinstance(image_size, numbers.Integral) and not isinstance(image_size, bool):
         image_size = (image_size, image_size)
-    if (len(image_size) != 2 or not all(isinstance(s, int) and s > 0 for s in image_size)):
-        raise ValueError(f"image_size must be a positive int or (height, width), got {image_size!r}.")
-    return tuple(image_size)
+    elif isinstance(image_size, (str, bytes)) or not hasattr(image_size, "__len__"):
+        raise TypeError(f"image_size must be {valid}, got {_describe(image_size)}.")
+    if len(image_size) != 2:
+        raise ValueError(f"image_size must be {valid}, got {image_size!r}.")
+    pair = []
+    for side, value in zip(("height", "width"), image_size):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"image_size must be {valid}; its {side} is {_describe(value)} "
+                            f"in {image_size!r}.")
+        if value <= 0:
+            raise ValueError(f"image_size must be {valid}; its {side} is {value!r} in "
+                             f"{image_size!r}.")
+        pair.append(int(value))
+    return tuple(pair)
 
 
-def _check_config(config, image_size, classifier, representation_size):
-    if classifier not in CLASSIFIERS:
-        raise ValueError(f"classifier must be one of {CLASSIFIERS}, got {classifier!r}.")
+def _check_config(config, image_size, position_embedding):
     for field in _OVERRIDABLE:
-        value = getattr(config, field)
-        if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{field} must be a positive integer, got {value!r}.")
+        check_int(field, getattr(config, field))
     if config.hidden_size % config.num_heads:
         raise ValueError(
             f"hidden_size {config.hidden_size} is not divisible by num_heads "
             f"{config.num_heads}; choose num_heads among the divisors of {config.hidden_size}."
         )
+    if position_embedding == "learned_2d" and config.hidden_size % 2:
+        raise ValueError(
+            f"position_embedding='learned_2d' needs an even hidden_size (half for rows, half "
+            f"for columns), got hidden_size={config.hidden_size}.")
     stride = config.total_stride
     for side, value in zip(("height", "width"), image_size):
         if value % stride:
@@ -45,14 +70,95 @@ def _check_config(config, image_size, classifier, representation_size):
                 + (f" on a ResNet of stride {config.resnet_stride}" if config.is_hybrid else "")
                 + f"); use a multiple of {stride} such as {nearest}."
             )
-    if representation_size is not None and representation_size <= 0:
-        raise ValueError(f"representation_size must be positive or None, got {representation_size}.")
+
+
+def _check_weights(weights):
+    if weights is not None and not isinstance(weights, (str, os.PathLike)):
+        raise TypeError(
+            "weights must be None, a published name (one of "
+            f"{sorted(pretrained.PUBLISHED)}), a file path, a URL or a gs:// path, "
+            f"got {_describe(weights)}.")
+
+
+def _dtype_policy(dtype):
+    try:
+        return keras.dtype_policies.get(dtype or keras.config.dtype_policy())
+    except (ValueError, TypeError) as error:
+        raise ValueError(
+            f"dtype must be None or a Keras dtype policy such as 'float32', 'bfloat16' or "
+            f"'mixed_bfloat16', got {dtype!r} ({error}).") from error
 
 
 def _head_dtype(policy):
     """The head runs in float32 under mixed policies so that outputs are float32."""
     policy = keras.dtype_policies.get(policy)
     return "float32" if policy.compute_dtype != policy.variable_dtype else policy
+
+
+def _check_images(model, images):
+    """Refuses images whose dtype the model would silently misread, before any op runs.
+
+    Keras casts a functional model's inputs to the Input's float32 before any layer sees them,
+    so uint8 pixels 0..255 would run as floats 0..255 instead of [-1, 1] and give confident
+    wrong answers. Integer (and bool and string) images are therefore refused here, where the
+    caller's dtype is still visible. Float images are taken as they are: the model cannot tell
+    0..255 floats from [-1, 1] cheaply, so scaling them is the caller's precondition.
+    """
+    images = keras.tree.flatten(images)
+    if len(images) != 1 or not hasattr(images[0], "dtype"):
+        return  # nested Python lists and other structures: Keras' own conversion decides
+    try:
+        dtype = keras.backend.standardize_dtype(images[0].dtype)
+    except (ValueError, TypeError, AttributeError):
+        dtype = str(images[0].dtype)
+    if "float" in dtype:
+        return
+    advice = (" Scale uint8 pixels 0..255 with keras_vit.preprocess_inputs(images), which "
+              "returns float32 in [-1, 1]." if "int" in dtype else "")
+    raise TypeError(
+        f"Model {model.name!r} takes float images scaled to [-1, 1], got images of dtype "
+        f"{dtype}.{advice}")
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class ViTModel(keras.Model):
+    """The functional `keras.Model` that `vit()` returns, with input checks at the boundary.
+
+    - Images of an integer, bool or string dtype raise a `TypeError` that points at
+      `keras_vit.preprocess_inputs` (Keras would silently cast uint8 pixels 0..255 to float
+      and the model would run on an input range it was never trained for). Float images must
+      be scaled to [-1, 1]; the model cannot tell 0..255 floats apart cheaply and does not try.
+    - A batch of 0 images returns an empty `[0, ...]` output (of the model's output shape and
+      dtype) from a direct call and from `predict`, without running the layers (TensorFlow's
+      CPU convolution mishandles an empty batch).
+
+    The checks are Python checks on static dtypes and shapes: they cost nothing per step once
+    traced. Everything else is a plain functional model (`.keras` saving, `clone_model`,
+    `keras.Model` APIs).
+    """
+
+    def _empty_output(self, images):
+        batch = getattr(images, "shape", None)
+        if batch is None or len(batch) == 0 or batch[0] != 0:
+            return None
+        output = self.outputs[0]
+        return ops.zeros((0,) + tuple(output.shape[1:]), dtype=output.dtype)
+
+    def call(self, inputs, training=None, mask=None, **kwargs):
+        _check_images(self, inputs)
+        flat = keras.tree.flatten(inputs)
+        empty = self._empty_output(flat[0]) if len(flat) == 1 else None
+        if empty is not None:
+            return empty
+        return super().call(inputs, training=training, mask=mask, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        if hasattr(x, "shape") and hasattr(x, "dtype"):
+            _check_images(self, x)
+            empty = self._empty_output(x)
+            if empty is not None:  # Keras' predict loop fails on 0 samples
+                return keras.ops.convert_to_numpy(empty)
+        return super().predict(x, *args, **kwargs)
 
 
 def vit(
@@ -113,18 +219,29 @@ def vit(
             f"vit() got unexpected arguments {sorted(unknown)}; the variant fields that can be "
             f"overridden are {list(_OVERRIDABLE)}."
         )
+    # Every argument is checked here, before any TensorFlow op runs.
+    overrides = {field: check_int(field, value) for field, value in overrides.items()}
     if overrides:
         config = config.__class__(**{**config.__dict__, **overrides})
     image_size = _image_size_pair(image_size)
-    _check_config(config, image_size, classifier, representation_size)
-    if position_embedding not in vit_layers.POSITION_EMBEDDINGS:
-        raise ValueError(
-            f"position_embedding must be one of {vit_layers.POSITION_EMBEDDINGS}, "
-            f"got {position_embedding!r}."
-        )
+    num_classes = check_int("num_classes", num_classes)
+    include_top = check_bool("include_top", include_top)
+    classifier = check_choice("classifier", classifier, CLASSIFIERS)
+    representation_size = check_int("representation_size", representation_size,
+                                    allow_none=True)
+    dropout = check_rate("dropout", dropout, allow_none=True)
+    attention_dropout = check_rate("attention_dropout", attention_dropout)
+    drop_path_rate = check_rate("drop_path_rate", drop_path_rate)
+    position_embedding = check_choice("position_embedding", position_embedding,
+                                      vit_layers.POSITION_EMBEDDINGS)
+    approximate_gelu = check_bool("approximate_gelu", approximate_gelu)
+    _check_weights(weights)
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be None or a string, got {_describe(name)}.")
+    _check_config(config, image_size, position_embedding)
     if dropout is None:
         dropout = config.dropout
-    policy = keras.dtype_policies.get(dtype or keras.config.dtype_policy())
+    policy = _dtype_policy(dtype)
 
     images = keras.Input(shape=image_size + (3,), name="images")
     x = images
@@ -159,7 +276,7 @@ def vit(
                                dtype=head_dtype)(x)
     if name is None:
         name = "vit_" + config.name.lower().replace("/", "").replace("+", "_")
-    model = keras.Model(images, x, name=name)
+    model = ViTModel(images, x, name=name)
     if weights is not None:
         checkpoint.load_npz(model, pretrained.resolve_weights(weights, config.name))
     return model
@@ -177,6 +294,7 @@ class _AttentionModel(keras.Model):
             raise ValueError(f"Model {model.name!r} has no EncoderBlock layers.")
 
     def call(self, images):
+        _check_images(self.vit_model, images)
         x, weights = images, []
         for layer in self.vit_model.layers:
             if isinstance(layer, keras.layers.InputLayer):

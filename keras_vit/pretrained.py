@@ -64,6 +64,10 @@ def resolve_weights(weights, variant, cache_dir=None):
     """
     import keras
 
+    if not isinstance(weights, (str, os.PathLike)):
+        raise TypeError(
+            f"weights must be a published name (one of {sorted(PUBLISHED)}), a file path, a "
+            f"URL or a gs:// path, got {weights!r} ({type(weights).__name__}).")
     weights = os.fspath(weights)
     file_hash = None
     if weights.startswith("gs://") or os.path.exists(weights):
@@ -82,6 +86,13 @@ def resolve_weights(weights, variant, cache_dir=None):
     # Keras reads KERAS_HOME once at import; read it now so a later setting counts.
     cache_dir = cache_dir or os.environ.get("KERAS_HOME")
     fname = (relative or weights.rstrip("/").rsplit("/", 1)[-1]).replace("/", "--")
-    return keras.utils.get_file(fname=fname, origin=weights, file_hash=file_hash,
-                                cache_subdir=os.path.join("models", "keras_vit"),
-                                cache_dir=cache_dir)
+    try:
+        return keras.utils.get_file(fname=fname, origin=weights, file_hash=file_hash,
+                                    cache_subdir=os.path.join("models", "keras_vit"),
+                                    cache_dir=cache_dir)
+    except Exception as error:  # get_file raises a bare Exception for network failures
+        from keras_vit.checkpoint import CheckpointError
+
+        raise CheckpointError(
+            f"The checkpoint {weights!r} could not be downloaded ({error}). Check the URL and "
+            "the network, or pass a local path.") from error

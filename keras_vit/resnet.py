@@ -76,7 +76,14 @@ class ResNetStem(keras.layers.Layer):
                 f"got shape {tuple(images.shape)}."
             )
         x = ops.relu(self.gn_root(self.conv_root(images)))
-        return ops.max_pool(x, pool_size=3, strides=2, padding="same")
+        x = ops.max_pool(x, pool_size=3, strides=2, padding="same")
+        # Max-pooling skips NaN (TensorFlow's kernel takes the max of the other values, and
+        # -FLT_MAX when all are NaN), so a NaN image would leave the stem finite and get
+        # finite logits. Keep NaN: images with a non-finite pixel give NaN features. One
+        # reduction over the pixels and a select on the 4x smaller feature map: negligible
+        # next to the 7x7 convolution.
+        finite = ops.all(ops.isfinite(images), axis=(1, 2, 3), keepdims=True)
+        return ops.where(finite, x, ops.cast(float("nan"), x.dtype))
 
     def compute_output_shape(self, input_shape):
         return _strided_shape(input_shape, 4, self.width)

@@ -5,6 +5,7 @@ a ResNet from `RESNET_STAGES`. `vit()` decodes a name into one `VariantConfig`.
 """
 
 import dataclasses
+import numbers
 import re
 
 # name: (hidden_size, mlp_dim, num_heads, num_layers)
@@ -90,10 +91,68 @@ class VariantConfig:
         return self.resnet_stride * self.patch_size
 
 
+def _describe(value):
+    """`224.0 (float)`: the value and its type, for error messages."""
+    return f"{value!r} ({type(value).__name__})"
+
+
+def check_int(name, value, minimum=1, allow_none=False):
+    """Returns `value` as a Python int after checking it is an integer >= `minimum`.
+
+    Accepts Python and numpy integers (`np.int64(224)`); refuses bools, floats (also `224.0`)
+    and strings with a `TypeError`, and values below `minimum` with a `ValueError`, each naming
+    the argument and the value.
+    """
+    if value is None and allow_none:
+        return None
+    what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+    if allow_none:
+        what += " or None"
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be {what}, got {_describe(value)}.")
+    if value < minimum:
+        raise ValueError(f"{name} must be {what}, got {value!r}.")
+    return int(value)
+
+
+def check_rate(name, value, allow_none=False):
+    """Returns `value` as a float after checking it is a real number in [0, 1)."""
+    if value is None and allow_none:
+        return None
+    what = "a rate in [0, 1)" + (" or None" if allow_none else "")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {what}, got {_describe(value)}.")
+    if not 0.0 <= value < 1.0:  # also refuses NaN
+        raise ValueError(f"{name} must be {what}, got {value!r}.")
+    return float(value)
+
+
+def check_choice(name, value, choices):
+    """Returns `value` after checking it is one of the strings `choices`."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {tuple(choices)}, got {_describe(value)}.")
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}.")
+    return value
+
+
+def check_bool(name, value):
+    """Returns `value` as a bool after checking it is a Python or numpy bool."""
+    if type(value).__name__ not in ("bool", "bool_"):
+        raise TypeError(f"{name} must be True or False, got {_describe(value)}.")
+    return bool(value)
+
+
 def parse_variant(name):
-    """Returns the `VariantConfig` of a name such as "B/16" or "R50+B/16"."""
+    """Returns the `VariantConfig` of a name such as "B/16" or "R50+B/16".
+
+    Raises a `TypeError` for a non-string and a `ValueError` for an unknown name; both list
+    the valid names.
+    """
     if not isinstance(name, str):
-        raise TypeError(f"variant must be a string such as 'B/16', got {name!r}")
+        raise TypeError(
+            f"variant must be a string such as 'B/16', got {_describe(name)}. "
+            f"Valid names: {', '.join(VARIANT_NAMES)}.")
     match = _NAME_PATTERN.match(name.strip())
     if match is None or name.strip() not in VARIANT_NAMES:
         raise ValueError(

@@ -19,9 +19,12 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from train import cli, config_checks
+
 config_flags.DEFINE_config_file("config", None, "Config file (file.py[:arg]); default: the "
                                 "workdir's config.json. Names the dataset, and the model and "
                                 "weights when there is no --workdir.", lock_config=True)
+config_checks.install_config_parser(flags.FLAGS["config"])
 flags.DEFINE_string("workdir", None, "Training workdir holding export/model.keras.")
 flags.DEFINE_string("out", None, "Folder (local or gs://) for the PNG files and analysis.json.")
 flags.DEFINE_list("images", [], "Image files (PNG/JPEG/GIF/BMP) for the attention maps; "
@@ -43,14 +46,22 @@ def load_config(workdir):
     import ml_collections
     import tensorflow as tf
 
-    if FLAGS.config is not None:
-        return FLAGS.config
-    path = os.path.join(workdir or "", "config.json")
-    if not workdir or not tf.io.gfile.exists(path):
-        raise app.UsageError("Give --config=FILE (or a --workdir with a config.json): it names "
-                             "the dataset, and the model and weights without --workdir.")
-    with tf.io.gfile.GFile(path) as handle:
-        return ml_collections.ConfigDict(json.load(handle))
+    config = config_checks.loaded_config(FLAGS)
+    if config is None:
+        path = os.path.join(workdir or "", "config.json")
+        if not workdir or not tf.io.gfile.exists(path):
+            raise app.UsageError("Give --config=FILE (or a --workdir with a config.json): it "
+                                 "names the dataset, and the model and weights without "
+                                 "--workdir.")
+        with tf.io.gfile.GFile(path) as handle:
+            try:
+                config = ml_collections.ConfigDict(json.load(handle))
+            except json.JSONDecodeError as error:
+                raise app.UsageError(f"{path} is not valid JSON ({error}); give --config=FILE "
+                                     "instead.") from None
+    # Only what the analysis reads: the model, its weights and the dataset.
+    config_checks.check(config, fields=config_checks.ANALYZE_FIELDS)
+    return config
 
 
 def load_model(config, workdir):
@@ -155,6 +166,15 @@ def _write_json(path, values):
 
 def check_flags():
     """Rejects bad flag values before any slow work; returns the few-shot k values."""
+    if FLAGS.workdir and "://" not in FLAGS.workdir and not os.path.isdir(FLAGS.workdir):
+        what = "is not a folder" if os.path.exists(FLAGS.workdir) else "does not exist"
+        raise app.UsageError(f"--workdir={FLAGS.workdir} {what}: give the --workdir of a "
+                             "training run (it holds export/model.keras).")
+    for path in FLAGS.images:
+        if "://" not in path and not os.path.isfile(path):
+            what = "is not a file" if os.path.exists(path) else "does not exist"
+            raise app.UsageError(f"--images: {path} {what}.")
+    config_checks.check_output_folder(FLAGS.out, "out")
     for name in ("num_images", "distance_images", "filters", "draws", "few_shot_train",
                  "few_shot_test"):
         if FLAGS[name].value < 1:
@@ -187,7 +207,7 @@ def main(argv):
     model, class_names = load_model(config, FLAGS.workdir)
     layout = analysis.token_layout(model)
     size = layout.image_size
-    builder = input_pipeline.get_builder(config)
+    builder = input_pipeline.get_builder(config, for_training=False)
     if class_names is None and "label" in builder.info.features:
         class_names = builder.info.features["label"].names
     out = FLAGS.out
@@ -285,4 +305,4 @@ def _name(class_names, index):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

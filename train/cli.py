@@ -37,7 +37,7 @@ def _parse_flags(argv):
     try:
         return flags.FLAGS(argv)
     except flags.Error as error:
-        fail(f"{error}. Run with --helpshort to see the flags.")
+        fail(f"{str(error).rstrip('.')}. Run with --helpshort to see the flags.")
     except (AttributeError, KeyError, *USER_ERRORS) as error:  # --config.<misspelt>=...
         if "--verbose" in argv:
             traceback.print_exc()

@@ -5,14 +5,18 @@
 
 Reads `workdir/export/model.keras` (written at the end of training, loaded in safe mode), the
 class names beside it and the run's `config.json`; int8 TFLite calibrates on eval images.
+
+A user's error (bad flag, missing workdir, damaged model file, unwritable export directory)
+ends with one "Error: ..." paragraph and exit status 1 (`--verbose` shows the traceback); every
+flag is checked before the model is loaded.
 """
 
-import json
 import os
+import sys
 
 from absl import app, flags
 
-from train import exporting
+from train import cli, exporting
 
 flags.DEFINE_string("workdir", None, "Training workdir holding export/model.keras.")
 flags.DEFINE_string("export_dir", None, "SavedModel base directory (default workdir/export/"
@@ -22,40 +26,68 @@ flags.DEFINE_string("tflite", "none", "TFLite files to write into workdir/export
 flags.DEFINE_integer("calibration_images", 200, "Eval images used to calibrate int8.")
 
 
+def _file_system_error(error):
+    """Whether `error` is one of TensorFlow's file errors (tf.io.gfile raises these, not
+    OSError) for a path the user gave: missing, unreadable, unwritable, or a full disk."""
+    tf = sys.modules.get("tensorflow")  # not imported for a flag error: nothing to look up
+    return tf is not None and isinstance(error, (
+        tf.errors.NotFoundError, tf.errors.PermissionDeniedError,
+        tf.errors.FailedPreconditionError, tf.errors.AlreadyExistsError,
+        tf.errors.ResourceExhaustedError, tf.errors.UnauthenticatedError))
+
+
 def main(argv):
-    del argv
-    import keras
-    import ml_collections
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments {argv[1:]}: every option is a flag, "
+                             "e.g. --workdir=DIR (see --helpshort).")
+    try:
+        return export(flags.FLAGS)
+    except Exception as error:
+        if _file_system_error(error):  # reported as an OSError: one paragraph, no traceback
+            raise OSError(" ".join(str(error.message).split())) from error
+        raise
+
+
+def export(options):
+    # Every flag first, without importing TensorFlow (seconds): a wrong one is reported at once.
+    kinds = exporting.parse_tflite(options.tflite)
+    exporting.check_calibration_images(options.calibration_images)
+    workdir = exporting.check_workdir(options.workdir)
+    if options.export_dir is not None:
+        exporting.check_export_dir(options.export_dir, "--export_dir")
+    directory = os.path.join(workdir, "export")
+    model_path = os.path.join(directory, "model.keras")
+    if not exporting.path_exists(model_path):
+        raise app.UsageError(
+            f"No trained model at {model_path}: train first with python -m train.main "
+            f"--workdir={workdir} ... (a run that ended with --config.export=False writes it "
+            "when rerun with --config.export=True).")
+    config_path = os.path.join(workdir, "config.json")
+    config = None
+    if "int8" in kinds:
+        if not exporting.path_exists(config_path):
+            raise app.UsageError(f"int8 calibrates on the run's eval data, but {config_path} "
+                                 "is missing; choose other --tflite kinds.")
+        config = exporting.read_config(config_path)
+    exporting.check_model_file(model_path, workdir)
+
     import tensorflow as tf
 
     import keras_vit  # noqa: F401  (registers the layers for loading)
 
-    workdir = flags.FLAGS.workdir
-    directory = os.path.join(workdir, "export")
-    model_path = os.path.join(directory, "model.keras")
-    if not tf.io.gfile.exists(model_path):
-        raise app.UsageError(f"No trained model at {model_path}: train first with "
-                             f"python -m train.main --workdir={workdir} ...")
-    model = keras.models.load_model(model_path, safe_mode=True)
+    model = exporting.load_trained_model(model_path, workdir)
     names_path = os.path.join(directory, "class_names.txt")
     class_names = None
     if tf.io.gfile.exists(names_path):
         with tf.io.gfile.GFile(names_path) as handle:
             class_names = handle.read().splitlines()
-    kinds = exporting.parse_tflite(flags.FLAGS.tflite)
     representative = None
-    if "int8" in kinds:
-        config_path = os.path.join(workdir, "config.json")
-        if not tf.io.gfile.exists(config_path):
-            raise app.UsageError(f"int8 calibrates on the run's eval data, but {config_path} "
-                                 "is missing; choose other --tflite kinds.")
-        with tf.io.gfile.GFile(config_path) as handle:
-            config = ml_collections.ConfigDict(json.load(handle))
-        representative = exporting.calibration_images(config, flags.FLAGS.calibration_images)
+    if config is not None:
+        representative = exporting.calibration_images(config, options.calibration_images)
     exporting.export_model(model, directory, class_names, kinds, representative,
-                           export_dir=flags.FLAGS.export_dir)
+                           export_dir=options.export_dir)
 
 
 if __name__ == "__main__":
     flags.mark_flags_as_required(["workdir"])
-    app.run(main)
+    cli.run(main)

@@ -10,16 +10,160 @@ TFLITE_KINDS = {"float32": "none", "float16": "float16", "dynamic": "dynamic", "
 
 
 def parse_tflite(value):
+    """The TFLite kinds of a `--tflite` value ('none', 'all' or a comma list), in order, once
+    each; ValueError naming the unknown ones and the valid values."""
+    value = (value or "").strip()
     if value in ("", "none"):
         return []
     if value == "all":
         return list(TFLITE_KINDS)
-    kinds = [kind.strip() for kind in value.split(",")]
+    kinds = [kind.strip() for kind in value.split(",") if kind.strip()]
     unknown = [kind for kind in kinds if kind not in TFLITE_KINDS]
-    if unknown:
-        raise ValueError(f"Unknown --tflite kinds {unknown}; use 'all' or some of "
-                         f"{list(TFLITE_KINDS)}.")
-    return kinds
+    if unknown or not kinds:
+        hint = ""
+        if any(kind in ("none", "all") for kind in unknown):
+            hint = " ('none' and 'all' stand alone, not in a list)"
+        elif any(kind in ("int4", "uint8", "fp16", "fp32", "float") for kind in unknown):
+            hint = " (fp16 is float16, fp32 float32; there is no int4)"
+        raise ValueError(f"Unknown --tflite kind(s) {', '.join(map(repr, unknown))}{hint}: use "
+                         f"'none', 'all', or a comma list of {', '.join(TFLITE_KINDS)}, e.g. "
+                         "--tflite=float32,int8.")
+    return list(dict.fromkeys(kinds))  # once each, in the given order
+
+
+def check_calibration_images(count):
+    """Raises ValueError unless `count` (--calibration_images) is a positive number."""
+    if count is None or count < 1:
+        raise ValueError(f"--calibration_images must be at least 1, got {count}: int8 "
+                         "calibrates on that many eval images (a few hundred is typical; the "
+                         "default is 200).")
+    return count
+
+
+def _exists_and_isdir(path):
+    """(exists, is a directory) of a local path, or of a URL through tf.io.gfile (gs://...);
+    local paths need no TensorFlow import, so flag errors are reported at once."""
+    if "://" in path:
+        import tensorflow as tf
+
+        return tf.io.gfile.exists(path), tf.io.gfile.isdir(path)
+    return os.path.exists(path), os.path.isdir(path)
+
+
+def path_exists(path):
+    return _exists_and_isdir(path)[0]
+
+
+def read_config(path):
+    """The run's config.json as a ConfigDict (for int8 calibration's eval data)."""
+    import json
+
+    import ml_collections
+
+    if "://" in path:
+        import tensorflow as tf
+
+        opener = tf.io.gfile.GFile
+    else:
+        opener = open
+    with opener(path) as handle:
+        text = handle.read()
+    try:
+        return ml_collections.ConfigDict(json.loads(text))
+    except ValueError as error:
+        raise ValueError(f"{path} is not valid JSON ({error}); int8 calibration reads the "
+                         "eval data it names: restore it, or choose other --tflite kinds."
+                         ) from error
+
+
+def check_workdir(workdir):
+    """Raises ValueError unless `workdir` is an existing directory (of a training run)."""
+    if not workdir:
+        raise ValueError("--workdir is empty: pass the --workdir of a training run "
+                         "(python -m train.main --workdir=...).")
+    exists, isdir = _exists_and_isdir(workdir)
+    if not exists:
+        raise ValueError(f"--workdir={workdir} does not exist: pass the --workdir of a "
+                         "training run, or train first with python -m train.main "
+                         f"--workdir={workdir} ...")
+    if not isdir:
+        raise ValueError(f"--workdir={workdir} is a file, not a directory: pass the --workdir "
+                         "of a training run (it holds export/model.keras).")
+    return workdir
+
+
+def check_export_dir(path, flag="--export_dir"):
+    """Raises ValueError when `path`, or the nearest of its parents that exists, is a file:
+    the SavedModel's base directory could not be made there."""
+    if not path:
+        raise ValueError(f"{flag} is empty: pass a directory, or leave the flag out for "
+                         "workdir/export/saved_model.")
+    current = path
+    while True:
+        exists, isdir = _exists_and_isdir(current)
+        if exists:
+            break
+        parent = os.path.dirname(current.rstrip("/"))
+        if not parent or parent == current or parent.endswith((":", ":/")):
+            return path  # nothing of it exists yet (a new bucket path): created on export
+        current = parent
+    if not isdir:
+        where = "is a file" if current == path else f"is below {current}, which is a file"
+        raise ValueError(f"{flag}={path} {where}, not a directory: pass a directory for the "
+                         "SavedModel versions (it is created if missing), or move the file.")
+    return path
+
+
+def _rerun_hint(workdir):
+    return (f"Write it again by rerunning the training command with the same --config and "
+            f"--workdir={workdir} (and --config.export=True): it resumes from the last "
+            "checkpoint and exports the model.")
+
+
+def check_model_file(path, workdir):
+    """Raises ValueError unless `path` looks like a complete `.keras` file (a zip archive with
+    the model's config); says what is wrong and how to write it again. No TensorFlow import
+    for a local path."""
+    import zipfile
+
+    exists, isdir = _exists_and_isdir(path)
+    if isdir:
+        raise ValueError(f"{path} is a directory, not a .keras model file. "
+                         f"{_rerun_hint(workdir)}")
+    if "://" in path:
+        import tensorflow as tf
+
+        opener, size = tf.io.gfile.GFile, tf.io.gfile.stat(path).length
+    else:
+        opener, size = open, os.path.getsize(path)
+    try:
+        # A .keras file is a zip archive: a truncated or overwritten one has no central
+        # directory at its end (Keras' own message for this is "File not found").
+        with opener(path, "rb") as handle, zipfile.ZipFile(handle) as archive:
+            names = set(archive.namelist())
+    except (zipfile.BadZipFile, EOFError) as error:
+        raise ValueError(f"{path} is damaged ({size} bytes, not a complete .keras zip file: "
+                         "truncated, e.g. by an interrupted copy, or overwritten). "
+                         f"{_rerun_hint(workdir)}") from error
+    if "config.json" not in names:
+        raise ValueError(f"{path} is a zip file but not a Keras model (no config.json inside). "
+                         f"{_rerun_hint(workdir)}")
+    return path
+
+
+def load_trained_model(path, workdir):
+    """The model saved at the end of training (`workdir/export/model.keras`, safe mode), or a
+    ValueError that says what is wrong with the file and how to write it again."""
+    import keras
+
+    check_model_file(path, workdir)
+    try:
+        return keras.models.load_model(path, safe_mode=True)
+    except Exception as error:  # Keras raises many types for damaged or foreign content
+        first = " ".join(str(error).split())[:300]
+        raise ValueError(f"{path} could not be loaded as a keras_vit model "
+                         f"({type(error).__name__}: {first}). It is damaged or was written by "
+                         f"other code. {_rerun_hint(workdir)}") from error
 
 
 def remove_partial_files(directory):

@@ -17,6 +17,7 @@ does not decode) every record.
 
 import dataclasses
 import math
+import re
 
 import tensorflow as tf
 import tensorflow_datasets as tfds
@@ -36,26 +37,93 @@ class Datasets:
     eval_examples: int
 
 
-def get_builder(config):
-    """The TFDS builder (or ImageFolder) named by `config.dataset`, prepared if needed."""
+def get_builder(config, for_training=True):
+    """The TFDS builder (or ImageFolder) named by `config.dataset`, prepared if needed.
+
+    Raises ValueError, before any model is built, when the dataset or its splits (train and
+    eval) are missing or empty, when a folder dataset holds an unreadable image (named by
+    path), or, `for_training`, when the train split is smaller than one batch.
+    """
     name = config.dataset
     if name.startswith(FOLDER_PREFIX):
-        root = name[len(FOLDER_PREFIX):]
-        if not tf.io.gfile.isdir(root):
-            raise ValueError(f"dataset={name!r}: {root!r} is not a folder. A folder dataset is "
-                             "root/<split>/<class>/<image files>.")
-        return tfds.folder_dataset.ImageFolder(root)
-    if name == DEFAULT_DATASET:
-        from train import fashion_mnist  # noqa: F401  (registers the builder)
-    try:
-        builder = tfds.builder(name, data_dir=config.data_dir)
-    except tfds.core.registered.DatasetNotFoundError as error:
-        raise ValueError(
-            f"Unknown dataset {name!r}: use a TFDS name (e.g. cifar10, imagenet2012), "
-            f"'{FOLDER_PREFIX}/path/to/root' for a folder of images, or '{DEFAULT_DATASET}' "
-            "(offline Fashion-MNIST).") from error
-    builder.download_and_prepare()
+        builder = _folder_builder(name[len(FOLDER_PREFIX):], config)
+    else:
+        if name == DEFAULT_DATASET:
+            from train import fashion_mnist  # noqa: F401  (registers the builder)
+        try:
+            builder = tfds.builder(name, data_dir=config.data_dir)
+        except tfds.core.registered.DatasetNotFoundError as error:
+            raise ValueError(
+                f"Unknown dataset {name!r}: use a TFDS name (e.g. cifar10, imagenet2012), "
+                f"'{FOLDER_PREFIX}/path/to/root' for a folder of images, or "
+                f"'{DEFAULT_DATASET}' (offline Fashion-MNIST).") from error
+        builder.download_and_prepare()
+    check_splits(builder, config, for_training)
     return builder
+
+
+def _folder_builder(root, config):
+    if not tf.io.gfile.isdir(root):
+        raise ValueError(f"dataset={config.dataset!r}: {root!r} is not a folder. A folder "
+                         "dataset is root/<split>/<class>/<image files>.")
+    builder = tfds.folder_dataset.ImageFolder(root)
+    if not builder.info.splits:
+        raise ValueError(f"dataset={config.dataset!r}: {root} holds no images. A folder "
+                         "dataset is root/<split>/<class>/<image files> (.jpg, .jpeg, .png), "
+                         f"e.g. {root}/{config.train_split}/cat/1.jpg.")
+    check_image_files(sorted(example.image_path for examples in
+                             getattr(builder, "_split_examples", {}).values()
+                             for example in examples))
+    return builder
+
+
+def check_image_files(paths, threads=8):
+    """Decodes every file once; raises ValueError naming the files that are not readable
+    images (so that training does not stop on them hours later)."""
+    import concurrent.futures
+    import time
+
+    from absl import logging
+
+    def problem(path):
+        try:
+            decode_image(tf.io.read_file(path))
+        except (tf.errors.OpError, ValueError) as error:
+            message = getattr(error, "message", str(error)).splitlines()[0]
+            message = re.sub(r"\{\{.*?\}\}|\[Op:.*$", "", message).strip()
+            return f"{path} ({message})"
+        return None
+
+    start = time.time()
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        bad = [found for found in pool.map(problem, paths) if found]
+    logging.info("Checked %d image files in %.1f s.", len(paths), time.time() - start)
+    if bad:
+        shown = "; ".join(bad[:3]) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise ValueError(f"{len(bad)} of {len(paths)} image files cannot be decoded: {shown}. "
+                         "Remove or replace them (PNG or JPEG).")
+
+
+def check_splits(builder, config, for_training=True):
+    """Raises ValueError unless the train and eval splits exist and hold examples (and, for
+    training, at least one batch of train examples)."""
+    info = builder.info
+    sizes = {}
+    for field in ("train_split", "eval_split"):
+        split = config[field]
+        try:
+            sizes[field] = info.splits[split].num_examples  # also "train[:90%]" expressions
+        except (KeyError, ValueError, AssertionError) as error:
+            raise ValueError(f"config.{field}={split!r}: dataset {config.dataset!r} has no "
+                             f"such split; it has {sorted(info.splits)} (split expressions "
+                             "such as 'train[:90%]' work too).") from error
+        if not sizes[field]:
+            raise ValueError(f"config.{field}={split!r}: the split of dataset "
+                             f"{config.dataset!r} has no examples.")
+    if for_training and sizes["train_split"] < config.batch_size:
+        raise ValueError(f"config.batch_size={config.batch_size}: the train split "
+                         f"{config.train_split!r} has only {sizes['train_split']} examples, "
+                         "fewer than one batch; lower batch_size.")
 
 
 def read_encoded(builder, split, autocache=True):

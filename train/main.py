@@ -14,10 +14,12 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from train import cli
+from train import cli, config_checks
 
 config_flags.DEFINE_config_file("config", None, "Experiment config file (file.py[:arg]).",
                                 lock_config=True)
+# Missing files, syntax errors and bad file.py:arguments as one line (see config_checks).
+config_checks.install_config_parser(flags.FLAGS["config"])
 flags.DEFINE_string("workdir", None, "Directory (local or gs://) for checkpoints, logs, export.")
 flags.DEFINE_enum("strategy", "", ["", "tpu", "mirrored", "multi_worker", "one_device"],
                   "Distribution strategy; default: TPU if --tpu, else all GPUs, else CPU.")
@@ -27,9 +29,37 @@ flags.mark_flags_as_required(["config", "workdir"])
 FLAGS = flags.FLAGS
 
 
+def _is_chief_task():
+    """Whether this process writes into the workdir, from TF_CONFIG alone (no TensorFlow yet):
+    the chief task, else worker 0; always without a cluster."""
+    import json
+    import os
+
+    try:
+        spec = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    except json.JSONDecodeError as error:
+        raise app.UsageError(f"TF_CONFIG is not valid JSON: {error}.") from None
+    cluster, task = spec.get("cluster") or {}, spec.get("task") or {}
+    if not cluster or not task:
+        return True
+    if "chief" in cluster:
+        return task.get("type") == "chief"
+    return task.get("type") == "worker" and int(task.get("index", 0)) == 0
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    # Everything the user gave is checked before TensorFlow starts and any slow work.
+    config = config_checks.loaded_config(FLAGS)
+    config_checks.check(config)  # the replica count is checked again once it is known
+    if FLAGS.cpu_devices < 1:
+        raise app.UsageError(f"--cpu_devices={FLAGS.cpu_devices} must be at least 1.")
+    if FLAGS.tpu and FLAGS.strategy not in ("", "tpu"):
+        raise app.UsageError(f"--tpu={FLAGS.tpu} applies only to --strategy=tpu (or no "
+                             f"--strategy), not --strategy={FLAGS.strategy}.")
+    if _is_chief_task():  # the others write nothing into it
+        config_checks.check_output_folder(FLAGS.workdir, "workdir")
     from train import strategy as strategies  # after flags: TensorFlow starts here
 
     if FLAGS.cpu_devices > 1:
@@ -43,9 +73,9 @@ def main(argv):
 
     from train import checkpoints, preemption, trainer
 
-    logging.info("Config:\n%s", FLAGS.config)
+    logging.info("Config:\n%s", config)
     try:
-        trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir, strategy)
+        trainer.train_and_evaluate(config, FLAGS.workdir, strategy)
     except preemption.Stopped:
         sys.exit(preemption.RESUMABLE_EXIT_CODE)
     except (checkpoints.CheckpointWriteError, checkpoints.NoReadableCheckpointError) as error:

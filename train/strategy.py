@@ -35,15 +35,23 @@ def cluster_size():
     return sum(len(tasks) for tasks in cluster.values())
 
 
+_PORTS_GIVEN = set()  # by local_cluster in this process: never handed out twice
+
+
 def local_cluster(num_workers):
     """`TF_CONFIG` values, one per worker, for a cluster of `num_workers` processes on this
     machine (free localhost ports): for tests, benchmarks and trying multi-worker runs."""
-    sockets = [socket.socket() for _ in range(num_workers)]
-    for handle in sockets:
+    sockets, ports = [], []
+    while len(ports) < num_workers:  # sockets stay open until all are picked: no repeats
+        handle = socket.socket()
         handle.bind(("localhost", 0))
-    cluster = {"worker": [f"localhost:{handle.getsockname()[1]}" for handle in sockets]}
+        sockets.append(handle)
+        if handle.getsockname()[1] not in _PORTS_GIVEN:
+            ports.append(handle.getsockname()[1])
     for handle in sockets:
         handle.close()
+    _PORTS_GIVEN.update(ports)
+    cluster = {"worker": [f"localhost:{port}" for port in ports]}
     return [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
             for index in range(num_workers)]
 
@@ -67,10 +75,19 @@ def make_strategy(name="", tpu=""):
         if not tpu:
             raise ValueError("--strategy=tpu needs --tpu: a TPU name, a grpc:// address, "
                              "or 'local' on a TPU VM.")
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
-        tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
-        strategy = tf.distribute.TPUStrategy(resolver)
+        try:
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
+            tf.config.experimental_connect_to_cluster(resolver)
+            tf.tpu.experimental.initialize_tpu_system(resolver)
+            strategy = tf.distribute.TPUStrategy(resolver)
+        except (tf.errors.OpError, ValueError, OSError, RuntimeError) as error:
+            reason = getattr(error, "message", None) or str(error) or type(error).__name__
+            reason = reason.splitlines()[0].split(". ")[0]
+            raise ValueError(
+                f"--tpu={tpu}: no TPU found or reachable ({reason}). "
+                "On a TPU VM use --tpu=local with the TPU build of TensorFlow; elsewhere give "
+                "the TPU's name or grpc:// address, or leave out --strategy=tpu and --tpu to "
+                "train on this machine's GPUs or CPU.") from error
     else:
         gpus = tf.config.list_logical_devices("GPU")
         cpus = tf.config.list_logical_devices("CPU")

@@ -20,7 +20,7 @@ import tensorflow as tf
 from absl import logging
 
 import keras_vit
-from train import checkpoints, input_pipeline, run_config, schedules
+from train import checkpoints, config_checks, input_pipeline, run_config, schedules
 from train.metrics import MetricsWriter
 from train.preemption import PreemptionWatcher, Stopped
 from train.strategy import is_chief, is_tpu
@@ -30,17 +30,10 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
 def check_config(config, num_replicas):
-    """Rejects values that would fail later, with what to change."""
-    if config.optimizer not in OPTIMIZERS:
-        raise ValueError(f"config.optimizer={config.optimizer!r}; expected one of {OPTIMIZERS}.")
-    per_replica = config.batch_size // num_replicas
-    if config.accum_steps < 1 or per_replica % config.accum_steps:
-        raise ValueError(f"config.accum_steps={config.accum_steps} must divide the per-replica "
-                         f"batch {per_replica}.")
-    for field in ("total_steps", "steps_per_loop", "eval_every_steps",
-                  "checkpoint_every_steps"):
-        if config[field] <= 0:
-            raise ValueError(f"config.{field} must be positive, got {config[field]}.")
+    """Rejects values that would fail later (or train nonsense), naming each bad field, its
+    value and the valid range: every field of configs/common.py (train.config_checks), and that
+    the batches split evenly over `num_replicas`."""
+    config_checks.check(config, num_replicas)
 
 
 def build_model(config, num_classes):

@@ -1,0 +1,319 @@
+"""Checks of everything a user gives `train.main` and `train.analyze`, before any slow work.
+
+`check(config)` validates every field of `configs/common.py`: each number against its range and
+each string against its known values, plus the combinations that would fail later (warm-up
+longer than the run, a batch that does not split over the replicas or accumulation steps, an
+image size that is not a whole number of patches, ...). It reports every bad field at once, each
+as `config.<field>=<value>: <what is valid>`, in one ValueError. A field added to
+`configs/common.py` needs a rule in `RULES` (a test checks that every field has one).
+
+Also here: the `--config` flag's parser (a config file that is missing or fails to load is one
+line, not a traceback) and the `--workdir`/`--out` folder check (a file, or not creatable).
+"""
+
+import copy
+import math
+import os
+
+from absl import app, logging
+
+# What the trainer and the model builder accept (also read by train.trainer and
+# train.schedules; repeated here so that the checks need no TensorFlow).
+OPTIMIZERS = ("sgd", "adam", "adamw")
+DECAYS = ("cosine", "linear")
+CLASSIFIERS = ("token", "gap")
+# float32 everywhere, or bfloat16 compute with float32 weights (TPU, CPUs with AMX). No float16:
+# the loop has no loss scaling, so float16 gradients would underflow.
+DTYPE_POLICIES = ("float32", "mixed_bfloat16")
+FOLDER_PREFIX = "folder:"
+MAX_SEED = 2**31 - 1
+
+
+# Rules: (kind, details). "int": (low, high) inclusive, None for unbounded; "optional_int": the
+# same, or None; "float": (low, high, high_inclusive) with low inclusive unless the rule says
+# "above"; "choice": the valid values; "bool"; "str": non-empty; "any_str": may be empty;
+# "optional_str": a string or None.
+RULES = {
+    "seed": ("int", (0, MAX_SEED)),
+    "model": ("str", None),  # a keras_vit variant: checked with the overrides below
+    "patch_size": ("optional_int", (1, None)),
+    "hidden_size": ("optional_int", (1, None)),
+    "mlp_dim": ("optional_int", (1, None)),
+    "num_heads": ("optional_int", (1, None)),
+    "num_layers": ("optional_int", (1, None)),
+    "classifier": ("choice", CLASSIFIERS),
+    "representation_size": ("optional_int", (1, None)),
+    "dropout": ("float", (0.0, 1.0, False)),
+    "attention_dropout": ("float", (0.0, 1.0, False)),
+    "drop_path_rate": ("float", (0.0, 1.0, False)),
+    "pretrained": ("any_str", None),  # checked below: a published name, URL or file
+    "dataset": ("str", None),  # checked below where cheap (folders); TFDS names on loading
+    "data_dir": ("optional_str", None),
+    "train_split": ("str", None),
+    "eval_split": ("str", None),
+    "image_size": ("int", (1, None)),
+    "crop_min_area": ("float_above", (0.0, 1.0, True)),
+    "flip": ("bool", None),
+    "shuffle_buffer": ("int", (1, None)),
+    "batch_size": ("int", (1, None)),
+    "eval_batch_size": ("int", (1, None)),
+    "total_steps": ("int", (1, None)),
+    "optimizer": ("choice", OPTIMIZERS),
+    "learning_rate": ("float_above", (0.0, None, False)),
+    "warmup_steps": ("int", (0, None)),  # and <= total_steps, below
+    "decay": ("choice", DECAYS),
+    "momentum": ("float", (0.0, 1.0, False)),
+    "beta_1": ("float", (0.0, 1.0, False)),
+    "beta_2": ("float", (0.0, 1.0, False)),
+    "weight_decay": ("float", (0.0, None, False)),
+    "grad_clip_norm": ("float", (0.0, None, False)),
+    "accum_steps": ("int", (1, None)),
+    "label_smoothing": ("float", (0.0, 1.0, False)),
+    "dtype_policy": ("choice", DTYPE_POLICIES),
+    "ema_decay": ("float", (0.0, 1.0, False)),
+    "steps_per_loop": ("int", (1, None)),
+    "eval_every_steps": ("int", (1, None)),
+    "checkpoint_every_steps": ("int", (1, None)),
+    "keep_checkpoints": ("int", (1, None)),
+    "jit_compile": ("bool", None),
+    "export": ("bool", None),
+}
+
+# What train.analyze reads of a config (a workdir's config.json or a config file).
+ANALYZE_FIELDS = ("model", "patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers",
+                  "classifier", "representation_size", "pretrained", "dataset", "data_dir",
+                  "train_split", "eval_split", "image_size")
+
+
+
+def _interval(low, high, high_inclusive, low_inclusive=True):
+    if high is None:
+        return f">= {low}" if low_inclusive else f"> {low}"
+    left = "[" if low_inclusive else "("
+    right = "]" if high_inclusive else ")"
+    return f"in {left}{low}, {high}{right}"
+
+
+def _rule_problem(kind, details, value):
+    """What is wrong with `value` under the rule, or None."""
+    if kind in ("int", "optional_int"):
+        if value is None and kind == "optional_int":
+            return None
+        low, high = details
+        what = "an integer" + ("" if kind == "int" else " (or None)")
+        if not isinstance(value, int) or isinstance(value, bool):
+            return f"must be {what}"
+        if value < low or (high is not None and value > high):
+            bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+            return f"must be {what} {bounds}"
+        return None
+    if kind in ("float", "float_above"):
+        low, high, high_inclusive = details
+        interval = _interval(low, high, high_inclusive, low_inclusive=kind == "float")
+        if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                or not math.isfinite(value)):
+            return f"must be a finite number {interval}"
+        too_low = value <= low if kind == "float_above" else value < low
+        too_high = high is not None and (value > high if high_inclusive else value >= high)
+        return f"must be {interval}" if too_low or too_high else None
+    if kind == "choice":
+        return None if value in details else f"must be one of {', '.join(map(repr, details))}"
+    if kind == "bool":
+        return None if isinstance(value, bool) else "must be True or False"
+    if kind == "str":
+        return None if isinstance(value, str) and value.strip() else "must be a non-empty string"
+    if kind == "any_str":
+        return None if isinstance(value, str) else "must be a string"
+    if kind == "optional_str":
+        return None if value is None or isinstance(value, str) else "must be a string or None"
+    raise AssertionError(f"unknown rule {kind}")
+
+
+def problems(config, num_replicas=None, fields=None):
+    """Every problem of `config` as `config.field=value: what is valid` strings.
+
+    `num_replicas`: also check that the batches split evenly over that many replicas.
+    `fields`: check only these (default: all of RULES); fields the config lacks are skipped.
+    """
+    fields = set(RULES if fields is None else fields)
+    present = {name for name in fields if name in config}
+    found, bad = [], set()
+
+    def add(names, value_text, message):
+        names = (names,) if isinstance(names, str) else names
+        found.append(f"{value_text}: {message}")
+        bad.update(names)
+
+    def ok(*names):
+        return all(name in present and name not in bad for name in names)
+
+    for name in sorted(present, key=list(RULES).index):
+        kind, details = RULES[name]
+        message = _rule_problem(kind, details, config[name])
+        if message:
+            add(name, f"config.{name}={config[name]!r}", message)
+
+    if ok("warmup_steps", "total_steps") and config.warmup_steps > config.total_steps:
+        add("warmup_steps", f"config.warmup_steps={config.warmup_steps}",
+            f"must be at most config.total_steps={config.total_steps} (the warm-up is part of "
+            "the run)")
+    if ok("batch_size") and num_replicas:
+        if config.batch_size % num_replicas:
+            add("batch_size", f"config.batch_size={config.batch_size}",
+                f"must be divisible by the {num_replicas} replicas (each gets an equal share)")
+    if ok("eval_batch_size") and num_replicas:
+        if config.eval_batch_size % num_replicas:
+            add("eval_batch_size", f"config.eval_batch_size={config.eval_batch_size}",
+                f"must be divisible by the {num_replicas} replicas (each gets an equal share)")
+    if ok("batch_size", "accum_steps"):
+        per_replica = config.batch_size // (num_replicas or 1)
+        if per_replica % config.accum_steps:
+            where = (f"the per-replica batch {per_replica} (batch_size {config.batch_size} over "
+                     f"{num_replicas} replicas)" if num_replicas and num_replicas > 1
+                     else f"config.batch_size={config.batch_size}")
+            add("accum_steps", f"config.accum_steps={config.accum_steps}",
+                f"must divide {where} into equal micro-batches")
+    _check_model(config, present, ok, add)
+    if ok("dataset") and config.dataset.startswith(FOLDER_PREFIX):
+        root = config.dataset[len(FOLDER_PREFIX):]
+        if "://" not in root and not os.path.isdir(root):
+            add("dataset", f"config.dataset={config.dataset!r}",
+                f"{root!r} is not a folder. A folder dataset is "
+                "root/<split>/<class>/<image files>")
+    if ok("pretrained", "model") and config.pretrained:
+        _check_pretrained(config, add)
+    return found
+
+
+def _check_model(config, present, ok, add):
+    if not ok("model"):
+        return
+    from keras_vit.variants import VARIANT_NAMES, parse_variant
+
+    try:
+        variant = parse_variant(config.model)
+    except ValueError:
+        add("model", f"config.model={config.model!r}",
+            f"must be a keras_vit variant: {', '.join(VARIANT_NAMES)}")
+        return
+    sizes = {}
+    for name in ("patch_size", "hidden_size", "num_heads"):
+        if name in present and not ok(name):
+            return  # already reported
+        value = config[name] if name in present else None
+        sizes[name] = getattr(variant, name) if value is None else value
+    if sizes["hidden_size"] % sizes["num_heads"]:
+        add(("hidden_size", "num_heads"),
+            f"config.hidden_size={sizes['hidden_size']}, config.num_heads={sizes['num_heads']}",
+            "num_heads must divide hidden_size (each head gets an equal share); choose "
+            f"num_heads among the divisors of {sizes['hidden_size']}")
+    if ok("image_size"):
+        stride = variant.resnet_stride * sizes["patch_size"]
+        if config.image_size % stride:
+            nearest = max(stride, round(config.image_size / stride) * stride)
+            how = (f"patch_size {sizes['patch_size']} on the ResNet stem of stride "
+                   f"{variant.resnet_stride}" if variant.is_hybrid
+                   else f"patch_size {sizes['patch_size']}")
+            add("image_size", f"config.image_size={config.image_size}",
+                f"must be a multiple of {stride}, the pixels per patch of {variant.name} "
+                f"({how}), e.g. {nearest}")
+
+
+def _check_pretrained(config, add):
+    from keras_vit import pretrained
+
+    weights = config.pretrained
+    if weights in pretrained.PUBLISHED:
+        if config.model not in pretrained.PUBLISHED[weights]:
+            add("pretrained", f"config.pretrained={weights!r}",
+                f"no such checkpoint was published for model {config.model!r}; it exists for "
+                f"{', '.join(sorted(pretrained.PUBLISHED[weights]))}")
+        return
+    if "://" in weights or weights.startswith("augreg/") or os.path.isfile(weights):
+        return
+    add("pretrained", f"config.pretrained={weights!r}",
+        "is neither an existing file, a URL, a gs:// path nor a published name "
+        f"({', '.join(sorted(pretrained.PUBLISHED))}); use '' to train from scratch")
+
+
+def check(config, num_replicas=None, fields=None):
+    """Raises ValueError naming every bad field of `config` (see `problems`)."""
+    found = problems(config, num_replicas, fields)
+    if (not found and {"weight_decay", "optimizer"} <= set(config)
+            and config.weight_decay > 0 and config.optimizer != "adamw"):
+        # A warning, not an error: switching --config.optimizer keeps the config's decay.
+        logging.warning("config.weight_decay=%r is ignored: it applies to optimizer='adamw' "
+                        "only (config.optimizer=%r).", config.weight_decay, config.optimizer)
+    if found:
+        plural = "s" if len(found) > 1 else ""
+        raise ValueError(f"Invalid config value{plural}: {'; '.join(found)}. Change "
+                         f"{'them' if plural else 'it'} in the config file or with "
+                         "--config.FIELD=VALUE.")
+
+
+def check_output_folder(path, flag):
+    """Raises UsageError unless `path` (local) is a folder that can be written, or can be
+    created; `flag` names the flag in the message. Remote paths (gs://) are left to the run."""
+    if not path:
+        raise app.UsageError(f"--{flag} is empty: give a folder.")
+    if "://" in path:
+        return
+    path = os.path.abspath(path)
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise app.UsageError(f"--{flag}={path} is a file, not a folder: give a folder "
+                                 "(existing or to be created).")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise app.UsageError(f"--{flag}={path} is not writable: fix its permissions or "
+                                 "give another folder.")
+        return
+    parent = os.path.dirname(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise app.UsageError(f"--{flag}={path} cannot be created: {parent} is a file. Give "
+                             "another folder.")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise app.UsageError(f"--{flag}={path} cannot be created: {parent} is not writable. "
+                             "Give another folder.")
+
+
+def install_config_parser(flag):
+    """Makes the errors of a `config_flags.DEFINE_config_file` flag one line: a missing file, a
+    syntax error or a bad `file.py:argument` name the file and the problem, instead of
+    ml_collections' traceback text (or a placeholder config that fails on first use)."""
+    base = type(flag.parser)
+
+    class ConfigFileParser(base):
+        def parse(self, path):
+            filename = path.split(":", 1)[0]
+            if not os.path.isfile(filename):
+                where = "" if os.path.isabs(filename) else f" (relative to {os.getcwd()})"
+                raise ValueError(f"no config file {filename}{where}; give an experiment "
+                                 "config such as configs/quickstart.py")
+            try:
+                return super().parse(path)
+            except SyntaxError as error:
+                raise ValueError(f"{filename} line {error.lineno}: {error.msg}") from None
+            except (TypeError, ValueError) as error:
+                cause = error.__context__ or error  # ml_collections re-raises with a traceback
+                raise type(error)(" ".join(str(cause).split()).rstrip(".")) from None
+
+    parser = copy.copy(flag.parser)
+    parser.__class__ = ConfigFileParser
+    flag.parser = parser
+
+
+def loaded_config(flag_values, name="config"):
+    """The config of `--name`, touched so that a file that failed to load is a UsageError
+    now, not an `_ErrorConfig` object later. None when the flag was not given."""
+    config = flag_values[name].value
+    if config is None:
+        return None
+    try:
+        getattr(config, "lock")  # any access raises the loading error
+    except OSError as error:
+        cause = error.__cause__ or error
+        raise app.UsageError(f"--{name}: cannot load the config file "
+                             f"({' '.join(str(cause).split())}).") from None
+    return config
