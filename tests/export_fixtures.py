@@ -24,3 +24,20 @@ def keras_logits(model, pixels):
     """The Keras model's logits on pixels in 0..255 (array or tensor) at the model's size."""
     pixels = np.asarray(pixels, np.float32)
     return np.asarray(model((pixels - 127.5) / 127.5, training=False), np.float64)
+
+
+# The start of the server scripts the serving tests run in a subprocess: like TF Serving, the
+# server must load the SavedModel without keras_vit (or train) to import.
+WITHOUT_KERAS_VIT = r'''
+import importlib.abc, sys
+
+
+class NoKerasVit(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("keras_vit", "train"):
+            raise ImportError(f"the server must not import {name}")
+        return None
+
+
+sys.meta_path.insert(0, NoKerasVit())
+'''

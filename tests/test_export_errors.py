@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from export_fixtures import NUM_CLASSES, SIZE, tiny_vit
+from export_fixtures import NUM_CLASSES, SIZE, WITHOUT_KERAS_VIT, tiny_vit
 from keras_vit import export
 from train_fixtures import REPO
 
@@ -43,18 +43,8 @@ def model():
 
 # The serving signatures.
 
-SERVER = r'''
-import importlib.abc, json, sys
-
-
-class NoKerasVit(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("keras_vit", "train"):
-            raise ImportError(f"the server must not import {name}")
-        return None
-
-
-sys.meta_path.insert(0, NoKerasVit())
+SERVER = WITHOUT_KERAS_VIT + r'''
+import json, sys
 
 import numpy as np
 import tensorflow as tf

@@ -19,23 +19,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from export_fixtures import NUM_CLASSES, SIZE, keras_logits, tiny_vit
+from export_fixtures import NUM_CLASSES, SIZE, WITHOUT_KERAS_VIT, keras_logits, tiny_vit
 from keras_vit import export, serving
 
 CLASS_NAMES = ["cat", "dog", "fox", "owl", "elk", "bee", "ant"]
 
-SERVER = r'''
-import base64, importlib.abc, json, sys
-
-
-class NoKerasVit(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("keras_vit", "train"):
-            raise ImportError(f"the server must not import {name}")
-        return None
-
-
-sys.meta_path.insert(0, NoKerasVit())
+SERVER = WITHOUT_KERAS_VIT + r'''
+import base64, json, sys
 
 import numpy as np
 import tensorflow as tf
