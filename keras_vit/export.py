@@ -72,7 +72,7 @@ def check_directory(path, argument="base_dir"):
     existing = _nearest_existing(path)
     if existing is not None and not tf.io.gfile.isdir(existing):
         where = "is a file" if existing == path else f"is below {existing}, which is a file"
-        raise ValueError(f"{argument}={path} {where}, not a directory. Pass a directory "
+        raise ValueError(f"{argument}={path} {where}, not a directory: pass a directory "
                          "(it is created if missing), or move the file away.")
     return path
 

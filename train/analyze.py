@@ -44,21 +44,17 @@ FLAGS = flags.FLAGS
 
 def load_config(workdir):
     import ml_collections
-    import tensorflow as tf
+
+    from train import run_config
 
     config = config_checks.loaded_config(FLAGS)
     if config is None:
-        path = os.path.join(workdir or "", "config.json")
-        if not workdir or not tf.io.gfile.exists(path):
+        saved = workdir and run_config.saved(workdir, fix="restore it, or give --config=FILE")
+        if not saved:
             raise app.UsageError("Give --config=FILE (or a --workdir with a config.json): it "
                                  "names the dataset, and the model and weights without "
                                  "--workdir.")
-        with tf.io.gfile.GFile(path) as handle:
-            try:
-                config = ml_collections.ConfigDict(json.load(handle))
-            except json.JSONDecodeError as error:
-                raise app.UsageError(f"{path} is not valid JSON ({error}); give --config=FILE "
-                                     "instead.") from None
+        config = ml_collections.ConfigDict(saved)
     # Only what the analysis reads: the model, its weights and the dataset.
     config_checks.check(config, fields=config_checks.ANALYZE_FIELDS)
     return config

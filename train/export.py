@@ -49,12 +49,14 @@ def main(argv):
 
 
 def export(options):
-    # Every flag first, without importing TensorFlow (seconds): a wrong one is reported at once.
+    # Every flag first, most without importing TensorFlow (seconds): reported at once.
     kinds = exporting.parse_tflite(options.tflite)
     exporting.check_calibration_images(options.calibration_images)
     workdir = exporting.check_workdir(options.workdir)
     if options.export_dir is not None:
-        exporting.check_export_dir(options.export_dir, "--export_dir")
+        from keras_vit import export as saved_model_export  # the one directory check
+
+        saved_model_export.check_directory(options.export_dir, "--export_dir")
     directory = os.path.join(workdir, "export")
     model_path = os.path.join(directory, "model.keras")
     if not exporting.path_exists(model_path):
@@ -62,13 +64,19 @@ def export(options):
             f"No trained model at {model_path}: train first with python -m train.main "
             f"--workdir={workdir} ... (a run that ended with --config.export=False writes it "
             "when rerun with --config.export=True).")
-    config_path = os.path.join(workdir, "config.json")
     config = None
     if "int8" in kinds:
-        if not exporting.path_exists(config_path):
-            raise app.UsageError(f"int8 calibrates on the run's eval data, but {config_path} "
-                                 "is missing; choose other --tflite kinds.")
-        config = exporting.read_config(config_path)
+        import ml_collections
+
+        from train import run_config
+
+        config = run_config.saved(workdir, fix="restore it, or choose other --tflite kinds "
+                                  "(int8 calibrates on the eval data it names)")
+        if config is None:
+            raise app.UsageError(f"int8 calibrates on the run's eval data, but "
+                                 f"{run_config.path(workdir)} is missing; choose other "
+                                 "--tflite kinds.")
+        config = ml_collections.ConfigDict(config)
     exporting.check_model_file(model_path, workdir)
 
     import tensorflow as tf

@@ -54,28 +54,6 @@ def path_exists(path):
     return _exists_and_isdir(path)[0]
 
 
-def read_config(path):
-    """The run's config.json as a ConfigDict (for int8 calibration's eval data)."""
-    import json
-
-    import ml_collections
-
-    if "://" in path:
-        import tensorflow as tf
-
-        opener = tf.io.gfile.GFile
-    else:
-        opener = open
-    with opener(path) as handle:
-        text = handle.read()
-    try:
-        return ml_collections.ConfigDict(json.loads(text))
-    except ValueError as error:
-        raise ValueError(f"{path} is not valid JSON ({error}); int8 calibration reads the "
-                         "eval data it names: restore it, or choose other --tflite kinds."
-                         ) from error
-
-
 def check_workdir(workdir):
     """Raises ValueError unless `workdir` is an existing directory (of a training run)."""
     if not workdir:
@@ -90,28 +68,6 @@ def check_workdir(workdir):
         raise ValueError(f"--workdir={workdir} is a file, not a directory: pass the --workdir "
                          "of a training run (it holds export/model.keras).")
     return workdir
-
-
-def check_export_dir(path, flag="--export_dir"):
-    """Raises ValueError when `path`, or the nearest of its parents that exists, is a file:
-    the SavedModel's base directory could not be made there."""
-    if not path:
-        raise ValueError(f"{flag} is empty: pass a directory, or leave the flag out for "
-                         "workdir/export/saved_model.")
-    current = path
-    while True:
-        exists, isdir = _exists_and_isdir(current)
-        if exists:
-            break
-        parent = os.path.dirname(current.rstrip("/"))
-        if not parent or parent == current or parent.endswith((":", ":/")):
-            return path  # nothing of it exists yet (a new bucket path): created on export
-        current = parent
-    if not isdir:
-        where = "is a file" if current == path else f"is below {current}, which is a file"
-        raise ValueError(f"{flag}={path} {where}, not a directory: pass a directory for the "
-                         "SavedModel versions (it is created if missing), or move the file.")
-    return path
 
 
 def _rerun_hint(workdir):

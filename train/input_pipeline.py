@@ -276,20 +276,14 @@ def eval_dataset_fn(builder, config, dtype=tf.float32):
 
 
 def get_datasets(config, strategy, start_step=0, dtype=tf.float32, builder=None):
-    """Builds the distributed train and eval datasets for `strategy` (from `builder`, default
-    the one `config.dataset` names)."""
+    """Builds the distributed train and eval datasets for `strategy` (from `builder`, as
+    `get_builder(config)` returns it, default the one `config.dataset` names)."""
     for field in ("batch_size", "eval_batch_size"):
         if config[field] % strategy.num_replicas_in_sync:
             raise ValueError(f"{field} {config[field]} is not divisible by the "
                              f"{strategy.num_replicas_in_sync} replicas.")
-    builder = builder or get_builder(config)
+    builder = builder or get_builder(config)  # get_builder checks the splits
     info = builder.info
-    for split in (config.train_split, config.eval_split):
-        try:
-            info.splits[split]  # also accepts split expressions such as "train[:90%]"
-        except (KeyError, ValueError) as error:
-            raise ValueError(f"Dataset {config.dataset!r} has no split {split!r}; it has "
-                             f"{sorted(info.splits)}.") from error
     train_fn = train_dataset_fn(builder, config, start_step, dtype)
     eval_fn = eval_dataset_fn(builder, config, dtype)
     return Datasets(

@@ -29,24 +29,6 @@ flags.mark_flags_as_required(["config", "workdir"])
 FLAGS = flags.FLAGS
 
 
-def _is_chief_task():
-    """Whether this process writes into the workdir, from TF_CONFIG alone (no TensorFlow yet):
-    the chief task, else worker 0; always without a cluster."""
-    import json
-    import os
-
-    try:
-        spec = json.loads(os.environ.get("TF_CONFIG") or "{}")
-    except json.JSONDecodeError as error:
-        raise app.UsageError(f"TF_CONFIG is not valid JSON: {error}.") from None
-    cluster, task = spec.get("cluster") or {}, spec.get("task") or {}
-    if not cluster or not task:
-        return True
-    if "chief" in cluster:
-        return task.get("type") == "chief"
-    return task.get("type") == "worker" and int(task.get("index", 0)) == 0
-
-
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -58,9 +40,10 @@ def main(argv):
     if FLAGS.tpu and FLAGS.strategy not in ("", "tpu"):
         raise app.UsageError(f"--tpu={FLAGS.tpu} applies only to --strategy=tpu (or no "
                              f"--strategy), not --strategy={FLAGS.strategy}.")
-    if _is_chief_task():  # the others write nothing into it
+    from train import strategy as strategies  # imports TensorFlow (it starts later)
+
+    if strategies.is_chief_task():  # the others write nothing into the workdir
         config_checks.check_output_folder(FLAGS.workdir, "workdir")
-    from train import strategy as strategies  # after flags: TensorFlow starts here
 
     if FLAGS.cpu_devices > 1:
         if FLAGS.strategy == "multi_worker" or (not FLAGS.strategy and

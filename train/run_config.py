@@ -30,8 +30,9 @@ def _as_json(config):
     return json.loads(config.to_json_best_effort())
 
 
-def saved(workdir):
-    """The saved config as a dict, or None when the workdir has none."""
+def saved(workdir, fix="restore it, or use a new --workdir"):
+    """The saved config as a dict, or None when the workdir has none. A file that is not valid
+    JSON is a ValueError naming it, with `fix`, what the caller's user can do."""
     if not tf.io.gfile.exists(path(workdir)):
         return None
     with tf.io.gfile.GFile(path(workdir)) as handle:
@@ -39,9 +40,8 @@ def saved(workdir):
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
-        raise ConfigMismatchError(
-            f"{path(workdir)} is not valid JSON ({error}); it should describe the run in this "
-            "workdir. Restore it, or use a new --workdir.") from error
+        raise ValueError(f"{path(workdir)} is not valid JSON ({error}); it describes the run "
+                         f"in this workdir: {fix}.") from error
 
 
 def check_resume(config, workdir):

@@ -26,13 +26,34 @@ def split_cpu(num_devices):
                 "initialised. Pass --cpu_devices before anything runs TensorFlow.") from error
 
 
-def cluster_size():
-    """How many tasks the `TF_CONFIG` environment variable names (0 when it is not set)."""
+def _tf_config():
+    """The `TF_CONFIG` environment variable, parsed ({} when it is not set)."""
     try:
-        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+        return json.loads(os.environ.get("TF_CONFIG") or "{}")
     except json.JSONDecodeError as error:
         raise ValueError(f"TF_CONFIG is not valid JSON: {error}.") from error
-    return sum(len(tasks) for tasks in cluster.values())
+
+
+def cluster_size():
+    """How many tasks the `TF_CONFIG` environment variable names (0 when it is not set)."""
+    return sum(len(tasks) for tasks in (_tf_config().get("cluster") or {}).values())
+
+
+def is_chief_task():
+    """Whether `TF_CONFIG` makes this process the chief (see `is_chief`), before any strategy
+    exists; always true without a cluster."""
+    spec = _tf_config()
+    cluster, task = spec.get("cluster") or {}, spec.get("task") or {}
+    if not cluster or not task:
+        return True
+    return _chief_rule(cluster, task.get("type"), int(task.get("index", 0)))
+
+
+def _chief_rule(cluster, task_type, task_id):
+    """The chief writes the workdir: the "chief" task if the cluster has one, else worker 0."""
+    if "chief" in cluster:
+        return task_type == "chief"
+    return task_type == "worker" and task_id == 0
 
 
 _PORTS_GIVEN = set()  # by local_cluster in this process: never handed out twice
@@ -113,6 +134,4 @@ def is_chief(strategy):
     task_type = getattr(resolver, "task_type", None)
     if not task_type or is_tpu(strategy):
         return True
-    if "chief" in resolver.cluster_spec().as_dict():
-        return task_type == "chief"
-    return task_type == "worker" and resolver.task_id == 0
+    return _chief_rule(resolver.cluster_spec().as_dict(), task_type, resolver.task_id)

@@ -26,7 +26,6 @@ from train.preemption import PreemptionWatcher, Stopped
 from train.strategy import is_chief, is_tpu
 
 MODEL_OVERRIDES = ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers")
-OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
 def check_config(config, num_replicas):
