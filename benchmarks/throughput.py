@@ -1,11 +1,16 @@
-"""Forward-pass throughput of keras_vit against keras-hub's ViTBackbone, beside the matmul peak.
+"""Forward-pass throughput of keras_vit variants and of keras-hub's ViTBackbone, beside the
+matmul peak.
 
     python benchmarks/throughput.py --variant=B/16 --batch_size=32 --image_size=224 \
         --dtype=float32 --dtype=mixed_bfloat16
+    python benchmarks/throughput.py --variant=B/16 --variant=Axial-B/16   # Axial-ViT vs ViT-B
 
-Both models get the same configuration, run in the same process, in interleaved order, each
-compiled once with `tf.function`; the table reports the median of `--repeats` timed batches.
-Achieved FLOP/s counts the multiply-adds of the matmuls and attention (2 FLOPs each) and is
+Every model of a dtype policy (each `--variant`, and keras-hub's ViTBackbone of the same
+configuration for plain ViT variants) runs in the same process, in interleaved order, each
+compiled once with `tf.function`; the table reports the median of `--repeats` timed batches and
+each model's speed relative to keras_vit's first `--variant`. Achieved FLOP/s uses
+`keras_vit.flops.forward_flops` (2 FLOPs per multiply-add, convolutions, dense layers and
+attention matmuls; the keras-hub model is the same architecture, so the same count) and is
 shown beside the measured peak of a 4096^3 matmul in the policy's compute dtype.
 Needs `pip install keras-hub` for the peer (skipped with a note if missing).
 """
@@ -22,15 +27,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_vit  # noqa: E402
-
-
-def forward_flops(config, image_size):
-    """FLOPs of one image's forward pass through patch embedding and encoder (no head)."""
-    grid = (image_size // config.patch_size) ** 2
-    tokens, d, m = grid + 1, config.hidden_size, config.mlp_dim
-    embed = 2 * grid * config.patch_size**2 * 3 * d
-    per_layer = 2 * tokens * (4 * d * d + 2 * d * m) + 2 * 2 * tokens * tokens * d
-    return embed + config.num_layers * per_layer
+from keras_vit.flops import forward_flops  # noqa: E402
 
 
 def matmul_peak(compute_dtype, size=4096, repeats=5):
@@ -46,26 +43,32 @@ def matmul_peak(compute_dtype, size=4096, repeats=5):
     return 2 * size**3 / statistics.median(times)
 
 
-def build_models(variant, image_size, policy):
-    config = keras_vit.parse_variant(variant)
-    models = {"keras_vit": keras_vit.vit(variant, image_size=image_size, include_top=False,
-                                         dtype=policy)}
+def build_models(variants, image_size, policy):
+    """{label: (model, forward FLOPs per image)}, keras_vit's first; keras-hub's ViTBackbone
+    beside each plain ViT variant (it has no ResNet hybrid and no Axial-ViT)."""
     try:
         import keras_hub
     except ImportError:
+        keras_hub = None
         print("keras-hub is not installed: `pip install keras-hub` to measure the peer.")
-    else:
-        models["keras-hub"] = keras_hub.models.ViTBackbone(
-            image_shape=(image_size, image_size, 3), patch_size=config.patch_size,
-            num_layers=config.num_layers, num_heads=config.num_heads,
-            hidden_dim=config.hidden_size, mlp_dim=config.mlp_dim, dtype=policy)
-    return config, models
+    models, peers = {}, {}
+    for variant in variants:
+        model = keras_vit.vit(variant, image_size=image_size, include_top=False, dtype=policy)
+        models[f"keras_vit {variant}"] = (model, forward_flops(model))
+        config = keras_vit.parse_variant(variant)
+        if keras_hub is not None and not (config.is_hybrid or config.axial):
+            peer = keras_hub.models.ViTBackbone(
+                image_shape=(image_size, image_size, 3), patch_size=config.patch_size,
+                num_layers=config.num_layers, num_heads=config.num_heads,
+                hidden_dim=config.hidden_size, mlp_dim=config.mlp_dim, dtype=policy)
+            peers[f"keras-hub {keras_hub.__version__} {variant}"] = (peer, forward_flops(model))
+    return {**models, **peers}
 
 
 def time_models(models, images, repeats, jit_compile):
     functions = {name: tf.function(lambda x, m=model: m(x, training=False),
                                    jit_compile=jit_compile)
-                 for name, model in models.items()}
+                 for name, (model, _) in models.items()}
     for name, function in functions.items():  # compile and warm up
         function(images)
         function(images)
@@ -80,7 +83,9 @@ def time_models(models, images, repeats, jit_compile):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--variant", default="B/16")
+    parser.add_argument("--variant", action="append",
+                        help="keras_vit variant, e.g. B/16 or Axial-B/16; repeat for several "
+                             "(default B/16); speeds are relative to the first")
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--image_size", type=int, default=224)
     parser.add_argument("--dtype", action="append",
@@ -88,26 +93,29 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--jit_compile", action="store_true", help="compile with XLA")
     args = parser.parse_args()
+    variants = list(dict.fromkeys(args.variant or ["B/16"]))  # in order, once each
 
     rows = []
     for policy in args.dtype or ["float32"]:
-        config, models = build_models(args.variant, args.image_size, policy)
+        models = build_models(variants, args.image_size, policy)
         compute_dtype = keras.dtype_policies.get(policy).compute_dtype
         images = np.random.default_rng(0).uniform(
             -1, 1, (args.batch_size, args.image_size, args.image_size, 3)).astype("float32")
         seconds = time_models(models, images, args.repeats, args.jit_compile)
         peak = matmul_peak(compute_dtype)
-        flops = forward_flops(config, args.image_size) * args.batch_size
+        reference = seconds[f"keras_vit {variants[0]}"]
         for name, elapsed in seconds.items():
+            flops = models[name][1] * args.batch_size
             rows.append((policy, name, args.batch_size / elapsed, flops / elapsed / 1e9,
-                         peak / 1e9, seconds.get("keras-hub", float("nan")) / elapsed))
+                         peak / 1e9, reference / elapsed))
         del models
         keras.backend.clear_session()
 
-    print(f"\nViT-{args.variant} at {args.image_size}, batch {args.batch_size}, "
+    print(f"\n{', '.join(variants)} at {args.image_size}, batch {args.batch_size}, "
           f"{os.cpu_count()} CPU threads, TF {tf.__version__}, Keras {keras.__version__}, "
           f"XLA {'on' if args.jit_compile else 'off'}, median of {args.repeats}\n")
-    print("| policy | model | images/s | GFLOP/s | matmul peak GFLOP/s | vs keras-hub |")
+    print(f"| policy | model | images/s | GFLOP/s | matmul peak GFLOP/s | "
+          f"speed vs keras_vit {variants[0]} |")
     print("|---|---|---|---|---|---|")
     for policy, name, ips, gflops, peak, ratio in rows:
         print(f"| {policy} | {name} | {ips:.2f} | {gflops:.0f} | {peak:.0f} | {ratio:.2f}x |")

@@ -13,13 +13,19 @@ def get_config():
     config.seed = 0  # seeds the model initialisation, the data order and the augmentation
 
     # Model: any keras_vit variant name, with optional overrides of its table fields.
-    config.model = "B/16"  # e.g. "Ti/16", "B/16", "R50+B/16"
+    config.model = "B/16"  # e.g. "Ti/16", "B/16", "R50+B/16", "Axial-B/16"
     config.patch_size = placeholder(int)  # None: variant's
     config.hidden_size = placeholder(int)  # None: variant's
     config.mlp_dim = placeholder(int)  # None: variant's
     config.num_heads = placeholder(int)  # None: variant's
     config.num_layers = placeholder(int)  # None: variant's
-    config.classifier = "token"  # "token" (class token) or "gap" (mean of the tokens)
+    config.classifier = "token"  # "token" (class token) or "gap" (mean of tokens; Axial-* need it)
+    # Position embeddings (paper appendix D.4, Table 8): added to the tokens, "learned" (1-D) or
+    # "learned_2d" (row and column halves); "none"; or offsets inside the attention, "relative"
+    # (1-D) or "relative_2d". Learned ones go in once at the "stem", or before every block: a new
+    # one per block ("every_layer") or the same one ("every_layer_shared").
+    config.position_embedding = "learned"  # kind, as above
+    config.position_embedding_placement = "stem"  # placement of learned kinds, as above
     config.representation_size = placeholder(int)  # pre_logits
     config.dropout = 0.0  # after the position embeddings, attention and MLP dense layers
     config.attention_dropout = 0.0  # on the attention weights

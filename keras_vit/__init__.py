@@ -5,8 +5,11 @@
     model = keras_vit.vit("R50+B/16", num_classes=37)
 """
 
-from keras_vit import analysis, checkpoint, export, layers, plotting, pretrained, resnet, serving
+from keras_vit import (analysis, checkpoint, export, flops, layers, plotting, pretrained, resnet,
+                       serving)
 from keras_vit.builders import (
+    Axial_ViT_B16,
+    Axial_ViT_B32,
     R26_ViT_S32,
     R50_ViT_B16,
     R50_ViT_L32,

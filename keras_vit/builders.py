@@ -29,4 +29,5 @@ R_ViT_Ti16 = _builder("R+Ti/16", "R_ViT_Ti16")
 R26_ViT_S32 = _builder("R26+S/32", "R26_ViT_S32")
 R50_ViT_B16 = _builder("R50+B/16", "R50_ViT_B16")
 R50_ViT_L32 = _builder("R50+L/32", "R50_ViT_L32")
-
+Axial_ViT_B16 = _builder("Axial-B/16", "Axial_ViT_B16")
+Axial_ViT_B32 = _builder("Axial-B/32", "Axial_ViT_B32")

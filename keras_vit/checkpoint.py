@@ -20,9 +20,10 @@ from keras_vit import layers as vit_layers
 
 logger = logging.getLogger(__name__)
 
-_TRANSFORMER_LAYERS = ("posembed_input", "encoderblock_", "encoder_norm")
+_TRANSFORMER_LAYERS = ("posembed_", "encoderblock_", "encoder_norm")
 _HEAD_KEYS = ("head/kernel", "head/bias")
 _PRE_LOGITS_KEYS = ("pre_logits/kernel", "pre_logits/bias")
+_PROJECTIONS = ("query", "key", "value", "out")  # stored per head: (D, heads, D / heads)
 
 
 class CheckpointError(ValueError):
@@ -48,8 +49,9 @@ def checkpoint_key(variable_path):
 
 def _checkpoint_shape(key, keras_shape, num_heads):
     """The shape the original stores for a variable of `keras_shape`."""
-    if "MultiHeadDotProductAttention_1" not in key:
-        return tuple(keras_shape)
+    parts = key.split("/")
+    if "MultiHeadDotProductAttention_1" not in parts or parts[-2] not in _PROJECTIONS:
+        return tuple(keras_shape)  # also the relative position tables, stored as they are
     hidden = keras_shape[-1]
     head_dim = hidden // num_heads
     if "/out/" in key:

@@ -8,6 +8,7 @@ released `.npz` file is a mechanical map.
 import math
 
 import keras
+import numpy as np
 from keras import ops
 
 LAYER_NORM_EPSILON = 1e-6  # the original's; Keras' default is 1e-3
@@ -275,6 +276,108 @@ class LayerNorm(keras.layers.LayerNormalization):
         return ops.cast(outputs, self.compute_dtype)
 
 
+RELATIVE_POSITIONS = ("1d", "2d")
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class RelativePositionBias(keras.layers.Layer):
+    """Attention logits from relative positions (paper appendix D.4).
+
+    Every (query, key) pair of patches has an offset: `p_q - p_k` along the flattened patch
+    sequence ("1d"), or the row offset and the column offset ("2d", their two logits summed).
+    Each offset has a learned embedding per head. A second attention, of the queries against
+    these embeddings as keys, gives logits `q . r[p_q - p_k]` that the attention adds to its
+    content logits before the softmax. Pairs with a prefix (class) token, which has no
+    position, use one more learned embedding of their own per axis.
+
+    Args:
+        grid_size: `(rows, columns)` of the patch grid.
+        num_heads: attention heads.
+        num_prefix_tokens: tokens before the grid (1 with a class token, else 0).
+        kind: "1d" (one table of `2 * rows * columns - 1` offsets) or "2d" (tables of
+            `2 * rows - 1` row offsets and `2 * columns - 1` column offsets).
+        **kwargs: base `Layer` arguments.
+
+    Input: queries `[batch, heads, tokens, head_dim]`. Output: logits
+    `[batch, heads, tokens, tokens]`. Weights: `offset_embedding` ("1d"), or
+    `row_offset_embedding` and `column_offset_embedding` ("2d"), each
+    `[offsets (+1 with prefix tokens), heads, head_dim]`.
+    """
+
+    def __init__(self, grid_size, num_heads, num_prefix_tokens=1, kind="1d", **kwargs):
+        super().__init__(**kwargs)
+        if kind not in RELATIVE_POSITIONS:
+            raise ValueError(f"Unknown relative position kind {kind!r}; expected one of "
+                             f"{RELATIVE_POSITIONS}.")
+        self.grid_size = tuple(int(g) for g in grid_size)
+        self.num_heads = int(num_heads)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.kind = kind
+
+    @property
+    def num_tokens(self):
+        return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+
+    def _axes(self):
+        """(weight name, coordinate of every patch along the axis, positions on the axis)."""
+        rows, columns = self.grid_size
+        row, column = np.divmod(np.arange(rows * columns), columns)
+        if self.kind == "1d":
+            return [("offset_embedding", np.arange(rows * columns), rows * columns)]
+        return [("row_offset_embedding", row, rows),
+                ("column_offset_embedding", column, columns)]
+
+    def offset_indices(self):
+        """Per axis, `[tokens, tokens]` rows into its table: `c_q - c_k + n - 1` between
+        patches, and the last row, `2n - 1`, for pairs with a prefix token."""
+        indices = []
+        for _, coordinate, positions in self._axes():
+            index = coordinate[:, None] - coordinate[None, :] + positions - 1
+            index = np.pad(index, (self.num_prefix_tokens, 0), constant_values=2 * positions - 1)
+            indices.append(index.astype("int32"))
+        return indices
+
+    def build(self, queries_shape):
+        _check_rank(self, queries_shape, 4, "queries [batch, heads, tokens, head_dim]")
+        if queries_shape[1] != self.num_heads or queries_shape[2] not in (None, self.num_tokens):
+            raise ValueError(
+                f"RelativePositionBias '{self.name}' was set up for {self.num_heads} heads and "
+                f"{self.num_tokens} tokens ({self.num_prefix_tokens} prefix + "
+                f"{self.grid_size[0]}x{self.grid_size[1]} grid), got queries of shape "
+                f"{tuple(queries_shape)}.")
+        head_dim = queries_shape[-1]
+        init = keras.initializers.RandomNormal(stddev=0.02)
+        extra = int(self.num_prefix_tokens > 0)
+        self.tables = [
+            self.add_weight(name=name, shape=(2 * positions - 1 + extra, self.num_heads,
+                                              head_dim), initializer=init)
+            for name, _, positions in self._axes()
+        ]
+
+    def call(self, queries):
+        batch, tokens = ops.shape(queries)[0], self.num_tokens
+        bias = None
+        for table, index in zip(self.tables, self.offset_indices()):
+            size = table.shape[0]
+            keys = ops.transpose(ops.cast(table, queries.dtype), (1, 2, 0))  # [heads, dim, size]
+            logits = ops.matmul(queries, keys)  # [batch, heads, tokens, size]: every offset
+            # Pick, for query q and key k, the logit of their offset: one gather on the
+            # flattened (query, offset) axis with constant indices q * size + index[q, k].
+            logits = ops.reshape(logits, (batch, self.num_heads, tokens * size))
+            flat = index + np.arange(tokens, dtype="int32")[:, None] * size
+            picked = ops.take(logits, flat, axis=2)
+            bias = picked if bias is None else bias + picked
+        return bias
+
+    def compute_output_shape(self, queries_shape):
+        return (queries_shape[0], self.num_heads, self.num_tokens, self.num_tokens)
+
+    def get_config(self):
+        return {**super().get_config(), "grid_size": self.grid_size,
+                "num_heads": self.num_heads, "num_prefix_tokens": self.num_prefix_tokens,
+                "kind": self.kind}
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class MultiHeadSelfAttention(keras.layers.Layer):
     """Multi-head scaled dot-product self-attention, as in the paper's equations 5 to 8.
@@ -286,16 +389,27 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     Args:
         num_heads: attention heads; must divide the input width.
         dropout: dropout on the attention weights.
+        relative_position: None, or "1d" / "2d" to add relative position logits (appendix
+            D.4) from a `RelativePositionBias` sub-layer named `relative_position`.
+        grid_size: `(rows, columns)` of the patch grid; needed with `relative_position`.
+        num_prefix_tokens: tokens before the grid; used with `relative_position`.
         **kwargs: base `Layer` arguments.
 
     `call(x, training, return_attention_scores=False)` returns `[batch, tokens, D]`, and with
     `return_attention_scores=True` also the weights `[batch, heads, tokens, tokens]`.
     """
 
-    def __init__(self, num_heads, dropout=0.0, **kwargs):
+    def __init__(self, num_heads, dropout=0.0, relative_position=None, grid_size=None,
+                 num_prefix_tokens=0, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
         self.dropout = float(dropout)
+        if relative_position is not None and grid_size is None:
+            raise ValueError("relative_position needs the grid_size (rows, columns) of the "
+                             "patch grid.")
+        self.relative_position = relative_position
+        self.grid_size = None if grid_size is None else tuple(int(g) for g in grid_size)
+        self.num_prefix_tokens = int(num_prefix_tokens)
 
     def build(self, input_shape):
         _check_rank(self, input_shape, 3, "tokens [batch, tokens, hidden]")
@@ -317,6 +431,12 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         self.query, self.key, self.value, self.out = (
             dense(n) for n in ("query", "key", "value", "out"))
         self.attention_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.relative = None
+        if self.relative_position is not None:
+            self.relative = RelativePositionBias(
+                self.grid_size, self.num_heads, self.num_prefix_tokens,
+                kind=self.relative_position, name="relative_position", dtype=self.dtype_policy)
+            self.relative.build((input_shape[0], self.num_heads, input_shape[1], self.head_dim))
 
     def call(self, x, training=False, return_attention_scores=False):
         batch, tokens, hidden = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
@@ -332,6 +452,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         qkv = ops.reshape(qkv, (batch, tokens, 3, heads, head_dim))
         qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # [3, batch, heads, tokens, head_dim]
         logits = ops.matmul(qkv[0], ops.transpose(qkv[1], (0, 1, 3, 2)))
+        if self.relative is not None:  # the (scaled) queries against the offset embeddings
+            logits = logits + self.relative(qkv[0])
         # Softmax in the compute dtype, as the original. TensorFlow's CPU kernel accumulates
         # bfloat16 in float32: its output equals a float32 softmax rounded to bfloat16.
         weights = ops.softmax(logits, axis=-1)
@@ -346,7 +468,9 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         return _attention_output_spec(self, x, return_attention_scores)
 
     def get_config(self):
-        return {**super().get_config(), "num_heads": self.num_heads, "dropout": self.dropout}
+        return {**super().get_config(), "num_heads": self.num_heads, "dropout": self.dropout,
+                "relative_position": self.relative_position, "grid_size": self.grid_size,
+                "num_prefix_tokens": self.num_prefix_tokens}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -412,6 +536,8 @@ class EncoderBlock(keras.layers.Layer):
         attention_dropout: dropout on the attention weights.
         drop_path_rate: stochastic-depth rate of this block.
         approximate_gelu: tanh-approximate GELU (the original) when True, exact when False.
+        relative_position, grid_size, num_prefix_tokens: relative position logits in the
+            attention, see `MultiHeadSelfAttention` (None: none, the original).
         **kwargs: base `Layer` arguments.
 
     `call(x, training, return_attention_scores=False)`: with `return_attention_scores=True`
@@ -419,7 +545,8 @@ class EncoderBlock(keras.layers.Layer):
     """
 
     def __init__(self, num_heads, mlp_dim, dropout=0.0, attention_dropout=0.0,
-                 drop_path_rate=0.0, approximate_gelu=True, **kwargs):
+                 drop_path_rate=0.0, approximate_gelu=True, relative_position=None,
+                 grid_size=None, num_prefix_tokens=0, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
@@ -427,6 +554,11 @@ class EncoderBlock(keras.layers.Layer):
         self.attention_dropout = float(attention_dropout)
         self.drop_path_rate = float(drop_path_rate)
         self.approximate_gelu = bool(approximate_gelu)
+        self.relative_position = relative_position
+        self.grid_size = None if grid_size is None else tuple(int(g) for g in grid_size)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        # While attention_model() runs the model: a function that takes each call's weights.
+        self.attention_recorder = None
 
     def build(self, input_shape):
         _check_rank(self, input_shape, 3, "tokens [batch, tokens, hidden]")
@@ -434,6 +566,8 @@ class EncoderBlock(keras.layers.Layer):
         self.norm_0 = LayerNorm(name="LayerNorm_0", dtype=policy)
         self.attention = MultiHeadSelfAttention(
             self.num_heads, dropout=self.attention_dropout,
+            relative_position=self.relative_position, grid_size=self.grid_size,
+            num_prefix_tokens=self.num_prefix_tokens,
             name="MultiHeadDotProductAttention_1", dtype=policy)
         self.norm_2 = LayerNorm(name="LayerNorm_2", dtype=policy)
         self.mlp = MlpBlock(self.mlp_dim, dropout=self.dropout,
@@ -441,14 +575,26 @@ class EncoderBlock(keras.layers.Layer):
                             dtype=policy)
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=policy)
         self.drop_path = DropPath(self.drop_path_rate, dtype=policy)
-        for layer in (self.norm_0, self.attention, self.norm_2, self.mlp):
+        for layer in (self.norm_0, self.norm_2, self.mlp):
             layer.build(input_shape)
+        self.attention.build(self.attention_input_shape(input_shape))
+
+    def attention_input_shape(self, input_shape):
+        """The shape the attention sees (the token sequence here; rows or columns in axial)."""
+        return input_shape
+
+    def attend(self, x, training, return_attention_scores):
+        """Self-attention over the (normalised) tokens `x`."""
+        return self.attention(x, training=training,
+                              return_attention_scores=return_attention_scores)
 
     def call(self, x, training=False, return_attention_scores=False):
-        attended = self.attention(self.norm_0(x), training=training,
-                                  return_attention_scores=return_attention_scores)
-        if return_attention_scores:
+        record = self.attention_recorder is not None
+        attended = self.attend(self.norm_0(x), training, return_attention_scores or record)
+        if return_attention_scores or record:
             attended, weights = attended
+            if record:
+                self.attention_recorder(weights)
         attended = self.dropout_layer(attended, training=training)
         x = x + self.drop_path(attended, training=training)
         x = x + self.drop_path(self.mlp(self.norm_2(x), training=training), training=training)
@@ -463,7 +609,88 @@ class EncoderBlock(keras.layers.Layer):
         return {**super().get_config(), "num_heads": self.num_heads, "mlp_dim": self.mlp_dim,
                 "dropout": self.dropout, "attention_dropout": self.attention_dropout,
                 "drop_path_rate": self.drop_path_rate,
-                "approximate_gelu": self.approximate_gelu}
+                "approximate_gelu": self.approximate_gelu,
+                "relative_position": self.relative_position, "grid_size": self.grid_size,
+                "num_prefix_tokens": self.num_prefix_tokens}
+
+
+AXES = ("row", "column")
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class AxialEncoderBlock(EncoderBlock):
+    """An Axial-ViT block (paper appendix D.6): an `EncoderBlock` whose self-attention runs
+    along one axis of the patch grid, within each row (`axis="row"`) or within each column
+    (`axis="column"`), followed by its own MLP. Axial-ViT replaces every ViT block by a row
+    block and a column block.
+
+    Args:
+        axis: "row" or "column".
+        grid_size: `(rows, columns)` of the patch grid; the tokens are that grid, flattened
+            row major, with no class token.
+        **kwargs: the arguments of `EncoderBlock` (relative positions excepted).
+
+    With `return_attention_scores=True` the weights are returned as the equivalent full
+    `[batch, heads, tokens, tokens]` matrix (zero between tokens of different rows, resp.
+    columns), so attention rollout and attention distance apply unchanged.
+    """
+
+    def __init__(self, axis, grid_size, **kwargs):
+        if kwargs.get("relative_position") is not None:
+            raise ValueError("AxialEncoderBlock does not take relative_position.")
+        kwargs.pop("num_prefix_tokens", None)
+        super().__init__(grid_size=grid_size, num_prefix_tokens=0, **kwargs)
+        if axis not in AXES:
+            raise ValueError(f"axis must be one of {AXES}, got {axis!r}.")
+        self.axis = axis
+
+    def attention_input_shape(self, input_shape):
+        rows, columns = self.grid_size
+        if input_shape[1] not in (None, rows * columns):
+            raise ValueError(
+                f"AxialEncoderBlock '{self.name}' was set up for a {rows}x{columns} grid "
+                f"({rows * columns} tokens, no class token), got {input_shape[1]} tokens.")
+        lines, length = (rows, columns) if self.axis == "row" else (columns, rows)
+        batch = None if input_shape[0] is None else input_shape[0] * lines
+        return (batch, length, input_shape[-1])
+
+    def attend(self, x, training, return_attention_scores):
+        rows, columns = self.grid_size
+        batch, hidden = ops.shape(x)[0], x.shape[-1]
+        grid = ops.reshape(x, (batch, rows, columns, hidden))
+        if self.axis == "column":
+            grid = ops.transpose(grid, (0, 2, 1, 3))
+        lines, length = grid.shape[1], grid.shape[2]
+        attended = self.attention(ops.reshape(grid, (-1, length, hidden)), training=training,
+                                  return_attention_scores=return_attention_scores)
+        if return_attention_scores:
+            attended, weights = attended
+        attended = ops.reshape(attended, (batch, lines, length, hidden))
+        if self.axis == "column":
+            attended = ops.transpose(attended, (0, 2, 1, 3))
+        attended = ops.reshape(attended, (batch, rows * columns, hidden))
+        if not return_attention_scores:
+            return attended
+        return attended, self._full_weights(weights, batch)
+
+    def _full_weights(self, weights, batch):
+        """`[batch * lines, heads, length, length]` as `[batch, heads, tokens, tokens]`."""
+        rows, columns = self.grid_size
+        lines = rows if self.axis == "row" else columns
+        weights = ops.reshape(weights, (batch, lines) + tuple(weights.shape[1:]))
+        same_line = ops.eye(lines, dtype=weights.dtype)
+        if self.axis == "row":  # [b, row, h, col, col'] x [row, row'] -> [b, h, row, col, row', col']
+            full = ops.einsum("brhcd,rs->bhrcsd", weights, same_line)
+        else:  # [b, col, h, row, row'] x [col, col'] -> [b, h, row, col, row', col']
+            full = ops.einsum("bchrs,cd->bhrcsd", weights, same_line)
+        tokens = rows * columns
+        return ops.reshape(full, (batch, self.num_heads, tokens, tokens))
+
+    def get_config(self):
+        config = super().get_config()
+        for key in ("relative_position", "num_prefix_tokens"):
+            config.pop(key)
+        return {**config, "axis": self.axis}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")

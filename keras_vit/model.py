@@ -1,8 +1,12 @@
-"""Builds a ViT (or a ResNet+ViT hybrid) as a Keras functional model, from the variant table.
+"""Builds a ViT (or a ResNet+ViT hybrid, or an Axial-ViT) as a Keras functional model, from the
+variant table.
 
 The model is a plain chain of named layers, in the order of the original:
 [hybrid ResNet] -> embedding -> cls -> posembed_input -> dropout -> encoderblock_{i} ->
-encoder_norm -> pool -> [pre_logits] -> head.
+encoder_norm -> pool -> [pre_logits] -> head. The paper's variants change only the middle:
+`posembed_{i}` before block i (or `posembed_input` again) with the every-layer placements,
+relative position logits inside each block's attention, and `encoderblock_{i}_row`,
+`encoderblock_{i}_column` for Axial-ViT.
 """
 
 import numbers
@@ -23,6 +27,9 @@ from keras_vit.variants import (
 )
 
 CLASSIFIERS = ("token", "gap")
+# Appendix D.4: the absolute kinds (added to tokens) and the relative kinds (in the attention).
+POSITION_EMBEDDINGS = vit_layers.POSITION_EMBEDDINGS + ("relative", "relative_2d")
+PLACEMENTS = ("stem", "every_layer", "every_layer_shared")
 _OVERRIDABLE = ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers")
 
 
@@ -46,6 +53,21 @@ def _image_size_pair(image_size):
                              f"{image_size!r}.")
         pair.append(int(value))
     return tuple(pair)
+
+
+def _check_position_arguments(config, classifier, position_embedding, placement):
+    if placement != "stem" and position_embedding not in ("learned", "learned_2d"):
+        raise ValueError(
+            f"position_embedding_placement={placement!r} adds learned embeddings before every "
+            f"block; it needs position_embedding 'learned' or 'learned_2d', got "
+            f"{position_embedding!r} (use placement 'stem').")
+    if config.axial and classifier != "gap":
+        raise ValueError(
+            f"{config.name} has no class token: its tokens stay a 2-D grid of patches. Use "
+            f"classifier='gap' (the default for Axial variants), got {classifier!r}.")
+    if config.axial and position_embedding.startswith("relative"):
+        raise ValueError(f"{config.name} does not take relative position embeddings; use "
+                         "'learned', 'learned_2d' or 'none'.")
 
 
 def _check_config(config, image_size, position_embedding):
@@ -167,12 +189,13 @@ def vit(
     image_size=224,
     num_classes=1000,
     include_top=True,
-    classifier="token",
+    classifier=None,
     representation_size=None,
     dropout=None,
     attention_dropout=0.0,
     drop_path_rate=0.0,
     position_embedding="learned",
+    position_embedding_placement="stem",
     approximate_gelu=True,
     weights=None,
     dtype=None,
@@ -182,20 +205,28 @@ def vit(
     """Builds a Vision Transformer.
 
     Args:
-        variant: a name from `keras_vit.VARIANT_NAMES`, e.g. "B/16", "L/32", "R50+B/16".
+        variant: a name from `keras_vit.VARIANT_NAMES`, e.g. "B/16", "L/32", "R50+B/16", or
+            "Axial-" before a plain ViT name ("Axial-B/16": Axial-ViT, appendix D.6).
         image_size: int or `(height, width)`; multiples of the variant's pixels per patch.
         num_classes: classes of the head (zero-initialised, as the paper's transfer recipe).
         include_top: if False the model returns the pooled representation `[batch, D]`
             (or `[batch, representation_size]`) instead of logits.
         classifier: "token" (the class token) or "gap" (global average of the tokens, no
-            class token).
+            class token); None takes "token", or "gap" for Axial variants (their tokens stay
+            a 2-D grid, so they have no class token).
         representation_size: width of the tanh "pre_logits" layer before the head (the
             pre-training head); None for none.
         dropout: dropout rate; None takes the upstream configuration's (0.1 for L/16, H/14).
         attention_dropout: dropout on the attention weights.
         drop_path_rate: stochastic depth, rising linearly from 0 at the first block to this
             rate at the last.
-        position_embedding: "learned" (1-D, the default), "learned_2d" or "none".
+        position_embedding: the kinds of appendix D.4: "learned" (1-D, the default),
+            "learned_2d" (row and column halves), "none", or relative: "relative" (a learned
+            embedding per offset along the flattened patch sequence, giving attention logits
+            in every block) or "relative_2d" (row and column offsets, summed).
+        position_embedding_placement: where the learned kinds are added (Table 8): "stem"
+            (once, before the encoder; the default), "every_layer" (a separate embedding
+            before every block) or "every_layer_shared" (one embedding before every block).
         approximate_gelu: tanh-approximate GELU as the original (True) or exact (False).
         weights: None (random initialisation), or an original `.npz` checkpoint to load:
             a published name (see `keras_vit.pretrained.PUBLISHED`, e.g. "imagenet21k"), a
@@ -226,6 +257,8 @@ def vit(
     image_size = _image_size_pair(image_size)
     num_classes = check_int("num_classes", num_classes)
     include_top = check_bool("include_top", include_top)
+    if classifier is None:
+        classifier = "gap" if config.axial else "token"
     classifier = check_choice("classifier", classifier, CLASSIFIERS)
     representation_size = check_int("representation_size", representation_size,
                                     allow_none=True)
@@ -233,11 +266,14 @@ def vit(
     attention_dropout = check_rate("attention_dropout", attention_dropout)
     drop_path_rate = check_rate("drop_path_rate", drop_path_rate)
     position_embedding = check_choice("position_embedding", position_embedding,
-                                      vit_layers.POSITION_EMBEDDINGS)
+                                      POSITION_EMBEDDINGS)
+    placement = check_choice("position_embedding_placement", position_embedding_placement,
+                             PLACEMENTS)
     approximate_gelu = check_bool("approximate_gelu", approximate_gelu)
     _check_weights(weights)
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name must be None or a string, got {_describe(name)}.")
+    _check_position_arguments(config, classifier, position_embedding, placement)
     _check_config(config, image_size, position_embedding)
     if dropout is None:
         dropout = config.dropout
@@ -253,18 +289,40 @@ def vit(
     x = vit_layers.PatchEmbed(config.patch_size, config.hidden_size, name="embedding",
                               dtype=policy)(x)
     grid = tuple(side // config.total_stride for side in image_size)
-    if classifier == "token":
+    prefix = int(classifier == "token")
+    if prefix:
         x = vit_layers.ClassToken(name="cls", dtype=policy)(x)
-    x = vit_layers.AddPositionEmbs(grid, num_prefix_tokens=int(classifier == "token"),
-                                   kind=position_embedding, name="posembed_input",
-                                   dtype=policy)(x)
+    relative = {"relative": "1d", "relative_2d": "2d"}.get(position_embedding)
+
+    def position_layer(name):
+        kind = "none" if relative else position_embedding
+        return vit_layers.AddPositionEmbs(grid, num_prefix_tokens=prefix, kind=kind, name=name,
+                                          dtype=policy)
+
+    # The stem's embedding (also the first block's with the every_layer placements) keeps the
+    # checkpoints' name; the analysis tools read the token layout from it.
+    stem_position = position_layer("posembed_input")
+    x = stem_position(x)
     x = keras.layers.Dropout(dropout, name="dropout", dtype=policy)(x)
+    block_options = dict(dropout=dropout, attention_dropout=attention_dropout,
+                         approximate_gelu=approximate_gelu, dtype=policy)
     for index in range(config.num_layers):
+        if index and placement == "every_layer":
+            x = position_layer(f"posembed_{index}")(x)
+        elif index and placement == "every_layer_shared":
+            x = stem_position(x)
         rate = drop_path_rate * index / max(config.num_layers - 1, 1)
+        if config.axial:  # appendix D.6: a row block, then a column block, each with an MLP
+            for axis in vit_layers.AXES:
+                x = vit_layers.AxialEncoderBlock(
+                    axis, grid, num_heads=config.num_heads, mlp_dim=config.mlp_dim,
+                    drop_path_rate=rate, name=f"encoderblock_{index}_{axis}",
+                    **block_options)(x)
+            continue
         x = vit_layers.EncoderBlock(
-            config.num_heads, config.mlp_dim, dropout=dropout,
-            attention_dropout=attention_dropout, drop_path_rate=rate,
-            approximate_gelu=approximate_gelu, name=f"encoderblock_{index}", dtype=policy)(x)
+            config.num_heads, config.mlp_dim, drop_path_rate=rate, relative_position=relative,
+            grid_size=grid if relative else None, num_prefix_tokens=prefix,
+            name=f"encoderblock_{index}", **block_options)(x)
     x = vit_layers.LayerNorm(name="encoder_norm", dtype=policy)(x)
     head_dtype = _head_dtype(policy)
     x = vit_layers.TokenPooling(classifier, name="pool", dtype=head_dtype)(x)
@@ -275,7 +333,7 @@ def vit(
         x = keras.layers.Dense(num_classes, name="head", kernel_initializer="zeros",
                                dtype=head_dtype)(x)
     if name is None:
-        name = "vit_" + config.name.lower().replace("/", "").replace("+", "_")
+        name = "vit_" + config.name.lower().replace("/", "").replace("+", "_").replace("-", "_")
     model = ViTModel(images, x, name=name)
     if weights is not None:
         checkpoint.load_npz(model, pretrained.resolve_weights(weights, config.name))
@@ -283,7 +341,7 @@ def vit(
 
 
 class _AttentionModel(keras.Model):
-    """Runs a ViT's layers in order and returns the attention weights of every block."""
+    """Runs a ViT and returns the attention weights of every block, in the order they run."""
 
     def __init__(self, model, **kwargs):
         super().__init__(**kwargs)
@@ -295,17 +353,16 @@ class _AttentionModel(keras.Model):
 
     def call(self, images):
         _check_images(self.vit_model, images)
-        x, weights = images, []
-        for layer in self.vit_model.layers:
-            if isinstance(layer, keras.layers.InputLayer):
-                continue
-            if not isinstance(layer, vit_layers.EncoderBlock):
-                x = layer(x)
-                continue
-            x, attention = layer(x, return_attention_scores=True)
-            weights.append(attention)
-            if len(weights) == len(self.blocks):
-                break  # nothing after the last block is needed
+        weights = []
+        # Each block hands its weights to the recorder while the model runs as built (with
+        # any shared or repeated layers), then forgets it.
+        for block in self.blocks:
+            block.attention_recorder = weights.append
+        try:
+            self.vit_model(images)
+        finally:
+            for block in self.blocks:
+                block.attention_recorder = None
         return weights
 
 
@@ -313,7 +370,8 @@ def attention_model(model):
     """Returns a model that maps the same images to the attention weights of every block.
 
     The new model shares the layers (and so the weights) of `model`, a model built by `vit()`.
-    Its output is a list with one `[batch, heads, tokens, tokens]` tensor per encoder block.
+    Its output is a list with one `[batch, heads, tokens, tokens]` tensor per encoder block
+    (two per layer for Axial-ViT: rows, then columns, each as the equivalent full matrix).
     The default forward pass of `model` is untouched and computes no extra output.
     """
     return _AttentionModel(model, name=f"{model.name}_attention")

@@ -1,4 +1,5 @@
-"""PNG figures of the `keras_vit.analysis` results, titled and labelled to be read without code.
+"""PNG figures of the `keras_vit.analysis` results and of ablation studies (`train.ablate`),
+titled and labelled to be read without code.
 
 Each function takes the arrays an analysis function returns and a path (local or gs://), and
 writes the figure atomically (a crash mid-write leaves any previous file). Needs matplotlib:
@@ -168,4 +169,35 @@ def plot_few_shot(accuracies, path, title=None):
     axis.set_ylim(0, 105)
     axis.set_title(title or "Few-shot linear accuracy\nof the frozen representation")
     axis.grid(alpha=0.3)
+    return _save(figure, path)
+
+
+def plot_ablation(labels, accuracies, path, title=None):
+    """Test accuracy of each arm of an ablation study: the mean over seeds with a bar of one
+    standard deviation either way, and every seed's value as a dot.
+
+    `labels` names the arms (the x axis); `accuracies` holds one sequence of per-seed
+    accuracies in [0, 1] for each arm.
+    """
+    values = [100.0 * np.asarray(seeds, np.float64) for seeds in accuracies]
+    means = [float(seeds.mean()) for seeds in values]
+    stds = [float(seeds.std(ddof=1)) if len(seeds) > 1 else 0.0 for seeds in values]
+    figure = _figure(max(4.5, 1.1 * len(labels) + 1.5), 4.2)
+    axis = figure.subplots()
+    positions = np.arange(len(labels))
+    for position, seeds in zip(positions, values):
+        axis.scatter(np.full(len(seeds), position), seeds, s=14, color="0.6", zorder=2,
+                     label="one seed" if position == 0 else None)
+    axis.errorbar(positions, means, yerr=stds, fmt="o", color="C0", capsize=5, zorder=3,
+                  label="mean ± std over seeds")
+    for position, mean in zip(positions, means):
+        axis.annotate(f"{mean:.2f}", (position, mean), textcoords="offset points",
+                      xytext=(8, -3), fontsize=8)
+    axis.set_xticks(positions)
+    axis.set_xticklabels(labels, fontsize=8)
+    axis.set_xlim(-0.6, len(labels) - 0.4)
+    axis.set_ylabel("test top-1 accuracy (%)")
+    axis.set_title(title or "Ablation")
+    axis.legend(fontsize=8, loc="lower right")
+    axis.grid(axis="y", alpha=0.3)
     return _save(figure, path)

@@ -1,7 +1,8 @@
-"""The table of ViT variants and the parser for names such as "B/16" or "R50+B/16".
+"""The table of ViT variants and the parser for names such as "B/16", "R50+B/16" or "Axial-B/16".
 
-Variants are data: a transformer size from `TRANSFORMER_SIZES`, a patch size, and for the hybrids
-a ResNet from `RESNET_STAGES`. `vit()` decodes a name into one `VariantConfig`.
+Variants are data: a transformer size from `TRANSFORMER_SIZES`, a patch size, for the hybrids a
+ResNet from `RESNET_STAGES`, and for Axial-ViT (paper appendix D.6) the "Axial-" prefix. `vit()`
+decodes a name into one `VariantConfig`.
 """
 
 import dataclasses
@@ -43,9 +44,13 @@ VARIANT_NAMES = {
     "R26+S/32": "R26_ViT_S32",
     "R50+B/16": "R50_ViT_B16",
     "R50+L/32": "R50_ViT_L32",
+    # Axial-ViT (appendix D.6): the paper's two. "Axial-" also goes before any plain ViT name.
+    "Axial-B/16": "Axial_ViT_B16",
+    "Axial-B/32": "Axial_ViT_B32",
 }
+AXIAL_PREFIX = "Axial-"
 
-_NAME_PATTERN = re.compile(r"^(?:(R\d*)\+)?(Ti|S|B|L|H)/(\d+)$")
+_NAME_PATTERN = re.compile(r"^(Axial-)?(?:(R\d*)\+)?(Ti|S|B|L|H)/(\d+)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +68,8 @@ class VariantConfig:
         dropout: dropout rate of the upstream configuration.
         resnet_units: units per ResNet stage for hybrids, `()` for the stem alone, None for a
             plain ViT.
+        axial: True for Axial-ViT: every block becomes a row-attention block and a
+            column-attention block, each with its own MLP.
     """
 
     name: str
@@ -73,6 +80,7 @@ class VariantConfig:
     num_layers: int
     dropout: float = 0.0
     resnet_units: tuple | None = None
+    axial: bool = False
 
     @property
     def is_hybrid(self):
@@ -153,12 +161,18 @@ def parse_variant(name):
         raise TypeError(
             f"variant must be a string such as 'B/16', got {_describe(name)}. "
             f"Valid names: {', '.join(VARIANT_NAMES)}.")
-    match = _NAME_PATTERN.match(name.strip())
-    if match is None or name.strip() not in VARIANT_NAMES:
+    name = name.strip()
+    match = _NAME_PATTERN.match(name)
+    plain = name.removeprefix(AXIAL_PREFIX)
+    known = name in VARIANT_NAMES or (
+        name.startswith(AXIAL_PREFIX) and plain in VARIANT_NAMES and "+" not in plain)
+    if match is None or not known:
         raise ValueError(
-            f"Unknown ViT variant {name!r}. Valid names: {', '.join(VARIANT_NAMES)}."
+            f"Unknown ViT variant {name!r}. Valid names: {', '.join(VARIANT_NAMES)}, and "
+            f"{AXIAL_PREFIX!r} before any plain ViT name (e.g. 'Axial-S/16')."
         )
-    resnet, size, patch = match.group(1), match.group(2), int(match.group(3))
+    axial, resnet, size, patch = (match.group(1) is not None, match.group(2), match.group(3),
+                                  int(match.group(4)))
     hidden, mlp, heads, layers = TRANSFORMER_SIZES[size]
     resnet_units = None
     if resnet is not None:
@@ -167,12 +181,13 @@ def parse_variant(name):
             resnet_units = _R50_FOUR_STAGES
         patch = hybrid_patch or 1
     return VariantConfig(
-        name=name.strip(),
+        name=name,
         patch_size=patch,
         hidden_size=hidden,
         mlp_dim=mlp,
         num_heads=heads,
         num_layers=layers,
-        dropout=UPSTREAM_DROPOUT.get(name.strip(), 0.0),
+        dropout=UPSTREAM_DROPOUT.get(plain, 0.0),
         resnet_units=resnet_units,
+        axial=axial,
     )

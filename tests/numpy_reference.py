@@ -94,9 +94,10 @@ def patch_embedding(images, kernel, bias):
     return patches @ kernel.reshape(p * p * c, d) + bias
 
 
-def multi_head_self_attention(x, w, prefix, num_heads):
+def multi_head_self_attention(x, w, prefix, num_heads, logit_bias=None):
     """MSA (paper eqs. 5-8): per head A = softmax(q k^T / sqrt(D_h)), SA = A v; the heads are
-    concatenated and projected by `out`."""
+    concatenated and projected by `out`. `logit_bias(q)`, if given, maps the scaled queries
+    `[B, h, N, Dh]` to logits added before the softmax (relative positions, masks)."""
     b, n, d = x.shape
     assert d % num_heads == 0
     head_dim = d // num_heads
@@ -106,7 +107,10 @@ def multi_head_self_attention(x, w, prefix, num_heads):
         return y.reshape(b, n, num_heads, head_dim).transpose(0, 2, 1, 3)  # [B, h, N, Dh]
 
     q, k, v = project("query"), project("key"), project("value")
-    logits = q @ k.transpose(0, 1, 3, 2) / math.sqrt(head_dim)  # [B, h, N, N]
+    q = q / math.sqrt(head_dim)
+    logits = q @ k.transpose(0, 1, 3, 2)  # [B, h, N, N]
+    if logit_bias is not None:
+        logits = logits + logit_bias(q)
     attention = softmax(logits, axis=-1)
     heads = attention @ v  # [B, h, N, Dh]
     concatenated = heads.transpose(0, 2, 1, 3).reshape(b, n, d)
@@ -120,11 +124,12 @@ def mlp_block(x, w, prefix, approximate_gelu=True):
     return dense(h, w[f"{prefix}/Dense_1/kernel"], w[f"{prefix}/Dense_1/bias"])
 
 
-def encoder_block(x, w, index, num_heads, approximate_gelu=True):
+def encoder_block(x, w, index, num_heads, approximate_gelu=True, logit_bias=None):
     """Pre-norm block: z' = MSA(LN(z)) + z; z = MLP(LN(z')) + z'."""
-    p = f"encoderblock_{index}"
+    p = index if isinstance(index, str) else f"encoderblock_{index}"
     y = layer_norm(x, w[f"{p}/LayerNorm_0/gamma"], w[f"{p}/LayerNorm_0/beta"])
-    x = x + multi_head_self_attention(y, w, f"{p}/MultiHeadDotProductAttention_1", num_heads)
+    x = x + multi_head_self_attention(y, w, f"{p}/MultiHeadDotProductAttention_1", num_heads,
+                                      logit_bias)
     y = layer_norm(x, w[f"{p}/LayerNorm_2/gamma"], w[f"{p}/LayerNorm_2/beta"])
     return x + mlp_block(y, w, f"{p}/MlpBlock_3", approximate_gelu)
 

@@ -69,7 +69,7 @@ def test_rates_are_checked(argument, bad, error, shown):
 @pytest.mark.parametrize("argument,bad,error,valid", [
     ("classifier", "mean", ValueError, "'gap'"),
     ("classifier", "Token", ValueError, "'token'"),
-    ("classifier", None, TypeError, "'gap'"),
+    ("classifier", 1, TypeError, "'gap'"),
     ("position_embedding", "sinusoidal", ValueError, "'learned_2d'"),
     ("position_embedding", 1, TypeError, "'none'"),
     ("include_top", "no", TypeError, "True or False"),

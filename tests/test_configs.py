@@ -11,7 +11,7 @@ import tokenize
 import numpy as np
 import pytest
 
-from configs import common, finetune, pretrain, quickstart
+from configs import ablation, common, finetune, pretrain, quickstart
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(REPO, "configs")
@@ -26,6 +26,7 @@ def _all_configs():
         "finetune L/16 pets": finetune.get_config("model=L/16,dataset=oxford_iiit_pet"),
         "pretrain": pretrain.get_config(),
         "pretrain L/16 i21k": pretrain.get_config("model=L/16,dataset=imagenet21k"),
+        "ablation": ablation.get_config(),
     }
 
 
@@ -141,6 +142,125 @@ def test_no_dead_config_fields():
     used = set(re.findall(r"config\.(\w+)", text)) | set(re.findall(r'config\["(\w+)"\]', text))
     used |= set(trainer.MODEL_OVERRIDES)
     assert not set(common.get_config()) - used
+
+
+# The position-embedding fields and the Axial models (configs/common.py, train/config_checks.py).
+
+KINDS = ("learned", "learned_2d", "none", "relative", "relative_2d")
+PLACEMENTS = ("stem", "every_layer", "every_layer_shared")
+
+
+def _small(**overrides):
+    """configs/ablation.py with a small model (2 blocks: every_layer adds one embedding)."""
+    config = ablation.get_config()
+    config.update(dict(hidden_size=16, mlp_dim=32, num_heads=2, num_layers=2, patch_size=7))
+    config.update(overrides)
+    config.lock()
+    return config
+
+
+def test_position_embedding_defaults_are_the_original_vit():
+    config = common.get_config()
+    assert (config.position_embedding, config.position_embedding_placement) == ("learned",
+                                                                                "stem")
+    assert config.classifier == "token"
+
+
+BAD_POSITION_CONFIGS = {
+    "unknown_kind": (dict(position_embedding="sinusoidal"),
+                     ["config.position_embedding='sinusoidal'", "'learned_2d'", "'relative_2d'"]),
+    "unknown_placement": (dict(position_embedding_placement="everywhere"),
+                          ["config.position_embedding_placement='everywhere'",
+                           "'every_layer_shared'"]),
+    "every_layer_relative": (dict(position_embedding="relative",
+                                  position_embedding_placement="every_layer"),
+                             ["config.position_embedding_placement='every_layer'",
+                              "'learned' or 'learned_2d'", "not 'relative'"]),
+    "every_layer_shared_none": (dict(position_embedding="none",
+                                     position_embedding_placement="every_layer_shared"),
+                                ["config.position_embedding_placement='every_layer_shared'",
+                                 "not 'none'"]),
+    "learned_2d_odd_width": (dict(position_embedding="learned_2d", hidden_size=15, num_heads=3),
+                             ["config.position_embedding='learned_2d'", "even hidden_size",
+                              "not 15"]),
+    "axial_with_class_token": (dict(model="Axial-Ti/16"),
+                               ["config.classifier='token'", "Axial-Ti/16",
+                                "config.classifier='gap'"]),
+    "axial_relative": (dict(model="Axial-Ti/16", classifier="gap",
+                            position_embedding="relative_2d"),
+                       ["config.position_embedding='relative_2d'", "Axial-Ti/16"]),
+    "axial_hybrid": (dict(model="Axial-R+Ti/16"),
+                     ["config.model='Axial-R+Ti/16'", "'Axial-' before a plain ViT name"]),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_POSITION_CONFIGS))
+def test_position_and_axial_rules(name):
+    from train import config_checks
+    overrides, words = BAD_POSITION_CONFIGS[name]
+    with pytest.raises(ValueError) as error:
+        config_checks.check(_small(**overrides))
+    for word in words:
+        assert word in str(error.value), f"{word!r} not in {str(error.value)!r}"
+
+
+# Of the 30 combinations, those the model API builds: for ViT the learned kinds at every
+# placement and the others at the stem, with either classifier; for Axial-ViT only with "gap",
+# and no relative kinds.
+@pytest.mark.parametrize("model, buildable", [("Ti/16", 18), ("Axial-Ti/16", 7)])
+def test_config_checks_refuse_what_the_model_refuses(model, buildable):
+    """Every kind x placement x classifier: config_checks passes exactly the combinations that
+    keras_vit.vit() builds, so a run never fails after its slow start."""
+    from train import config_checks, trainer
+    built = 0
+    for kind in KINDS:
+        for placement in PLACEMENTS:
+            for classifier in ("token", "gap"):
+                config = _small(model=model, classifier=classifier, position_embedding=kind,
+                                position_embedding_placement=placement)
+                case = (model, kind, placement, classifier)
+                try:
+                    trainer.build_model(config, num_classes=10)
+                except ValueError:
+                    with pytest.raises(ValueError):
+                        config_checks.check(config)
+                else:
+                    config_checks.check(config)
+                    built += 1
+                    assert classifier == "gap" or not model.startswith("Axial"), case
+    assert built == buildable
+
+
+def test_build_model_passes_the_position_fields():
+    from train import trainer
+
+    def names(config):
+        return {layer.name for layer in trainer.build_model(config, 10).layers}
+
+    assert {"posembed_input", "posembed_1"} <= names(_small(
+        position_embedding_placement="every_layer"))
+    assert "posembed_1" not in names(_small(position_embedding_placement="every_layer_shared"))
+    model = trainer.build_model(_small(position_embedding="none"), 10)
+    assert not [weight for weight in model.weights if "pos_embedding" in weight.path]
+    axial = names(_small(model="Axial-Ti/16", classifier="gap"))
+    assert {"encoderblock_0_row", "encoderblock_0_column"} <= axial
+
+
+def test_runs_saved_before_the_position_fields_existed_still_resume(tmp_path):
+    """A config.json without the new fields describes a run with their defaults (learned, at
+    the stem); another position embedding is another run."""
+    import json
+    from train import run_config
+    assert not {"position_embedding", "position_embedding_placement"} & set(
+        run_config.MAY_CHANGE_ON_RESUME)
+    config = _small()
+    saved = json.loads(config.to_json_best_effort())
+    del saved["position_embedding"], saved["position_embedding_placement"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    run_config.check_resume(config, str(tmp_path))
+    with pytest.raises(run_config.ConfigMismatchError, match="position_embedding: 'learned' -> "
+                       "'learned_2d'"):
+        run_config.check_resume(_small(position_embedding="learned_2d"), str(tmp_path))
 
 
 # The learning-rate schedule.

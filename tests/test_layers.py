@@ -57,6 +57,18 @@ LAYER_CASES = [
     ("MlpBlock_exact_gelu", lambda: L.MlpBlock(16, approximate_gelu=False), (7, 8), (7, 8)),
     ("EncoderBlock", lambda: L.EncoderBlock(2, 16, dropout=0.1, attention_dropout=0.1,
                                             drop_path_rate=0.2), (7, 8), (7, 8)),
+    ("RelativePositionBias_1d", lambda: L.RelativePositionBias((2, 3), 2, 1, kind="1d"),
+     (2, 7, 4), (2, 7, 7)),
+    ("RelativePositionBias_2d", lambda: L.RelativePositionBias((2, 3), 2, 0, kind="2d"),
+     (2, 6, 4), (2, 6, 6)),
+    ("MultiHeadSelfAttention_relative", lambda: L.MultiHeadSelfAttention(
+        2, relative_position="1d", grid_size=(2, 3), num_prefix_tokens=1), (7, 8), (7, 8)),
+    ("EncoderBlock_relative_2d", lambda: L.EncoderBlock(
+        2, 16, relative_position="2d", grid_size=(2, 3), num_prefix_tokens=1), (7, 8), (7, 8)),
+    ("AxialEncoderBlock_row", lambda: L.AxialEncoderBlock("row", (2, 3), num_heads=2,
+                                                         mlp_dim=16, dropout=0.1), (6, 8), (6, 8)),
+    ("AxialEncoderBlock_column", lambda: L.AxialEncoderBlock("column", (2, 3), num_heads=2,
+                                                            mlp_dim=16), (6, 8), (6, 8)),
     ("TokenPooling_token", lambda: L.TokenPooling("token"), (7, 8), (8,)),
     ("TokenPooling_gap", lambda: L.TokenPooling("gap"), (7, 8), (8,)),
     ("StdConv2D", lambda: R.StdConv2D(8, 3, strides=2), (8, 8, 4), (4, 4, 8)),

@@ -31,6 +31,11 @@ PINNED_PARAMS = {
     "R26+S/32": 36_431_912,
     "R50+B/16": 98_659_112,
     "R50+L/32": 328_994_856,
+    # Axial-ViT (appendix D.6): the GAP B model (no class token: 196 positions, 86,566,120)
+    # plus a second set of 12 blocks of 7,087,872 (row and column blocks, each with an MLP).
+    "Axial-B/16": 171_620_584,
+    # B/32's 32x32x3x768 patch embedding, 49 positions: 88,222,696 + 12 x 7,087,872.
+    "Axial-B/32": 173_277_160,
 }
 
 # Tokens (class token + grid) at 224x224: (224 / pixels per token)^2 + 1.
@@ -48,6 +53,8 @@ TOKENS_224 = {
     "R26+S/32": 50,
     "R50+B/16": 197,
     "R50+L/32": 50,
+    "Axial-B/16": 196,  # no class token
+    "Axial-B/32": 49,
 }
 
 HIDDEN = {"Ti": 192, "S": 384, "B": 768, "L": 1024, "H": 1280}
@@ -61,7 +68,7 @@ def _fresh_session():
 
 
 def _hidden(name):
-    return HIDDEN[name.split("+")[-1].split("/")[0]]
+    return HIDDEN[name.removeprefix("Axial-").split("+")[-1].split("/")[0]]
 
 
 def _pos_embedding_shape(model):
@@ -146,5 +153,5 @@ def test_builder_is_exported_and_builds_the_same_variant(name):
     keras.backend.clear_session(free_memory=False)
     from_vit = _fingerprint(keras_vit.vit(name, **small))
     assert from_builder == from_vit
-    expected_name = "vit_" + name.lower().replace("/", "").replace("+", "_")
+    expected_name = "vit_" + name.lower().replace("/", "").replace("+", "_").replace("-", "_")
     assert from_builder[0] == expected_name

@@ -12,7 +12,6 @@ Writes into --out: attention_rollout.png, attention_distance.png, position_embed
 embedding_filters.png, few_shot.png, and analysis.json with the numbers behind them.
 """
 
-import json
 import os
 import time
 
@@ -86,6 +85,8 @@ def load_model(config, workdir):
         representation_size = arrays["pre_logits/kernel"].shape[-1]
     model = keras_vit.vit(config.model, image_size=config.image_size, include_top=False,
                           classifier=config.classifier, representation_size=representation_size,
+                          position_embedding=config.position_embedding,
+                          position_embedding_placement=config.position_embedding_placement,
                           **overrides)
     keras_vit.checkpoint.load_npz(model, arrays)
     return model, None
@@ -152,14 +153,6 @@ def labelled_batches(builder, split, size, count):
     return examples.batch(256)
 
 
-def _write_json(path, values):
-    import tensorflow as tf
-
-    with tf.io.gfile.GFile(path + ".partial", "w") as handle:
-        json.dump(values, handle, indent=2)
-    tf.io.gfile.rename(path + ".partial", path, overwrite=True)
-
-
 def check_flags():
     """Rejects bad flag values before any slow work; returns the few-shot k values."""
     if FLAGS.workdir and "://" not in FLAGS.workdir and not os.path.isdir(FLAGS.workdir):
@@ -197,7 +190,7 @@ def main(argv):
     import tensorflow as tf
 
     from keras_vit import analysis, plotting, resnet
-    from train import input_pipeline
+    from train import input_pipeline, metrics
 
     config = load_config(FLAGS.workdir)
     model, class_names = load_model(config, FLAGS.workdir)
@@ -263,7 +256,7 @@ def main(argv):
         title))
 
     json_path = os.path.join(out, "analysis.json")
-    _write_json(json_path, results)  # kept if the slower few-shot evaluation fails
+    metrics.write_json(json_path, results)  # kept if the slower few-shot evaluation fails
     if shots:
         l2_reg = analysis.DEFAULT_L2_REG if FLAGS.l2_reg is None else FLAGS.l2_reg
         logging.info("Few-shot: features of %d train and %d eval examples...",
@@ -287,7 +280,7 @@ def main(argv):
             f"{FLAGS.draws} draws)"))
 
     paths.append(json_path)
-    _write_json(json_path, results)
+    metrics.write_json(json_path, results)
     logging.info("Wrote %s in %.1f s.", ", ".join(paths), time.time() - start)
 
 

@@ -44,8 +44,9 @@ def _parse_flags(argv):
         fail(f"--config: {_message(error)}")
 
 
-def run(main):
-    """`absl.app.run(main)` that reports user errors as one paragraph (see the module doc)."""
+def run(main, argv=None):
+    """`absl.app.run(main, argv)` that reports user errors as one paragraph (see the module
+    doc); `argv` defaults to sys.argv."""
 
     def reporting_main(argv):
         try:
@@ -55,4 +56,4 @@ def run(main):
                 traceback.print_exc()
             fail(_message(error))
 
-    app.run(reporting_main, flags_parser=_parse_flags)
+    app.run(reporting_main, argv=argv, flags_parser=_parse_flags)

@@ -22,6 +22,10 @@ from absl import app, logging
 OPTIMIZERS = ("sgd", "adam", "adamw")
 DECAYS = ("cosine", "linear")
 CLASSIFIERS = ("token", "gap")
+POSITION_EMBEDDINGS = ("learned", "learned_2d", "none", "relative", "relative_2d")
+PLACEMENTS = ("stem", "every_layer", "every_layer_shared")
+# The kinds added to the tokens as embeddings: only they can go in again before every block.
+LEARNED_POSITION_EMBEDDINGS = ("learned", "learned_2d")
 # float32 everywhere, or bfloat16 compute with float32 weights (TPU, CPUs with AMX). No float16:
 # the loop has no loss scaling, so float16 gradients would underflow.
 DTYPE_POLICIES = ("float32", "mixed_bfloat16")
@@ -42,6 +46,8 @@ RULES = {
     "num_heads": ("optional_int", (1, None)),
     "num_layers": ("optional_int", (1, None)),
     "classifier": ("choice", CLASSIFIERS),
+    "position_embedding": ("choice", POSITION_EMBEDDINGS),
+    "position_embedding_placement": ("choice", PLACEMENTS),
     "representation_size": ("optional_int", (1, None)),
     "dropout": ("float", (0.0, 1.0, False)),
     "attention_dropout": ("float", (0.0, 1.0, False)),
@@ -81,8 +87,9 @@ RULES = {
 
 # What train.analyze reads of a config (a workdir's config.json or a config file).
 ANALYZE_FIELDS = ("model", "patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers",
-                  "classifier", "representation_size", "pretrained", "dataset", "data_dir",
-                  "train_split", "eval_split", "image_size")
+                  "classifier", "position_embedding", "position_embedding_placement",
+                  "representation_size", "pretrained", "dataset", "data_dir", "train_split",
+                  "eval_split", "image_size")
 
 
 
@@ -173,6 +180,14 @@ def problems(config, num_replicas=None, fields=None):
                      else f"config.batch_size={config.batch_size}")
             add("accum_steps", f"config.accum_steps={config.accum_steps}",
                 f"must divide {where} into equal micro-batches")
+    if (ok("position_embedding", "position_embedding_placement")
+            and config.position_embedding_placement != "stem"
+            and config.position_embedding not in LEARNED_POSITION_EMBEDDINGS):
+        add("position_embedding_placement",
+            f"config.position_embedding_placement={config.position_embedding_placement!r}",
+            "adds learned embeddings before every block, so it needs config.position_embedding "
+            f"{' or '.join(map(repr, LEARNED_POSITION_EMBEDDINGS))}, not "
+            f"{config.position_embedding!r} (or use placement 'stem')")
     _check_model(config, present, ok, add)
     if ok("dataset") and config.dataset.startswith(FOLDER_PREFIX):
         root = config.dataset[len(FOLDER_PREFIX):]
@@ -188,20 +203,28 @@ def problems(config, num_replicas=None, fields=None):
 def _check_model(config, present, ok, add):
     if not ok("model"):
         return
-    from keras_vit.variants import VARIANT_NAMES, parse_variant
+    from keras_vit.variants import AXIAL_PREFIX, VARIANT_NAMES, parse_variant
 
     try:
         variant = parse_variant(config.model)
     except ValueError:
         add("model", f"config.model={config.model!r}",
-            f"must be a keras_vit variant: {', '.join(VARIANT_NAMES)}")
+            f"must be a keras_vit variant: {', '.join(VARIANT_NAMES)}, or {AXIAL_PREFIX!r} "
+            f"before a plain ViT name (e.g. '{AXIAL_PREFIX}Ti/16')")
         return
+    if variant.axial:
+        _check_axial(config, variant, ok, add)
     sizes = {}
     for name in ("patch_size", "hidden_size", "num_heads"):
         if name in present and not ok(name):
             return  # already reported
         value = config[name] if name in present else None
         sizes[name] = getattr(variant, name) if value is None else value
+    if (ok("position_embedding") and config.position_embedding == "learned_2d"
+            and sizes["hidden_size"] % 2):
+        add("position_embedding", f"config.position_embedding={config.position_embedding!r}",
+            "needs an even hidden_size (half for rows, half for columns), not "
+            f"{sizes['hidden_size']}")
     if sizes["hidden_size"] % sizes["num_heads"]:
         add(("hidden_size", "num_heads"),
             f"config.hidden_size={sizes['hidden_size']}, config.num_heads={sizes['num_heads']}",
@@ -217,6 +240,18 @@ def _check_model(config, present, ok, add):
             add("image_size", f"config.image_size={config.image_size}",
                 f"must be a multiple of {stride}, the pixels per patch of {variant.name} "
                 f"({how}), e.g. {nearest}")
+
+
+def _check_axial(config, variant, ok, add):
+    """What keras_vit.vit() refuses for Axial-ViT: a class token, relative positions."""
+    if ok("classifier") and config.classifier != "gap":
+        add("classifier", f"config.classifier={config.classifier!r}",
+            f"{variant.name} has no class token (its tokens stay a grid of patches): set "
+            "config.classifier='gap'")
+    if ok("position_embedding") and config.position_embedding.startswith("relative"):
+        add("position_embedding", f"config.position_embedding={config.position_embedding!r}",
+            f"{variant.name} takes no relative position embeddings; use "
+            f"{', '.join(map(repr, LEARNED_POSITION_EMBEDDINGS))} or 'none'")
 
 
 def _check_pretrained(config, add):

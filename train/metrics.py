@@ -1,4 +1,5 @@
-"""Where logged values go: absl log lines, TensorBoard scalars and `workdir/metrics.jsonl`."""
+"""Where logged values go: absl log lines, TensorBoard scalars and `workdir/metrics.jsonl`; and
+the atomic writer of the tools' result files (analysis.json, the ablation studies' reports)."""
 
 import json
 import os
@@ -22,11 +23,8 @@ class MetricsWriter:
         self.records = []
         if not active:
             return
-        if tf.io.gfile.exists(self.path):
-            with tf.io.gfile.GFile(self.path) as handle:
-                for line in handle:
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step:
-                        self.records.append(json.loads(line))
+        self.records = [record for record in read_records(workdir)
+                        if record.get("step", 0) <= resume_step]
         self.summary = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
 
     def write(self, step, **values):
@@ -40,7 +38,27 @@ class MetricsWriter:
         record = {"step": int(step), **values}
         self.records = [old for old in self.records if old.keys() != record.keys()
                         or old["step"] != record["step"]] + [record]
-        temporary = self.path + ".tmp"
-        with tf.io.gfile.GFile(temporary, "w") as handle:
-            handle.write("".join(json.dumps(record) + "\n" for record in self.records))
-        tf.io.gfile.rename(temporary, self.path, overwrite=True)
+        write_text(self.path, "".join(json.dumps(record) + "\n" for record in self.records))
+
+
+def read_records(workdir):
+    """The records of `workdir/metrics.jsonl` in order; [] when there is none yet."""
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not tf.io.gfile.exists(path):
+        return []
+    with tf.io.gfile.GFile(path) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def write_json(path, values):
+    """Writes `values` as indented JSON to `path` (local or gs://) atomically."""
+    write_text(path, json.dumps(values, indent=2) + "\n")
+
+
+def write_text(path, text):
+    """Writes `text` to a temporary file beside `path` (local or gs://), then renames it over
+    `path`: a crash mid-write leaves the previous file whole."""
+    temporary = path + ".tmp"
+    with tf.io.gfile.GFile(temporary, "w") as handle:
+        handle.write(text)
+    tf.io.gfile.rename(temporary, path, overwrite=True)

@@ -11,6 +11,9 @@ import os
 
 import tensorflow as tf
 
+from configs import common
+from train import metrics
+
 # What a rerun may change: how long to run and how to evaluate, save and export, and where the
 # same data lives; not what is trained.
 MAY_CHANGE_ON_RESUME = ("total_steps", "steps_per_loop", "eval_every_steps",
@@ -44,27 +47,39 @@ def saved(workdir, fix="restore it, or use a new --workdir"):
                          f"in this workdir: {fix}.") from error
 
 
-def check_resume(config, workdir):
-    """Raises ConfigMismatchError when `config` may not resume the run saved in `workdir`."""
+def differences(config, workdir, may_change=MAY_CHANGE_ON_RESUME):
+    """`[(field, saved value, value in config)]` for each field outside `may_change` in which
+    `config` differs from the run saved in `workdir`; [] when the workdir has no run."""
     previous = saved(workdir)
     if previous is None:
-        return
+        return []
     current = _as_json(config)
-    differ = sorted(name for name in set(previous) | set(current)
-                    if name not in MAY_CHANGE_ON_RESUME
-                    and previous.get(name) != current.get(name))
+    # A field added to configs/common.py after the run started is missing from its config.json.
+    # New fields default to what the code did before them (position_embedding "learned" at the
+    # "stem", ...), so the saved run had the default.
+    defaults = _as_json(common.get_config())
+    previous = {**{name: value for name, value in defaults.items() if name not in previous},
+                **previous}
+    return [(name, previous.get(name), current.get(name))
+            for name in sorted(set(previous) | set(current))
+            if name not in may_change and previous.get(name) != current.get(name)]
+
+
+def describe(differences):
+    """`field: old -> new, ...` of `differences`."""
+    return ", ".join(f"{name}: {old!r} -> {new!r}" for name, old, new in differences)
+
+
+def check_resume(config, workdir):
+    """Raises ConfigMismatchError when `config` may not resume the run saved in `workdir`."""
+    differ = differences(config, workdir)
     if differ:
-        changes = ", ".join(f"{name}: {previous.get(name)!r} -> {current.get(name)!r}"
-                            for name in differ)
         raise ConfigMismatchError(
-            f"{workdir} holds a run with another config ({changes}); resuming it would mix "
-            "two runs. Use a new --workdir, or rerun with the saved values from "
+            f"{workdir} holds a run with another config ({describe(differ)}); resuming it would "
+            "mix two runs. Use a new --workdir, or rerun with the saved values from "
             f"{path(workdir)}. Only {', '.join(MAY_CHANGE_ON_RESUME)} may change on a rerun.")
 
 
 def write(config, workdir):
     """Writes `config.json` atomically (read back by train.export and by reruns)."""
-    temporary = path(workdir) + ".tmp"
-    with tf.io.gfile.GFile(temporary, "w") as handle:
-        handle.write(config.to_json_best_effort(indent=2))
-    tf.io.gfile.rename(temporary, path(workdir), overwrite=True)
+    metrics.write_text(path(workdir), config.to_json_best_effort(indent=2))

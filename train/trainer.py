@@ -39,7 +39,9 @@ def build_model(config, num_classes):
     overrides = {name: config[name] for name in MODEL_OVERRIDES if config[name] is not None}
     return keras_vit.vit(
         config.model, image_size=config.image_size, num_classes=num_classes,
-        classifier=config.classifier, representation_size=config.representation_size,
+        classifier=config.classifier, position_embedding=config.position_embedding,
+        position_embedding_placement=config.position_embedding_placement,
+        representation_size=config.representation_size,
         dropout=config.dropout, attention_dropout=config.attention_dropout,
         drop_path_rate=config.drop_path_rate, dtype=config.dtype_policy, **overrides)
 
