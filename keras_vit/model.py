@@ -29,6 +29,8 @@ from keras_vit.variants import (
 CLASSIFIERS = ("token", "gap")
 # Appendix D.4: the absolute kinds (added to tokens) and the relative kinds (in the attention).
 POSITION_EMBEDDINGS = vit_layers.POSITION_EMBEDDINGS + ("relative", "relative_2d")
+# Only embeddings added to the tokens can be added again before every block.
+LEARNED_POSITION_EMBEDDINGS = ("learned", "learned_2d")
 PLACEMENTS = ("stem", "every_layer", "every_layer_shared")
 _OVERRIDABLE = ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers")
 
@@ -56,10 +58,11 @@ def _image_size_pair(image_size):
 
 
 def _check_position_arguments(config, classifier, position_embedding, placement):
-    if placement != "stem" and position_embedding not in ("learned", "learned_2d"):
+    if placement != "stem" and position_embedding not in LEARNED_POSITION_EMBEDDINGS:
         raise ValueError(
             f"position_embedding_placement={placement!r} adds learned embeddings before every "
-            f"block; it needs position_embedding 'learned' or 'learned_2d', got "
+            f"block; it needs position_embedding "
+            f"{' or '.join(map(repr, LEARNED_POSITION_EMBEDDINGS))}, got "
             f"{position_embedding!r} (use placement 'stem').")
     if config.axial and classifier != "gap":
         raise ValueError(

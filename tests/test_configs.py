@@ -11,6 +11,7 @@ import tokenize
 import numpy as np
 import pytest
 
+import keras_vit
 from configs import ablation, common, finetune, pretrain, quickstart
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -146,8 +147,18 @@ def test_no_dead_config_fields():
 
 # The position-embedding fields and the Axial models (configs/common.py, train/config_checks.py).
 
-KINDS = ("learned", "learned_2d", "none", "relative", "relative_2d")
-PLACEMENTS = ("stem", "every_layer", "every_layer_shared")
+# What the model API takes: config_checks repeats these so that it needs no TensorFlow at
+# import; the test below holds the copies equal.
+KINDS = keras_vit.model.POSITION_EMBEDDINGS
+PLACEMENTS = keras_vit.model.PLACEMENTS
+
+
+def test_config_checks_copies_of_the_model_choices_are_equal():
+    from train import config_checks
+    assert config_checks.POSITION_EMBEDDINGS == KINDS
+    assert config_checks.PLACEMENTS == PLACEMENTS
+    assert config_checks.LEARNED_POSITION_EMBEDDINGS == keras_vit.model.LEARNED_POSITION_EMBEDDINGS
+    assert config_checks.CLASSIFIERS == keras_vit.model.CLASSIFIERS
 
 
 def _small(**overrides):
