@@ -32,6 +32,14 @@ def get_config():
     config.drop_path_rate = 0.0  # stochastic depth at the last block (linear in depth)
     config.pretrained = ""  # "" for none, or a keras_vit weights name or .npz path/URL
 
+    # Objective: supervised, or the paper's self-supervised pre-training (section 4.6,
+    # configs/mpp.py): masked patches of each image, with targets from their pixels, no labels.
+    config.objective = "classification"  # or "masked_patch_prediction"
+    config.mpp_target = "mean_color"  # "mean_color" (512 classes), "downscaled_color", "pixels"
+    config.mpp_corruption_rate = 0.5  # share of each image's patches corrupted and predicted
+    config.mpp_mask_rate = 0.8  # of the corrupted: replaced by the learned [mask] embedding
+    config.mpp_random_rate = 0.1  # of the corrupted: another patch's embedding; the rest stay
+
     # Data.
     config.dataset = "fashion_mnist_local"  # a TFDS name, "folder:/path/to/root" or the default
     config.data_dir = placeholder(str)  # TFDS data_dir (gs://)

@@ -5,8 +5,8 @@
     model = keras_vit.vit("R50+B/16", num_classes=37)
 """
 
-from keras_vit import (analysis, checkpoint, export, flops, layers, plotting, pretrained, resnet,
-                       serving)
+from keras_vit import (analysis, checkpoint, export, flops, layers, masked_patches, plotting,
+                       pretrained, resnet, serving)
 from keras_vit.builders import (
     Axial_ViT_B16,
     Axial_ViT_B32,
@@ -24,6 +24,7 @@ from keras_vit.builders import (
     ViT_S32,
     ViT_Ti16,
 )
+from keras_vit.masked_patches import MaskedPatchPredictor
 from keras_vit.model import attention_model, vit
 from keras_vit.preprocessing import preprocess_inputs
 from keras_vit.variants import VARIANT_NAMES, parse_variant

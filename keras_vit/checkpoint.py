@@ -113,6 +113,29 @@ def read_npz(path):
         raise _unreachable(path, error) from error
 
 
+def read_weights(path):
+    """The arrays of a checkpoint, by key: an `.npz` (`read_npz`), or a keras_vit `.keras`
+    model file (loaded in Keras' safe mode), e.g. the encoder a pre-training run exported."""
+    if os.fspath(path).endswith(".keras"):
+        import keras
+
+        if not os.path.exists(path) and "://" not in os.fspath(path):
+            raise FileNotFoundError(f"No model file at {os.fspath(path)!r}.")
+        try:
+            model = keras.saving.load_model(path, compile=False, safe_mode=True)
+        except (OSError, ValueError, TypeError, zipfile.BadZipFile) as error:
+            raise CheckpointError(f"{os.fspath(path)!r} is not a loadable keras_vit .keras "
+                                  f"model: {error}") from error
+        return model_arrays(model)
+    return read_npz(path)
+
+
+def model_arrays(model):
+    """A keras_vit model's weights as the arrays of its `.npz` checkpoint, by key."""
+    return {key: np.asarray(variable.numpy()).reshape(shape)
+            for key, variable, shape in _model_variables(model)}
+
+
 def _read_archive(path, handle):
     with handle:
         try:
@@ -217,7 +240,8 @@ def load_npz(model, path, *, strict=True, new_head=False, allow_nonfinite=False)
 
     Args:
         model: a model from `keras_vit.vit()` or a named builder.
-        path: local path or `gs://` path of the `.npz` file, or a dict of arrays.
+        path: local path or `gs://` path of the `.npz` file (or of a keras_vit `.keras`
+            model, whose weights are used), or a dict of arrays.
         strict: if True (default), keys the model needs but the file lacks, keys the file has
             that the model cannot use, and shape mismatches raise one `CheckpointError` naming
             them all, and nothing is assigned. If False, what matches is loaded and the rest is
@@ -235,7 +259,7 @@ def load_npz(model, path, *, strict=True, new_head=False, allow_nonfinite=False)
     Returns:
         A dict with lists `loaded`, `missing`, `unexpected`, `mismatched` and `resized` keys.
     """
-    arrays = dict(path) if isinstance(path, dict) else read_npz(path)
+    arrays = dict(path) if isinstance(path, dict) else read_weights(path)
     if not allow_nonfinite:
         bad = _nonfinite_keys(arrays)
         if bad:
@@ -343,8 +367,7 @@ def save_npz(model, path):
             raise PermissionError(
                 f"Cannot save the checkpoint {path!r}: the directory {directory!r} is not "
                 "writable.")
-    arrays = {key: np.asarray(variable.numpy()).reshape(shape)
-              for key, variable, shape in _model_variables(model)}
+    arrays = model_arrays(model)
     temporary = f"{path}.partial-{os.getpid()}"
     try:
         buffer = io.BytesIO()  # zip needs a seekable file; GFile writers are not

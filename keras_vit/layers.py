@@ -58,6 +58,9 @@ class PatchEmbed(keras.layers.Layer):
         super().__init__(**kwargs)
         self.patch_size = int(patch_size)
         self.hidden_size = int(hidden_size)
+        # While a MaskedPatchPredictor runs the model: a function applied to the tokens (it
+        # corrupts some of them), then forgotten.
+        self.token_transform = None
 
     def build(self, input_shape):
         _check_rank(self, input_shape, 4, "images [batch, height, width, channels]")
@@ -88,7 +91,10 @@ class PatchEmbed(keras.layers.Layer):
         patches = ops.conv(images, self.kernel, strides=self.patch_size, padding="valid")
         patches = ops.add(patches, self.bias)  # a BiasAdd that fuses with the conv on TF
         batch = ops.shape(patches)[0]
-        return ops.reshape(patches, (batch, -1, self.hidden_size))
+        tokens = ops.reshape(patches, (batch, -1, self.hidden_size))
+        if self.token_transform is not None:
+            tokens = self.token_transform(tokens)
+        return tokens
 
     def compute_output_shape(self, input_shape):
         batch, height, width, _ = input_shape

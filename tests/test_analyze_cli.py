@@ -24,11 +24,11 @@ def fake_fmnist(tmp_path_factory):
 @pytest.fixture(scope="module")
 def workdir(fake_fmnist, tmp_path_factory):
     """A workdir as training leaves it: export/model.keras, class names and config.json."""
-    from train import trainer
+    from train import objectives
 
     root = tmp_path_factory.mktemp("analyze_workdir")
     config = tiny_config(fake_fmnist, num_layers=2, representation_size=8)
-    model = trainer.build_model(config, num_classes=10)
+    model = objectives.build_model(config, num_classes=10)
     os.makedirs(root / "export")
     model.save(root / "export" / "model.keras")
     (root / "export" / "class_names.txt").write_text(

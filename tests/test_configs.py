@@ -134,14 +134,14 @@ def test_every_common_field_has_a_comment():
 
 def test_no_dead_config_fields():
     """Every field is read somewhere in train/ (DESIGN.md: avoid dead config fields)."""
-    from train import trainer
+    from train import objectives
     text = ""
     for name in os.listdir(os.path.join(REPO, "train")):
         if name.endswith(".py"):
             with open(os.path.join(REPO, "train", name)) as handle:
                 text += handle.read()
     used = set(re.findall(r"config\.(\w+)", text)) | set(re.findall(r'config\["(\w+)"\]', text))
-    used |= set(trainer.MODEL_OVERRIDES)
+    used |= set(objectives.MODEL_OVERRIDES)
     assert not set(common.get_config()) - used
 
 
@@ -159,6 +159,10 @@ def test_config_checks_copies_of_the_model_choices_are_equal():
     assert config_checks.PLACEMENTS == PLACEMENTS
     assert config_checks.LEARNED_POSITION_EMBEDDINGS == keras_vit.model.LEARNED_POSITION_EMBEDDINGS
     assert config_checks.CLASSIFIERS == keras_vit.model.CLASSIFIERS
+    assert config_checks.MPP_TARGETS == keras_vit.masked_patches.TARGETS
+    assert config_checks.MPP_DOWNSCALED_CELLS == keras_vit.masked_patches.DOWNSCALED_CELLS
+    from train import objectives
+    assert config_checks.OBJECTIVES == objectives.OBJECTIVES
 
 
 def _small(**overrides):
@@ -222,7 +226,7 @@ def test_position_and_axial_rules(name):
 def test_config_checks_refuse_what_the_model_refuses(model, buildable):
     """Every kind x placement x classifier: config_checks passes exactly the combinations that
     keras_vit.vit() builds, so a run never fails after its slow start."""
-    from train import config_checks, trainer
+    from train import config_checks, objectives
     built = 0
     for kind in KINDS:
         for placement in PLACEMENTS:
@@ -231,7 +235,7 @@ def test_config_checks_refuse_what_the_model_refuses(model, buildable):
                                 position_embedding_placement=placement)
                 case = (model, kind, placement, classifier)
                 try:
-                    trainer.build_model(config, num_classes=10)
+                    objectives.build_model(config, num_classes=10)
                 except ValueError:
                     with pytest.raises(ValueError):
                         config_checks.check(config)
@@ -243,15 +247,15 @@ def test_config_checks_refuse_what_the_model_refuses(model, buildable):
 
 
 def test_build_model_passes_the_position_fields():
-    from train import trainer
+    from train import objectives
 
     def names(config):
-        return {layer.name for layer in trainer.build_model(config, 10).layers}
+        return {layer.name for layer in objectives.build_model(config, 10).layers}
 
     assert {"posembed_input", "posembed_1"} <= names(_small(
         position_embedding_placement="every_layer"))
     assert "posembed_1" not in names(_small(position_embedding_placement="every_layer_shared"))
-    model = trainer.build_model(_small(position_embedding="none"), 10)
+    model = objectives.build_model(_small(position_embedding="none"), 10)
     assert not [weight for weight in model.weights if "pos_embedding" in weight.path]
     axial = names(_small(model="Axial-Ti/16", classifier="gap"))
     assert {"encoderblock_0_row", "encoderblock_0_column"} <= axial

@@ -12,7 +12,9 @@ time low on 2 cores:
 - `term`: as `one` but checkpointing every 50 steps, SIGTERMed before the first, then rerun;
 - `workers_kill`, `workers_term`: as `kill` and `term` on 2 workers; the signal goes to worker 1,
   then both are started again;
-- `xla`: one device with config.jit_compile; `xla2`: jit_compile on 2 replicas (must refuse).
+- `xla`: one device with config.jit_compile; `xla2`: jit_compile on 2 replicas (must refuse);
+- `mpp`, `mpp_two`, `mpp_kill`, `mpp_xla`: as `one`, `two`, `kill` and `xla`, pre-training by
+  masked patch prediction (config.objective), `mpp` exporting its encoder.
 """
 
 import glob
@@ -21,6 +23,7 @@ import math
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -28,7 +31,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from train import trainer
+from train import objectives, trainer
 from train.metrics import MetricsWriter
 from train.preemption import RESUMABLE_EXIT_CODE
 from train.schedules import WarmupDecay
@@ -45,6 +48,8 @@ RUN = dict(optimizer="sgd", learning_rate=0.1, classifier="gap", crop_min_area=1
 INTERRUPT_AFTER = 10
 TERM_CHECKPOINT_EVERY = 50  # `term` saves less often, so its stopping checkpoint is SIGTERM's
 TIMEOUT = 600
+# Masked patch prediction: the 28x28 images in 7x7 patches, 16 of them, about 8 corrupted.
+MPP = dict(objective="masked_patch_prediction")
 
 
 class Run:
@@ -151,6 +156,13 @@ def runs(fake_fmnist, tmp_path_factory):
             eval_every_steps=4),
         "xla2": Run(fake_fmnist, root, "xla2", "--strategy=mirrored", "--cpu_devices=2",
                     jit_compile=True, total_steps=4, warmup_steps=2),
+        "mpp": Run(fake_fmnist, root, "mpp", "--strategy=one_device", export=True, **MPP),
+        "mpp_two": Run(fake_fmnist, root, "mpp_two", "--strategy=mirrored", "--cpu_devices=2",
+                       **MPP),
+        "mpp_kill": Run(fake_fmnist, root, "mpp_kill", "--strategy=one_device", **MPP),
+        "mpp_xla": Run(fake_fmnist, root, "mpp_xla", "--strategy=one_device", env={
+            "TF_CPP_MIN_LOG_LEVEL": "0"}, jit_compile=True, total_steps=4, warmup_steps=2,
+            eval_every_steps=4, **MPP),
     }
     try:
         _run_all(runs)
@@ -170,7 +182,8 @@ def _processes(run):
 
 # What to interrupt, with what, in which process (worker 1 of a cluster: not the chief).
 INTERRUPTS = {"kill": signal.SIGKILL, "term": signal.SIGTERM,
-              "workers_kill": signal.SIGKILL, "workers_term": signal.SIGTERM}
+              "workers_kill": signal.SIGKILL, "workers_term": signal.SIGTERM,
+              "mpp_kill": signal.SIGKILL}
 
 
 def _ready_to_interrupt(name, workdir):
@@ -256,8 +269,9 @@ def _assert_no_duplicate_steps(records):
 
 # 1. Two replicas compute what one does.
 
-def test_two_replicas_match_one_replica(runs):
-    one, two = runs["one"], runs["two"]
+@pytest.mark.parametrize("one,two", [("one", "two"), ("mpp", "mpp_two")])
+def test_two_replicas_match_one_replica(runs, one, two):
+    one, two = runs[one], runs[two]
     one.check()
     two.check()
     assert "with 2 replicas" in two.logs[0] and "with 1 replicas" in one.logs[0]
@@ -368,8 +382,9 @@ def test_sigterm_to_one_worker_stops_all_at_one_checkpoint(runs):
 
 # 2. XLA.
 
-def test_jit_compile_on_one_device(runs):
-    run = runs["xla"]
+@pytest.mark.parametrize("name", ["xla", "mpp_xla"])
+def test_jit_compile_on_one_device(runs, name):
+    run = runs[name]
     run.check()
     assert "Compiled cluster using XLA" in run.logs[0]
     train, evaluation = _by_kind(run.metrics)
@@ -387,8 +402,9 @@ def test_jit_compile_on_two_replicas_is_a_clear_error(runs):
 
 # 3. Interruptions: SIGKILL and SIGTERM, then the same command again.
 
-def test_kill_9_then_rerun_matches_an_uninterrupted_run(runs):
-    run, reference = runs["kill"], runs["one"]
+@pytest.mark.parametrize("name,reference", [("kill", "one"), ("mpp_kill", "mpp")])
+def test_kill_9_then_rerun_matches_an_uninterrupted_run(runs, name, reference):
+    run, reference = runs[name], runs[reference]
     reference.check()
     assert run.at_signal is not None, f"the run was never killed:\n{run.logs[0][-4000:]}"
     assert run.returncodes[0] == -signal.SIGKILL
@@ -495,6 +511,43 @@ def test_checkpoints_kept_and_export(runs):
 
 # In-process pieces.
 
+def test_masked_patch_prediction_learns_and_exports_its_encoder(runs, fake_fmnist):
+    import keras
+
+    from keras_vit import checkpoint
+
+    run = runs["mpp"]
+    run.check()
+    train, evaluation = _by_kind(run.metrics)
+    assert train[100]["loss"] < 0.5 * train[5]["loss"]  # from log(512) = 6.24
+    assert evaluation[100]["eval_accuracy"] > evaluation[50]["eval_accuracy"] - 0.05
+    assert "masked patch prediction, target mean_color" in run.logs[0]
+    export = os.path.join(run.workdir, "export")
+    assert sorted(os.listdir(export)) == ["encoder.npz", "model.keras"]
+    encoder = keras.saving.load_model(os.path.join(export, "model.keras"), safe_mode=True)
+    assert encoder.output.shape == (None, 16)  # the pooled representation, no head
+    arrays = checkpoint.read_npz(os.path.join(export, "encoder.npz"))
+    assert not any(key.startswith(("head", "mpp")) for key in arrays)
+    expected = checkpoint.model_arrays(encoder)
+    assert sorted(arrays) == sorted(expected)
+    for key in expected:
+        np.testing.assert_array_equal(arrays[key], expected[key])
+    # Fine-tuning starts from either file, with a new zero head.
+    for path in (os.path.join(export, "encoder.npz"), os.path.join(export, "model.keras")):
+        config = tiny_config(fake_fmnist, classifier="gap", pretrained=path)
+        with tempfile.TemporaryDirectory() as workdir:
+            model = trainer.Trainer(config, workdir,
+                                    tf.distribute.OneDeviceStrategy("/cpu:0")).model
+        np.testing.assert_array_equal(model.get_layer("encoderblock_0").get_weights()[0],
+                                      encoder.get_layer("encoderblock_0").get_weights()[0])
+        assert not model.get_layer("head").get_weights()[0].any()
+    # No serving export of an encoder: one line saying what to do instead.
+    result = subprocess.run([sys.executable, "-m", "train.export", f"--workdir={run.workdir}"],
+                            cwd=REPO, env=fake_fmnist.env(), capture_output=True, text=True)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "fine-tune it first" in result.stderr
+
+
 def test_metrics_writer_drops_records_after_the_resumed_step(tmp_path):
     writer = MetricsWriter(str(tmp_path))
     for step in (5, 10, 15):
@@ -523,7 +576,7 @@ def test_adamw_decays_only_the_matrices(fake_fmnist):
     the position embedding or the class token."""
     config = tiny_config(fake_fmnist, optimizer="adamw", weight_decay=0.5, learning_rate=0.1,
                          warmup_steps=0)
-    model = trainer.build_model(config, 10)
+    model = objectives.build_model(config, 10)
     optimizer = trainer.build_optimizer(config)
     before = [variable.numpy() for variable in model.trainable_variables]
     optimizer.apply([tf.zeros_like(v) for v in model.trainable_variables],

@@ -29,17 +29,15 @@ import json
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import time
 
 from absl import app, flags
 from ml_collections import config_flags
 
-from train import cli, config_checks, studies
+from train import child_runs, cli, config_checks, studies
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_CONFIG = os.path.join(REPO, "configs", "ablation.py")
+DEFAULT_CONFIG = os.path.join(child_runs.REPO, "configs", "ablation.py")
 
 flags.DEFINE_enum("study", None, list(studies.STUDIES), "The study to run.")
 flags.DEFINE_string("out", None, "Local folder for <study>.md, .png, .json and runs/.")
@@ -136,7 +134,7 @@ def plan(study_name, base, steps, seeds, builder):
     """The arms' summaries (model size and cost, steps), the runs of every arm and seed, and
     `test_runs(picked)`: for the classifier study the runs are its sweep's, and its test runs
     are at the learning rates `picked` from their results ({arm name: rate})."""
-    from train import trainer
+    from train import objectives
     from keras_vit import flops
 
     study = studies.STUDIES[study_name]
@@ -149,7 +147,7 @@ def plan(study_name, base, steps, seeds, builder):
             config_checks.check(config)
         except ValueError as error:
             raise ValueError(f"--study={study_name}, arm {arm.name!r}: {error}") from None
-        model = trainer.build_model(config, num_classes)
+        model = objectives.build_model(config, num_classes)
         arms[arm.name] = {"label": arm.label.replace("\n", " "), "fields": arm.fields,
                           "model": config.model, "params": model.count_params(),
                           "forward_flops": flops.forward_flops(model),
@@ -213,49 +211,22 @@ def check_resumable(run):
 def final_accuracy(run):
     """The test (or held-out) accuracy of the run's final evaluation, or None if the run has
     not finished."""
-    from train import metrics
-
-    for record in reversed(metrics.read_records(run.workdir)):
-        if record["step"] == run.config.total_steps and "eval_accuracy" in record:
-            return record["eval_accuracy"]
-    return None
+    return child_runs.final_accuracy(run.workdir, run.config.total_steps)
 
 
 def train(run):
     """Runs (or resumes) `python -m train.main` for `run`, its output in workdir/train.log;
     returns the final accuracy. Raises UsageError if it fails."""
-    os.makedirs(run.workdir, exist_ok=True)
-    command = [sys.executable, "-m", "train.main",
-               f"--config={config_flags.get_config_filename(FLAGS['config'])}",
-               *child_flags(run.config), f"--workdir={run.workdir}"]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
-    log_path = os.path.join(run.workdir, "train.log")
-    with open(log_path, "a") as log:
-        log.write(f"$ {shlex.join(command)}\n")
-        log.flush()
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        try:
-            returncode = process.wait()
-        except BaseException:  # Ctrl-C or SIGTERM: the run saves a checkpoint and stops
-            process.send_signal(signal.SIGTERM)
-            process.wait()
-            raise
+    returncode, log_path = child_runs.run_main(
+        [f"--config={config_flags.get_config_filename(FLAGS['config'])}",
+         *child_flags(run.config)], run.workdir)
     accuracy = final_accuracy(run) if returncode == 0 else None
     if accuracy is None:
         raise app.UsageError(
             f"The run in {run.workdir} failed (exit status {returncode}): "
-            f"{_last_error(log_path)} Its log is {log_path}. Finished runs are kept: fix the "
-            "problem and rerun the same command.")
+            f"{child_runs.last_error(log_path)} Its log is {log_path}. Finished runs are kept: "
+            "fix the problem and rerun the same command.")
     return accuracy
-
-
-def _last_error(log_path):
-    with open(log_path, errors="replace") as handle:
-        lines = [line.strip() for line in handle if line.strip()]
-    errors = [line for line in lines if line.startswith("Error: ")]
-    text = errors[-1] if errors else (lines[-1] if lines else "no output")
-    return text if text.endswith(".") else text + "."
 
 
 def describe_model(config):

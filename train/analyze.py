@@ -65,7 +65,7 @@ def load_model(config, workdir):
     import tensorflow as tf
 
     import keras_vit
-    from train.trainer import MODEL_OVERRIDES
+    from train.objectives import MODEL_OVERRIDES
 
     if workdir:
         path = os.path.join(workdir, "export", "model.keras")
@@ -142,15 +142,6 @@ def dataset_images(builder, split, size, count):
         raise app.UsageError(f"The {split!r} split of {builder.name} has no examples.")
     resized, labels = zip(*pairs)
     return _pixels_and_inputs(np.stack(resized)) + (np.asarray(labels),)
-
-
-def labelled_batches(builder, split, size, count):
-    """`(inputs, labels)` batches of the first `count` examples, for the few-shot features."""
-    from train import input_pipeline
-
-    examples = input_pipeline.resized_examples(builder, split, size, count)
-    examples = examples.map(lambda image, label: (input_pipeline.to_model_range(image), label))
-    return examples.batch(256)
 
 
 def check_flags():
@@ -263,8 +254,11 @@ def main(argv):
                      FLAGS.few_shot_train, FLAGS.few_shot_test)
         try:
             accuracy = analysis.few_shot_accuracy(
-                model, labelled_batches(builder, config.train_split, size, FLAGS.few_shot_train),
-                labelled_batches(builder, config.eval_split, size, FLAGS.few_shot_test),
+                model,
+                input_pipeline.labelled_batches(builder, config.train_split, size,
+                                                FLAGS.few_shot_train),
+                input_pipeline.labelled_batches(builder, config.eval_split, size,
+                                                FLAGS.few_shot_test),
                 shots=shots, l2_reg=l2_reg, draws=FLAGS.draws, progress=_log_progress)
         except ValueError as error:
             raise app.UsageError(f"Few-shot evaluation: {error} (--few_shot_train, --shots; "

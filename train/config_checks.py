@@ -26,6 +26,9 @@ POSITION_EMBEDDINGS = ("learned", "learned_2d", "none", "relative", "relative_2d
 PLACEMENTS = ("stem", "every_layer", "every_layer_shared")
 # The kinds added to the tokens as embeddings: only they can go in again before every block.
 LEARNED_POSITION_EMBEDDINGS = ("learned", "learned_2d")
+OBJECTIVES = ("classification", "masked_patch_prediction")
+MPP_TARGETS = ("mean_color", "downscaled_color", "pixels")
+MPP_DOWNSCALED_CELLS = 4  # the "downscaled_color" target's cells per patch side
 # float32 everywhere, or bfloat16 compute with float32 weights (TPU, CPUs with AMX). No float16:
 # the loop has no loss scaling, so float16 gradients would underflow.
 DTYPE_POLICIES = ("float32", "mixed_bfloat16")
@@ -52,6 +55,11 @@ RULES = {
     "dropout": ("float", (0.0, 1.0, False)),
     "attention_dropout": ("float", (0.0, 1.0, False)),
     "drop_path_rate": ("float", (0.0, 1.0, False)),
+    "objective": ("choice", OBJECTIVES),
+    "mpp_target": ("choice", MPP_TARGETS),
+    "mpp_corruption_rate": ("float_above", (0.0, 1.0, True)),
+    "mpp_mask_rate": ("float", (0.0, 1.0, True)),
+    "mpp_random_rate": ("float", (0.0, 1.0, True)),  # and mask + random <= 1, below
     "pretrained": ("any_str", None),  # checked below: a published name, URL or file
     "dataset": ("str", None),  # checked below where cheap (folders); TFDS names on loading
     "data_dir": ("optional_str", None),
@@ -188,6 +196,13 @@ def problems(config, num_replicas=None, fields=None):
             "adds learned embeddings before every block, so it needs config.position_embedding "
             f"{' or '.join(map(repr, LEARNED_POSITION_EMBEDDINGS))}, not "
             f"{config.position_embedding!r} (or use placement 'stem')")
+    if ok("mpp_mask_rate", "mpp_random_rate") and (
+            config.mpp_mask_rate + config.mpp_random_rate > 1.0 + 1e-9):
+        add(("mpp_mask_rate", "mpp_random_rate"),
+            f"config.mpp_mask_rate={config.mpp_mask_rate}, "
+            f"config.mpp_random_rate={config.mpp_random_rate}",
+            "are shares of the corrupted patches, so together at most 1 (the rest are kept "
+            "as they are)")
     _check_model(config, present, ok, add)
     if ok("dataset") and config.dataset.startswith(FOLDER_PREFIX):
         root = config.dataset[len(FOLDER_PREFIX):]
@@ -232,6 +247,8 @@ def _check_model(config, present, ok, add):
             f"num_heads among the divisors of {sizes['hidden_size']}")
     if ok("image_size"):
         stride = variant.resnet_stride * sizes["patch_size"]
+        if config.image_size % stride == 0:
+            _check_masked_patch_prediction(config, stride, ok, add)
         if config.image_size % stride:
             nearest = max(stride, round(config.image_size / stride) * stride)
             how = (f"patch_size {sizes['patch_size']} on the ResNet stem of stride "
@@ -240,6 +257,23 @@ def _check_model(config, present, ok, add):
             add("image_size", f"config.image_size={config.image_size}",
                 f"must be a multiple of {stride}, the pixels per patch of {variant.name} "
                 f"({how}), e.g. {nearest}")
+
+
+def _check_masked_patch_prediction(config, patch_pixels, ok, add):
+    """What keras_vit.MaskedPatchPredictor and the corruption draw need of the patches."""
+    if not ok("objective") or config.objective != "masked_patch_prediction":
+        return
+    if (ok("mpp_target") and config.mpp_target == "downscaled_color"
+            and patch_pixels % MPP_DOWNSCALED_CELLS):
+        add("mpp_target", f"config.mpp_target={config.mpp_target!r}",
+            f"averages each patch over {MPP_DOWNSCALED_CELLS}x{MPP_DOWNSCALED_CELLS} cells, so "
+            f"it needs patches of a multiple of {MPP_DOWNSCALED_CELLS} pixels, not {patch_pixels}"
+            " (use 'mean_color' or 'pixels')")
+    if ok("mpp_random_rate") and config.mpp_random_rate > 0 and (
+            config.image_size // patch_pixels) ** 2 < 2:
+        add("mpp_random_rate", f"config.mpp_random_rate={config.mpp_random_rate}",
+            "replaces a patch by another patch of the image, but the image is one patch: "
+            "set it to 0")
 
 
 def _check_axial(config, variant, ok, add):

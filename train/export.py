@@ -59,6 +59,13 @@ def export(options):
         saved_model_export.check_directory(options.export_dir, "--export_dir")
     directory = os.path.join(workdir, "export")
     model_path = os.path.join(directory, "model.keras")
+    if exporting.path_exists(os.path.join(directory, "encoder.npz")):
+        raise app.UsageError(
+            f"{workdir} holds an encoder pre-trained by masked patch prediction, which has no "
+            "classes to serve: fine-tune it first, e.g. python -m train.main "
+            "--config=configs/mpp_finetune.py "
+            f"--config.pretrained={os.path.join(directory, 'encoder.npz')} --workdir=NEW_DIR, "
+            "then export that run.")
     if not exporting.path_exists(model_path):
         raise app.UsageError(
             f"No trained model at {model_path}: train first with python -m train.main "

@@ -147,6 +147,13 @@ def resized_examples(builder, split, size, count):
         num_parallel_calls=tf.data.AUTOTUNE)
 
 
+def labelled_batches(builder, split, size, count, batch_size=256):
+    """`(images in [-1, 1], labels)` batches of the first `count` examples of `split`, resized
+    to `size`, in order: for few-shot features, not training."""
+    examples = resized_examples(builder, split, size, count)
+    return examples.map(lambda image, label: (to_model_range(image), label)).batch(batch_size)
+
+
 def _count(dataset):
     count = int(dataset.cardinality())
     if count < 0:  # unknown: count the (still encoded) records once
@@ -204,12 +211,31 @@ def preprocess_eval(encoded, image_size, dtype=tf.float32):
     return to_model_range(image, dtype)
 
 
-def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32):
+# Folded into an example's seed for its patch corruption (masked patch prediction), so that
+# the corruption is independent of the augmentation.
+CORRUPTION_SEED_SALT = 0x4D5050
+
+
+def with_corruption(example, seed, config, num_patches):
+    """Adds the masked-patch-prediction inputs `corruption` and `source` to `example` (see
+    train.masking), drawn from `seed`; unchanged when `num_patches` is None."""
+    if num_patches is None:
+        return example
+    from train import masking
+
+    corruption, source = masking.draw_corruption(
+        tf.random.experimental.stateless_fold_in(seed, CORRUPTION_SEED_SALT), num_patches,
+        config.mpp_corruption_rate, config.mpp_mask_rate, config.mpp_random_rate)
+    return dict(example, corruption=corruption, source=source)
+
+
+def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patches=None):
     """Returns `fn(input_context)` for `strategy.distribute_datasets_from_function`.
 
     The stream of examples is epoch after epoch, each shuffled with a seed derived from
-    (config.seed, epoch); the example at position i gets augmentation seed (config.seed, i).
-    Starting at `start_step` skips at most one epoch of encoded records.
+    (config.seed, epoch); the example at position i gets augmentation seed (config.seed, i)
+    (and, given `num_patches`, its patch corruption for masked patch prediction from the same
+    seed). Starting at `start_step` skips at most one epoch of encoded records.
     """
 
     def dataset_fn(input_context):
@@ -236,7 +262,8 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32):
             seed = tf.stack([tf.constant(config.seed, tf.int64), index])
             image = preprocess_train(example["image"], seed, config.image_size,
                                      config.crop_min_area, config.flip, dtype)
-            return {"image": image, "label": tf.cast(example["label"], tf.int32)}
+            return with_corruption({"image": image, "label": tf.cast(example["label"], tf.int32)},
+                                   seed, config, num_patches)
 
         stream = stream.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return stream.batch(per_replica, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
@@ -244,9 +271,10 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32):
     return dataset_fn
 
 
-def eval_dataset_fn(builder, config, dtype=tf.float32):
+def eval_dataset_fn(builder, config, dtype=tf.float32, num_patches=None):
     """Returns `fn(input_context)`: every eval example once across all pipelines, padded with
-    `mask` 0 to whole global batches.
+    `mask` 0 to whole global batches (given `num_patches`, with the same patch corruption at
+    every evaluation).
 
     All input pipelines yield the same number of batches, so replicas stay in step.
     """
@@ -260,14 +288,17 @@ def eval_dataset_fn(builder, config, dtype=tf.float32):
         examples = keep_pipeline_share(examples, config.eval_batch_size, input_context)
 
         def preprocess(index, example):
-            del index
-            return {"image": preprocess_eval(example["image"], config.image_size, dtype),
-                    "label": tf.cast(example["label"], tf.int32),
-                    "mask": tf.constant(1.0)}
+            seed = tf.stack([tf.constant(config.seed, tf.int64), index])
+            return with_corruption(
+                {"image": preprocess_eval(example["image"], config.image_size, dtype),
+                 "label": tf.cast(example["label"], tf.int32), "mask": tf.constant(1.0)},
+                seed, config, num_patches)
 
         examples = examples.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
-        blank = {"image": tf.zeros((config.image_size, config.image_size, 3), dtype),
-                 "label": tf.constant(0, tf.int32), "mask": tf.constant(0.0)}
+        blank = with_corruption(
+            {"image": tf.zeros((config.image_size, config.image_size, 3), dtype),
+             "label": tf.constant(0, tf.int32), "mask": tf.constant(0.0)},
+            tf.constant([0, 0], tf.int64), config, num_patches)
         padding = tf.data.Dataset.from_tensors(blank).repeat()
         examples = examples.concatenate(padding).take(steps * share)
         return examples.batch(per_replica, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
@@ -275,17 +306,19 @@ def eval_dataset_fn(builder, config, dtype=tf.float32):
     return dataset_fn
 
 
-def get_datasets(config, strategy, start_step=0, dtype=tf.float32, builder=None):
+def get_datasets(config, strategy, start_step=0, dtype=tf.float32, builder=None,
+                 num_patches=None):
     """Builds the distributed train and eval datasets for `strategy` (from `builder`, as
-    `get_builder(config)` returns it, default the one `config.dataset` names)."""
+    `get_builder(config)` returns it, default the one `config.dataset` names). Given
+    `num_patches` (masked patch prediction), every example carries its patch corruption."""
     for field in ("batch_size", "eval_batch_size"):
         if config[field] % strategy.num_replicas_in_sync:
             raise ValueError(f"{field} {config[field]} is not divisible by the "
                              f"{strategy.num_replicas_in_sync} replicas.")
     builder = builder or get_builder(config)  # get_builder checks the splits
     info = builder.info
-    train_fn = train_dataset_fn(builder, config, start_step, dtype)
-    eval_fn = eval_dataset_fn(builder, config, dtype)
+    train_fn = train_dataset_fn(builder, config, start_step, dtype, num_patches)
+    eval_fn = eval_dataset_fn(builder, config, dtype, num_patches)
     return Datasets(
         train=strategy.distribute_datasets_from_function(train_fn),
         eval=strategy.distribute_datasets_from_function(eval_fn),

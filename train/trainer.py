@@ -1,5 +1,8 @@
 """The distributed training loop: model, optimizer, steps on device, evaluation, checkpoints.
 
+What is trained, and its loss, is the config's objective (train.objectives): classification, or
+masked patch prediction.
+
 One host call runs `steps_per_loop` steps inside a `tf.function` (the TPU idiom). Each step
 all-reduces the gradients once, clips their global norm, and applies them; evaluation covers the
 whole eval split exactly once. Checkpoints (model, optimizer, EMA, step) go to
@@ -20,30 +23,17 @@ import tensorflow as tf
 from absl import logging
 
 import keras_vit
-from train import checkpoints, config_checks, input_pipeline, run_config, schedules
+from train import (checkpoints, config_checks, input_pipeline, objectives, run_config,
+                   schedules)
 from train.metrics import MetricsWriter
 from train.preemption import PreemptionWatcher, Stopped
 from train.strategy import is_chief, is_tpu
-
-MODEL_OVERRIDES = ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers")
-
 
 def check_config(config, num_replicas):
     """Rejects values that would fail later (or train nonsense), naming each bad field, its
     value and the valid range: every field of configs/common.py (train.config_checks), and that
     the batches split evenly over `num_replicas`."""
     config_checks.check(config, num_replicas)
-
-
-def build_model(config, num_classes):
-    overrides = {name: config[name] for name in MODEL_OVERRIDES if config[name] is not None}
-    return keras_vit.vit(
-        config.model, image_size=config.image_size, num_classes=num_classes,
-        classifier=config.classifier, position_embedding=config.position_embedding,
-        position_embedding_placement=config.position_embedding_placement,
-        representation_size=config.representation_size,
-        dropout=config.dropout, attention_dropout=config.attention_dropout,
-        drop_path_rate=config.drop_path_rate, dtype=config.dtype_policy, **overrides)
 
 
 def build_optimizer(config):
@@ -61,12 +51,6 @@ def build_optimizer(config):
     return optimizer
 
 
-def cross_entropy(labels, logits, num_classes, label_smoothing):
-    targets = tf.one_hot(labels, num_classes)
-    return keras.losses.categorical_crossentropy(
-        targets, tf.cast(logits, tf.float32), from_logits=True, label_smoothing=label_smoothing)
-
-
 class Trainer:
     """Holds the training state and the compiled step functions."""
 
@@ -82,8 +66,9 @@ class Trainer:
         self.num_classes = label.num_classes
         self.class_names = list(label.names) if label.names else [
             str(index) for index in range(self.num_classes)]
+        self.objective = objectives.make(config, self.num_classes)
         with strategy.scope():
-            self.model = build_model(config, self.num_classes)
+            self.model = self.objective.build()
             self.optimizer = build_optimizer(config)
             self.optimizer.build(self.model.trainable_variables)
             self.ema = [tf.Variable(v, trainable=False, name="ema",
@@ -100,7 +85,7 @@ class Trainer:
                          os.path.join(self.checkpoint_dir, f"ckpt-{restored}"), self.step)
         elif config.pretrained:
             path = keras_vit.pretrained.resolve_weights(config.pretrained, config.model)
-            report = keras_vit.checkpoint.load_npz(self.model, path)
+            report = keras_vit.checkpoint.load_npz(self.objective.encoder(self.model), path)
             logging.info("Initialised from %s (%d weights, resized: %s, new head: %s).", path,
                          len(report["loaded"]), report["resized"], report["new_head"])
         self._check_workers_agree(restored)
@@ -108,7 +93,8 @@ class Trainer:
         self.manager = tf.train.CheckpointManager(self.checkpoint, self.checkpoint_dir,
                                                   max_to_keep=config.keep_checkpoints)
         self.data = input_pipeline.get_datasets(config, strategy, start_step=self.step,
-                                                dtype=self.input_dtype, builder=builder)
+                                                dtype=self.input_dtype, builder=builder,
+                                                num_patches=self.objective.num_patches)
         self.train_loop = self._make_train_loop()
         self.eval_step = self._make_eval_step()
 
@@ -136,23 +122,25 @@ class Trainer:
     def _replica_train_step(self, batch):
         config, model = self.config, self.model
         variables = model.trainable_variables
-        images, labels = batch["image"], batch["label"]
         # From the config, not the batch: multi-worker datasets have no static batch size.
         micro = config.batch_size // self.strategy.num_replicas_in_sync // config.accum_steps
         grads = [tf.zeros_like(v) for v in variables]
-        loss = tf.constant(0.0)
+        loss_sum = count = tf.constant(0.0)
         for index in range(config.accum_steps):  # static: unrolled micro-batches
             part = slice(index * micro, (index + 1) * micro)
             with tf.GradientTape() as tape:
-                logits = model(images[part], training=True)
-                per_example = cross_entropy(labels[part], logits, self.num_classes,
-                                            config.label_smoothing)
-                # Summed over the global batch: all-reducing gives the global mean's gradient.
-                micro_loss = tf.reduce_sum(per_example) / config.batch_size
+                losses, weights, _ = self.objective.item_losses(
+                    model, {name: value[part] for name, value in batch.items()}, training=True)
+                micro_loss = tf.reduce_sum(losses * weights)
             grads = [g + d for g, d in zip(grads, tape.gradient(micro_loss, variables))]
-            loss += micro_loss
+            loss_sum += micro_loss
+            count += tf.reduce_sum(weights)
+        # Sums over the global batch, then the mean: the gradient of the global mean loss,
+        # whatever the replicas' shares of the weighted items (corrupted patches vary).
         context = tf.distribute.get_replica_context()
-        grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+        *grads, loss_sum, count = context.all_reduce(tf.distribute.ReduceOp.SUM,
+                                                     grads + [loss_sum, count])
+        grads = [g / count for g in grads]
         grad_norm = tf.linalg.global_norm(grads)
         if config.grad_clip_norm:
             grads, _ = tf.clip_by_global_norm(grads, config.grad_clip_norm, use_norm=grad_norm)
@@ -162,7 +150,7 @@ class Trainer:
         self.optimizer.apply([g * share for g in grads], variables)
         for average, variable in zip(self.ema, variables):
             average.assign(config.ema_decay * average + (1.0 - config.ema_decay) * variable)
-        return loss, grad_norm
+        return loss_sum / count, grad_norm
 
     def _make_train_loop(self):
         strategy, config = self.strategy, self.config
@@ -179,23 +167,23 @@ class Trainer:
             grad_norm = tf.constant(0.0)
             for _ in tf.range(steps):
                 loss, grad_norm = strategy.run(replica_step, args=(next(iterator),))
-                loss_sum += strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
+                # Every replica holds the global mean loss already.
+                loss_sum += strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None)
                 grad_norm = strategy.reduce(tf.distribute.ReduceOp.MEAN, grad_norm, axis=None)
             return loss_sum / tf.cast(steps, tf.float32), grad_norm
 
         return train_loop
 
     def _make_eval_step(self):
-        strategy, model = self.strategy, self.model
+        strategy, model, objective = self.strategy, self.model, self.objective
 
         def replica_eval(batch):
-            logits = tf.cast(model(batch["image"], training=False), tf.float32)
-            mask = batch["mask"]
-            correct = tf.cast(tf.argmax(logits, -1, output_type=tf.int32) == batch["label"],
-                              tf.float32)
-            loss = cross_entropy(batch["label"], logits, self.num_classes, 0.0)
-            return (tf.reduce_sum(correct * mask), tf.reduce_sum(loss * mask),
-                    tf.reduce_sum(mask))
+            losses, weights, correct = objective.item_losses(model, batch, training=False)
+            mask = batch["mask"]  # 0 for padding examples
+            weights = weights * tf.reshape(mask, [-1] + [1] * (len(weights.shape) - 1))
+            correct = tf.zeros_like(losses) if correct is None else correct
+            return (tf.reduce_sum(correct * weights), tf.reduce_sum(losses * weights),
+                    tf.reduce_sum(weights), tf.reduce_sum(mask))
 
         @tf.function
         def eval_step(batch):
@@ -212,21 +200,21 @@ class Trainer:
             average.assign(current)
 
     def evaluate(self):
-        """Top-1 accuracy and mean loss over the whole eval split (EMA weights if enabled)."""
+        """Top-1 accuracy (None for a target without classes) and mean loss over the whole
+        eval split (EMA weights if enabled): of the examples, or of their corrupted patches."""
         if self.ema:
             self.swap_ema()
-        correct = loss = count = 0.0
+        correct = loss = count = examples = 0.0
         for batch in self.data.eval:
-            batch_correct, batch_loss, batch_count = self.eval_step(batch)
-            correct += float(batch_correct)
-            loss += float(batch_loss)
-            count += float(batch_count)
+            sums = [float(value) for value in self.eval_step(batch)]
+            correct, loss, count, examples = (total + value for total, value in zip(
+                (correct, loss, count, examples), sums))
         if self.ema:
             self.swap_ema()
-        if int(count) != self.data.eval_examples:
-            raise RuntimeError(f"Evaluated {int(count)} examples, expected "
+        if int(examples) != self.data.eval_examples:
+            raise RuntimeError(f"Evaluated {int(examples)} examples, expected "
                                f"{self.data.eval_examples}.")
-        return correct / count, loss / count
+        return (correct / count if self.objective.has_accuracy else None), loss / count
 
     def save(self):
         """Saves a checkpoint at the current step (on every worker; see the module doc)."""
@@ -243,11 +231,17 @@ class Trainer:
 
     def _evaluate_and_log(self, writer, final=False):
         accuracy, eval_loss = self.evaluate()
-        logging.info("%s (step %d): eval accuracy %.4f  eval loss %.4f over %d examples.",
-                     "Final" if final else "Eval", self.step, accuracy, eval_loss,
-                     self.data.eval_examples)
-        writer.write(self.step, eval_accuracy=accuracy, eval_loss=eval_loss)
-        return {"eval_accuracy": accuracy, "eval_loss": eval_loss}
+        results = {"eval_loss": eval_loss}
+        if accuracy is not None:
+            results["eval_accuracy"] = accuracy
+        what = ("" if self.config.objective == "classification"
+                else f" (masked patch prediction, target {self.config.mpp_target})")
+        logging.info("%s (step %d): %s over %d examples%s.", "Final" if final else "Eval",
+                     self.step, "  ".join(f"{name.replace('_', ' ')} {value:.4f}"
+                                          for name, value in sorted(results.items())),
+                     self.data.eval_examples, what)
+        writer.write(self.step, **results)
+        return results
 
     def train(self):
         """Runs to `config.total_steps`; returns the final eval metrics.
@@ -299,32 +293,43 @@ class Trainer:
             watcher.close()
 
     def export(self):
-        """Writes the final model (EMA weights if enabled) into `workdir/export`: the `.keras`
-        model and class names, a TF Serving SavedModel, and float32 and int8 TFLite files."""
+        """Writes the final model (EMA weights if enabled) into `workdir/export`.
+
+        A classifier: the `.keras` model and class names, a TF Serving SavedModel, and float32
+        and int8 TFLite files. A masked-patch-prediction run: its encoder without any head, as
+        `model.keras` (returning the pooled representation) and `encoder.npz` (the original
+        checkpoint layout), both ready for `--config.pretrained` of a fine-tuning run.
+        """
         from train import exporting
 
         directory = os.path.join(self.workdir, "export")
         tf.io.gfile.makedirs(directory)
         exporting.remove_partial_files(directory)  # left by an export that was killed
         path = os.path.join(directory, "model.keras")
+        model = self.objective.encoder(self.model)
         if self.ema:
             self.swap_ema()
         try:
             with tempfile.TemporaryDirectory(prefix="keras_vit_export_") as local:
-                self.model.save(os.path.join(local, "model.keras"))
+                model.save(os.path.join(local, "model.keras"))
                 tf.io.gfile.copy(os.path.join(local, "model.keras"), path + ".tmp",
                                  overwrite=True)
             tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
-            names = self.class_names
-            with tf.io.gfile.GFile(os.path.join(directory, "class_names.txt"), "w") as handle:
-                handle.write("\n".join(names) + "\n")
-            representative = exporting.calibration_images(self.config, 200)
-            exporting.export_model(self.model, directory, names, ("float32", "int8"),
-                                representative)
+            if model is not self.model:  # a pre-trained encoder: nothing to serve yet
+                keras_vit.checkpoint.save_npz(model, os.path.join(directory, "encoder.npz"))
+            else:
+                names = self.class_names
+                with tf.io.gfile.GFile(os.path.join(directory, "class_names.txt"),
+                                       "w") as handle:
+                    handle.write("\n".join(names) + "\n")
+                representative = exporting.calibration_images(self.config, 200)
+                exporting.export_model(model, directory, names, ("float32", "int8"),
+                                       representative)
         finally:
             if self.ema:
                 self.swap_ema()
-        logging.info("Saved the trained model to %s.", directory)
+        logging.info("Saved the trained %s to %s.",
+                     "model" if model is self.model else "encoder", directory)
         return path
 
 

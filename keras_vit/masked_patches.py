@@ -1,0 +1,216 @@
+"""Masked patch prediction, the paper's self-supervised objective (section 4.6, appendix B.1.2).
+
+As in BERT's masked language modelling, a share of each image's patch embeddings is corrupted
+and the model predicts, from the final token of every corrupted patch, a target computed from
+that patch's pixels. A corrupted embedding is replaced by a learned [mask] embedding, or by the
+embedding of another patch of the same image, or left as it is. The targets (`TARGETS`):
+
+- "mean_color": the patch's mean colour, 3 bits per channel: one of 512 classes (the target
+  the paper reports);
+- "downscaled_color": the patch downscaled to 4x4 cells, each cell's colour in 3 bits: 16
+  predictions of 512 classes;
+- "pixels": the patch's pixel values, regressed with a squared error.
+
+The corruption of each image is drawn outside the model (the training driver draws it in its
+input pipeline, so that it does not depend on how a batch is split over replicas) and given as
+two integer inputs per patch: `corruption`, one of the codes below, and `source`, the index of
+the patch whose embedding replaces a REPLACED one.
+
+    encoder = keras_vit.vit("B/16", include_top=False, classifier="gap")
+    model = keras_vit.MaskedPatchPredictor(encoder)
+    predictions = model({"images": images, "corruption": corruption, "source": source})
+    loss_sum, count = model.loss_sums(predictions, model.targets(images), corruption)
+
+Pixel targets come from the images the model sees (scaled to [-1, 1]), in the patch of pixels
+each token covers. For a hybrid (ResNet stem) model that is the stem's stride times the patch
+size; the stem's receptive field reaches past it, so a masked patch's pixels are still partly
+seen through its neighbours' tokens, and the task is easier than for a plain ViT.
+"""
+
+import keras
+from keras import ops
+
+from keras_vit import layers as vit_layers
+
+# Per-patch corruption codes. Every code but NOT_CORRUPTED is predicted (and in the loss).
+NOT_CORRUPTED, MASKED, REPLACED, KEPT = 0, 1, 2, 3
+TARGETS = ("mean_color", "downscaled_color", "pixels")
+COLOR_BITS = 3  # per channel: 8 levels, 512 colours for RGB
+DOWNSCALED_CELLS = 4  # "downscaled_color": a 4x4 grid of cells per patch
+# A mean colour this close below a level's boundary (in levels) counts as that level, so that
+# float rounding cannot move an exact boundary value (e.g. a patch of pixels 32) down a level.
+_LEVEL_TOLERANCE = 1e-3
+
+
+def patch_pixels(images, patch_size):
+    """`[batch, H, W, C]` images to `[batch, patches, patch_size, patch_size, C]`, patches in
+    row-major order (the order of the tokens)."""
+    _, height, width, channels = images.shape
+    rows, columns = height // patch_size, width // patch_size
+    patches = ops.reshape(images, (-1, rows, patch_size, columns, patch_size, channels))
+    patches = ops.transpose(patches, (0, 1, 3, 2, 4, 5))
+    return ops.reshape(patches, (-1, rows * columns, patch_size, patch_size, channels))
+
+
+def color_classes(colors, bits=COLOR_BITS):
+    """Colours `[..., C]` in [-1, 1] (pixel values 0..255 scaled as the model's inputs) to
+    class indices: each channel's top `bits` bits of its 0..255 value, as one number with the
+    first channel most significant (RGB at 3 bits: r * 64 + g * 8 + b, in [0, 512))."""
+    levels = 2**bits
+    values = (ops.cast(colors, "float32") + 1.0) * 127.5  # back to 0..255
+    level = ops.floor(values * (levels / 256.0) + _LEVEL_TOLERANCE)
+    level = ops.cast(ops.clip(level, 0, levels - 1), "int32")
+    channels = colors.shape[-1]
+    weights = ops.convert_to_tensor([levels ** (channels - 1 - c) for c in range(channels)],
+                                    dtype="int32")
+    return ops.sum(level * weights, axis=-1)
+
+
+def mean_color_targets(images, patch_size, bits=COLOR_BITS):
+    """Each patch's mean colour as a class: `[batch, patches]` int32 in [0, 2**(bits*C))."""
+    patches = patch_pixels(ops.cast(images, "float32"), patch_size)
+    return color_classes(ops.mean(patches, axis=(2, 3)), bits)
+
+
+def check_downscaled_cells(patch_size, cells=DOWNSCALED_CELLS):
+    if patch_size % cells:
+        raise ValueError(f"The downscaled_color target averages each patch over {cells}x{cells} "
+                         f"cells, so it needs patches of a multiple of {cells} pixels, not "
+                         f"{patch_size}.")
+
+
+def downscaled_color_targets(images, patch_size, cells=DOWNSCALED_CELLS, bits=COLOR_BITS):
+    """Each patch averaged over a `cells x cells` grid, each cell's colour as a class:
+    `[batch, patches, cells * cells]` int32, cells in row-major order."""
+    check_downscaled_cells(patch_size, cells)
+    patches = patch_pixels(ops.cast(images, "float32"), patch_size)
+    channels, size = patches.shape[-1], patch_size // cells
+    grid = ops.reshape(patches, (-1, patches.shape[1], cells, size, cells, size, channels))
+    means = ops.mean(grid, axis=(3, 5))  # [batch, patches, cells, cells, C]
+    return color_classes(ops.reshape(means, (-1, patches.shape[1], cells * cells, channels)),
+                         bits)
+
+
+def pixel_targets(images, patch_size):
+    """Each patch's pixels, flattened: `[batch, patches, patch_size * patch_size * C]`."""
+    patches = patch_pixels(ops.cast(images, "float32"), patch_size)
+    return ops.reshape(patches, (-1, patches.shape[1], patch_size * patch_size * images.shape[-1]))
+
+
+def corrupt_tokens(tokens, corruption, source, mask_embedding):
+    """Applies the corruption codes to patch tokens `[batch, patches, D]`: MASKED tokens become
+    `mask_embedding`, REPLACED ones the (uncorrupted) token at their `source` index."""
+    replacements = ops.take_along_axis(tokens, ops.expand_dims(source, -1), axis=1)
+    corruption = ops.expand_dims(corruption, -1)
+    tokens_out = ops.where(corruption == REPLACED, replacements, tokens)
+    return ops.where(corruption == MASKED, ops.cast(mask_embedding, tokens.dtype), tokens_out)
+
+
+class MaskedPatchPredictor(keras.Model):
+    """A ViT encoder with the masked-patch-prediction head, for self-supervised pre-training.
+
+    It shares the encoder's layers: training it trains `encoder`, which is what one keeps (and
+    fine-tunes with a new classification head) afterwards.
+
+    Args:
+        encoder: a model from `keras_vit.vit(..., include_top=False)`.
+        target: one of `TARGETS`.
+
+    Inputs: a dict of `images` `[batch, H, W, 3]` scaled to [-1, 1], and `corruption` and
+    `source`, int32 `[batch, patches]` (see the module doc). Outputs: float32 predictions of
+    every patch: logits `[batch, patches, 512]` ("mean_color"), `[batch, patches, 16, 512]`
+    ("downscaled_color"), or pixels `[batch, patches, p * p * 3]` ("pixels").
+    """
+
+    def __init__(self, encoder, target="mean_color", **kwargs):
+        super().__init__(**kwargs)
+        if target not in TARGETS:
+            raise ValueError(f"target must be one of {TARGETS}, got {target!r}.")
+        embeddings = [layer for layer in encoder.layers
+                      if isinstance(layer, vit_layers.PatchEmbed)]
+        try:
+            norm = encoder.get_layer("encoder_norm")
+            position = encoder.get_layer("posembed_input")
+        except ValueError:
+            norm = position = None
+        if len(embeddings) != 1 or norm is None:
+            raise ValueError(f"Model {encoder.name!r} is not a keras_vit ViT: build the encoder "
+                             "with keras_vit.vit(..., include_top=False).")
+        self.encoder, self.target = encoder, target
+        self.patch_embed = embeddings[0]
+        # The encoder's final (normalised) tokens, through the same layers.
+        self.tokens_model = keras.Model(encoder.inputs, norm.output)
+        self.num_prefix_tokens = position.num_prefix_tokens
+        self.grid_size = tuple(position.grid_size)
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
+        image_size = encoder.inputs[0].shape[1:3]
+        self.patch_pixels = image_size[0] // self.grid_size[0]
+        self.channels = encoder.inputs[0].shape[-1]
+        colors = 2 ** (COLOR_BITS * self.channels)
+        if target == "downscaled_color":
+            check_downscaled_cells(self.patch_pixels)
+        self.prediction_shape = {
+            "mean_color": (colors,),
+            "downscaled_color": (DOWNSCALED_CELLS**2, colors),
+            "pixels": (self.patch_pixels**2 * self.channels,),
+        }[target]
+        hidden = self.patch_embed.hidden_size
+        policy = self.patch_embed.dtype_policy
+        # BERT's [mask] embedding: learned, initialised like its word embeddings.
+        self.mask_embedding = self.add_weight(
+            name="mask_embedding", shape=(hidden,), dtype=policy.variable_dtype,
+            initializer=keras.initializers.TruncatedNormal(stddev=0.02))
+        units = 1
+        for size in self.prediction_shape:
+            units *= size
+        self.head = keras.layers.Dense(units, kernel_initializer="zeros", name="mpp_head",
+                                       dtype="float32")
+        self.head.build((None, hidden))
+        self.built = True  # every weight exists now
+
+    def call(self, inputs, training=False):
+        images, corruption, source = inputs["images"], inputs["corruption"], inputs["source"]
+        corruption = ops.cast(corruption, "int32")
+        source = ops.cast(source, "int32")
+        self.patch_embed.token_transform = lambda tokens: corrupt_tokens(
+            tokens, corruption, source, self.mask_embedding)
+        try:
+            tokens = self.tokens_model(images, training=training)
+        finally:
+            self.patch_embed.token_transform = None
+        tokens = ops.cast(tokens[:, self.num_prefix_tokens:], "float32")
+        predictions = self.head(tokens)
+        return ops.reshape(predictions, (-1, self.num_patches) + self.prediction_shape)
+
+    def targets(self, images):
+        """The targets of every patch of `images` (see the module doc)."""
+        if self.target == "mean_color":
+            return mean_color_targets(images, self.patch_pixels)
+        if self.target == "downscaled_color":
+            return downscaled_color_targets(images, self.patch_pixels)
+        return pixel_targets(images, self.patch_pixels)
+
+    def patch_losses(self, predictions, targets):
+        """The loss of every patch, `[batch, patches]`: the cross-entropy (averaged over the
+        cells of "downscaled_color"), or the mean squared error of "pixels"."""
+        if self.target == "pixels":
+            return ops.mean(ops.square(predictions - ops.cast(targets, "float32")), axis=-1)
+        losses = keras.losses.sparse_categorical_crossentropy(targets, predictions,
+                                                              from_logits=True)
+        return ops.mean(losses, axis=-1) if self.target == "downscaled_color" else losses
+
+    def patch_accuracy(self, predictions, targets):
+        """The share of correct classes of every patch, `[batch, patches]`; None for
+        "pixels"."""
+        if self.target == "pixels":
+            return None
+        correct = ops.cast(ops.argmax(predictions, axis=-1) == ops.cast(targets, "int32"),
+                           "float32")
+        return ops.mean(correct, axis=-1) if self.target == "downscaled_color" else correct
+
+    def loss_sums(self, predictions, targets, corruption):
+        """`(sum of the corrupted patches' losses, number of corrupted patches)`: the loss
+        ignores every patch that was not corrupted."""
+        weights = ops.cast(ops.cast(corruption, "int32") != NOT_CORRUPTED, "float32")
+        losses = self.patch_losses(predictions, targets)
+        return ops.sum(losses * weights), ops.sum(weights)

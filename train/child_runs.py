@@ -1,0 +1,52 @@
+"""Runs `python -m train.main` in a subprocess for the studies (train.ablate, train.mpp_study):
+each run in a fresh TensorFlow, its output in `workdir/train.log`, resumable."""
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_main(arguments, workdir):
+    """Runs (or resumes) `python -m train.main <arguments> --workdir=<workdir>`, its output
+    appended to `workdir/train.log`; returns `(exit status, log path)`. On Ctrl-C or SIGTERM
+    the run is sent SIGTERM (it saves a checkpoint and stops) and the exception goes on."""
+    os.makedirs(workdir, exist_ok=True)
+    command = [sys.executable, "-m", "train.main", *arguments, f"--workdir={workdir}"]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
+    log_path = os.path.join(workdir, "train.log")
+    with open(log_path, "a") as log:
+        log.write(f"$ {shlex.join(command)}\n")
+        log.flush()
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            returncode = process.wait()
+        except BaseException:  # Ctrl-C or SIGTERM: the run saves a checkpoint and stops
+            process.send_signal(signal.SIGTERM)
+            process.wait()
+            raise
+    return returncode, log_path
+
+
+def final_accuracy(workdir, total_steps):
+    """The accuracy of the run's final evaluation (at `total_steps`), or None if the run has
+    not finished."""
+    from train import metrics
+
+    for record in reversed(metrics.read_records(workdir)):
+        if record["step"] == total_steps and "eval_accuracy" in record:
+            return record["eval_accuracy"]
+    return None
+
+
+def last_error(log_path):
+    """The last `Error:` line of a run's log (or its last line), ending with a full stop."""
+    with open(log_path, errors="replace") as handle:
+        lines = [line.strip() for line in handle if line.strip()]
+    errors = [line for line in lines if line.startswith("Error: ")]
+    text = errors[-1] if errors else (lines[-1] if lines else "no output")
+    return text if text.endswith(".") else text + "."

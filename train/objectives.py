@@ -1,0 +1,101 @@
+"""What the driver trains (`config.objective`): image classification, or masked patch prediction
+(the paper's self-supervised pre-training, section 4.6).
+
+An objective builds the model to train and, for a batch, gives the loss of every item (an
+example, or a patch), each item's weight in the mean loss (1, or 0 for a patch the loss
+ignores) and how right each item was. The trainer's step, evaluation and checkpoints are the
+same for both.
+"""
+
+import keras
+import tensorflow as tf
+
+import keras_vit
+from keras_vit import masked_patches
+
+OBJECTIVES = ("classification", "masked_patch_prediction")
+MODEL_OVERRIDES = ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers")
+
+
+def build_model(config, num_classes, include_top=True):
+    """The ViT of `config` (with its classification head, or `include_top=False`: the encoder
+    that returns the pooled representation)."""
+    overrides = {name: config[name] for name in MODEL_OVERRIDES if config[name] is not None}
+    return keras_vit.vit(
+        config.model, image_size=config.image_size, num_classes=num_classes,
+        include_top=include_top, classifier=config.classifier,
+        position_embedding=config.position_embedding,
+        position_embedding_placement=config.position_embedding_placement,
+        representation_size=config.representation_size,
+        dropout=config.dropout, attention_dropout=config.attention_dropout,
+        drop_path_rate=config.drop_path_rate, dtype=config.dtype_policy, **overrides)
+
+
+def cross_entropy(labels, logits, num_classes, label_smoothing):
+    targets = tf.one_hot(labels, num_classes)
+    return keras.losses.categorical_crossentropy(
+        targets, tf.cast(logits, tf.float32), from_logits=True, label_smoothing=label_smoothing)
+
+
+class Classification:
+    """Supervised: the class of each image (the batch's `label`)."""
+
+    has_accuracy = True
+    num_patches = None  # the input pipeline adds no corruption
+
+    def __init__(self, config, num_classes):
+        self.config, self.num_classes = config, num_classes
+
+    def build(self):
+        return build_model(self.config, self.num_classes)
+
+    def item_losses(self, model, batch, training):
+        """`(losses, weights, correct)`, one of each per example."""
+        logits = tf.cast(model(batch["image"], training=training), tf.float32)
+        smoothing = self.config.label_smoothing if training else 0.0
+        losses = cross_entropy(batch["label"], logits, self.num_classes, smoothing)
+        correct = tf.cast(tf.argmax(logits, -1, output_type=tf.int32) == batch["label"],
+                          tf.float32)
+        return losses, tf.ones_like(losses), correct
+
+    def encoder(self, model):
+        """The model that the run exports."""
+        return model
+
+
+class MaskedPatchPrediction:
+    """Self-supervised: predict the target of every corrupted patch (keras_vit.masked_patches)
+    from the batch's `image` and its `corruption` and `source`, which the input pipeline draws
+    (train.masking). The labels are not used."""
+
+    def __init__(self, config, num_classes):
+        del num_classes  # no classes: the head predicts patch targets
+        self.config = config
+        self.has_accuracy = config.mpp_target != "pixels"
+        self.num_patches = None  # known once the model is built
+
+    def build(self):
+        encoder = build_model(self.config, num_classes=1, include_top=False)
+        model = masked_patches.MaskedPatchPredictor(encoder, target=self.config.mpp_target,
+                                                    name="masked_patch_predictor")
+        self.num_patches = model.num_patches
+        return model
+
+    def item_losses(self, model, batch, training):
+        """`(losses, weights, correct)`, one of each per patch; only corrupted patches have
+        weight (`correct` is None for the "pixels" target)."""
+        images = batch["image"]
+        predictions = model({"images": images, "corruption": batch["corruption"],
+                             "source": batch["source"]}, training=training)
+        targets = model.targets(images)
+        losses = model.patch_losses(predictions, targets)
+        weights = tf.cast(batch["corruption"] != masked_patches.NOT_CORRUPTED, tf.float32)
+        return losses, weights, model.patch_accuracy(predictions, targets)
+
+    def encoder(self, model):
+        return model.encoder
+
+
+def make(config, num_classes):
+    kinds = dict(zip(OBJECTIVES, (Classification, MaskedPatchPrediction)))
+    return kinds[config.objective](config, num_classes)
