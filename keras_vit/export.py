@@ -250,8 +250,10 @@ def export_saved_model(model, base_dir, class_names=None, version=None, top_k=DE
         raise FileExistsError(f"{final} already exists; TF Serving versions are immutable. "
                               "Pass another version or leave it out for the next free one.")
     serve_bytes, serve_images = _serving_functions(model, class_names, top_k)
+    # The endpoints' own variables are all the archive needs. `archive.track(model)` would
+    # store every weight a second time (as the Keras variables, beside the endpoints'
+    # tf.Variables), doubling the files TF Serving reads and holds in memory.
     archive = keras.export.ExportArchive()
-    archive.track(model)
     archive.add_endpoint("serving_default", serve_bytes,
                          input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
     archive.add_endpoint("serving_images", serve_images, input_signature=[

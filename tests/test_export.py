@@ -100,6 +100,17 @@ def test_saved_model_cli_shows_both_signatures(saved_model):
         assert "Method name is: tensorflow/serving/predict" in block
 
 
+def test_saved_model_stores_each_weight_once(model, saved_model):
+    """TF Serving reads and holds every variable of the SavedModel: they must be the model's
+    weights, once each (Keras' ExportArchive.track would add a second copy)."""
+    variables = tf.train.list_variables(os.path.join(saved_model, "variables", "variables"))
+    weights = [(name, shape) for name, shape in variables
+               if name != "_CHECKPOINTABLE_OBJECT_GRAPH"]
+    assert sum(int(np.prod(shape)) for _, shape in weights) == model.count_params()
+    assert sorted(tuple(shape) for _, shape in weights) == sorted(
+        tuple(weight.shape) for weight in model.weights)
+
+
 def test_fewer_classes_than_k(tmp_path):
     model = tiny_vit(num_classes=3)
     path = export.export_saved_model(model, str(tmp_path / "vit"))  # no class names
