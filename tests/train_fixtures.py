@@ -40,6 +40,7 @@ TINY = {
     "checkpoint_every_steps": 2,
     "shuffle_buffer": 512,
     "export": False,
+    "jit_compile": False,  # the tests that want XLA say so
 }
 
 

@@ -119,7 +119,8 @@ class Trainer:
     def step(self):
         return int(self.optimizer.iterations.numpy())
 
-    def _replica_train_step(self, batch):
+    def _replica_gradients(self, batch):
+        """This replica's gradients of its summed weighted losses, the sum and its weight."""
         config, model = self.config, self.model
         variables = model.trainable_variables
         # From the config, not the batch: multi-worker datasets have no static batch size.
@@ -135,6 +136,11 @@ class Trainer:
             grads = [g + d for g, d in zip(grads, tape.gradient(micro_loss, variables))]
             loss_sum += micro_loss
             count += tf.reduce_sum(weights)
+        return grads, loss_sum, count
+
+    def _replica_train_step(self, batch):
+        config, variables = self.config, self.model.trainable_variables
+        grads, loss_sum, count = self.gradients(batch)
         # Sums over the global batch, then the mean: the gradient of the global mean loss,
         # whatever the replicas' shares of the weighted items (corrupted patches vary).
         context = tf.distribute.get_replica_context()
@@ -155,11 +161,12 @@ class Trainer:
     def _make_train_loop(self):
         strategy, config = self.strategy, self.config
         replica_step = self._replica_train_step
-        if config.jit_compile and not is_tpu(strategy):
-            if strategy.num_replicas_in_sync > 1:
-                raise ValueError("config.jit_compile works on one device (or TPU, where XLA "
-                                 "is always on); it fails under MirroredStrategy.")
-            replica_step = tf.function(replica_step, jit_compile=True)
+        self.gradients = self._replica_gradients
+        if config.jit_compile and not is_tpu(strategy):  # (on TPU, XLA compiles everything)
+            if strategy.num_replicas_in_sync == 1:  # the whole step: the update fuses too
+                replica_step = tf.function(replica_step, jit_compile=True)
+            else:  # XLA cannot compile the all-reduce here: each replica's passes only
+                self.gradients = tf.function(self._replica_gradients, jit_compile=True)
 
         @tf.function
         def train_loop(iterator, steps):
