@@ -1,5 +1,5 @@
 """The offline default: a small hybrid ViT on the real Fashion-MNIST (Debian's
-dataset-fashion-mnist), about 7 minutes on 2 CPU cores.
+dataset-fashion-mnist), about 10 minutes on 2 CPU cores.
 
     python -m train.main --config=configs/quickstart.py --workdir=/tmp/vit_quickstart
 
