@@ -20,6 +20,8 @@ import tempfile
 from absl import app, flags
 from ml_collections import config_flags
 
+import machine
+
 config_flags.DEFINE_config_file("config", "configs/quickstart.py", "Experiment config.",
                                 lock_config=True)
 flags.DEFINE_integer("steps", 300, "Training steps per run.")
@@ -60,9 +62,9 @@ def main(argv):
     from train.strategy import local_cluster
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     batch_size = FLAGS.config.batch_size
+    print(machine.describe())
     print(f"{config_flags.get_config_filename(FLAGS['config'])}, global batch {batch_size}, "
-          f"{FLAGS.steps} steps, CPU: "
-          f"{_cpu_name()}, {os.cpu_count()} cores")
+          f"{FLAGS.steps} steps")
     with tempfile.TemporaryDirectory() as root:
         workers = [dict(env, TF_CONFIG=tf_config) for tf_config in local_cluster(2)]
         setups = [  # name, workdir, the flags of its process(es), their environments
@@ -76,17 +78,6 @@ def main(argv):
             _run(name, [(_command(workdir, *extra), process_env) for process_env in envs])
             rate = _steps_per_second(workdir, batch_size)
             print(f"| {name} | {rate:.2f} | {rate * batch_size:.0f} |", flush=True)
-
-
-def _cpu_name():
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import tensorflow as tf  # noqa: E402
 from ai_edge_litert.interpreter import Interpreter  # noqa: E402
 
 import keras_vit  # noqa: E402
+import machine  # noqa: E402
 from keras_vit import export  # noqa: E402
 
 
@@ -85,6 +86,7 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    print(machine.describe())
     print(f"{args.image_size}px, LiteRT threads {args.threads}, TF {tf.__version__}, "
           f"median of {args.repeats}\n")
     print(f"| variant | format | size MB | batch-1 latency ms | batch-{args.batch_size} images/s |")

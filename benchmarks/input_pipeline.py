@@ -12,6 +12,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import machine  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
@@ -41,6 +42,7 @@ def main(argv):
         for _ in range(FLAGS.batches):
             next(iterator)
         rates.append(FLAGS.batches * config.batch_size / (time.perf_counter() - start))
+    print(machine.describe())
     print(f"{config.dataset} at {config.image_size}px, batch {config.batch_size}, "
           f"{os.cpu_count()} CPU threads: {statistics.median(rates):.0f} images/s "
           f"(median of {FLAGS.repeats} x {FLAGS.batches} batches)")

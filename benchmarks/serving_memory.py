@@ -50,6 +50,9 @@ def main():
 
     import keras_vit
 
+    import machine
+
+    print(machine.describe())
     baseline = peak_memory_mb("-", args.image_size)
     print(f"{args.image_size}px, TF {tf.__version__}; a process that only imports TensorFlow "
           f"peaks at {baseline:.0f} MB\n")

@@ -28,19 +28,7 @@ import tensorflow as tf  # noqa: E402
 
 import keras_vit  # noqa: E402
 from keras_vit.flops import forward_flops  # noqa: E402
-
-
-def matmul_peak(compute_dtype, size=4096, repeats=5):
-    a = tf.random.normal((size, size), dtype=tf.float32)
-    a = tf.cast(a, compute_dtype)
-    matmul = tf.function(lambda x: tf.matmul(x, x))
-    matmul(a).numpy()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        matmul(a).numpy()
-        times.append(time.perf_counter() - start)
-    return 2 * size**3 / statistics.median(times)
+from machine import cpu_name, matmul_peak  # noqa: E402
 
 
 def build_models(variants, image_size, policy):
@@ -111,8 +99,8 @@ def main():
         del models
         keras.backend.clear_session()
 
-    print(f"\n{', '.join(variants)} at {args.image_size}, batch {args.batch_size}, "
-          f"{os.cpu_count()} CPU threads, TF {tf.__version__}, Keras {keras.__version__}, "
+    print(f"\nCPU: {cpu_name()}\n{', '.join(variants)} at {args.image_size}, batch "
+          f"{args.batch_size}, {os.cpu_count()} CPU threads, TF {tf.__version__}, Keras {keras.__version__}, "
           f"XLA {'on' if args.jit_compile else 'off'}, median of {args.repeats}\n")
     print(f"| policy | model | images/s | GFLOP/s | matmul peak GFLOP/s | "
           f"speed vs keras_vit {variants[0]} |")

@@ -1,0 +1,39 @@
+"""What every benchmark prints first: the CPU it ran on and that CPU's measured matmul peak, so
+that numbers from different machines are never compared as if they were one."""
+
+import os
+import statistics
+import time
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def matmul_peak(compute_dtype="float32", size=4096, repeats=5):
+    """FLOP/s of a `size`^3 TensorFlow matmul in `compute_dtype`, median of `repeats`."""
+    import tensorflow as tf
+
+    a = tf.cast(tf.random.normal((size, size), dtype=tf.float32), compute_dtype)
+    matmul = tf.function(lambda x: tf.matmul(x, x))
+    matmul(a).numpy()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(a).numpy()
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / statistics.median(times)
+
+
+def describe(dtypes=("float32",)):
+    """One line: the CPU, its cores, and its measured matmul peak in each of `dtypes`."""
+    peaks = ", ".join(f"{dtype} {matmul_peak(dtype) / 1e9:.0f}" for dtype in dtypes)
+    return (f"CPU: {cpu_name()}, {os.cpu_count()} cores; measured 4096^3 matmul peak GFLOP/s: "
+            f"{peaks}")
