@@ -36,7 +36,10 @@ def _command(workdir, *extra):
             f"--workdir={workdir}", f"--config.total_steps={FLAGS.steps}",
             f"--config.steps_per_loop={FLAGS.steps_per_loop}",
             f"--config.eval_every_steps={FLAGS.steps}",
-            f"--config.checkpoint_every_steps={FLAGS.steps}", "--config.export=False", *extra]
+            f"--config.checkpoint_every_steps={FLAGS.steps}", "--config.export=False",
+            *(f"--config.{name}={value}"  # this command line's --config.field=value
+              for name, value in config_flags.get_override_values(FLAGS["config"]).items()),
+            *extra]
 
 
 def _run(name, commands_and_envs):
