@@ -217,27 +217,18 @@ def final_accuracy(run):
 def train(run):
     """Runs (or resumes) `python -m train.main` for `run`, its output in workdir/train.log;
     returns the final accuracy. Raises UsageError if it fails."""
-    returncode, log_path = child_runs.run_main(
-        [f"--config={config_flags.get_config_filename(FLAGS['config'])}",
-         *child_flags(run.config)], run.workdir)
-    accuracy = final_accuracy(run) if returncode == 0 else None
-    if accuracy is None:
-        raise app.UsageError(
-            f"The run in {run.workdir} failed (exit status {returncode}): "
-            f"{child_runs.last_error(log_path)} Its log is {log_path}. Finished runs are kept: "
-            "fix the problem and rerun the same command.")
-    return accuracy
+    return child_runs.train([f"--config={config_flags.get_config_filename(FLAGS['config'])}",
+                             *child_flags(run.config)], run.workdir, run.config.total_steps)
 
 
 def describe_model(config):
     from keras_vit.variants import parse_variant
+    from train.objectives import model_overrides
 
-    variant = parse_variant(config.model)
-    size = {name: getattr(variant, name) if config[name] is None else config[name]
-            for name in ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers")}
-    return (f"`{config.model}` with {size['patch_size']}x{size['patch_size']} patches, width "
-            f"{size['hidden_size']}, MLP {size['mlp_dim']}, {size['num_heads']} heads, "
-            f"{_count(size['num_layers'], 'block')}, classifier `{config.classifier}`, position "
+    size = dataclasses.replace(parse_variant(config.model), **model_overrides(config))
+    return (f"`{config.model}` with {size.patch_size}x{size.patch_size} patches, width "
+            f"{size.hidden_size}, MLP {size.mlp_dim}, {size.num_heads} heads, "
+            f"{_count(size.num_layers, 'block')}, classifier `{config.classifier}`, position "
             f"embedding `{config.position_embedding}` at `{config.position_embedding_placement}`"
             " (each arm changes what its study names)")
 

@@ -65,7 +65,7 @@ def load_model(config, workdir):
     import tensorflow as tf
 
     import keras_vit
-    from train.objectives import MODEL_OVERRIDES
+    from train.objectives import model_overrides
 
     if workdir:
         path = os.path.join(workdir, "export", "model.keras")
@@ -76,7 +76,6 @@ def load_model(config, workdir):
     if not config.pretrained:
         raise app.UsageError("Nothing to analyze: give --workdir of a trained run, or "
                              "--config.pretrained=<weights name or .npz> for a checkpoint.")
-    overrides = {name: config[name] for name in MODEL_OVERRIDES if config[name] is not None}
     arrays = keras_vit.checkpoint.read_npz(
         keras_vit.pretrained.resolve_weights(config.pretrained, config.model))
     # The paper's few-shot metric reads the pre-logits layer of checkpoints that have one.
@@ -87,7 +86,7 @@ def load_model(config, workdir):
                           classifier=config.classifier, representation_size=representation_size,
                           position_embedding=config.position_embedding,
                           position_embedding_placement=config.position_embedding_placement,
-                          **overrides)
+                          **model_overrides(config))
     keras_vit.checkpoint.load_npz(model, arrays)
     return model, None
 

@@ -32,6 +32,22 @@ def run_main(arguments, workdir):
     return returncode, log_path
 
 
+def train(arguments, workdir, total_steps):
+    """Runs (or resumes) `python -m train.main <arguments>` in `workdir` and returns the
+    accuracy of its final evaluation. Raises UsageError, naming the run's last error and its
+    log, when it fails."""
+    from absl import app
+
+    returncode, log_path = run_main(arguments, workdir)
+    accuracy = final_accuracy(workdir, total_steps) if returncode == 0 else None
+    if accuracy is None:
+        raise app.UsageError(
+            f"The run in {workdir} failed (exit status {returncode}): {last_error(log_path)} "
+            f"Its log is {log_path}. Finished runs are kept: fix the problem and rerun the same "
+            "command.")
+    return accuracy
+
+
 def final_accuracy(workdir, total_steps):
     """The accuracy of the run's final evaluation (at `total_steps`), or None if the run has
     not finished."""

@@ -129,12 +129,7 @@ def finetune(labels, arm, seed):
     arguments = [f"--config={FINETUNE_CONFIG}{':' + arg if arg else ''}",
                  f"--config.seed={seed}",
                  f"--config.pretrained={os.path.abspath(encoder_path()) if arm == 'mpp' else ''}"]
-    returncode, log_path = child_runs.run_main(arguments, workdir)
-    accuracy = child_runs.final_accuracy(workdir, total_steps) if returncode == 0 else None
-    if accuracy is None:
-        raise app.UsageError(f"The run in {workdir} failed (exit status {returncode}): "
-                             f"{child_runs.last_error(log_path)} Its log is {log_path}. "
-                             "Finished runs are kept: fix the problem and rerun.")
+    accuracy = child_runs.train(arguments, workdir, total_steps)
     print(f"{name}: {100 * accuracy:.2f}% in {time.time() - start:.0f} s", flush=True)
     return accuracy
 

@@ -17,10 +17,14 @@ OBJECTIVES = ("classification", "masked_patch_prediction")
 MODEL_OVERRIDES = ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers")
 
 
+def model_overrides(config):
+    """The variant fields that `config` sets (`patch_size`, ...), for `keras_vit.vit`."""
+    return {name: config[name] for name in MODEL_OVERRIDES if config[name] is not None}
+
+
 def build_model(config, num_classes, include_top=True):
     """The ViT of `config` (with its classification head, or `include_top=False`: the encoder
     that returns the pooled representation)."""
-    overrides = {name: config[name] for name in MODEL_OVERRIDES if config[name] is not None}
     return keras_vit.vit(
         config.model, image_size=config.image_size, num_classes=num_classes,
         include_top=include_top, classifier=config.classifier,
@@ -28,7 +32,8 @@ def build_model(config, num_classes, include_top=True):
         position_embedding_placement=config.position_embedding_placement,
         representation_size=config.representation_size,
         dropout=config.dropout, attention_dropout=config.attention_dropout,
-        drop_path_rate=config.drop_path_rate, dtype=config.dtype_policy, **overrides)
+        drop_path_rate=config.drop_path_rate, dtype=config.dtype_policy,
+        **model_overrides(config))
 
 
 def cross_entropy(labels, logits, num_classes, label_smoothing):

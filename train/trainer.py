@@ -14,6 +14,7 @@ to a local temporary directory that is removed again); only the chief writes int
 checkpoints, `metrics.jsonl`, TensorBoard, `config.json` and the export.
 """
 
+import functools
 import os
 import tempfile
 import time
@@ -138,9 +139,11 @@ class Trainer:
             count += tf.reduce_sum(weights)
         return grads, loss_sum, count
 
-    def _replica_train_step(self, batch):
+    def _replica_train_step(self, batch, gradients):
+        """One optimizer step on this replica's `batch`; `gradients` is `_replica_gradients`,
+        compiled by XLA or not."""
         config, variables = self.config, self.model.trainable_variables
-        grads, loss_sum, count = self.gradients(batch)
+        grads, loss_sum, count = gradients(batch)
         # Sums over the global batch, then the mean: the gradient of the global mean loss,
         # whatever the replicas' shares of the weighted items (corrupted patches vary).
         context = tf.distribute.get_replica_context()
@@ -160,13 +163,14 @@ class Trainer:
 
     def _make_train_loop(self):
         strategy, config = self.strategy, self.config
-        replica_step = self._replica_train_step
-        self.gradients = self._replica_gradients
-        if config.jit_compile and not is_tpu(strategy):  # (on TPU, XLA compiles everything)
-            if strategy.num_replicas_in_sync == 1:  # the whole step: the update fuses too
-                replica_step = tf.function(replica_step, jit_compile=True)
-            else:  # XLA cannot compile the all-reduce here: each replica's passes only
-                self.gradients = tf.function(self._replica_gradients, jit_compile=True)
+        xla = config.jit_compile and not is_tpu(strategy)  # (on TPU, XLA compiles everything)
+        several = strategy.num_replicas_in_sync > 1
+        gradients = self._replica_gradients
+        if xla and several:  # XLA cannot compile the all-reduce here: each replica's passes
+            gradients = tf.function(gradients, jit_compile=True)
+        replica_step = functools.partial(self._replica_train_step, gradients=gradients)
+        if xla and not several:  # the whole step: the update fuses too
+            replica_step = tf.function(replica_step, jit_compile=True)
 
         @tf.function
         def train_loop(iterator, steps):
