@@ -142,11 +142,12 @@ def remove_partial_files(directory):
 
 
 def calibration_images(config, count):
-    """`count` eval images in 0..255 at the model's size, for int8 calibration."""
+    """The first `count` training images in 0..255 at the model's size, for int8 calibration
+    (not evaluation images: the test split stays unseen by everything that shapes the file)."""
     from train import input_pipeline
 
     builder = input_pipeline.get_builder(config)
-    examples = input_pipeline.resized_examples(builder, config.eval_split,
+    examples = input_pipeline.resized_examples(builder, config.train_split,
                                                (config.image_size, config.image_size), count)
     return np.stack([image for image, _ in examples.as_numpy_iterator()]).astype(np.float32)
 

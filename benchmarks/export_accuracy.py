@@ -1,0 +1,114 @@
+"""Accuracy and speed of every TFLite kind of a trained model, on its whole evaluation split:
+top-1, top-1 agreement with the Keras model, the largest logit difference, size, batch-1
+latency and batched throughput in LiteRT (XNNPack).
+
+    python -m train.main --config=configs/quickstart.py --workdir=/tmp/vit_quickstart
+    python benchmarks/export_accuracy.py --workdir=/tmp/vit_quickstart --threads=2
+
+The files are converted afresh from `<workdir>/export/model.keras` with keras_vit's exporter,
+int8 calibrated on the same training images as the driver's export. Latencies are the median
+of `--repeats` single-image runs, interleaved over the kinds.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import keras  # noqa: E402
+import ml_collections  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from ai_edge_litert.interpreter import Interpreter  # noqa: E402
+
+import machine  # noqa: E402
+from keras_vit import export  # noqa: E402
+from train import exporting, input_pipeline  # noqa: E402
+
+
+def evaluation_split(config):
+    """All of the eval split: images in 0..255 at the model's size, and labels."""
+    builder = input_pipeline.get_builder(config)
+    count = builder.info.splits[config.eval_split].num_examples
+    examples = input_pipeline.resized_examples(
+        builder, config.eval_split, (config.image_size, config.image_size), count)
+    images, labels = zip(*examples.as_numpy_iterator())
+    return np.stack(images).astype(np.float32), np.array(labels)
+
+
+def interpreter_for(content, batch, threads):
+    interpreter = Interpreter(model_content=content, num_threads=threads)
+    detail = interpreter.get_input_details()[0]
+    interpreter.resize_tensor_input(detail["index"], [batch, *detail["shape"][1:]])
+    interpreter.allocate_tensors()
+    output = interpreter.get_output_details()[0]["index"]
+
+    def run(images):
+        interpreter.set_tensor(detail["index"], images)
+        interpreter.invoke()
+        return interpreter.get_tensor(output)
+
+    return run
+
+
+def logits_of(content, images, batch, threads):
+    run = interpreter_for(content, batch, threads)
+    whole = len(images) // batch * batch
+    parts = [run(images[start:start + batch]) for start in range(0, whole, batch)]
+    if whole < len(images):
+        parts.append(interpreter_for(content, len(images) - whole, threads)(images[whole:]))
+    return np.concatenate(parts)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workdir", required=True, help="a train.main workdir with export/")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch_size", type=int, default=500, help="for throughput")
+    parser.add_argument("--repeats", type=int, default=300, help="batch-1 runs per kind")
+    parser.add_argument("--calibration_images", type=int, default=200)
+    args = parser.parse_args()
+    with open(os.path.join(args.workdir, "config.json")) as handle:
+        config = ml_collections.ConfigDict(json.load(handle))
+    model = keras.saving.load_model(os.path.join(args.workdir, "export", "model.keras"))
+    images, labels = evaluation_split(config)
+    calibration = exporting.calibration_images(config, args.calibration_images)
+    reference = model.predict((images - 127.5) / 127.5, batch_size=1000, verbose=0)
+    print(machine.describe())
+    print(f"{config.model} at {config.image_size}px, {len(images)} {config.eval_split} images, "
+          f"LiteRT threads {args.threads}, TF {tf.__version__}\n")
+    print("| format | size MB | top-1 % | agreement with Keras % | max logit difference | "
+          f"batch-1 ms | batch-{args.batch_size} images/s |")
+    print("|---|---|---|---|---|---|---|")
+    print(f"| Keras | – | {np.mean(reference.argmax(1) == labels) * 100:.2f} | – | – | – | – |")
+    contents = {kind: export.tflite_bytes(model, quantization, calibration)
+                for kind, quantization in exporting.TFLITE_KINDS.items()}
+    single = {kind: interpreter_for(content, 1, args.threads)
+              for kind, content in contents.items()}
+    latencies = {kind: [] for kind in contents}
+    for run in single.values():  # warm up
+        run(images[:1])
+    for index in range(args.repeats):  # interleaved: drifts in machine load hit every kind
+        for kind, run in single.items():
+            start = time.perf_counter()
+            run(images[index % len(images)][None])
+            latencies[kind].append(time.perf_counter() - start)
+    for kind, content in contents.items():
+        start = time.perf_counter()
+        logits = logits_of(content, images, args.batch_size, args.threads)
+        throughput = len(images) / (time.perf_counter() - start)
+        predictions = logits.argmax(1)
+        print(f"| TFLite {kind} | {len(content) / 2**20:.2f} | "
+              f"{np.mean(predictions == labels) * 100:.2f} | "
+              f"{np.mean(predictions == reference.argmax(1)) * 100:.2f} | "
+              f"{np.abs(logits - reference).max():.3f} | "
+              f"{statistics.median(latencies[kind]) * 1000:.3f} | {throughput:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
