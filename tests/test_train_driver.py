@@ -553,6 +553,37 @@ def test_masked_patch_prediction_learns_and_exports_its_encoder(runs, fake_fmnis
     assert "fine-tune it first" in result.stderr
 
 
+@pytest.mark.parametrize("clip,accum_steps", [(1e-3, 1), (1e-3, 2), (1e3, 1)])
+def test_step_is_gradient_descent_on_the_clipped_mean_gradient(fake_fmnist, clip, accum_steps):
+    """One SGD step of the driver's loop moves every weight by -lr times the gradient of the
+    batch's mean loss, clipped to a global norm of `clip` (active at 1e-3, not at 1e3), with or
+    without accumulation over micro-batches; the logged norm is the unclipped one."""
+    config = tiny_config(fake_fmnist, optimizer="sgd", momentum=0.0, grad_clip_norm=clip,
+                         accum_steps=accum_steps, warmup_steps=0)
+    rng = np.random.default_rng(3)
+    batch = {"image": tf.constant(rng.uniform(-1, 1, (32, 28, 28, 3)), tf.float32),
+             "label": tf.constant(rng.integers(0, 10, 32), tf.int32)}
+    with tempfile.TemporaryDirectory() as workdir:
+        run = trainer.Trainer(config, workdir, tf.distribute.OneDeviceStrategy("/cpu:0"))
+        model, variables = run.model, run.model.trainable_variables
+        learning_rate = float(run.optimizer.learning_rate)
+        before = [v.numpy() for v in variables]
+        with tf.GradientTape() as tape:
+            logits = model(batch["image"], training=True)
+            loss = tf.reduce_mean(objectives.cross_entropy(batch["label"], logits, 10, 0.0))
+        gradients = tape.gradient(loss, variables)
+        norm = float(tf.linalg.global_norm(gradients))
+        clipped, _ = tf.clip_by_global_norm(gradients, clip)
+        step_loss, step_norm = run.train_loop(iter(tf.data.Dataset.from_tensors(batch).repeat()),
+                                              tf.constant(1))
+        assert float(step_loss) == pytest.approx(float(loss), rel=1e-5)
+        assert float(step_norm) == pytest.approx(norm, rel=1e-4)
+        assert (norm > clip) == (clip < 1)  # the clipping is active in the 1e-3 cases only
+        for start, gradient, variable in zip(before, clipped, variables):
+            np.testing.assert_allclose(variable.numpy(), start - learning_rate * gradient.numpy(),
+                                       rtol=1e-4, atol=1e-7)
+
+
 def test_metrics_writer_drops_records_after_the_resumed_step(tmp_path):
     writer = MetricsWriter(str(tmp_path))
     for step in (5, 10, 15):

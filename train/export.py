@@ -23,7 +23,7 @@ flags.DEFINE_string("export_dir", None, "SavedModel base directory (default work
                     "saved_model); the model goes to <export_dir>/<next version>.")
 flags.DEFINE_string("tflite", "none", "TFLite files to write into workdir/export: 'none', "
                     "'all', or a comma list of 'float32', 'float16', 'dynamic', 'int8'.")
-flags.DEFINE_integer("calibration_images", 200, "Eval images used to calibrate int8.")
+flags.DEFINE_integer("calibration_images", 200, "Training images used to calibrate int8.")
 
 
 def _file_system_error(error):
