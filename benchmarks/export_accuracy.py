@@ -11,7 +11,6 @@ of `--repeats` single-image runs, interleaved over the kinds.
 """
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -20,7 +19,6 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import keras  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -28,7 +26,7 @@ from ai_edge_litert.interpreter import Interpreter  # noqa: E402
 
 import machine  # noqa: E402
 from keras_vit import export  # noqa: E402
-from train import exporting, input_pipeline  # noqa: E402
+from train import exporting, input_pipeline, run_config  # noqa: E402
 
 
 def evaluation_split(config):
@@ -73,9 +71,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=300, help="batch-1 runs per kind")
     parser.add_argument("--calibration_images", type=int, default=200)
     args = parser.parse_args()
-    with open(os.path.join(args.workdir, "config.json")) as handle:
-        config = ml_collections.ConfigDict(json.load(handle))
-    model = keras.saving.load_model(os.path.join(args.workdir, "export", "model.keras"))
+    config = ml_collections.ConfigDict(run_config.saved(args.workdir))
+    model = exporting.load_trained_model(
+        os.path.join(args.workdir, "export", "model.keras"), args.workdir)
     images, labels = evaluation_split(config)
     calibration = exporting.calibration_images(config, args.calibration_images)
     reference = model.predict((images - 127.5) / 127.5, batch_size=1000, verbose=0)

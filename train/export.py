@@ -4,7 +4,7 @@
     docker run -p 8501:8501 -v /models/vit:/models/vit -e MODEL_NAME=vit tensorflow/serving
 
 Reads `workdir/export/model.keras` (written at the end of training, loaded in safe mode), the
-class names beside it and the run's `config.json`; int8 TFLite calibrates on eval images.
+class names beside it and the run's `config.json`; int8 TFLite calibrates on training images.
 
 A user's error (bad flag, missing workdir, damaged model file, unwritable export directory)
 ends with one "Error: ..." paragraph and exit status 1 (`--verbose` shows the traceback); every
@@ -78,9 +78,9 @@ def export(options):
         from train import run_config
 
         config = run_config.saved(workdir, fix="restore it, or choose other --tflite kinds "
-                                  "(int8 calibrates on the eval data it names)")
+                                  "(int8 calibrates on the training data it names)")
         if config is None:
-            raise app.UsageError(f"int8 calibrates on the run's eval data, but "
+            raise app.UsageError(f"int8 calibrates on the run's training data, but "
                                  f"{run_config.path(workdir)} is missing; choose other "
                                  "--tflite kinds.")
         config = ml_collections.ConfigDict(config)

@@ -35,7 +35,7 @@ def check_calibration_images(count):
     """Raises ValueError unless `count` (--calibration_images) is a positive number."""
     if count is None or count < 1:
         raise ValueError(f"--calibration_images must be at least 1, got {count}: int8 "
-                         "calibrates on that many eval images (a few hundred is typical; the "
+                         "calibrates on that many training images (a few hundred is typical; the "
                          "default is 200).")
     return count
 
