@@ -16,6 +16,7 @@ import zipfile
 
 import numpy as np
 
+from keras_vit import fileio
 from keras_vit import layers as vit_layers
 
 logger = logging.getLogger(__name__)
@@ -88,16 +89,15 @@ def read_npz(path):
     directory, a file that could not be reached (a `gs://` path without network or access:
     TensorFlow's error, e.g. an unresolvable host, is wrapped), or one that is not an `.npz`.
     """
-    import tensorflow as tf  # local: only file I/O needs TensorFlow (gs:// paths)
-
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a file path or a gs:// path, got {path!r} "
                         f"({type(path).__name__}).")
     path = os.fspath(path)
+    unreachable = fileio.remote_errors(path)
     try:
-        exists = tf.io.gfile.exists(path)
-        is_directory = exists and tf.io.gfile.isdir(path)
-    except tf.errors.OpError as error:
+        exists = fileio.exists(path)
+        is_directory = exists and fileio.isdir(path)
+    except unreachable as error:
         raise _unreachable(path, error) from error
     if not exists:
         raise FileNotFoundError(f"No checkpoint file at {path!r}.")
@@ -106,10 +106,10 @@ def read_npz(path):
             f"{path!r} is a directory, not an .npz checkpoint file; pass the path of the "
             ".npz file inside it.")
     try:
-        handle = tf.io.gfile.GFile(path, "rb")
-        # np.load reads through GFile; a network failure mid-read surfaces as an OpError.
+        handle = fileio.open_file(path, "rb")
+        # np.load reads through GFile for gs://; a network failure mid-read is an OpError.
         return _read_archive(path, handle)
-    except tf.errors.OpError as error:
+    except unreachable as error:
         raise _unreachable(path, error) from error
 
 
@@ -344,14 +344,12 @@ def save_npz(model, path):
     `NotADirectoryError` or `PermissionError` naming the directory before anything is written.
     Non-finite weights are written as they are (`load_npz` refuses them by default).
     """
-    import tensorflow as tf  # local: only file I/O needs TensorFlow (gs:// paths)
-
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a file path or a gs:// path, got {path!r} "
                         f"({type(path).__name__}).")
     path = os.fspath(path)
     directory = os.path.dirname(path) or "."
-    if "://" not in path:  # object stores have no directories to check
+    if not fileio.is_remote(path):  # object stores have no directories to check
         if not os.path.exists(directory):
             raise FileNotFoundError(
                 f"Cannot save the checkpoint {path!r}: its directory {directory!r} does not "
@@ -367,15 +365,6 @@ def save_npz(model, path):
             raise PermissionError(
                 f"Cannot save the checkpoint {path!r}: the directory {directory!r} is not "
                 "writable.")
-    arrays = model_arrays(model)
-    temporary = f"{path}.partial-{os.getpid()}"
-    try:
-        buffer = io.BytesIO()  # zip needs a seekable file; GFile writers are not
-        np.savez(buffer, **arrays)
-        with tf.io.gfile.GFile(temporary, "wb") as handle:
-            handle.write(buffer.getvalue())
-        tf.io.gfile.rename(temporary, path, overwrite=True)
-    finally:
-        if tf.io.gfile.exists(temporary):
-            tf.io.gfile.remove(temporary)
-    return path
+    buffer = io.BytesIO()  # zip needs a seekable file; GFile writers are not
+    np.savez(buffer, **model_arrays(model))
+    return fileio.write_atomically(path, buffer.getvalue())
