@@ -4,7 +4,9 @@ A checkpoint is a flat numpy archive whose keys are '/'-joined Flax paths such a
 `Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel`. Keras weights are named after the same
 tree, so each key maps mechanically to one model variable (`checkpoint_key`), with two layout
 changes: attention kernels are stored as `(D, heads, D/heads)` (Keras keeps `(D, D)`), and old
-hybrid files store GroupNorm parameters as `(1, 1, 1, C)`.
+hybrid files store GroupNorm parameters as `(1, 1, 1, C)`. Files written by the current vit_jax
+code number a block's layers per class (`MlpBlock_0` for the released `MlpBlock_3`); loading
+accepts both namings, saving writes the released one.
 
 Loading checks everything before assigning anything, so a failed load leaves the model as it was.
 """
@@ -16,6 +18,7 @@ import zipfile
 
 import numpy as np
 
+from keras_vit import fileio
 from keras_vit import layers as vit_layers
 
 logger = logging.getLogger(__name__)
@@ -24,6 +27,11 @@ _TRANSFORMER_LAYERS = ("posembed_", "encoderblock_", "encoder_norm")
 _HEAD_KEYS = ("head/kernel", "head/bias")
 _PRE_LOGITS_KEYS = ("pre_logits/kernel", "pre_logits/bias")
 _PROJECTIONS = ("query", "key", "value", "out")  # stored per head: (D, heads, D / heads)
+# A block's layers as the current vit_jax code names them (Flax Linen numbers each class on its
+# own) -> as the released files do (one counter per block, in call order). vit_jax's
+# checkpoint.load reads both (flax.training.checkpoints.convert_pre_linen); so does load_npz.
+_LINEN_BLOCK_NAMES = {"MultiHeadDotProductAttention_0": "MultiHeadDotProductAttention_1",
+                      "LayerNorm_1": "LayerNorm_2", "MlpBlock_0": "MlpBlock_3"}
 
 
 class CheckpointError(ValueError):
@@ -88,16 +96,15 @@ def read_npz(path):
     directory, a file that could not be reached (a `gs://` path without network or access:
     TensorFlow's error, e.g. an unresolvable host, is wrapped), or one that is not an `.npz`.
     """
-    import tensorflow as tf  # local: only file I/O needs TensorFlow (gs:// paths)
-
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a file path or a gs:// path, got {path!r} "
                         f"({type(path).__name__}).")
     path = os.fspath(path)
+    unreachable = fileio.remote_errors(path)
     try:
-        exists = tf.io.gfile.exists(path)
-        is_directory = exists and tf.io.gfile.isdir(path)
-    except tf.errors.OpError as error:
+        exists = fileio.exists(path)
+        is_directory = exists and fileio.isdir(path)
+    except unreachable as error:
         raise _unreachable(path, error) from error
     if not exists:
         raise FileNotFoundError(f"No checkpoint file at {path!r}.")
@@ -106,10 +113,10 @@ def read_npz(path):
             f"{path!r} is a directory, not an .npz checkpoint file; pass the path of the "
             ".npz file inside it.")
     try:
-        handle = tf.io.gfile.GFile(path, "rb")
-        # np.load reads through GFile; a network failure mid-read surfaces as an OpError.
+        handle = fileio.open_file(path, "rb")
+        # np.load reads through GFile for gs://; a network failure mid-read is an OpError.
         return _read_archive(path, handle)
-    except tf.errors.OpError as error:
+    except unreachable as error:
         raise _unreachable(path, error) from error
 
 
@@ -155,6 +162,30 @@ def _read_archive(path, handle):
                     f"{path!r} is not a readable .npz checkpoint (truncated, corrupt, or "
                     f"holding pickled objects, which are never loaded): {error}"
                 ) from error
+
+
+def _released_layout(arrays, where="the arrays given"):
+    """`arrays` with the encoder blocks' keys in the released files' naming (`LayerNorm_0`,
+    `MultiHeadDotProductAttention_1`, `LayerNorm_2`, `MlpBlock_3`); files written by the current
+    vit_jax code name them `LayerNorm_0`, `MultiHeadDotProductAttention_0`, `LayerNorm_1`,
+    `MlpBlock_0`. A file that uses both namings raises `CheckpointError`: which array belongs
+    where would be a guess."""
+    linen, released, renamed = set(), set(), {}
+    for key, value in arrays.items():
+        parts = key.split("/")
+        if len(parts) > 3 and parts[0] == "Transformer" and parts[1].startswith("encoderblock_"):
+            if parts[2] in _LINEN_BLOCK_NAMES:
+                linen.add(parts[2])
+                parts[2] = _LINEN_BLOCK_NAMES[parts[2]]
+            elif parts[2] in _LINEN_BLOCK_NAMES.values():
+                released.add(parts[2])
+        renamed["/".join(parts)] = value
+    if linen and released:
+        raise CheckpointError(
+            f"The checkpoint {where!r} names encoder-block layers both as the current vit_jax "
+            f"code does ({', '.join(sorted(linen))}) and as the released files do "
+            f"({', '.join(sorted(released))}); a file uses one naming. Nothing was loaded.")
+    return renamed
 
 
 def _nonfinite_keys(arrays):
@@ -233,10 +264,12 @@ def _position_layer(model):
 def load_npz(model, path, *, strict=True, new_head=False, allow_nonfinite=False):
     """Loads an original `.npz` checkpoint into a model built by `keras_vit`.
 
-    Position embeddings are resized when the model's patch grid differs from the file's. The
-    head is zero-initialised (the paper's transfer recipe) when the file has none, when its
-    number of classes differs from the model's, or when `new_head=True`. A `pre_logits` layer
-    in the file is used when the model has one and dropped otherwise.
+    The file may name the encoder blocks' layers as the released files do or as the current
+    vit_jax code does (see `_LINEN_BLOCK_NAMES`). Position embeddings are resized when the
+    model's patch grid differs from the file's. The head is zero-initialised (the paper's
+    transfer recipe) when the file has none, when its number of classes differs from the
+    model's, or when `new_head=True`. A `pre_logits` layer in the file is used when the model
+    has one and dropped otherwise.
 
     Args:
         model: a model from `keras_vit.vit()` or a named builder.
@@ -253,17 +286,18 @@ def load_npz(model, path, *, strict=True, new_head=False, allow_nonfinite=False)
 
     Raises:
         CheckpointError: the file does not fit the model (with `strict=True`), holds non-finite
-            values (with `allow_nonfinite=False`), is a directory, could not be reached, or is
-            not an `.npz` archive. `FileNotFoundError` for a missing file.
+            values (with `allow_nonfinite=False`), mixes the two namings of block layers, is a
+            directory, could not be reached, or is not an `.npz` archive. `FileNotFoundError` for a missing file.
 
     Returns:
         A dict with lists `loaded`, `missing`, `unexpected`, `mismatched` and `resized` keys.
     """
     arrays = dict(path) if isinstance(path, dict) else read_weights(path)
+    where = path if not isinstance(path, dict) else "the arrays given"
+    arrays = _released_layout(arrays, where)
     if not allow_nonfinite:
         bad = _nonfinite_keys(arrays)
         if bad:
-            where = path if not isinstance(path, dict) else "the arrays given"
             raise CheckpointError(
                 f"The checkpoint {where!r} holds NaN or infinite values in {len(bad)} "
                 f"array(s): {', '.join(bad[:10])}{', ...' if len(bad) > 10 else ''}. Nothing "
@@ -344,14 +378,12 @@ def save_npz(model, path):
     `NotADirectoryError` or `PermissionError` naming the directory before anything is written.
     Non-finite weights are written as they are (`load_npz` refuses them by default).
     """
-    import tensorflow as tf  # local: only file I/O needs TensorFlow (gs:// paths)
-
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a file path or a gs:// path, got {path!r} "
                         f"({type(path).__name__}).")
     path = os.fspath(path)
     directory = os.path.dirname(path) or "."
-    if "://" not in path:  # object stores have no directories to check
+    if not fileio.is_remote(path):  # object stores have no directories to check
         if not os.path.exists(directory):
             raise FileNotFoundError(
                 f"Cannot save the checkpoint {path!r}: its directory {directory!r} does not "
@@ -367,15 +399,6 @@ def save_npz(model, path):
             raise PermissionError(
                 f"Cannot save the checkpoint {path!r}: the directory {directory!r} is not "
                 "writable.")
-    arrays = model_arrays(model)
-    temporary = f"{path}.partial-{os.getpid()}"
-    try:
-        buffer = io.BytesIO()  # zip needs a seekable file; GFile writers are not
-        np.savez(buffer, **arrays)
-        with tf.io.gfile.GFile(temporary, "wb") as handle:
-            handle.write(buffer.getvalue())
-        tf.io.gfile.rename(temporary, path, overwrite=True)
-    finally:
-        if tf.io.gfile.exists(temporary):
-            tf.io.gfile.remove(temporary)
-    return path
+    buffer = io.BytesIO()  # zip needs a seekable file; GFile writers are not
+    np.savez(buffer, **model_arrays(model))
+    return fileio.write_atomically(path, buffer.getvalue())

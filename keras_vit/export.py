@@ -18,6 +18,8 @@ import tempfile
 
 import numpy as np
 
+from keras_vit import fileio
+
 QUANTIZATIONS = ("none", "float16", "dynamic", "int8")
 DEFAULT_TOP_K = 5
 
@@ -52,10 +54,8 @@ def _path_text(path, argument):
 
 def _nearest_existing(path):
     """`path` or its nearest existing ancestor; None when none exists (below a URL's root)."""
-    import tensorflow as tf
-
     while True:
-        if tf.io.gfile.exists(path):
+        if fileio.exists(path):
             return path
         parent = os.path.dirname(path.rstrip("/"))
         if not parent or parent == path or parent.endswith(":") or parent.endswith(":/"):
@@ -66,11 +66,9 @@ def _nearest_existing(path):
 def check_directory(path, argument="base_dir"):
     """Raises ValueError unless `path` is a directory or can be made one: neither it nor an
     ancestor is a file. Fast: call it before slow work. Returns the path as a str."""
-    import tensorflow as tf
-
     path = _path_text(path, argument)
     existing = _nearest_existing(path)
-    if existing is not None and not tf.io.gfile.isdir(existing):
+    if existing is not None and not fileio.isdir(existing):
         where = "is a file" if existing == path else f"is below {existing}, which is a file"
         raise ValueError(f"{argument}={path} {where}, not a directory: pass a directory "
                          "(it is created if missing), or move the file away.")
@@ -80,10 +78,8 @@ def check_directory(path, argument="base_dir"):
 def _check_file_path(path, argument="path"):
     """Raises ValueError unless a file can be written at `path` (not a directory, no file
     where a directory has to be)."""
-    import tensorflow as tf
-
     path = _path_text(path, argument)
-    if tf.io.gfile.isdir(path):
+    if fileio.isdir(path):
         raise ValueError(f"{argument}={path} is a directory; pass the path of the file to "
                          "write, e.g. <directory>/model.tflite.")
     directory = os.path.dirname(path)
@@ -94,11 +90,9 @@ def _check_file_path(path, argument="path"):
 
 def next_version(base_dir):
     """The next free integer version under `base_dir` (1 for a new or empty one)."""
-    import tensorflow as tf
-
-    if not tf.io.gfile.isdir(base_dir):
+    if not fileio.isdir(base_dir):
         return 1
-    versions = [int(name.rstrip("/")) for name in tf.io.gfile.listdir(base_dir)
+    versions = [int(name.rstrip("/")) for name in fileio.listdir(base_dir)
                 if name.rstrip("/").isdigit()]
     return max(versions, default=0) + 1
 
@@ -246,7 +240,7 @@ def export_saved_model(model, base_dir, class_names=None, version=None, top_k=DE
                              f"directory), got {version!r}; leave it out for the next free one.")
     version = next_version(base_dir) if version is None else int(version)
     final = os.path.join(base_dir, str(version))
-    if tf.io.gfile.exists(final):
+    if fileio.exists(final):
         raise FileExistsError(f"{final} already exists; TF Serving versions are immutable. "
                               "Pass another version or leave it out for the next free one.")
     serve_bytes, serve_images = _serving_functions(model, class_names, top_k)
@@ -258,15 +252,9 @@ def export_saved_model(model, base_dir, class_names=None, version=None, top_k=DE
                          input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
     archive.add_endpoint("serving_images", serve_images, input_signature=[
         tf.TensorSpec([None, None, None, 3], tf.float32, name="images")])
-    tf.io.gfile.makedirs(base_dir)
-    # A dot-name TF Serving ignores; renamed to the version only once complete.
-    temporary = os.path.join(base_dir, f".partial-{version}-{os.getpid()}")
-    try:
+    # Written under a dot-name TF Serving ignores, renamed to the version once complete.
+    with fileio.atomic_directory(final) as temporary:
         archive.write_out(temporary, verbose=False)
-        tf.io.gfile.rename(temporary, final)
-    finally:
-        if tf.io.gfile.exists(temporary):
-            tf.io.gfile.rmtree(temporary)
     return final
 
 
@@ -464,20 +452,11 @@ def _representative_samples(representative_data, image_size):
 def export_tflite(model, path, quantization="none", representative_data=None):
     """Writes a TFLite model to `path` (local or gs://) atomically (see `tflite_bytes`) and
     returns its size in bytes."""
-    import tensorflow as tf
-
     _check_model(model)  # arguments first: the conversion takes a while
     path = _check_file_path(path, "path")
     content = tflite_bytes(model, quantization, representative_data)
     directory = os.path.dirname(path)
     if directory:
-        tf.io.gfile.makedirs(directory)
-    temporary = f"{path}.partial-{os.getpid()}"
-    try:
-        with tf.io.gfile.GFile(temporary, "wb") as handle:
-            handle.write(content)
-        tf.io.gfile.rename(temporary, path, overwrite=True)
-    finally:
-        if tf.io.gfile.exists(temporary):
-            tf.io.gfile.remove(temporary)
+        fileio.makedirs(directory)
+    fileio.write_atomically(path, content)
     return len(content)

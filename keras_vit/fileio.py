@@ -29,6 +29,16 @@ def _gfile():
     return tf.io.gfile
 
 
+def remote_errors(path):
+    """The exceptions a remote file system raises for an unreachable path (TensorFlow's
+    `OpError`), to catch and explain; an empty tuple, which catches nothing, for local paths."""
+    if not is_remote(path):
+        return ()
+    import tensorflow as tf
+
+    return (tf.errors.OpError,)
+
+
 def open_file(path, mode="rb"):
     """`open(path, mode)`, through `tf.io.gfile.GFile` for remote paths."""
     if is_remote(path):

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from keras_vit import analysis
+from keras_vit import analysis, fileio
 
 DPI = 100
 
@@ -26,15 +26,9 @@ def _figure(width, height):
 
 
 def _save(figure, path):
-    import tensorflow as tf
-
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=DPI)
-    partial = f"{path}.partial"
-    with tf.io.gfile.GFile(partial, "wb") as handle:
-        handle.write(buffer.getvalue())
-    tf.io.gfile.rename(partial, path, overwrite=True)
-    return path
+    return fileio.write_atomically(path, buffer.getvalue())
 
 
 def _tile_grid(count):

@@ -336,7 +336,7 @@ def test_few_shot_accuracy_of_a_model():
 
 
 def test_representations_drop_padding():
-    import tensorflow as tf
+    tf = pytest.importorskip("tensorflow")  # a tf.data pipeline, as the training driver feeds
     model = small_vit(image_size=32)
     images = model_images(model, count=6)
     labels = np.arange(6) % 3

@@ -194,6 +194,65 @@ def test_round_trip_gives_identical_outputs(case, tmp_path):
     np.testing.assert_array_equal(keras_forward(target, images), want)
 
 
+# Files written by the current vit_jax code: Flax Linen numbers each sub-module class on its own,
+# so a block holds LayerNorm_0, MultiHeadDotProductAttention_0, LayerNorm_1, MlpBlock_0.
+RELEASED_TO_LINEN = {"MultiHeadDotProductAttention_1": "MultiHeadDotProductAttention_0",
+                     "LayerNorm_2": "LayerNorm_1", "MlpBlock_3": "MlpBlock_0"}
+
+
+def linen_named(arrays, blocks=("encoderblock_0", "encoderblock_1")):
+    """The arrays with the given blocks' layers renamed as the current vit_jax code names them."""
+    renamed = {}
+    for key, value in arrays.items():
+        parts = key.split("/")
+        if parts[0] == "Transformer" and parts[1] in blocks:
+            parts[2] = RELEASED_TO_LINEN.get(parts[2], parts[2])
+        renamed["/".join(parts)] = value
+    return renamed
+
+
+def test_file_of_the_current_vit_jax_code_loads_identically(tmp_path):
+    source = small_vit()
+    weights = randomize(source, np.random.default_rng(3))
+    images = images_for(32)
+    want = keras_forward(source, images)
+    released = checkpoint.read_npz(save_npz(source, tmp_path / "released.npz"))
+    linen = linen_named(released)
+    assert "Transformer/encoderblock_1/MlpBlock_0/Dense_1/kernel" in linen
+    assert not any("MlpBlock_3" in key or "LayerNorm_2" in key for key in linen)
+    np.savez(tmp_path / "linen.npz", **linen)
+
+    target = small_vit()
+    randomize(target, np.random.default_rng(4))
+    report = load_npz(target, tmp_path / "linen.npz")
+    assert report["missing"] == report["unexpected"] == report["mismatched"] == []
+    assert_same_weights(target, weights)
+    np.testing.assert_array_equal(keras_forward(target, images), want)
+    # Saving writes the released naming, whichever naming was read.
+    again = checkpoint.read_npz(save_npz(target, tmp_path / "again.npz"))
+    assert sorted(again) == sorted(released)
+
+
+@pytest.mark.parametrize("mix", ["one block each", "both in one block"])
+def test_file_mixing_the_two_namings_is_an_error(mix, tmp_path):
+    released = checkpoint.model_arrays(small_vit())
+    if mix == "one block each":
+        mixed = linen_named(released, blocks=("encoderblock_0",))
+    else:  # the MLP of block 0 twice, under both names: which one is meant is a guess
+        prefix = "Transformer/encoderblock_0/"
+        mixed = dict(released, **{
+            key.replace("/MlpBlock_3/", "/MlpBlock_0/"): value
+            for key, value in released.items() if key.startswith(prefix + "MlpBlock_3/")})
+    np.savez(tmp_path / "mixed.npz", **mixed)
+    target = small_vit()
+    before = snapshot(target)
+    for strict in (True, False):
+        with pytest.raises(CheckpointError, match="both as the current vit_jax code .*MlpBlock_0"
+                                                  ".* and as the released files do .*MlpBlock_3"):
+            load_npz(target, tmp_path / "mixed.npz", strict=strict)
+    assert_same_weights(target, before)
+
+
 # ----------------------------------------------------------------------------------------------
 # The saved key set and shapes, written out from REFERENCE.md section 5
 # ----------------------------------------------------------------------------------------------

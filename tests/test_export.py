@@ -454,7 +454,7 @@ def test_tflite_written_atomically(model, tmp_path, monkeypatch):
         with pytest.raises(RuntimeError):
             export.export_tflite(model, path, quantization="dynamic")
     with monkeypatch.context() as patch:  # the rename fails after the temporary is written
-        patch.setattr(tf.io.gfile, "rename",
+        patch.setattr(os, "replace",
                       lambda *args, **kwargs: (_ for _ in ()).throw(OSError("no")))
         with pytest.raises(OSError):
             export.export_tflite(model, path, quantization="dynamic")

@@ -67,3 +67,7 @@ def test_remote_paths_are_told_apart():
     assert fileio.is_remote("gs://bucket/model.npz")
     assert not fileio.is_remote("/tmp/model.npz")
     assert not fileio.is_remote("relative/model.npz")
+
+
+def test_local_paths_have_no_remote_errors_to_catch():
+    assert fileio.remote_errors("/tmp/model.npz") == ()  # `except ()` catches nothing

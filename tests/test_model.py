@@ -6,7 +6,6 @@ import zipfile
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_vit
 
@@ -28,6 +27,14 @@ def to_np(x):
 def images(batch=2, height=32, width=32, channels=3, seed=0):
     rng = np.random.default_rng(seed)
     return rng.uniform(-1.0, 1.0, size=(batch, height, width, channels)).astype("float32")
+
+
+def tensorflow_backend():
+    """TensorFlow, for the tests of TensorFlow-only paths (tf.function with XLA, tf.data,
+    GradientTape); skips them on the other Keras backends, which CI runs this file on too."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip(f"needs the TensorFlow backend, not {keras.backend.backend()}")
+    return pytest.importorskip("tensorflow")
 
 
 def randomise(model, seed=1, scale=0.2):
@@ -263,6 +270,7 @@ def test_keras_round_trip_safe_mode(case, tmp_path):
 
 @pytest.mark.parametrize("hybrid", [False, True], ids=["vit", "hybrid"])
 def test_forward_pass_compiles_with_xla(hybrid):
+    tf = tensorflow_backend()
     model = keras_vit.vit("R+Ti/16", **TINY_HYBRID) if hybrid else tiny()
     randomise(model)
     size = model.input_shape[1:3]
@@ -355,6 +363,7 @@ def test_preprocess_inputs_eager_uint8():
 
 
 def test_preprocess_inputs_in_tf_data():
+    tf = tensorflow_backend()
     pixels = np.random.default_rng(0).integers(0, 256, size=(6, 8, 8, 3), dtype="uint8")
     pixels[0] = 0
     pixels[1] = 255
@@ -402,6 +411,7 @@ def test_training_steps_change_weights_and_reduce_loss():
 
 
 def test_gradient_tape_step_hybrid():
+    tf = tensorflow_backend()
     model = keras_vit.vit("R+Ti/16", **TINY_HYBRID)
     randomise(model, scale=0.1)
     x = images(batch=4, height=64, width=64)
