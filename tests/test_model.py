@@ -394,7 +394,7 @@ def test_training_steps_change_weights_and_reduce_loss():
     x = rng.uniform(-1, 1, size=(16, 32, 32, 3)).astype("float32")
     y = rng.integers(0, 3, size=(16,))
     initial = [to_np(w).copy() for w in model.trainable_weights]
-    model.compile(optimizer=keras.optimizers.Adam(1e-3),
+    model.compile(optimizer=keras.optimizers.Adam(3e-3),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     history = model.fit(x, y, batch_size=8, epochs=8, shuffle=False, verbose=0)
     losses = history.history["loss"]
