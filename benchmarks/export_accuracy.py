@@ -26,6 +26,7 @@ from ai_edge_litert.interpreter import Interpreter  # noqa: E402
 
 import machine  # noqa: E402
 from keras_vit import export  # noqa: E402
+from keras_vit.preprocessing import scale_pixels  # noqa: E402
 from train import exporting, input_pipeline, run_config  # noqa: E402
 
 
@@ -76,7 +77,7 @@ def main():
         os.path.join(args.workdir, "export", "model.keras"), args.workdir)
     images, labels = evaluation_split(config)
     calibration = exporting.calibration_images(config, args.calibration_images)
-    reference = model.predict((images - 127.5) / 127.5, batch_size=1000, verbose=0)
+    reference = model.predict(scale_pixels(images), batch_size=1000, verbose=0)
     print(machine.describe())
     print(f"{config.model} at {config.image_size}px, {len(images)} {config.eval_split} images, "
           f"LiteRT threads {args.threads}, TF {tf.__version__}\n")

@@ -106,7 +106,7 @@ def read_image_files(paths, size):
     import numpy as np
     import tensorflow as tf
 
-    from train import input_pipeline
+    from keras_vit.preprocessing import decode_and_resize
 
     pixels = []
     for path in paths:
@@ -115,19 +115,20 @@ def read_image_files(paths, size):
         with tf.io.gfile.GFile(path, "rb") as handle:
             encoded = handle.read()
         try:
-            image = input_pipeline.decode_image(encoded)
+            pixels.append(decode_and_resize(encoded, size).numpy())
         except tf.errors.InvalidArgumentError as error:
             raise app.UsageError(f"--images: {path} is not a PNG, JPEG, GIF or BMP image "
                                  f"({error.message.splitlines()[0]}).") from None
-        pixels.append(tf.image.resize(image, size, method="bilinear").numpy())
     return _pixels_and_inputs(np.stack(pixels)) + ([os.path.basename(p) for p in paths],)
 
 
 def _pixels_and_inputs(resized):
     import numpy as np
 
+    from keras_vit.preprocessing import scale_pixels
+
     pixels = np.clip(np.round(resized), 0, 255).astype(np.uint8)
-    return pixels, (resized.astype(np.float32) - 127.5) / 127.5
+    return pixels, scale_pixels(resized.astype(np.float32))
 
 
 def dataset_images(builder, split, size, count):
