@@ -62,17 +62,18 @@ def load_config(workdir):
 def load_model(config, workdir):
     """The workdir's trained model, or the config's model with its pre-trained weights."""
     import keras
-    import tensorflow as tf
 
     import keras_vit
+    from keras_vit import fileio
+    from train import run_files
     from train.objectives import model_overrides
 
     if workdir:
-        path = os.path.join(workdir, "export", "model.keras")
-        if not tf.io.gfile.exists(path):
+        path = run_files.model_file(workdir)
+        if not fileio.exists(path):
             raise app.UsageError(f"No trained model at {path}: train first with "
                                  f"python -m train.main --workdir={workdir} ...")
-        return keras.models.load_model(path, safe_mode=True), _class_names(workdir)
+        return keras.models.load_model(path, safe_mode=True), run_files.read_class_names(workdir)
     if not config.pretrained:
         raise app.UsageError("Nothing to analyze: give --workdir of a trained run, or "
                              "--config.pretrained=<weights name or .npz> for a checkpoint.")
@@ -89,16 +90,6 @@ def load_model(config, workdir):
                           **model_overrides(config))
     keras_vit.checkpoint.load_npz(model, arrays)
     return model, None
-
-
-def _class_names(workdir):
-    import tensorflow as tf
-
-    path = os.path.join(workdir, "export", "class_names.txt")
-    if not tf.io.gfile.exists(path):
-        return None
-    with tf.io.gfile.GFile(path) as handle:
-        return handle.read().splitlines()
 
 
 def read_image_files(paths, size):
