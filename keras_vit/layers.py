@@ -699,6 +699,9 @@ class AxialEncoderBlock(EncoderBlock):
         return {**config, "axis": self.axis}
 
 
+CLASSIFIERS = ("token", "gap")
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class TokenPooling(keras.layers.Layer):
     """Reduces `[batch, tokens, D]` to `[batch, D]`: the class token ("token") or the mean
@@ -710,8 +713,9 @@ class TokenPooling(keras.layers.Layer):
 
     def __init__(self, classifier="token", **kwargs):
         super().__init__(**kwargs)
-        if classifier not in ("token", "gap"):
-            raise ValueError(f"classifier must be 'token' or 'gap', got {classifier!r}.")
+        if classifier not in CLASSIFIERS:
+            raise ValueError(f"classifier must be {' or '.join(map(repr, CLASSIFIERS))}, got "
+                             f"{classifier!r}.")
         self.classifier = classifier
 
     def call(self, tokens):

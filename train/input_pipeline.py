@@ -23,8 +23,8 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from keras_vit.preprocessing import decode_and_resize, decode_image, resize, scale_pixels
+from train.config_checks import FOLDER_PREFIX
 
-FOLDER_PREFIX = "folder:"
 DEFAULT_DATASET = "fashion_mnist_local"
 
 
