@@ -129,7 +129,9 @@ class ClassToken(keras.layers.Layer):
         tokens = None if input_shape[1] is None else input_shape[1] + 1
         return (input_shape[0], tokens, input_shape[2])
 
-    def get_config(self):  # explicit, so the dtype policy serialises like the other layers'
+    def get_config(self):
+        # Not a no-op: Keras refuses to serialise a layer built with a non-basic argument (a
+        # DTypePolicy object, as mixed precision passes) unless the class overrides get_config.
         return super().get_config()
 
 

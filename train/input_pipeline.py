@@ -34,8 +34,6 @@ class Datasets:
 
     train: object  # a distributed dataset of {"image", "label"} batches, repeated forever
     eval: object  # a distributed dataset of {"image", "label", "mask"}; one pass, padded
-    num_classes: int
-    train_examples: int
     eval_examples: int
 
 
@@ -310,13 +308,10 @@ def get_datasets(config, strategy, start_step=0, dtype=tf.float32, builder=None,
             raise ValueError(f"{field} {config[field]} is not divisible by the "
                              f"{strategy.num_replicas_in_sync} replicas.")
     builder = builder or get_builder(config)  # get_builder checks the splits
-    info = builder.info
     train_fn = train_dataset_fn(builder, config, start_step, dtype, num_patches)
     eval_fn = eval_dataset_fn(builder, config, dtype, num_patches)
     return Datasets(
         train=strategy.distribute_datasets_from_function(train_fn),
         eval=strategy.distribute_datasets_from_function(eval_fn),
-        num_classes=info.features["label"].num_classes,
-        train_examples=info.splits[config.train_split].num_examples,
-        eval_examples=info.splits[config.eval_split].num_examples,
+        eval_examples=builder.info.splits[config.eval_split].num_examples,
     )
