@@ -16,8 +16,6 @@ import sys
 
 from absl import app, flags
 
-from keras_vit import fileio
-
 from train import cli, export_run, run_files
 
 flags.DEFINE_string("workdir", None, "Training workdir holding export/model.keras.")
@@ -60,13 +58,13 @@ def export(options):
 
         saved_model_export.check_directory(options.export_dir, "--export_dir")
     model_path, encoder_path = run_files.model_file(workdir), run_files.encoder_file(workdir)
-    if fileio.exists(encoder_path):
+    if export_run.path_exists(encoder_path):
         raise app.UsageError(
             f"{workdir} holds an encoder pre-trained by masked patch prediction, which has no "
             "classes to serve: fine-tune it first, e.g. python -m train.main "
             f"--config=configs/mpp_finetune.py --config.pretrained={encoder_path} "
             "--workdir=NEW_DIR, then export that run.")
-    if not fileio.exists(model_path):
+    if not export_run.path_exists(model_path):
         raise app.UsageError(
             f"No trained model at {model_path}: train first with python -m train.main "
             f"--workdir={workdir} ... (a run that ended with --config.export=False writes it "

@@ -11,7 +11,6 @@ import os
 import numpy as np
 from absl import logging
 
-from keras_vit import fileio
 from train import run_files
 
 TFLITE_KINDS = {"float32": "none", "float16": "float16", "dynamic": "dynamic", "int8": "int8"}
@@ -48,16 +47,32 @@ def check_calibration_images(count):
     return count
 
 
+def _exists_and_isdir(path):
+    """(exists, is a directory) of a local path, or of a URL through tf.io.gfile (gs://...).
+    Not keras_vit.fileio: importing keras_vit loads TensorFlow, and flag errors are reported
+    before that."""
+    if "://" in path:
+        import tensorflow as tf
+
+        return tf.io.gfile.exists(path), tf.io.gfile.isdir(path)
+    return os.path.exists(path), os.path.isdir(path)
+
+
+def path_exists(path):
+    return _exists_and_isdir(path)[0]
+
+
 def check_workdir(workdir):
     """Raises ValueError unless `workdir` is an existing directory (of a training run)."""
     if not workdir:
         raise ValueError("--workdir is empty: pass the --workdir of a training run "
                          "(python -m train.main --workdir=...).")
-    if not fileio.exists(workdir):
+    exists, isdir = _exists_and_isdir(workdir)
+    if not exists:
         raise ValueError(f"--workdir={workdir} does not exist: pass the --workdir of a "
                          "training run, or train first with python -m train.main "
                          f"--workdir={workdir} ...")
-    if not fileio.isdir(workdir):
+    if not isdir:
         raise ValueError(f"--workdir={workdir} is a file, not a directory: pass the --workdir "
                          "of a training run (it holds export/model.keras).")
     return workdir
@@ -75,17 +90,20 @@ def check_model_file(path, workdir):
     for a local path."""
     import zipfile
 
-    if fileio.isdir(path):
+    if _exists_and_isdir(path)[1]:
         raise ValueError(f"{path} is a directory, not a .keras model file. "
                          f"{_rerun_hint(workdir)}")
+    if "://" in path:
+        import tensorflow as tf
+
+        opener, size = tf.io.gfile.GFile, tf.io.gfile.stat(path).length
+    else:
+        opener, size = open, os.path.getsize(path)
     try:
         # A .keras file is a zip archive: a truncated or overwritten one has no central
         # directory at its end (Keras' own message for this is "File not found").
-        with fileio.open_file(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            with zipfile.ZipFile(handle) as archive:
-                names = set(archive.namelist())
+        with opener(path, "rb") as handle, zipfile.ZipFile(handle) as archive:
+            names = set(archive.namelist())
     except (zipfile.BadZipFile, EOFError) as error:
         raise ValueError(f"{path} is damaged ({size} bytes, not a complete .keras zip file: "
                          "truncated, e.g. by an interrupted copy, or overwritten). "
@@ -115,6 +133,8 @@ def remove_partial_files(workdir):
     """Removes what killed exports left in the run's export directory and its `saved_model/`:
     the temporary files and directories of `keras_vit.fileio`'s atomic writes. Call only
     where no other export is writing at the same time (a run's own export directory)."""
+    from keras_vit import fileio
+
     for folder in (run_files.export_dir(workdir), run_files.saved_model_dir(workdir)):
         fileio.remove_partial_files(folder)
 

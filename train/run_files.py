@@ -17,8 +17,6 @@ Paths may be local or remote (gs://...).
 
 import os
 
-from keras_vit import fileio
-
 
 def config_file(workdir):
     return os.path.join(workdir, "config.json")
@@ -65,11 +63,15 @@ def tflite_file(workdir, kind):
 
 
 def write_class_names(workdir, names):
+    from keras_vit import fileio  # not at import: keras_vit loads TensorFlow
+
     fileio.write_atomically(class_names_file(workdir), "".join(f"{name}\n" for name in names))
 
 
 def read_class_names(workdir):
     """The class names saved with the trained model, or None when there are none."""
+    from keras_vit import fileio
+
     path = class_names_file(workdir)
     if not fileio.exists(path):
         return None
