@@ -26,12 +26,12 @@ from ai_edge_litert.interpreter import Interpreter  # noqa: E402
 
 import machine  # noqa: E402
 from keras_vit import export  # noqa: E402
-from train import exporting, input_pipeline, run_config  # noqa: E402
+from keras_vit.preprocessing import scale_pixels  # noqa: E402
+from train import export_run, input_pipeline, run_config, run_files  # noqa: E402
 
 
-def evaluation_split(config):
+def evaluation_split(builder, config):
     """All of the eval split: images in 0..255 at the model's size, and labels."""
-    builder = input_pipeline.get_builder(config)
     count = builder.info.splits[config.eval_split].num_examples
     examples = input_pipeline.resized_examples(
         builder, config.eval_split, (config.image_size, config.image_size), count)
@@ -72,11 +72,12 @@ def main():
     parser.add_argument("--calibration_images", type=int, default=200)
     args = parser.parse_args()
     config = ml_collections.ConfigDict(run_config.saved(args.workdir))
-    model = exporting.load_trained_model(
-        os.path.join(args.workdir, "export", "model.keras"), args.workdir)
-    images, labels = evaluation_split(config)
-    calibration = exporting.calibration_images(config, args.calibration_images)
-    reference = model.predict((images - 127.5) / 127.5, batch_size=1000, verbose=0)
+    model = export_run.load_trained_model(run_files.model_file(args.workdir), args.workdir)
+    builder = input_pipeline.get_builder(config, for_training=False)
+    images, labels = evaluation_split(builder, config)
+    calibration = export_run.calibration_images(builder, config.train_split, config.image_size,
+                                                args.calibration_images)
+    reference = model.predict(scale_pixels(images), batch_size=1000, verbose=0)
     print(machine.describe())
     print(f"{config.model} at {config.image_size}px, {len(images)} {config.eval_split} images, "
           f"LiteRT threads {args.threads}, TF {tf.__version__}\n")
@@ -85,7 +86,7 @@ def main():
     print("|---|---|---|---|---|---|---|")
     print(f"| Keras | – | {np.mean(reference.argmax(1) == labels) * 100:.2f} | – | – | – | – |")
     contents = {kind: export.tflite_bytes(model, quantization, calibration)
-                for kind, quantization in exporting.TFLITE_KINDS.items()}
+                for kind, quantization in export_run.TFLITE_KINDS.items()}
     single = {kind: interpreter_for(content, 1, args.threads)
               for kind, content in contents.items()}
     latencies = {kind: [] for kind in contents}

@@ -7,23 +7,7 @@
 
 from keras_vit import (analysis, checkpoint, export, flops, layers, masked_patches, plotting,
                        pretrained, resnet, serving)
-from keras_vit.builders import (
-    Axial_ViT_B16,
-    Axial_ViT_B32,
-    R26_ViT_S32,
-    R50_ViT_B16,
-    R50_ViT_L32,
-    R_ViT_Ti16,
-    ViT_B8,
-    ViT_B16,
-    ViT_B32,
-    ViT_H14,
-    ViT_L16,
-    ViT_L32,
-    ViT_S16,
-    ViT_S32,
-    ViT_Ti16,
-)
+from keras_vit.builders import *  # noqa: F401,F403  (ViT_B16, ...: one per VARIANT_NAMES)
 from keras_vit.masked_patches import MaskedPatchPredictor
 from keras_vit.model import attention_model, vit
 from keras_vit.preprocessing import preprocess_inputs

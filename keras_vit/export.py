@@ -159,14 +159,16 @@ def _serving_functions(model, class_names, top_k):
     """The two signature functions: encoded image bytes, and pixel batches in 0..255."""
     import tensorflow as tf
 
+    from keras_vit.preprocessing import decode_and_resize, resize, scale_pixels
+
     height, width = _image_size(model)
     k = min(top_k, model.output_shape[-1])
     names = tf.constant(list(class_names)) if class_names is not None else None
 
     def predict(pixels):
         """Float pixels [N, h, w, 3] in 0..255, any h and w -> named outputs."""
-        pixels = tf.image.resize(tf.cast(pixels, tf.float32), (height, width), method="bilinear")
-        logits = tf.cast(model((pixels - 127.5) / 127.5, training=False), tf.float32)
+        logits = tf.cast(model(scale_pixels(resize(pixels, (height, width))), training=False),
+                         tf.float32)
         probabilities = tf.nn.softmax(logits, axis=-1)
         top_probabilities, top_indices = tf.math.top_k(probabilities, k=k)
         outputs = {"logits": logits, "probabilities": probabilities,
@@ -175,14 +177,13 @@ def _serving_functions(model, class_names, top_k):
             outputs["top_k_names"] = tf.gather(names, top_indices)
         return outputs
 
-    def decode(encoded):
-        # Any size, grayscale or RGBA: decoded to RGB, resized here so the batch stacks.
-        image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
-        return tf.image.resize(tf.cast(image, tf.float32), (height, width), method="bilinear")
-
     def serve_bytes(image_bytes):
         # Decoded pixels are RGB in 0..255 by construction: only the request itself is checked.
-        pixels = tf.map_fn(decode, _checked_bytes(image_bytes),
+        # Each image is resized as it is decoded (the input pipeline's evaluation does the
+        # same), so images of any size stack into one batch; `predict` resizes again, which at
+        # the model's size changes nothing.
+        pixels = tf.map_fn(lambda encoded: decode_and_resize(encoded, (height, width)),
+                           _checked_bytes(image_bytes),
                            fn_output_signature=tf.TensorSpec((height, width, 3), tf.float32))
         return predict(pixels)
 
@@ -278,12 +279,14 @@ def _tflite_function(model):
     import tensorflow as tf
     from tensorflow.python.framework import convert_to_constants
 
+    from keras_vit.preprocessing import scale_pixels
+
     height, width = _image_size(model)
     spec = tf.TensorSpec([None, height, width, 3], tf.float32, name="images")
 
     @tf.function(input_signature=[spec])
     def logits(images):
-        return tf.cast(model((images - 127.5) / 127.5, training=False), tf.float32)
+        return tf.cast(model(scale_pixels(images), training=False), tf.float32)
 
     # Weights frozen into constants: no variable ops left for the converter or calibration.
     frozen = convert_to_constants.convert_variables_to_constants_v2(logits.get_concrete_function())

@@ -129,7 +129,9 @@ class ClassToken(keras.layers.Layer):
         tokens = None if input_shape[1] is None else input_shape[1] + 1
         return (input_shape[0], tokens, input_shape[2])
 
-    def get_config(self):  # explicit, so the dtype policy serialises like the other layers'
+    def get_config(self):
+        # Not a no-op: Keras refuses to serialise a layer built with a non-basic argument (a
+        # DTypePolicy object, as mixed precision passes) unless the class overrides get_config.
         return super().get_config()
 
 
@@ -702,6 +704,9 @@ class AxialEncoderBlock(EncoderBlock):
         return {**config, "axis": self.axis}
 
 
+CLASSIFIERS = ("token", "gap")
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class TokenPooling(keras.layers.Layer):
     """Reduces `[batch, tokens, D]` to `[batch, D]`: the class token ("token") or the mean
@@ -713,8 +718,9 @@ class TokenPooling(keras.layers.Layer):
 
     def __init__(self, classifier="token", **kwargs):
         super().__init__(**kwargs)
-        if classifier not in ("token", "gap"):
-            raise ValueError(f"classifier must be 'token' or 'gap', got {classifier!r}.")
+        if classifier not in CLASSIFIERS:
+            raise ValueError(f"classifier must be {' or '.join(map(repr, CLASSIFIERS))}, got "
+                             f"{classifier!r}.")
         self.classifier = classifier
 
     def call(self, tokens):

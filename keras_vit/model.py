@@ -18,6 +18,7 @@ from keras import ops
 from keras_vit import checkpoint, pretrained, resnet
 from keras_vit import layers as vit_layers
 from keras_vit.variants import (
+    OVERRIDABLE_FIELDS,
     _describe,
     check_bool,
     check_choice,
@@ -26,13 +27,12 @@ from keras_vit.variants import (
     parse_variant,
 )
 
-CLASSIFIERS = ("token", "gap")
+CLASSIFIERS = vit_layers.CLASSIFIERS
 # Appendix D.4: the absolute kinds (added to tokens) and the relative kinds (in the attention).
 POSITION_EMBEDDINGS = vit_layers.POSITION_EMBEDDINGS + ("relative", "relative_2d")
 # Only embeddings added to the tokens can be added again before every block.
 LEARNED_POSITION_EMBEDDINGS = ("learned", "learned_2d")
 PLACEMENTS = ("stem", "every_layer", "every_layer_shared")
-_OVERRIDABLE = ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers")
 
 
 def _image_size_pair(image_size):
@@ -74,7 +74,7 @@ def _check_position_arguments(config, classifier, position_embedding, placement)
 
 
 def _check_config(config, image_size, position_embedding):
-    for field in _OVERRIDABLE:
+    for field in OVERRIDABLE_FIELDS:
         check_int(field, getattr(config, field))
     if config.hidden_size % config.num_heads:
         raise ValueError(
@@ -247,11 +247,11 @@ def vit(
         (see `keras_vit.preprocess_inputs`) to logits `[batch, num_classes]`.
     """
     config = parse_variant(variant)
-    unknown = set(overrides) - set(_OVERRIDABLE)
+    unknown = set(overrides) - set(OVERRIDABLE_FIELDS)
     if unknown:
         raise TypeError(
             f"vit() got unexpected arguments {sorted(unknown)}; the variant fields that can be "
-            f"overridden are {list(_OVERRIDABLE)}."
+            f"overridden are {list(OVERRIDABLE_FIELDS)}."
         )
     # Every argument is checked here, before any TensorFlow op runs.
     overrides = {field: check_int(field, value) for field, value in overrides.items()}

@@ -2,7 +2,7 @@
 
 `weights` may be a local path, an `https://` or `file://` URL, a `gs://` path, or a name
 from `PUBLISHED` such as "imagenet21k". Downloads go through `keras.utils.get_file` (cached in
-`~/.keras/models/keras_vit/`, with a progress bar; hashes are checked where the table has one).
+`~/.keras/models/keras_vit/`, with a progress bar).
 """
 
 import os
@@ -27,20 +27,20 @@ def _paper_file(variant):
     return f"{resnet + '+' if resnet else ''}ViT-{vit_name.replace('/', '_')}"
 
 
-# name -> {variant: (path under the bucket, sha256 or None)}
+# name -> {variant: path under the bucket}
 PUBLISHED = {
-    "imagenet21k": {v: (f"imagenet21k/{_paper_file(v)}.npz", None) for v in (
+    "imagenet21k": {v: f"imagenet21k/{_paper_file(v)}.npz" for v in (
         "B/8", "B/16", "B/32", "L/16", "L/32", "H/14", "R50+B/16")},
-    "imagenet21k+imagenet2012": {v: (f"imagenet21k+imagenet2012/{_paper_file(v)}.npz", None)
+    "imagenet21k+imagenet2012": {v: f"imagenet21k+imagenet2012/{_paper_file(v)}.npz"
                                  for v in ("B/16", "B/32", "L/16", "L/32")},
     "imagenet21k+imagenet2012-224": {
-        v: (f"imagenet21k+imagenet2012/{_paper_file(v)}-224.npz", None) for v in ("B/16", "L/16")},
-    "augreg-i21k": {v: (f"augreg/{name}.npz", None) for v, name in _AUGREG_I21K.items()},
+        v: f"imagenet21k+imagenet2012/{_paper_file(v)}-224.npz" for v in ("B/16", "L/16")},
+    "augreg-i21k": {v: f"augreg/{name}.npz" for v, name in _AUGREG_I21K.items()},
 }
 
 
 def published_url(name, variant):
-    """The download URL and sha256 (or None) of a published checkpoint for a variant."""
+    """The download URL of a published checkpoint for a variant."""
     if name not in PUBLISHED:
         raise ValueError(
             f"Unknown weights {name!r}: pass a file path, a URL, a gs:// path, or one of "
@@ -49,8 +49,7 @@ def published_url(name, variant):
         raise ValueError(
             f"No {name!r} checkpoint was published for ViT {variant}; it exists for "
             f"{sorted(PUBLISHED[name])}.")
-    relative, sha256 = PUBLISHED[name][variant]
-    return BUCKET_URL + relative, sha256
+    return BUCKET_URL + PUBLISHED[name][variant]
 
 
 def resolve_weights(weights, variant, cache_dir=None):
@@ -69,11 +68,10 @@ def resolve_weights(weights, variant, cache_dir=None):
             f"weights must be a published name (one of {sorted(PUBLISHED)}), a file path, a "
             f"URL or a gs:// path, got {weights!r} ({type(weights).__name__}).")
     weights = os.fspath(weights)
-    file_hash = None
     if weights.startswith("gs://") or os.path.exists(weights):
         return weights  # read in place: tf.io.gfile reads gs:// directly
     if weights in PUBLISHED:
-        weights, file_hash = published_url(weights, variant)
+        weights = published_url(weights, variant)
     elif weights.startswith("augreg/"):
         weights = BUCKET_URL + (weights if weights.endswith(".npz") else weights + ".npz")
     if not weights.startswith(("https://", "http://", "file://")):
@@ -87,7 +85,7 @@ def resolve_weights(weights, variant, cache_dir=None):
     cache_dir = cache_dir or os.environ.get("KERAS_HOME")
     fname = (relative or weights.rstrip("/").rsplit("/", 1)[-1]).replace("/", "--")
     try:
-        return keras.utils.get_file(fname=fname, origin=weights, file_hash=file_hash,
+        return keras.utils.get_file(fname=fname, origin=weights,
                                     cache_subdir=os.path.join("models", "keras_vit"),
                                     cache_dir=cache_dir)
     except Exception as error:  # get_file raises a bare Exception for network failures

@@ -20,14 +20,16 @@ TRANSFORMER_SIZES = {
 # Dropout of the upstream configurations; every other variant uses none.
 UPSTREAM_DROPOUT = {"L/16": 0.1, "H/14": 0.1}
 
-# ResNet prefix: (units per stage, patch size on the ResNet feature map or None for "1")
+# ResNet prefix: (units per stage, patch size on the ResNet feature map or None for "1"). A
+# "<prefix>+<size>" entry replaces the prefix's for that transformer size.
 RESNET_STAGES = {
     "R": ((), 8),  # stem only, 8x8 patches of the stride-4 feature map
     "R26": ((2, 2, 2, 2), None),
     "R50": ((3, 4, 9), None),  # stage 4 removed, its blocks moved into stage 3 (R50+B/16)
+    "R50+L": ((3, 4, 6, 3), None),  # R50+L/32 keeps the four standard stages of ResNet-50
 }
-# R50+L/32 keeps the four standard stages of ResNet-50.
-_R50_FOUR_STAGES = (3, 4, 6, 3)
+# The fields of a variant that `vit()` (and a training config) may override.
+OVERRIDABLE_FIELDS = ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers")
 
 # Every name the package builds, with the name of its builder function.
 VARIANT_NAMES = {
@@ -176,9 +178,8 @@ def parse_variant(name):
     hidden, mlp, heads, layers = TRANSFORMER_SIZES[size]
     resnet_units = None
     if resnet is not None:
-        resnet_units, hybrid_patch = RESNET_STAGES[resnet]
-        if resnet == "R50" and size == "L":
-            resnet_units = _R50_FOUR_STAGES
+        resnet_units, hybrid_patch = RESNET_STAGES.get(f"{resnet}+{size}",
+                                                       RESNET_STAGES[resnet])
         patch = hybrid_patch or 1
     return VariantConfig(
         name=name,

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_vit import fileio
 from train import checkpoints
 from train.checkpoints import (CheckpointMismatchError, CheckpointWriteError,
                                NoReadableCheckpointError)
@@ -270,6 +271,21 @@ def test_lost_index_file_is_rebuilt_so_rotation_goes_on(tmp_path, fault):
     assert index_lists(tmp_path) == ("ckpt-5", ["ckpt-3", "ckpt-4", "ckpt-5"])
 
 
+def test_index_file_that_cannot_be_rewritten_is_a_one_line_error(tmp_path, monkeypatch):
+    write_checkpoints(tmp_path)
+    (tmp_path / "checkpoint").unlink()
+    before = snapshot(tmp_path)
+
+    def disk_full(path, content):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fileio, "write_atomically", disk_full)
+    with pytest.raises(CheckpointWriteError, match="No space left on device") as error:
+        checkpoints.restore_newest(State().checkpoint, str(tmp_path))
+    assert str(tmp_path / "checkpoint") in str(error.value) and "\n" not in str(error.value)
+    assert snapshot(tmp_path) == before
+
+
 # ----------------------------------------------------------------------------------------------
 # Saving
 # ----------------------------------------------------------------------------------------------
@@ -284,6 +300,7 @@ def test_save_removes_leftovers_of_killed_saves(tmp_path):
         b"x")
     (tmp_path / "ckpt-7_temp").write_bytes(b"x")
     (tmp_path / "checkpoint.tmp0123456789abcdef").write_text("half")
+    (tmp_path / "checkpoint.partial-999-0123abcd").write_text("half")  # a killed repair_index
     (tmp_path / "corrupt").mkdir()
     (tmp_path / "corrupt" / "ckpt-0_temp").write_bytes(b"x")  # corrupt/ is not touched
     assert checkpoints.checkpoint_steps(str(tmp_path)) == [1]

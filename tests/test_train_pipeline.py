@@ -134,8 +134,7 @@ def test_get_datasets_one_device(fake_fmnist):
     config = tiny_config(fake_fmnist, eval_batch_size=32)
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     data = input_pipeline.get_datasets(config, strategy)
-    assert (data.num_classes, data.train_examples, data.eval_examples) == (10, NUM_TRAIN,
-                                                                          NUM_TEST)
+    assert data.eval_examples == NUM_TEST
     assert sum(float(tf.reduce_sum(batch["mask"])) for batch in data.eval) == NUM_TEST
     batch = next(iter(data.train))
     assert batch["image"].shape == (32, 28, 28, 3) and batch["label"].dtype == tf.int32
@@ -145,8 +144,11 @@ def test_split_expressions(fake_fmnist):
     """common.py documents train_split/eval_split as TFDS split expressions."""
     config = tiny_config(fake_fmnist, train_split="train[:50%]", eval_split="test[:40]",
                          eval_batch_size=32)
-    data = input_pipeline.get_datasets(config, tf.distribute.OneDeviceStrategy("/cpu:0"))
-    assert (data.train_examples, data.eval_examples) == (NUM_TRAIN // 2, 40)
+    builder = input_pipeline.get_builder(config)
+    assert builder.info.splits[config.train_split].num_examples == NUM_TRAIN // 2
+    data = input_pipeline.get_datasets(config, tf.distribute.OneDeviceStrategy("/cpu:0"),
+                                       builder=builder)
+    assert data.eval_examples == 40
     assert sum(float(tf.reduce_sum(batch["mask"])) for batch in data.eval) == 40
 
 
@@ -258,9 +260,12 @@ def test_folder_dataset_pipeline(tmp_path, fake_fmnist):
     counts = write_image_folder(root, np.random.default_rng(0))
     config = tiny_config(fake_fmnist, dataset=f"folder:{root}", image_size=16, batch_size=6,
                          eval_batch_size=4)
-    data = input_pipeline.get_datasets(config, tf.distribute.OneDeviceStrategy("/cpu:0"))
-    assert (data.num_classes, data.train_examples, data.eval_examples) == (3, counts["train"],
-                                                                          counts["test"])
+    builder = input_pipeline.get_builder(config)
+    assert builder.info.features["label"].num_classes == 3
+    assert builder.info.splits[config.train_split].num_examples == counts["train"]
+    data = input_pipeline.get_datasets(config, tf.distribute.OneDeviceStrategy("/cpu:0"),
+                                       builder=builder)
+    assert data.eval_examples == counts["test"]
     batch = next(iter(data.train))
     assert batch["image"].shape == (6, 16, 16, 3)
     assert sum(float(tf.reduce_sum(batch["mask"])) for batch in data.eval) == counts["test"]

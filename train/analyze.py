@@ -62,17 +62,18 @@ def load_config(workdir):
 def load_model(config, workdir):
     """The workdir's trained model, or the config's model with its pre-trained weights."""
     import keras
-    import tensorflow as tf
 
     import keras_vit
+    from keras_vit import fileio
+    from train import run_files
     from train.objectives import model_overrides
 
     if workdir:
-        path = os.path.join(workdir, "export", "model.keras")
-        if not tf.io.gfile.exists(path):
+        path = run_files.model_file(workdir)
+        if not fileio.exists(path):
             raise app.UsageError(f"No trained model at {path}: train first with "
                                  f"python -m train.main --workdir={workdir} ...")
-        return keras.models.load_model(path, safe_mode=True), _class_names(workdir)
+        return keras.models.load_model(path, safe_mode=True), run_files.read_class_names(workdir)
     if not config.pretrained:
         raise app.UsageError("Nothing to analyze: give --workdir of a trained run, or "
                              "--config.pretrained=<weights name or .npz> for a checkpoint.")
@@ -91,22 +92,12 @@ def load_model(config, workdir):
     return model, None
 
 
-def _class_names(workdir):
-    import tensorflow as tf
-
-    path = os.path.join(workdir, "export", "class_names.txt")
-    if not tf.io.gfile.exists(path):
-        return None
-    with tf.io.gfile.GFile(path) as handle:
-        return handle.read().splitlines()
-
-
 def read_image_files(paths, size):
     """Decoded files resized to the model's `size`: (uint8 pixels, model inputs, names)."""
     import numpy as np
     import tensorflow as tf
 
-    from train import input_pipeline
+    from keras_vit.preprocessing import decode_and_resize
 
     pixels = []
     for path in paths:
@@ -115,19 +106,20 @@ def read_image_files(paths, size):
         with tf.io.gfile.GFile(path, "rb") as handle:
             encoded = handle.read()
         try:
-            image = input_pipeline.decode_image(encoded)
+            pixels.append(decode_and_resize(encoded, size).numpy())
         except tf.errors.InvalidArgumentError as error:
             raise app.UsageError(f"--images: {path} is not a PNG, JPEG, GIF or BMP image "
                                  f"({error.message.splitlines()[0]}).") from None
-        pixels.append(tf.image.resize(image, size, method="bilinear").numpy())
     return _pixels_and_inputs(np.stack(pixels)) + ([os.path.basename(p) for p in paths],)
 
 
 def _pixels_and_inputs(resized):
     import numpy as np
 
+    from keras_vit.preprocessing import scale_pixels
+
     pixels = np.clip(np.round(resized), 0, 255).astype(np.uint8)
-    return pixels, (resized.astype(np.float32) - 127.5) / 127.5
+    return pixels, scale_pixels(resized.astype(np.float32))
 
 
 def dataset_images(builder, split, size, count):

@@ -31,18 +31,21 @@ All file operations use `tf.io.gfile`, so the directory may be on GCS (`gs://...
 
 import os
 import re
-import uuid
 
 import tensorflow as tf
 from absl import logging
+
+from keras_vit import fileio
 
 CORRUPT_DIR = "corrupt"
 INDEX_FILE = "checkpoint"  # the CheckpointManager's list of checkpoints
 _PREFIX = "ckpt"
 _INDEX_NAME = re.compile(rf"^{_PREFIX}-(\d+)\.index$")
 # Killed saves leave TensorFlow's temporaries: `ckpt-N_temp/` (the shards before they are
-# merged) and `checkpoint.tmp<hex>` (the index file before it is renamed into place).
-_LEFTOVER_PATTERNS = (f"{_PREFIX}-*_temp*", f"{INDEX_FILE}.tmp*")
+# merged) and `checkpoint.tmp<hex>` (the index file before it is renamed into place); a killed
+# `repair_index` leaves fileio's `checkpoint.partial-*`.
+_LEFTOVER_PATTERNS = (f"{_PREFIX}-*_temp*", f"{INDEX_FILE}.tmp*",
+                      f"{INDEX_FILE}{fileio.PARTIAL_MARKER}*")
 
 
 class CheckpointWriteError(RuntimeError):
@@ -294,14 +297,10 @@ def _modified(path):
 
 
 def _write_atomically(path, text):
-    """Writes `text` to `path` through a temporary file and a rename, as TensorFlow does."""
-    temporary = f"{path}.tmp{uuid.uuid4().hex}"
+    """`fileio.write_atomically`, with a write error turned into a CheckpointWriteError."""
     try:
-        with tf.io.gfile.GFile(temporary, "w") as handle:
-            handle.write(text)
-        tf.io.gfile.rename(temporary, path, overwrite=True)
+        fileio.write_atomically(path, text)
     except (tf.errors.OpError, OSError) as error:
-        _remove(temporary)
         raise CheckpointWriteError(
             f"Could not write {path} ({_reason(error)}); the checkpoints beside it are intact. "
             "Free space or fix the error, then rerun.") from error

@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 
+from train import run_files
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -18,7 +20,7 @@ def run_main(arguments, workdir):
     command = [sys.executable, "-m", "train.main", *arguments, f"--workdir={workdir}"]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
-    log_path = os.path.join(workdir, "train.log")
+    log_path = run_files.log_file(workdir)
     with open(log_path, "a") as log:
         log.write(f"$ {shlex.join(command)}\n")
         log.flush()

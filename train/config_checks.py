@@ -34,6 +34,8 @@ MPP_DOWNSCALED_CELLS = 4  # the "downscaled_color" target's cells per patch side
 DTYPE_POLICIES = ("float32", "mixed_bfloat16")
 FOLDER_PREFIX = "folder:"
 MAX_SEED = 2**31 - 1
+# The tf.distribute strategies of train.main's --strategy (set up by train.strategy).
+STRATEGIES = ("tpu", "mirrored", "multi_worker", "one_device")
 
 
 # Rules: (kind, details). "int": (low, high) inclusive, None for unbounded; "optional_int": the

@@ -3,20 +3,22 @@
     python -m train.export --workdir=/tmp/vit_quickstart --export_dir=/models/vit --tflite=all
     docker run -p 8501:8501 -v /models/vit:/models/vit -e MODEL_NAME=vit tensorflow/serving
 
-Reads `workdir/export/model.keras` (written at the end of training, loaded in safe mode), the
-class names beside it and the run's `config.json`; int8 TFLite calibrates on training images.
+Reads the run's `export/model.keras` (written at the end of training, loaded in safe mode), the
+class names beside it and the run's `config.json` (see train.run_files); int8 TFLite calibrates
+on training images. The steps are train.export_run's, which the trainer's own export shares.
 
 A user's error (bad flag, missing workdir, damaged model file, unwritable export directory)
 ends with one "Error: ..." paragraph and exit status 1 (`--verbose` shows the traceback); every
 flag is checked before the model is loaded.
 """
 
-import os
 import sys
 
 from absl import app, flags
 
-from train import cli, exporting
+from keras_vit import fileio
+
+from train import cli, export_run, run_files
 
 flags.DEFINE_string("workdir", None, "Training workdir holding export/model.keras.")
 flags.DEFINE_string("export_dir", None, "SavedModel base directory (default workdir/export/"
@@ -50,23 +52,21 @@ def main(argv):
 
 def export(options):
     # Every flag first, most without importing TensorFlow (seconds): reported at once.
-    kinds = exporting.parse_tflite(options.tflite)
-    exporting.check_calibration_images(options.calibration_images)
-    workdir = exporting.check_workdir(options.workdir)
+    kinds = export_run.parse_tflite(options.tflite)
+    export_run.check_calibration_images(options.calibration_images)
+    workdir = export_run.check_workdir(options.workdir)
     if options.export_dir is not None:
         from keras_vit import export as saved_model_export  # the one directory check
 
         saved_model_export.check_directory(options.export_dir, "--export_dir")
-    directory = os.path.join(workdir, "export")
-    model_path = os.path.join(directory, "model.keras")
-    if exporting.path_exists(os.path.join(directory, "encoder.npz")):
+    model_path, encoder_path = run_files.model_file(workdir), run_files.encoder_file(workdir)
+    if fileio.exists(encoder_path):
         raise app.UsageError(
             f"{workdir} holds an encoder pre-trained by masked patch prediction, which has no "
             "classes to serve: fine-tune it first, e.g. python -m train.main "
-            "--config=configs/mpp_finetune.py "
-            f"--config.pretrained={os.path.join(directory, 'encoder.npz')} --workdir=NEW_DIR, "
-            "then export that run.")
-    if not exporting.path_exists(model_path):
+            f"--config=configs/mpp_finetune.py --config.pretrained={encoder_path} "
+            "--workdir=NEW_DIR, then export that run.")
+    if not fileio.exists(model_path):
         raise app.UsageError(
             f"No trained model at {model_path}: train first with python -m train.main "
             f"--workdir={workdir} ... (a run that ended with --config.export=False writes it "
@@ -81,26 +81,23 @@ def export(options):
                                   "(int8 calibrates on the training data it names)")
         if config is None:
             raise app.UsageError(f"int8 calibrates on the run's training data, but "
-                                 f"{run_config.path(workdir)} is missing; choose other "
+                                 f"{run_files.config_file(workdir)} is missing; choose other "
                                  "--tflite kinds.")
         config = ml_collections.ConfigDict(config)
-    exporting.check_model_file(model_path, workdir)
-
-    import tensorflow as tf
+    export_run.check_model_file(model_path, workdir)
 
     import keras_vit  # noqa: F401  (registers the layers for loading)
 
-    model = exporting.load_trained_model(model_path, workdir)
-    names_path = os.path.join(directory, "class_names.txt")
-    class_names = None
-    if tf.io.gfile.exists(names_path):
-        with tf.io.gfile.GFile(names_path) as handle:
-            class_names = handle.read().splitlines()
+    model = export_run.load_trained_model(model_path, workdir)
     representative = None
     if config is not None:
-        representative = exporting.calibration_images(config, options.calibration_images)
-    exporting.export_model(model, directory, class_names, kinds, representative,
-                           export_dir=options.export_dir)
+        from train import input_pipeline
+
+        builder = input_pipeline.get_builder(config, for_training=False)
+        representative = export_run.calibration_images(
+            builder, config.train_split, config.image_size, options.calibration_images)
+    export_run.export_model(model, workdir, run_files.read_class_names(workdir), kinds,
+                            representative, export_dir=options.export_dir)
 
 
 if __name__ == "__main__":

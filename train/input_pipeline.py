@@ -22,7 +22,9 @@ import re
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-FOLDER_PREFIX = "folder:"
+from keras_vit.preprocessing import decode_and_resize, decode_image, resize, scale_pixels
+from train.config_checks import FOLDER_PREFIX
+
 DEFAULT_DATASET = "fashion_mnist_local"
 
 
@@ -32,8 +34,6 @@ class Datasets:
 
     train: object  # a distributed dataset of {"image", "label"} batches, repeated forever
     eval: object  # a distributed dataset of {"image", "label", "mask"}; one pass, padded
-    num_classes: int
-    train_examples: int
     eval_examples: int
 
 
@@ -143,7 +143,7 @@ def resized_examples(builder, split, size, count):
     (height, width), label), in order: for calibration and analysis, not training."""
     examples = read_encoded(builder, split, autocache=False).take(count)
     return examples.map(
-        lambda example: (tf.image.resize(decode_image(example["image"]), size), example["label"]),
+        lambda example: (decode_and_resize(example["image"], size), example["label"]),
         num_parallel_calls=tf.data.AUTOTUNE)
 
 
@@ -174,17 +174,10 @@ def keep_pipeline_share(indexed, global_batch, input_context):
     return indexed.filter(lambda index, _: index // share % pipelines == pipeline_id)
 
 
-def decode_image(encoded):
-    """Decodes PNG/JPEG/GIF/BMP bytes to uint8 RGB (grayscale is repeated to 3 channels)."""
-    image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
-    image.set_shape([None, None, 3])
-    return image
-
-
 def to_model_range(image, dtype=tf.float32):
     """uint8 or float pixels in [0, 255] to [-1, 1], as the original (static shape kept)."""
     image = tf.ensure_shape(image, (image.shape[0], image.shape[1], 3))
-    return tf.cast((tf.cast(image, tf.float32) - 127.5) / 127.5, dtype)
+    return tf.cast(scale_pixels(tf.cast(image, tf.float32)), dtype)
 
 
 def preprocess_train(encoded, seed, image_size, crop_min_area, flip, dtype=tf.float32):
@@ -199,16 +192,15 @@ def preprocess_train(encoded, seed, image_size, crop_min_area, flip, dtype=tf.fl
         seed=crop_seed, min_object_covered=0.0, area_range=(crop_min_area, 1.0),
         aspect_ratio_range=(3 / 4, 4 / 3), max_attempts=10, use_image_if_no_bounding_boxes=True)
     image = tf.slice(image, begin, size)
-    image = tf.image.resize(image, (image_size, image_size), method="bilinear")
+    image = resize(image, (image_size, image_size))
     if flip:
         image = tf.image.stateless_random_flip_left_right(image, flip_seed)
     return to_model_range(image, dtype)
 
 
 def preprocess_eval(encoded, image_size, dtype=tf.float32):
-    image = decode_image(encoded)
-    image = tf.image.resize(image, (image_size, image_size), method="bilinear")
-    return to_model_range(image, dtype)
+    """Decode + resize + [-1, 1]: what the exported SavedModel does to an image file."""
+    return to_model_range(decode_and_resize(encoded, (image_size, image_size)), dtype)
 
 
 # Folded into an example's seed for its patch corruption (masked patch prediction), so that
@@ -316,13 +308,10 @@ def get_datasets(config, strategy, start_step=0, dtype=tf.float32, builder=None,
             raise ValueError(f"{field} {config[field]} is not divisible by the "
                              f"{strategy.num_replicas_in_sync} replicas.")
     builder = builder or get_builder(config)  # get_builder checks the splits
-    info = builder.info
     train_fn = train_dataset_fn(builder, config, start_step, dtype, num_patches)
     eval_fn = eval_dataset_fn(builder, config, dtype, num_patches)
     return Datasets(
         train=strategy.distribute_datasets_from_function(train_fn),
         eval=strategy.distribute_datasets_from_function(eval_fn),
-        num_classes=info.features["label"].num_classes,
-        train_examples=info.splits[config.train_split].num_examples,
-        eval_examples=info.splits[config.eval_split].num_examples,
+        eval_examples=builder.info.splits[config.eval_split].num_examples,
     )

@@ -21,7 +21,7 @@ config_flags.DEFINE_config_file("config", None, "Experiment config file (file.py
 # Missing files, syntax errors and bad file.py:arguments as one line (see config_checks).
 config_checks.install_config_parser(flags.FLAGS["config"])
 flags.DEFINE_string("workdir", None, "Directory (local or gs://) for checkpoints, logs, export.")
-flags.DEFINE_enum("strategy", "", ["", "tpu", "mirrored", "multi_worker", "one_device"],
+flags.DEFINE_enum("strategy", "", ["", *config_checks.STRATEGIES],
                   "Distribution strategy; default: TPU if --tpu, else all GPUs, else CPU.")
 flags.DEFINE_string("tpu", "", "TPU name, grpc:// address, or 'local' on a TPU VM.")
 flags.DEFINE_integer("cpu_devices", 1, "Split the CPU into this many logical devices.")

@@ -1,31 +1,32 @@
 """Where logged values go: absl log lines, TensorBoard scalars and `workdir/metrics.jsonl`; and
-the atomic writer of the tools' result files (analysis.json, the ablation studies' reports)."""
+`write_json`, for the tools' result files (analysis.json, the ablation studies' reports)."""
 
 import json
-import os
 
 import tensorflow as tf
+
+from keras_vit import fileio
+from train import run_files
 
 
 class MetricsWriter:
     """Writes each record `{"step": N, name: value, ...}` to TensorBoard and metrics.jsonl.
 
-    The JSON-lines file is rewritten whole through `tf.io.gfile` (GCS has no append), via a
-    temporary file and a rename. On resume, records after the restored step are dropped, so a
+    The JSON-lines file is rewritten whole (GCS has no append) by `fileio.write_atomically`. On resume, records after the restored step are dropped, so a
     run that crashed between a checkpoint and its next log leaves no duplicate steps; a record
     of the same step and the same names (an evaluation repeated on resume) replaces the older.
     Only the chief of a multi-worker run writes: elsewhere `active=False` makes it a no-op.
     """
 
     def __init__(self, workdir, resume_step=0, active=True):
-        self.path = os.path.join(workdir, "metrics.jsonl")
+        self.path = run_files.metrics_file(workdir)
         self.active = active
         self.records = []
         if not active:
             return
         self.records = [record for record in read_records(workdir)
                         if record.get("step", 0) <= resume_step]
-        self.summary = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
+        self.summary = tf.summary.create_file_writer(run_files.tensorboard_dir(workdir))
 
     def write(self, step, **values):
         if not self.active:
@@ -38,27 +39,18 @@ class MetricsWriter:
         record = {"step": int(step), **values}
         self.records = [old for old in self.records if old.keys() != record.keys()
                         or old["step"] != record["step"]] + [record]
-        write_text(self.path, "".join(json.dumps(record) + "\n" for record in self.records))
+        fileio.write_atomically(self.path, "".join(json.dumps(record) + "\n" for record in self.records))
 
 
 def read_records(workdir):
     """The records of `workdir/metrics.jsonl` in order; [] when there is none yet."""
-    path = os.path.join(workdir, "metrics.jsonl")
-    if not tf.io.gfile.exists(path):
+    path = run_files.metrics_file(workdir)
+    if not fileio.exists(path):
         return []
-    with tf.io.gfile.GFile(path) as handle:
+    with fileio.open_file(path, "r") as handle:
         return [json.loads(line) for line in handle if line.strip()]
 
 
 def write_json(path, values):
     """Writes `values` as indented JSON to `path` (local or gs://) atomically."""
-    write_text(path, json.dumps(values, indent=2) + "\n")
-
-
-def write_text(path, text):
-    """Writes `text` to a temporary file beside `path` (local or gs://), then renames it over
-    `path`: a crash mid-write leaves the previous file whole."""
-    temporary = path + ".tmp"
-    with tf.io.gfile.GFile(temporary, "w") as handle:
-        handle.write(text)
-    tf.io.gfile.rename(temporary, path, overwrite=True)
+    fileio.write_atomically(path, json.dumps(values, indent=2) + "\n")

@@ -25,7 +25,7 @@ import time
 
 from absl import app, flags
 
-from train import child_runs, cli, config_checks
+from train import child_runs, cli, config_checks, run_files
 
 FINETUNE_CONFIG = os.path.join(child_runs.REPO, "configs", "mpp_finetune.py")
 
@@ -77,7 +77,7 @@ def check_flags():
 
 
 def encoder_path():
-    return os.path.join(FLAGS.pretrain_workdir, "export", "encoder.npz")
+    return run_files.encoder_file(FLAGS.pretrain_workdir)
 
 
 def few_shot(config, shots):

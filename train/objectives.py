@@ -12,14 +12,14 @@ import tensorflow as tf
 
 import keras_vit
 from keras_vit import masked_patches
+from keras_vit.variants import OVERRIDABLE_FIELDS
 
 OBJECTIVES = ("classification", "masked_patch_prediction")
-MODEL_OVERRIDES = ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers")
 
 
 def model_overrides(config):
     """The variant fields that `config` sets (`patch_size`, ...), for `keras_vit.vit`."""
-    return {name: config[name] for name in MODEL_OVERRIDES if config[name] is not None}
+    return {name: config[name] for name in OVERRIDABLE_FIELDS if config[name] is not None}
 
 
 def build_model(config, num_classes, include_top=True):

@@ -7,12 +7,10 @@ the checkpoints beside it.
 """
 
 import json
-import os
-
-import tensorflow as tf
 
 from configs import common
-from train import metrics
+from keras_vit import fileio
+from train import run_files
 
 # What a rerun may change: how long to run and how to evaluate, save and export, and where the
 # same data lives; not what is trained.
@@ -25,10 +23,6 @@ class ConfigMismatchError(ValueError):
     """The config of a rerun differs from the saved run's where it must not."""
 
 
-def path(workdir):
-    return os.path.join(workdir, "config.json")
-
-
 def _as_json(config):
     return json.loads(config.to_json_best_effort())
 
@@ -36,14 +30,15 @@ def _as_json(config):
 def saved(workdir, fix="restore it, or use a new --workdir"):
     """The saved config as a dict, or None when the workdir has none. A file that is not valid
     JSON is a ValueError naming it, with `fix`, what the caller's user can do."""
-    if not tf.io.gfile.exists(path(workdir)):
+    path = run_files.config_file(workdir)
+    if not fileio.exists(path):
         return None
-    with tf.io.gfile.GFile(path(workdir)) as handle:
+    with fileio.open_file(path, "r") as handle:
         text = handle.read()
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
-        raise ValueError(f"{path(workdir)} is not valid JSON ({error}); it describes the run "
+        raise ValueError(f"{path} is not valid JSON ({error}); it describes the run "
                          f"in this workdir: {fix}.") from error
 
 
@@ -77,9 +72,9 @@ def check_resume(config, workdir):
         raise ConfigMismatchError(
             f"{workdir} holds a run with another config ({describe(differ)}); resuming it would "
             "mix two runs. Use a new --workdir, or rerun with the saved values from "
-            f"{path(workdir)}. Only {', '.join(MAY_CHANGE_ON_RESUME)} may change on a rerun.")
+            f"{run_files.config_file(workdir)}. Only {', '.join(MAY_CHANGE_ON_RESUME)} may change on a rerun.")
 
 
 def write(config, workdir):
     """Writes `config.json` atomically (read back by train.export and by reruns)."""
-    metrics.write_text(path(workdir), config.to_json_best_effort(indent=2))
+    fileio.write_atomically(run_files.config_file(workdir), config.to_json_best_effort(indent=2))

@@ -7,7 +7,7 @@ import socket
 import tensorflow as tf
 from absl import logging
 
-STRATEGIES = ("tpu", "mirrored", "multi_worker", "one_device")
+from train.config_checks import STRATEGIES
 
 
 def split_cpu(num_devices):

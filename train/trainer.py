@@ -24,8 +24,9 @@ import tensorflow as tf
 from absl import logging
 
 import keras_vit
+from keras_vit import fileio
 from train import (checkpoints, config_checks, input_pipeline, objectives, run_config,
-                   schedules)
+                   run_files, schedules)
 from train.metrics import MetricsWriter
 from train.preemption import PreemptionWatcher, Stopped
 from train.strategy import is_chief, is_tpu
@@ -62,7 +63,7 @@ class Trainer:
         keras.utils.set_random_seed(config.seed + 1)
         self.input_dtype = (tf.bfloat16 if is_tpu(strategy) and "bfloat16" in config.dtype_policy
                             else tf.float32)
-        builder = input_pipeline.get_builder(config)
+        self.builder = builder = input_pipeline.get_builder(config)
         label = builder.info.features["label"]
         self.num_classes = label.num_classes
         self.class_names = list(label.names) if label.names else [
@@ -78,7 +79,7 @@ class Trainer:
         self.is_chief = is_chief(strategy)
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
                                               ema=self.ema)
-        self.checkpoint_dir = os.path.join(workdir, "checkpoints")
+        self.checkpoint_dir = run_files.checkpoint_dir(workdir)
         restored = checkpoints.restore_newest(self.checkpoint, self.checkpoint_dir,
                                               writable=self.is_chief)
         if restored is not None:
@@ -307,38 +308,38 @@ class Trainer:
             watcher.close()
 
     def export(self):
-        """Writes the final model (EMA weights if enabled) into `workdir/export`.
+        """Writes the final model (EMA weights if enabled) into the run's export directory
+        (train.run_files).
 
         A classifier: the `.keras` model and class names, a TF Serving SavedModel, and float32
         and int8 TFLite files. A masked-patch-prediction run: its encoder without any head, as
         `model.keras` (returning the pooled representation) and `encoder.npz` (the original
         checkpoint layout), both ready for `--config.pretrained` of a fine-tuning run.
         """
-        from train import exporting
+        from train import export_run
 
-        directory = os.path.join(self.workdir, "export")
-        tf.io.gfile.makedirs(directory)
-        exporting.remove_partial_files(directory)  # left by an export that was killed
-        path = os.path.join(directory, "model.keras")
+        workdir, directory = self.workdir, run_files.export_dir(self.workdir)
+        fileio.makedirs(directory)
+        export_run.remove_partial_files(workdir)  # left by an export that was killed
+        path = run_files.model_file(workdir)
         model = self.objective.encoder(self.model)
         if self.ema:
             self.swap_ema()
         try:
+            # Keras writes a .keras file only to a path of that name, so not straight to a
+            # temporary name beside `path`: into a local directory first, then copied over.
             with tempfile.TemporaryDirectory(prefix="keras_vit_export_") as local:
                 model.save(os.path.join(local, "model.keras"))
-                tf.io.gfile.copy(os.path.join(local, "model.keras"), path + ".tmp",
-                                 overwrite=True)
-            tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+                with open(os.path.join(local, "model.keras"), "rb") as handle:
+                    fileio.write_atomically(path, handle.read())
             if model is not self.model:  # a pre-trained encoder: nothing to serve yet
-                keras_vit.checkpoint.save_npz(model, os.path.join(directory, "encoder.npz"))
+                keras_vit.checkpoint.save_npz(model, run_files.encoder_file(workdir))
             else:
-                names = self.class_names
-                with tf.io.gfile.GFile(os.path.join(directory, "class_names.txt"),
-                                       "w") as handle:
-                    handle.write("\n".join(names) + "\n")
-                representative = exporting.calibration_images(self.config, 200)
-                exporting.export_model(model, directory, names, ("float32", "int8"),
-                                       representative)
+                run_files.write_class_names(workdir, self.class_names)
+                representative = export_run.calibration_images(
+                    self.builder, self.config.train_split, self.config.image_size, 200)
+                export_run.export_model(model, workdir, self.class_names, ("float32", "int8"),
+                                        representative)
         finally:
             if self.ema:
                 self.swap_ema()

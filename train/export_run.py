@@ -1,10 +1,18 @@
-"""Export of a trained model: TF Serving SavedModel and TFLite files (used by the trainer at
-the end of a run and by `python -m train.export`)."""
+"""The export of a training run into its workdir (train.run_files): checks of the run's files,
+the trained model, calibration images and the TF Serving SavedModel and TFLite files.
+
+Used by the trainer at the end of a run (Trainer.export) and by the `python -m train.export`
+command; the conversions themselves are keras_vit.export's. Local paths need no TensorFlow
+import, so flag errors are reported at once.
+"""
 
 import os
 
 import numpy as np
 from absl import logging
+
+from keras_vit import fileio
+from train import run_files
 
 TFLITE_KINDS = {"float32": "none", "float16": "float16", "dynamic": "dynamic", "int8": "int8"}
 
@@ -40,31 +48,16 @@ def check_calibration_images(count):
     return count
 
 
-def _exists_and_isdir(path):
-    """(exists, is a directory) of a local path, or of a URL through tf.io.gfile (gs://...);
-    local paths need no TensorFlow import, so flag errors are reported at once."""
-    if "://" in path:
-        import tensorflow as tf
-
-        return tf.io.gfile.exists(path), tf.io.gfile.isdir(path)
-    return os.path.exists(path), os.path.isdir(path)
-
-
-def path_exists(path):
-    return _exists_and_isdir(path)[0]
-
-
 def check_workdir(workdir):
     """Raises ValueError unless `workdir` is an existing directory (of a training run)."""
     if not workdir:
         raise ValueError("--workdir is empty: pass the --workdir of a training run "
                          "(python -m train.main --workdir=...).")
-    exists, isdir = _exists_and_isdir(workdir)
-    if not exists:
+    if not fileio.exists(workdir):
         raise ValueError(f"--workdir={workdir} does not exist: pass the --workdir of a "
                          "training run, or train first with python -m train.main "
                          f"--workdir={workdir} ...")
-    if not isdir:
+    if not fileio.isdir(workdir):
         raise ValueError(f"--workdir={workdir} is a file, not a directory: pass the --workdir "
                          "of a training run (it holds export/model.keras).")
     return workdir
@@ -82,21 +75,17 @@ def check_model_file(path, workdir):
     for a local path."""
     import zipfile
 
-    exists, isdir = _exists_and_isdir(path)
-    if isdir:
+    if fileio.isdir(path):
         raise ValueError(f"{path} is a directory, not a .keras model file. "
                          f"{_rerun_hint(workdir)}")
-    if "://" in path:
-        import tensorflow as tf
-
-        opener, size = tf.io.gfile.GFile, tf.io.gfile.stat(path).length
-    else:
-        opener, size = open, os.path.getsize(path)
     try:
         # A .keras file is a zip archive: a truncated or overwritten one has no central
         # directory at its end (Keras' own message for this is "File not found").
-        with opener(path, "rb") as handle, zipfile.ZipFile(handle) as archive:
-            names = set(archive.namelist())
+        with fileio.open_file(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            with zipfile.ZipFile(handle) as archive:
+                names = set(archive.namelist())
     except (zipfile.BadZipFile, EOFError) as error:
         raise ValueError(f"{path} is damaged ({size} bytes, not a complete .keras zip file: "
                          "truncated, e.g. by an interrupted copy, or overwritten). "
@@ -108,7 +97,7 @@ def check_model_file(path, workdir):
 
 
 def load_trained_model(path, workdir):
-    """The model saved at the end of training (`workdir/export/model.keras`, safe mode), or a
+    """The model saved at the end of training (`run_files.model_file`, safe mode), or a
     ValueError that says what is wrong with the file and how to write it again."""
     import keras
 
@@ -122,46 +111,34 @@ def load_trained_model(path, workdir):
                          f"other code. {_rerun_hint(workdir)}") from error
 
 
-def remove_partial_files(directory):
-    """Removes what killed exports left in `directory` and its `saved_model/`: the
-    `*.partial-*` files and directories that keras_vit writes before renaming into place. Call
-    only where no other export is writing at the same time (a run's own export directory)."""
-    import tensorflow as tf
-
-    for folder in (directory, os.path.join(directory, "saved_model")):
-        if not tf.io.gfile.isdir(folder):
-            continue
-        for name in tf.io.gfile.listdir(folder):
-            name = name.rstrip("/")
-            if ".partial-" in name:
-                path = os.path.join(folder, name)
-                if tf.io.gfile.isdir(path):
-                    tf.io.gfile.rmtree(path)
-                else:
-                    tf.io.gfile.remove(path)
+def remove_partial_files(workdir):
+    """Removes what killed exports left in the run's export directory and its `saved_model/`:
+    the temporary files and directories of `keras_vit.fileio`'s atomic writes. Call only
+    where no other export is writing at the same time (a run's own export directory)."""
+    for folder in (run_files.export_dir(workdir), run_files.saved_model_dir(workdir)):
+        fileio.remove_partial_files(folder)
 
 
-def calibration_images(config, count):
-    """The first `count` training images in 0..255 at the model's size, for int8 calibration
-    (not evaluation images: the test split stays unseen by everything that shapes the file)."""
+def calibration_images(builder, split, image_size, count):
+    """The first `count` images of `split` (from `builder`, as `input_pipeline.get_builder`
+    returns it) in 0..255 at the model's size, for int8 calibration. Pass the training split:
+    the test split stays unseen by everything that shapes the file."""
     from train import input_pipeline
 
-    builder = input_pipeline.get_builder(config)
-    examples = input_pipeline.resized_examples(builder, config.train_split,
-                                               (config.image_size, config.image_size), count)
+    examples = input_pipeline.resized_examples(builder, split, (image_size, image_size), count)
     return np.stack([image for image, _ in examples.as_numpy_iterator()]).astype(np.float32)
 
 
-def export_model(model, directory, class_names=None, tflite_kinds=(), representative=None,
+def export_model(model, workdir, class_names=None, tflite_kinds=(), representative=None,
                  export_dir=None):
-    """SavedModel at `<export_dir or directory/saved_model>/<version>` and TFLite files
-    `directory/model_<kind>.tflite`. Returns {name: path}."""
+    """SavedModel at `<export_dir or the run's saved_model/>/<version>` and the run's TFLite
+    files `model_<kind>.tflite`. Returns {name: path}."""
     from keras_vit import export
 
     paths = {"saved_model": export.export_saved_model(
-        model, export_dir or os.path.join(directory, "saved_model"), class_names=class_names)}
+        model, export_dir or run_files.saved_model_dir(workdir), class_names=class_names)}
     for kind in tflite_kinds:
-        path = os.path.join(directory, f"model_{kind}.tflite")
+        path = run_files.tflite_file(workdir, kind)
         size = export.export_tflite(model, path, quantization=TFLITE_KINDS[kind],
                                     representative_data=representative)
         logging.info("TFLite %s: %s (%.2f MB)", kind, path, size / 2**20)

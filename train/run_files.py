@@ -1,0 +1,77 @@
+"""The layout of a training run's workdir, the one place that names its files:
+
+    <workdir>/
+        config.json              the run's config (train.run_config)
+        metrics.jsonl            logged values (train.metrics), and tensorboard/
+        train.log                the output of a run that a study started (train.child_runs)
+        checkpoints/             the training state (train.checkpoints)
+        export/                  written at the end of training (Trainer.export)
+            model.keras          the final model (EMA weights if enabled)
+            class_names.txt      a classifier's class names, one a line, in label order
+            encoder.npz          a masked-patch-prediction run's encoder (original layout)
+            saved_model/<N>/     TF Serving versions
+            model_<kind>.tflite  TFLite files (float32, float16, dynamic, int8)
+
+Paths may be local or remote (gs://...).
+"""
+
+import os
+
+from keras_vit import fileio
+
+
+def config_file(workdir):
+    return os.path.join(workdir, "config.json")
+
+
+def metrics_file(workdir):
+    return os.path.join(workdir, "metrics.jsonl")
+
+
+def tensorboard_dir(workdir):
+    return os.path.join(workdir, "tensorboard")
+
+
+def log_file(workdir):
+    return os.path.join(workdir, "train.log")
+
+
+def checkpoint_dir(workdir):
+    return os.path.join(workdir, "checkpoints")
+
+
+def export_dir(workdir):
+    return os.path.join(workdir, "export")
+
+
+def model_file(workdir):
+    return os.path.join(export_dir(workdir), "model.keras")
+
+
+def class_names_file(workdir):
+    return os.path.join(export_dir(workdir), "class_names.txt")
+
+
+def encoder_file(workdir):
+    return os.path.join(export_dir(workdir), "encoder.npz")
+
+
+def saved_model_dir(workdir):
+    return os.path.join(export_dir(workdir), "saved_model")
+
+
+def tflite_file(workdir, kind):
+    return os.path.join(export_dir(workdir), f"model_{kind}.tflite")
+
+
+def write_class_names(workdir, names):
+    fileio.write_atomically(class_names_file(workdir), "".join(f"{name}\n" for name in names))
+
+
+def read_class_names(workdir):
+    """The class names saved with the trained model, or None when there are none."""
+    path = class_names_file(workdir)
+    if not fileio.exists(path):
+        return None
+    with fileio.open_file(path, "r") as handle:
+        return handle.read().splitlines()
