@@ -26,6 +26,7 @@ import numpy_reference  # noqa: E402
 from keras_vit import checkpoint, pretrained  # noqa: E402
 from keras_vit.checkpoint import CheckpointError, load_npz, save_npz  # noqa: E402
 # Importing test_parity also turns TF32 off on Ampere+ GPUs (float32 must mean float32).
+from model_fixtures import TINY_VIT  # noqa: E402
 from test_parity import keras_forward, randomize  # noqa: E402
 
 ATOL = 1e-5
@@ -39,16 +40,14 @@ HEAD_KEYS = ("head/kernel", "head/bias")
 
 def small_vit(image_size=32, **kwargs):
     """A 2-layer ViT of width 24 (3 heads of 8) on 8x8 patches; 32x32 -> 4x4 grid."""
-    config = dict(patch_size=8, hidden_size=24, mlp_dim=48, num_heads=3, num_layers=2,
-                  num_classes=5)
+    config = dict(TINY_VIT, patch_size=8, num_classes=5)
     config.update(kwargs)
     return keras_vit.vit("B/16", image_size=image_size, **config)
 
 
 def small_hybrid(**kwargs):
     """R26 (2, 2, 2, 2) stem + a 1-layer ViT of width 24; 64x64 -> 2x2 grid."""
-    config = dict(image_size=64, hidden_size=24, mlp_dim=48, num_heads=3, num_layers=1,
-                  num_classes=5)
+    config = dict(TINY_VIT, image_size=64, num_layers=1, num_classes=5)
     config.update(kwargs)
     return keras_vit.vit("R26+S/32", **config)
 
@@ -475,7 +474,7 @@ def bilinear_align_corners(grid, rows, columns):
 
 
 def test_loading_224_checkpoint_into_384_model_resizes_position_embeddings(tmp_path):
-    config = dict(hidden_size=24, mlp_dim=48, num_heads=3, num_layers=1)
+    config = dict(TINY_VIT, num_layers=1)
     source = keras_vit.vit("B/16", image_size=224, **config)
     weights = randomize(source, np.random.default_rng(31))
     path = tmp_path / "b16_224.npz"
@@ -956,8 +955,7 @@ def test_published_url_errors_name_the_options():
 
 def test_vit_with_unpublished_variant_is_a_value_error():
     with pytest.raises(ValueError, match="B/16"):
-        keras_vit.vit("Ti/16", image_size=32, hidden_size=24, mlp_dim=48, num_heads=3,
-                      num_layers=1, weights="imagenet21k")
+        keras_vit.vit("Ti/16", image_size=32, **TINY_VIT, weights="imagenet21k")
 
 
 def test_published_names_download_with_distinct_cache_names(monkeypatch, tmp_path):

@@ -13,6 +13,8 @@ import pytest
 import keras_vit
 from keras_vit.variants import parse_variant
 
+pytestmark = pytest.mark.usefixtures("fresh_session")
+
 # REFERENCE.md section 4 (224x224, 1000 classes, class token, no pre_logits).
 PINNED_PARAMS = {
     "Ti/16": 5_717_416,
@@ -58,13 +60,6 @@ TOKENS_224 = {
 }
 
 HIDDEN = {"Ti": 192, "S": 384, "B": 768, "L": 1024, "H": 1280}
-
-
-@pytest.fixture(autouse=True)
-def _fresh_session():
-    # Cheap reset of Keras' global state; the big models free their memory themselves.
-    keras.backend.clear_session(free_memory=False)
-    yield
 
 
 def _hidden(name):
