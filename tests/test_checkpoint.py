@@ -1,7 +1,9 @@
 """Tests of `keras_vit.checkpoint` and `keras_vit.pretrained`: reading and writing the original
 `.npz` checkpoints, all offline, with files the tests write themselves.
 
-The expected key sets and shapes are written out by hand from REFERENCE.md section 5, and the
+The expected key sets and shapes are written out by hand from the released files (e.g.
+gs://vit_models/imagenet21k/ViT-B_16.npz, read by google-research/vision_transformer's
+vit_jax/checkpoint.py `load`), and the
 files "in the original layout" are produced by a mapping written here (not by
 `keras_vit.checkpoint.checkpoint_key`), so that these tests check the package against the
 original format rather than against itself.
@@ -194,11 +196,12 @@ def test_round_trip_gives_identical_outputs(case, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# The saved key set and shapes, written out from REFERENCE.md section 5
+# The saved key set and shapes of a released file (imagenet21k/ViT-B_16.npz)
 # ----------------------------------------------------------------------------------------------
 
 def expected_vit_b16_transformer(tokens=197, num_classes=1000):
-    """ViT-B/16: D=768, 12 heads of 64, MLP 3072, 12 blocks (REFERENCE.md section 5)."""
+    """ViT-B/16: D=768, 12 heads of 64, MLP 3072, 12 blocks (paper Table 1); the key names of
+    vit_jax/models_vit.py as the released files spell them."""
     expected = {
         "cls": (1, 1, 768),
         "Transformer/posembed_input/pos_embedding": (1, tokens, 768),
@@ -273,7 +276,7 @@ def check_saved_layout(model, path, expected, total_parameters):
              if shape != expected[key]}
     assert not wrong, f"shape (saved, expected): {wrong}"
     assert {dtype for _, dtype in shapes.values()} == {np.dtype("float32")}
-    # REFERENCE.md section 4: the parameter counts.
+    # The parameter count of the original model (see test_variants.PINNED_PARAMS).
     assert sum(int(np.prod(shape)) for shape, _ in shapes.values()) == total_parameters
     with np.load(path, allow_pickle=False) as archive:  # a plain numpy archive
         assert sorted(archive.files) == sorted(expected)
@@ -312,7 +315,7 @@ def test_original_layout_file_matches_numpy_reference_vit(tmp_path):
     template = small_vit()
     weights = randomize(template, np.random.default_rng(11))
     arrays = original_layout(weights, num_heads=3)
-    # The layout the test writes is the original one (REFERENCE.md section 5).
+    # The layout the test writes is the released files' one: q/k/v kernels (D, heads, D/heads).
     attention = "Transformer/encoderblock_1/MultiHeadDotProductAttention_1"
     assert arrays[f"{attention}/query/kernel"].shape == (24, 3, 8)
     assert arrays[f"{attention}/value/bias"].shape == (3, 8)
