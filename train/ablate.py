@@ -50,6 +50,7 @@ config_flags.DEFINE_config_file("config", None, "Base config of every run (file.
                                 "default configs/ablation.py. --config.field=value overrides "
                                 "a field.", lock_config=True)
 config_checks.install_config_parser(flags.FLAGS["config"])
+flags.declare_key_flag("verbose")  # defined in train/cli.py; listed by --help
 flags.mark_flags_as_required(["study", "out"])
 FLAGS = flags.FLAGS
 

@@ -37,6 +37,7 @@ flags.DEFINE_integer("few_shot_test", 10000, "Eval examples the few-shot accurac
 flags.DEFINE_float("l2_reg", None, "Ridge regularisation of the few-shot linear fit; "
                    "default keras_vit.analysis.DEFAULT_L2_REG.")
 flags.DEFINE_integer("draws", 5, "Random k-shot draws averaged per k.")
+flags.declare_key_flag("verbose")  # defined in train/cli.py; listed by --help
 flags.mark_flags_as_required(["out"])
 FLAGS = flags.FLAGS
 

@@ -26,6 +26,7 @@ flags.DEFINE_string("export_dir", None, "SavedModel base directory (default work
 flags.DEFINE_string("tflite", "none", "TFLite files to write into workdir/export: 'none', "
                     "'all', or a comma list of 'float32', 'float16', 'dynamic', 'int8'.")
 flags.DEFINE_integer("calibration_images", 200, "Training images used to calibrate int8.")
+flags.declare_key_flag("verbose")  # defined in train/cli.py; listed by --help
 
 
 def _file_system_error(error):

@@ -25,6 +25,7 @@ flags.DEFINE_enum("strategy", "", ["", *config_checks.STRATEGIES],
                   "Distribution strategy; default: TPU if --tpu, else all GPUs, else CPU.")
 flags.DEFINE_string("tpu", "", "TPU name, grpc:// address, or 'local' on a TPU VM.")
 flags.DEFINE_integer("cpu_devices", 1, "Split the CPU into this many logical devices.")
+flags.declare_key_flag("verbose")  # defined in train/cli.py; listed by --help
 flags.mark_flags_as_required(["config", "workdir"])
 FLAGS = flags.FLAGS
 
