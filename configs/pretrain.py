@@ -12,8 +12,8 @@ The argument is `key=value` pairs: `model` (a keras_vit variant) and `dataset` (
 """
 
 import keras_vit
-from configs import common
-from configs.finetune import EVAL_SPLIT, parse_arg
+from . import common
+from .finetune import EVAL_SPLIT, parse_arg
 
 # 300 epochs of ImageNet-1k (1,281,167 images) or 90 of ImageNet-21k at batch 4096.
 TOTAL_STEPS = {"imagenet2012": 93_834, "imagenet21k": 300_000}

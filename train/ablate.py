@@ -14,7 +14,7 @@ training FLOPs), `axial` (ViT against Axial-ViT). Writes into --out:
 - `runs/<study>/<arm>/seed<k>/`: the workdir of each run, with its `train.log`.
 
 Every run is `python -m train.main` in a subprocess (a fresh TensorFlow each), on the base config
-(--config, default configs/ablation.py, with any --config.field=value) plus the arm's fields, the
+(--config, default the shipped configs/ablation.py, with any --config.field=value) plus the arm's fields, the
 seed and the steps. Rerun the same command to resume a stopped study: the runs whose
 metrics.jsonl holds the final evaluation are skipped, and train.main resumes an unfinished one
 from its checkpoint. A run folder that holds a run of other settings is an error, before any
@@ -35,9 +35,9 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-from train import child_runs, cli, config_checks, studies
+from . import child_runs, cli, config_checks, studies
 
-DEFAULT_CONFIG = os.path.join(child_runs.REPO, "configs", "ablation.py")
+DEFAULT_CONFIG = "ablation"  # the shipped configs/ablation.py
 
 flags.DEFINE_enum("study", None, list(studies.STUDIES), "The study to run.")
 flags.DEFINE_string("out", None, "Local folder for <study>.md, .png, .json and runs/.")
@@ -135,7 +135,7 @@ def plan(study_name, base, steps, seeds, builder):
     """The arms' summaries (model size and cost, steps), the runs of every arm and seed, and
     `test_runs(picked)`: for the classifier study the runs are its sweep's, and its test runs
     are at the learning rates `picked` from their results ({arm name: rate})."""
-    from train import objectives
+    from . import objectives
     from keras_vit import flops
 
     study = studies.STUDIES[study_name]
@@ -194,7 +194,7 @@ def plan(study_name, base, steps, seeds, builder):
 
 def check_resumable(run):
     """Raises UsageError when the run's workdir holds a run of other settings."""
-    from train import run_config as saved_runs
+    from . import run_config as saved_runs
 
     # Stricter than train.main: a finished run counts only if it trained what this invocation
     # would, for as many steps; where the data lives and how it evaluated, saved and logged
@@ -224,7 +224,7 @@ def train(run):
 
 def describe_model(config):
     from keras_vit.variants import parse_variant
-    from train.objectives import model_overrides
+    from .objectives import model_overrides
 
     size = dataclasses.replace(parse_variant(config.model), **model_overrides(config))
     return (f"`{config.model}` with {size.patch_size}x{size.patch_size} patches, width "
@@ -274,8 +274,8 @@ def main(argv):
     # The base config at these steps (each run's warm-up is set with its steps, below).
     config_checks.check(run_config(base, {"total_steps": steps, "warmup_steps": 0}))
     from keras_vit import plotting
-    from train import input_pipeline, metrics
-    from train.preemption import RESUMABLE_EXIT_CODE
+    from . import input_pipeline, metrics
+    from .preemption import RESUMABLE_EXIT_CODE
 
     study = studies.STUDIES[FLAGS.study]
     builder = input_pipeline.get_builder(base)  # the dataset and its splits, checked now
@@ -368,5 +368,10 @@ def with_default_config(argv):
     return argv if named else [argv[0], f"--config={DEFAULT_CONFIG}", *argv[1:]]
 
 
-if __name__ == "__main__":
+def run():
+    """The `keras-vit-ablate` command (an installed package's console script)."""
     cli.run(main, with_default_config(sys.argv))
+
+
+if __name__ == "__main__":
+    run()

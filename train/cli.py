@@ -105,8 +105,9 @@ def _package_folder(name):
     return os.path.dirname(os.path.abspath(spec.origin)) + os.sep
 
 
-# Whose INFO lines the terminal shows by default: ours (the trainer's progress, "Saved ...").
-OUR_FOLDERS = tuple(_package_folder(name) for name in ("train", "keras_vit"))
+# Whose INFO lines the terminal shows by default: ours (the trainer's progress, "Saved ..."):
+# this package (`train`, or `keras_vit.train` when installed) and keras_vit.
+OUR_FOLDERS = (os.path.dirname(os.path.abspath(__file__)) + os.sep, _package_folder("keras_vit"))
 
 
 class _OursOrImportant(logging.Filter):

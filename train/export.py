@@ -18,7 +18,7 @@ from absl import app, flags
 
 from keras_vit import fileio
 
-from train import cli, export_run, run_files
+from . import cli, export_run, run_files
 
 flags.DEFINE_string("workdir", None, "Training workdir holding export/model.keras.")
 flags.DEFINE_string("export_dir", None, "SavedModel base directory (default workdir/export/"
@@ -76,7 +76,7 @@ def export(options):
     if "int8" in kinds:
         import ml_collections
 
-        from train import run_config
+        from . import run_config
 
         config = run_config.saved(workdir, fix="restore it, or choose other --tflite kinds "
                                   "(int8 calibrates on the training data it names)")
@@ -92,7 +92,7 @@ def export(options):
     model = export_run.load_trained_model(model_path, workdir)
     representative = None
     if config is not None:
-        from train import input_pipeline
+        from . import input_pipeline
 
         builder = input_pipeline.get_builder(config, for_training=False)
         representative = export_run.calibration_images(
@@ -101,6 +101,11 @@ def export(options):
                             representative, export_dir=options.export_dir)
 
 
-if __name__ == "__main__":
+def run():
+    """The `keras-vit-export` command (an installed package's console script)."""
     flags.mark_flags_as_required(["workdir"])
     cli.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -14,7 +14,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from train import cli, config_checks
+from . import cli, config_checks
 
 config_flags.DEFINE_config_file("config", None, "Experiment config file (file.py[:arg]).",
                                 lock_config=True)
@@ -41,7 +41,7 @@ def main(argv):
     if FLAGS.tpu and FLAGS.strategy not in ("", "tpu"):
         raise app.UsageError(f"--tpu={FLAGS.tpu} applies only to --strategy=tpu (or no "
                              f"--strategy), not --strategy={FLAGS.strategy}.")
-    from train import strategy as strategies  # imports TensorFlow (it starts later)
+    from . import strategy as strategies  # imports TensorFlow (it starts later)
 
     if strategies.is_chief_task():  # the others write nothing into the workdir
         config_checks.check_output_folder(FLAGS.workdir, "workdir")
@@ -55,7 +55,7 @@ def main(argv):
     strategy = strategies.make_strategy(FLAGS.strategy, FLAGS.tpu)
     import tensorflow as tf
 
-    from train import checkpoints, preemption, trainer
+    from . import checkpoints, preemption, trainer
 
     logging.info("Config:\n%s", config)
     try:
@@ -72,5 +72,10 @@ def main(argv):
                  "checkpoint.")
 
 
-if __name__ == "__main__":
+def run():
+    """The `keras-vit-train` command (an installed package's console script)."""
     cli.run(main)
+
+
+if __name__ == "__main__":
+    run()
