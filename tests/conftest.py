@@ -15,6 +15,8 @@ def pytest_configure(config):
         "filterwarnings",
         "ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning",
     )
+    config.addinivalue_line(
+        "markers", "slow: builds or installs the package (deselect with -m 'not slow')")
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ training FLOPs), `axial` (ViT against Axial-ViT). Writes into --out:
 - `runs/<study>/<arm>/seed<k>/`: the workdir of each run, with its `train.log`.
 
 Every run is `python -m train.main` in a subprocess (a fresh TensorFlow each), on the base config
-(--config, default the shipped configs/ablation.py, with any --config.field=value) plus the arm's fields, the
+(--config, default configs/ablation.py, with any --config.field=value) plus the arm's fields, the
 seed and the steps. Rerun the same command to resume a stopped study: the runs whose
 metrics.jsonl holds the final evaluation are skipped, and train.main resumes an unfinished one
 from its checkpoint. A run folder that holds a run of other settings is an error, before any
@@ -46,9 +46,9 @@ flags.DEFINE_integer("steps", None, "Training steps of every run (hybrid: of the
 flags.DEFINE_integer("seeds", 2, "Seeds per arm: 0, 1, ..., seeds - 1.")
 flags.DEFINE_string("dataset", None, "A TFDS dataset name or folder:/path (as "
                     "--config.dataset); default: the config's, the offline Fashion-MNIST.")
-config_flags.DEFINE_config_file("config", None, "Base config of every run (file.py[:arg]); "
-                                "default configs/ablation.py. --config.field=value overrides "
-                                "a field.", lock_config=True)
+config_flags.DEFINE_config_file("config", None, "Base config of every run (a shipped name "
+                                "or file.py, [:arg]); default: ablation (configs/ablation.py). "
+                                "--config.field=value overrides a field.", lock_config=True)
 config_checks.install_config_parser(flags.FLAGS["config"])
 flags.declare_key_flag("verbose")  # defined in train/cli.py; listed by --help
 flags.mark_flags_as_required(["study", "out"])

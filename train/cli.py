@@ -169,4 +169,7 @@ def run(main, argv=None):
                 traceback.print_exc()
             fail(_message(error))
 
+    if main.__module__ != "__main__":  # a console script: `--help` lists the key flags of
+        for flag in flags.FLAGS.get_key_flags_for_module(main.__module__):  # the script's name
+            flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
     app.run(reporting_main, argv=argv, flags_parser=_parse_flags)

@@ -16,7 +16,8 @@ from ml_collections import config_flags
 
 from . import cli, config_checks
 
-config_flags.DEFINE_config_file("config", None, "Experiment config file (file.py[:arg]).",
+config_flags.DEFINE_config_file("config", None, "Experiment config: a shipped one by name "
+                                "(quickstart, finetune, ...) or a file.py; [:arg] after either.",
                                 lock_config=True)
 # Missing files, syntax errors and bad file.py:arguments as one line (see config_checks).
 config_checks.install_config_parser(flags.FLAGS["config"])
