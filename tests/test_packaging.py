@@ -3,6 +3,7 @@ tools as keras_vit.train, the shipped configs as keras_vit.configs, and console 
 `--config` reads a bare config name (train/config_checks.py)."""
 
 import configparser
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -49,6 +50,14 @@ def test_a_copied_config_imports_the_shipped_common(tmp_path):
     assert config.model == "R+Ti/16"
 
 
+def test_train_cannot_be_imported_under_both_names():
+    """`train` (imported here) loaded again as keras_vit.train would define every flag twice."""
+    init = os.path.join(REPO, "train", "__init__.py")
+    spec = importlib.util.spec_from_file_location("keras_vit.train", init)
+    with pytest.raises(ImportError, match="keras_vit.train is train imported again"):
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
 def _run(command, cwd, **env):
     result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env))
@@ -61,7 +70,7 @@ def test_the_wheel_installs_only_keras_vit(tmp_path):
     for folder in ("keras_vit", "train", "configs"):
         shutil.copytree(os.path.join(REPO, folder), source / folder,
                         ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("setup.py", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(os.path.join(REPO, name), source / name)
     returncode, output = _run([sys.executable, "-m", "pip", "wheel", "--no-deps",
                                "--no-build-isolation", "-w", str(tmp_path / "dist"), "."],
