@@ -11,7 +11,7 @@ from this model in what its study names only. `train.ablate` also sets the seed,
 `total_steps` from `--steps` with the warm-up kept at the same fraction of the run.
 """
 
-from configs import common
+from . import common
 
 
 def get_config():

@@ -9,7 +9,7 @@ linear warm-up then cosine decay to 0, from a pre-trained checkpoint with a new 
 The argument is `key=value` pairs: `model` (a keras_vit variant) and `dataset` (a TFDS name).
 """
 
-from configs import common
+from . import common
 
 # Steps of the published fine-tuning runs (paper appendix B.1.1).
 TOTAL_STEPS = {

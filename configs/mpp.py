@@ -21,8 +21,8 @@ name): the paper's recipe, Adam at base learning rate 2e-4 with 10k warm-up step
 decay, batch 4096, 224x224; 100k steps, where the paper saw the gains flatten out.
 """
 
-from configs import common
-from configs.finetune import EVAL_SPLIT, parse_arg
+from . import common
+from .finetune import EVAL_SPLIT, parse_arg
 
 
 def get_config(arg=None):

@@ -12,8 +12,8 @@ ones used); the default is all 60,000. `--config.pretrained` also takes the expo
 `model.keras`. The model is configs/mpp.py's, pooled by global average as it was pre-trained.
 """
 
-from configs import common, mpp
-from configs.finetune import parse_arg
+from . import common, mpp
+from .finetune import parse_arg
 
 
 def get_config(arg=None):

@@ -8,7 +8,7 @@ small: 7x7 tokens of width 96, 4 blocks. On short budgets the convolutional stem
 faster than 4x4 pixel patches (85.6% vs 78.7% test accuracy after 500 steps, measured here).
 """
 
-from configs import common
+from . import common
 
 
 def get_config():

@@ -1,6 +1,9 @@
-"""Shared pytest set-up: quiet TensorFlow's C++ logging before anything imports it."""
+"""Shared pytest set-up: quiet TensorFlow's C++ logging before anything imports it, and the
+fixtures several test modules use."""
 
 import os
+
+import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -12,3 +15,22 @@ def pytest_configure(config):
         "filterwarnings",
         "ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning",
     )
+    config.addinivalue_line(
+        "markers", "slow: builds or installs the package (deselect with -m 'not slow')")
+
+
+@pytest.fixture(scope="session")
+def fake_fmnist(tmp_path_factory):
+    """The fake Fashion-MNIST of train_fixtures, written and prepared (TFDS) once per session."""
+    from train_fixtures import fake_fashion_mnist
+    return fake_fashion_mnist(tmp_path_factory.mktemp("fake_fmnist"))
+
+
+@pytest.fixture
+def fresh_session():
+    """Keras' global state cleared and its seed set, so a test does not depend on the ones
+    before it (modules use it with `pytestmark = pytest.mark.usefixtures("fresh_session")`)."""
+    import keras  # here, not at the top: some test modules never import TensorFlow
+    keras.backend.clear_session(free_memory=False)  # cheap; big models free their own memory
+    keras.utils.set_random_seed(0)
+    yield

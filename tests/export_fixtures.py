@@ -4,6 +4,7 @@ Keras logits on 0..255 pixels (what an exported model must reproduce)."""
 import numpy as np
 
 import keras_vit
+from model_fixtures import TINY_VIT, randomise
 
 NUM_CLASSES = 7
 SIZE = 32
@@ -12,11 +13,9 @@ SIZE = 32
 def tiny_vit(seed=0, num_classes=NUM_CLASSES):
     """A 2-block ViT on 32x32 images with every variable set to N(0, 0.3) noise (the head is
     zero-initialised, which would make every output trivial)."""
-    model = keras_vit.vit("B/16", image_size=SIZE, patch_size=8, hidden_size=24, mlp_dim=48,
-                          num_heads=3, num_layers=2, num_classes=num_classes)
-    rng = np.random.default_rng(seed)
-    for variable in model.variables:
-        variable.assign(rng.normal(0.0, 0.3, variable.shape).astype(variable.dtype))
+    model = keras_vit.vit("B/16", image_size=SIZE, patch_size=8, num_classes=num_classes,
+                          **TINY_VIT)
+    randomise(model, seed=seed, scale=0.3)
     return model
 
 

@@ -10,7 +10,7 @@ Weights are a flat dict of numpy arrays keyed by the Keras variable paths of a m
 in (in, out) layout; for the hybrids `resnet_root/conv_root/kernel`,
 `block{s}/unit{u}/conv{1,2,3}/kernel`, `block{s}/unit{u}/gn{1,2,3}/gamma`, ...
 
-Equations (REFERENCE.md section 1):
+Equations (arXiv 2010.11929, section 3.1, equations 1-4):
     z0 = [x_class; x_p1 E; ...; x_pN E] + E_pos
     z'_l = MSA(LN(z_{l-1})) + z_{l-1}
     z_l = MLP(LN(z'_l)) + z'_l

@@ -16,19 +16,15 @@ import pytest
 
 from configs import ablation
 from train import config_checks, studies
-from train_fixtures import REPO, fake_fashion_mnist, read_metrics
+from train_fixtures import REPO, TINY as TINY_RUN, read_metrics
 
 STEPS = 2  # of the costlier arm (R+ViT); the ViT gets more, for the same FLOPs
-# A tiny model and short loops; every value overrides configs/ablation.py.
-TINY = {"hidden_size": 16, "mlp_dim": 32, "num_heads": 2, "num_layers": 1, "batch_size": 32,
-        "eval_batch_size": 50, "shuffle_buffer": 512, "steps_per_loop": 2,
-        "checkpoint_every_steps": 2}
+# The tiny model and short loops of the other training tests, as overrides of
+# configs/ablation.py; the study itself picks the models, patch sizes and steps.
+TINY = {name: TINY_RUN[name] for name in (
+    "hidden_size", "mlp_dim", "num_heads", "num_layers", "batch_size", "eval_batch_size",
+    "shuffle_buffer", "steps_per_loop", "checkpoint_every_steps")}
 TIMEOUT = 300
-
-
-@pytest.fixture(scope="module")
-def fake_fmnist(tmp_path_factory):
-    return fake_fashion_mnist(tmp_path_factory)
 
 
 def ablate(data, out, *flags, study="hybrid", steps=STEPS, seeds=1):

@@ -10,15 +10,10 @@ import numpy as np
 import pytest
 
 import keras_vit
-from train_fixtures import REPO, TINY, fake_fashion_mnist, png_bytes, tiny_config
+from train_fixtures import REPO, TINY, png_bytes, tiny_config
 
 FIGURES = ("attention_rollout.png", "attention_distance.png", "position_embeddings.png",
            "embedding_filters.png", "few_shot.png")
-
-
-@pytest.fixture(scope="module")
-def fake_fmnist(tmp_path_factory):
-    return fake_fashion_mnist(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,9 @@
 """Tests of `keras_vit.checkpoint` and `keras_vit.pretrained`: reading and writing the original
 `.npz` checkpoints, all offline, with files the tests write themselves.
 
-The expected key sets and shapes are written out by hand from REFERENCE.md section 5, and the
+The expected key sets and shapes are written out by hand from the released files (e.g.
+gs://vit_models/imagenet21k/ViT-B_16.npz, read by google-research/vision_transformer's
+vit_jax/checkpoint.py `load`), and the
 files "in the original layout" are produced by a mapping written here (not by
 `keras_vit.checkpoint.checkpoint_key`), so that these tests check the package against the
 original format rather than against itself.
@@ -26,6 +28,7 @@ import numpy_reference  # noqa: E402
 from keras_vit import checkpoint, pretrained  # noqa: E402
 from keras_vit.checkpoint import CheckpointError, load_npz, save_npz  # noqa: E402
 # Importing test_parity also turns TF32 off on Ampere+ GPUs (float32 must mean float32).
+from model_fixtures import TINY_VIT  # noqa: E402
 from test_parity import keras_forward, randomize  # noqa: E402
 
 ATOL = 1e-5
@@ -39,16 +42,14 @@ HEAD_KEYS = ("head/kernel", "head/bias")
 
 def small_vit(image_size=32, **kwargs):
     """A 2-layer ViT of width 24 (3 heads of 8) on 8x8 patches; 32x32 -> 4x4 grid."""
-    config = dict(patch_size=8, hidden_size=24, mlp_dim=48, num_heads=3, num_layers=2,
-                  num_classes=5)
+    config = dict(TINY_VIT, patch_size=8, num_classes=5)
     config.update(kwargs)
     return keras_vit.vit("B/16", image_size=image_size, **config)
 
 
 def small_hybrid(**kwargs):
     """R26 (2, 2, 2, 2) stem + a 1-layer ViT of width 24; 64x64 -> 2x2 grid."""
-    config = dict(image_size=64, hidden_size=24, mlp_dim=48, num_heads=3, num_layers=1,
-                  num_classes=5)
+    config = dict(TINY_VIT, image_size=64, num_layers=1, num_classes=5)
     config.update(kwargs)
     return keras_vit.vit("R26+S/32", **config)
 
@@ -254,11 +255,12 @@ def test_file_mixing_the_two_namings_is_an_error(mix, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# The saved key set and shapes, written out from REFERENCE.md section 5
+# The saved key set and shapes of a released file (imagenet21k/ViT-B_16.npz)
 # ----------------------------------------------------------------------------------------------
 
 def expected_vit_b16_transformer(tokens=197, num_classes=1000):
-    """ViT-B/16: D=768, 12 heads of 64, MLP 3072, 12 blocks (REFERENCE.md section 5)."""
+    """ViT-B/16: D=768, 12 heads of 64, MLP 3072, 12 blocks (paper Table 1); the key names of
+    vit_jax/models_vit.py as the released files spell them."""
     expected = {
         "cls": (1, 1, 768),
         "Transformer/posembed_input/pos_embedding": (1, tokens, 768),
@@ -333,7 +335,7 @@ def check_saved_layout(model, path, expected, total_parameters):
              if shape != expected[key]}
     assert not wrong, f"shape (saved, expected): {wrong}"
     assert {dtype for _, dtype in shapes.values()} == {np.dtype("float32")}
-    # REFERENCE.md section 4: the parameter counts.
+    # The parameter count of the original model (see test_variants.PINNED_PARAMS).
     assert sum(int(np.prod(shape)) for shape, _ in shapes.values()) == total_parameters
     with np.load(path, allow_pickle=False) as archive:  # a plain numpy archive
         assert sorted(archive.files) == sorted(expected)
@@ -372,7 +374,7 @@ def test_original_layout_file_matches_numpy_reference_vit(tmp_path):
     template = small_vit()
     weights = randomize(template, np.random.default_rng(11))
     arrays = original_layout(weights, num_heads=3)
-    # The layout the test writes is the original one (REFERENCE.md section 5).
+    # The layout the test writes is the released files' one: q/k/v kernels (D, heads, D/heads).
     attention = "Transformer/encoderblock_1/MultiHeadDotProductAttention_1"
     assert arrays[f"{attention}/query/kernel"].shape == (24, 3, 8)
     assert arrays[f"{attention}/value/bias"].shape == (3, 8)
@@ -534,7 +536,7 @@ def bilinear_align_corners(grid, rows, columns):
 
 
 def test_loading_224_checkpoint_into_384_model_resizes_position_embeddings(tmp_path):
-    config = dict(hidden_size=24, mlp_dim=48, num_heads=3, num_layers=1)
+    config = dict(TINY_VIT, num_layers=1)
     source = keras_vit.vit("B/16", image_size=224, **config)
     weights = randomize(source, np.random.default_rng(31))
     path = tmp_path / "b16_224.npz"
@@ -1012,8 +1014,7 @@ def test_published_url_errors_name_the_options():
 
 def test_vit_with_unpublished_variant_is_a_value_error():
     with pytest.raises(ValueError, match="B/16"):
-        keras_vit.vit("Ti/16", image_size=32, hidden_size=24, mlp_dim=48, num_heads=3,
-                      num_layers=1, weights="imagenet21k")
+        keras_vit.vit("Ti/16", image_size=32, **TINY_VIT, weights="imagenet21k")
 
 
 def test_published_names_download_with_distinct_cache_names(monkeypatch, tmp_path):

@@ -17,12 +17,7 @@ import pytest
 
 from configs import common, finetune, pretrain, quickstart
 from train import config_checks
-from train_fixtures import REPO, TINY, fake_fashion_mnist, main_command, write_image_folder
-
-
-@pytest.fixture(scope="module")
-def fake_fmnist(tmp_path_factory):
-    return fake_fashion_mnist(tmp_path_factory)
+from train_fixtures import REPO, TINY, main_command, write_image_folder
 
 
 def _config(type_safe=True, **overrides):

@@ -24,7 +24,8 @@ import tensorflow as tf
 import keras_vit
 from keras_vit import export
 from export_fixtures import NUM_CLASSES, SIZE, keras_logits, tiny_vit
-from train_fixtures import REPO, fake_fashion_mnist, main_command
+from model_fixtures import TINY_VIT
+from train_fixtures import REPO, main_command
 
 CLASS_NAMES = ["cat", "dog", "fox", "owl", "elk", "bee", "ant"]
 
@@ -211,8 +212,8 @@ def trained():
     """A tiny ViT trained for a few seconds on `grating_images` (held-out accuracy ~100%, top-1
     margins of several logits), so quantization error cannot flip top-1 except on real errors."""
     keras.utils.set_random_seed(0)
-    model = keras_vit.vit("B/16", image_size=SIZE, patch_size=8, hidden_size=24, mlp_dim=48,
-                          num_heads=3, num_layers=2, num_classes=NUM_CLASSES)
+    model = keras_vit.vit("B/16", image_size=SIZE, patch_size=8, num_classes=NUM_CLASSES,
+                          **TINY_VIT)
     images, labels = grating_images(700, seed=1)
     model.compile(keras.optimizers.Adam(3e-3),
                   keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -386,9 +387,8 @@ def test_tflite_of_a_mixed_bfloat16_model(trained, tmp_path):
     to TFLite at the end of the run: builtin ops have no bfloat16 kernels, so the file has to
     compute in float32 (weights are float32 variables either way)."""
     model, _, held_out, logits = trained
-    mixed = keras_vit.vit("B/16", image_size=SIZE, patch_size=8, hidden_size=24, mlp_dim=48,
-                          num_heads=3, num_layers=2, num_classes=NUM_CLASSES,
-                          dtype="mixed_bfloat16")
+    mixed = keras_vit.vit("B/16", image_size=SIZE, patch_size=8, num_classes=NUM_CLASSES,
+                          dtype="mixed_bfloat16", **TINY_VIT)
     mixed.set_weights(model.get_weights())
     path = str(tmp_path / "mixed.tflite")
     failure = None
@@ -468,11 +468,6 @@ def test_tflite_written_atomically(model, tmp_path, monkeypatch):
 
 
 # The trainer's export and the `python -m train.export` command.
-
-@pytest.fixture(scope="module")
-def fake_fmnist(tmp_path_factory):
-    return fake_fashion_mnist(tmp_path_factory)
-
 
 def _run(command, env, timeout=240):
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,

@@ -11,25 +11,13 @@ import pytest
 import keras_vit
 from keras_vit import layers as L
 from keras_vit import resnet as R
+from model_fixtures import randomise
+
+pytestmark = pytest.mark.usefixtures("fresh_session")
 
 
 def to_np(x):
     return keras.ops.convert_to_numpy(x)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_session():
-    keras.backend.clear_session(free_memory=False)
-    keras.utils.set_random_seed(0)
-    yield
-
-
-def randomise(model, seed=1, scale=0.5):
-    """Gives every weight random values, so that zero initialisations cannot hide bugs."""
-    rng = np.random.default_rng(seed)
-    for variable in model.weights:
-        value = rng.normal(0.0, scale, size=tuple(variable.shape))
-        variable.assign(value.astype(variable.dtype))
 
 
 def _gelu_tanh(x):
@@ -93,7 +81,7 @@ def test_layer_in_functional_model_round_trips(case, tmp_path):
     layer = factory()
     model = _user_model(layer, input_shape)
     assert tuple(model.outputs[0].shape) == (None,) + output_shape
-    randomise(model)
+    randomise(model, scale=0.5)
     x = np.random.default_rng(2).normal(size=(2,) + input_shape).astype("float32")
     features, outputs = (to_np(t) for t in model(x, training=False))
     assert features.shape == (2,) + output_shape
@@ -119,7 +107,7 @@ def test_patch_embed_is_a_row_major_linear_projection_of_patches():
     layer = L.PatchEmbed(2, 5)
     x = np.random.default_rng(0).normal(size=(2, 4, 6, 3)).astype("float32")
     layer.build(x.shape)
-    randomise(layer)
+    randomise(layer, scale=0.5)
     kernel, bias = (to_np(w) for w in (layer.kernel, layer.bias))
     got = to_np(layer(x))
     assert got.shape == (2, 2 * 3, 5)
@@ -310,7 +298,7 @@ def test_encoder_block_attention_scores_are_a_softmax():
     block = L.EncoderBlock(num_heads=2, mlp_dim=16)
     x = np.random.default_rng(0).normal(size=(3, 5, 8)).astype("float32")
     block.build(x.shape)
-    randomise(block)
+    randomise(block, scale=0.5)
     out, scores = block(x, return_attention_scores=True)
     out, scores = to_np(out), to_np(scores)
     assert out.shape == (3, 5, 8)
@@ -336,7 +324,7 @@ def test_encoder_block_is_pre_norm_residual():
     block = L.EncoderBlock(num_heads=2, mlp_dim=16)
     x = np.random.default_rng(0).normal(size=(2, 5, 8)).astype("float32")
     block.build(x.shape)
-    randomise(block)
+    randomise(block, scale=0.5)
     for dense in (block.attention.out, block.mlp.dense_1):
         for w in dense.weights:
             w.assign(np.zeros(w.shape, "float32"))

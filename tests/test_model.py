@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 import keras_vit
+from model_fixtures import TINY_VIT, randomise
 
-TINY = dict(image_size=32, patch_size=8, hidden_size=24, mlp_dim=48, num_heads=3, num_layers=2,
-            num_classes=5)
+pytestmark = pytest.mark.usefixtures("fresh_session")
+
+TINY = dict(TINY_VIT, image_size=32, patch_size=8, num_classes=5)
 # Stem-only hybrid: 7x7/2 conv + 3x3/2 pool (stride 4), then 8x8 patches -> 32 pixels per token.
-TINY_HYBRID = dict(image_size=64, hidden_size=24, mlp_dim=48, num_heads=3, num_layers=1,
-                   num_classes=5)
+TINY_HYBRID = dict(TINY_VIT, image_size=64, num_layers=1, num_classes=5)
 
 
 def tiny(**kwargs):
@@ -37,23 +38,8 @@ def tensorflow_backend():
     return pytest.importorskip("tensorflow")
 
 
-def randomise(model, seed=1, scale=0.2):
-    """Gives every weight random values, so that zero initialisations (head, cls, gn3) cannot
-    hide bugs."""
-    rng = np.random.default_rng(seed)
-    for variable in model.weights:
-        variable.assign(rng.normal(0.0, scale, size=tuple(variable.shape)).astype("float32"))
-
-
 def all_layers(model):
     return list(model._flatten_layers(include_self=False, recursive=True))
-
-
-@pytest.fixture(autouse=True)
-def _fresh_session():
-    keras.backend.clear_session(free_memory=False)
-    keras.utils.set_random_seed(0)
-    yield
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,7 +143,7 @@ def test_non_square_images():
     model = tiny(image_size=(32, 48))
     assert model.input_shape == (None, 32, 48, 3)
     assert tuple(model.get_layer("posembed_input").pos_embedding.shape) == (1, 1 + 4 * 6, 24)
-    randomise(model)
+    randomise(model, scale=0.2)
     out = to_np(model(images(height=32, width=48)))
     assert out.shape == (2, 5) and np.all(np.isfinite(out))
     model_2d = tiny(image_size=(32, 48), position_embedding="learned_2d")
@@ -172,7 +158,7 @@ def test_non_square_images():
 def test_include_top_false_returns_pooled_features(classifier):
     model = tiny(include_top=False, classifier=classifier)
     assert model.output_shape == (None, 24)
-    randomise(model)
+    randomise(model, scale=0.2)
     x = images(batch=3)
     features = to_np(model(x))
     assert features.shape == (3, 24)
@@ -272,7 +258,7 @@ def test_keras_round_trip_safe_mode(case, tmp_path):
 def test_forward_pass_compiles_with_xla(hybrid):
     tf = tensorflow_backend()
     model = keras_vit.vit("R+Ti/16", **TINY_HYBRID) if hybrid else tiny()
-    randomise(model)
+    randomise(model, scale=0.2)
     size = model.input_shape[1:3]
     x = images(batch=3, height=size[0], width=size[1])
     expected = to_np(model(x, training=False))
@@ -286,7 +272,7 @@ def test_forward_pass_compiles_with_xla(hybrid):
 
 def test_compile_with_jit_compile_and_predict():
     model = tiny()
-    randomise(model)
+    randomise(model, scale=0.2)
     x = images(batch=4)
     expected = to_np(model(x))
     model.compile(jit_compile=True)
@@ -324,7 +310,7 @@ def test_mixed_bfloat16_runs_with_float32_outputs():
 
 def test_attention_model():
     model = tiny(num_layers=3)
-    randomise(model)
+    randomise(model, scale=0.2)
     x = images(batch=2)
     before = to_np(model(x))
     attention = keras_vit.attention_model(model)

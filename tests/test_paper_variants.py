@@ -11,6 +11,9 @@ import tensorflow as tf
 
 import keras_vit
 from keras_vit import layers as L
+from model_fixtures import randomise
+
+pytestmark = pytest.mark.usefixtures("fresh_session")
 
 SMALL = dict(image_size=32, patch_size=8, hidden_size=16, mlp_dim=32, num_heads=2, num_layers=3,
              num_classes=5)  # a 4x4 grid of patches
@@ -20,21 +23,8 @@ def to_np(x):
     return keras.ops.convert_to_numpy(x)
 
 
-def randomise(layer_or_model, seed=1, scale=0.3):
-    rng = np.random.default_rng(seed)
-    for variable in layer_or_model.weights:
-        variable.assign(rng.normal(0.0, scale, size=tuple(variable.shape)).astype("float32"))
-
-
 def weights_by_path(layer):
     return {variable.path: to_np(variable) for variable in layer.weights}
-
-
-@pytest.fixture(autouse=True)
-def _fresh_session():
-    keras.backend.clear_session(free_memory=False)
-    keras.utils.set_random_seed(0)
-    yield
 
 
 # ---------------------------------------------------------------------------------------------

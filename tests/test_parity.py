@@ -24,6 +24,7 @@ import keras  # noqa: E402
 
 import keras_vit  # noqa: E402
 import numpy_reference  # noqa: E402
+from model_fixtures import TINY_VIT  # noqa: E402
 
 if keras.backend.backend() == "tensorflow":
     # On Ampere+ GPUs TensorFlow runs float32 matmuls and convolutions in TF32 (10-bit
@@ -41,9 +42,8 @@ ATOL = 1e-5
 ATOL_FLOAT64 = {"hybrid_r26": 1e-5}
 ATOL_FLOAT64_DEFAULT = 1e-6
 
-_SMALL = dict(patch_size=8, hidden_size=24, mlp_dim=48, num_heads=3, num_layers=2,
-              num_classes=5)
-_HYBRID = dict(hidden_size=24, mlp_dim=48, num_heads=3, num_classes=5)
+_SMALL = dict(TINY_VIT, patch_size=8, num_classes=5)
+_HYBRID = dict(TINY_VIT, num_classes=5)
 
 # name: (variant, vit() keyword arguments)
 CASES = {
@@ -52,8 +52,8 @@ CASES = {
     "pre_logits": ("B/16", dict(image_size=32, representation_size=16, **_SMALL)),
     "exact_gelu": ("B/16", dict(image_size=32, approximate_gelu=False, **_SMALL)),
     "non_square": ("B/16", dict(image_size=(32, 48), **_SMALL)),
-    "hybrid_stem": ("R+Ti/16", dict(image_size=64, num_layers=2, **_HYBRID)),
-    "hybrid_r26": ("R26+S/32", dict(image_size=64, num_layers=1, **_HYBRID)),
+    "hybrid_stem": ("R+Ti/16", dict(_HYBRID, image_size=64)),
+    "hybrid_r26": ("R26+S/32", dict(_HYBRID, image_size=64, num_layers=1)),
 }
 
 

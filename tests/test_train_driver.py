@@ -37,9 +37,8 @@ from train.metrics import MetricsWriter
 from train.preemption import RESUMABLE_EXIT_CODE
 from train.schedules import WarmupDecay
 from train.strategy import local_cluster
-from train_fixtures import (REPO, assert_same_values, checkpoint_values, fake_fashion_mnist,
-                            latest_checkpoint_step, main_command, read_metrics, tiny_config,
-                            write_image_folder)
+from train_fixtures import (REPO, assert_same_values, checkpoint_values, latest_checkpoint_step,
+                            main_command, read_metrics, tiny_config, write_image_folder)
 
 # SGD (not Adam, which hides gradient-scale errors) on a run that learns the fake task.
 RUN = dict(optimizer="sgd", learning_rate=0.1, classifier="gap", crop_min_area=1.0,
@@ -131,11 +130,6 @@ def _loss_steps(workdir):
         return [record["step"] for record in read_metrics(workdir) if "loss" in record]
     except (FileNotFoundError, json.JSONDecodeError):
         return []
-
-
-@pytest.fixture(scope="module")
-def fake_fmnist(tmp_path_factory):
-    return fake_fashion_mnist(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -13,14 +13,9 @@ import pytest
 import tensorflow as tf
 
 from train import fashion_mnist, input_pipeline
-from train_fixtures import (IMAGE_MAGIC, LABEL_MAGIC, NUM_TEST, NUM_TRAIN, fake_fashion_mnist,
-                            fake_images, idx_bytes, png_bytes as _png, tiny_config,
-                            write_fake_fashion_mnist, write_image_folder)
-
-
-@pytest.fixture(scope="module")
-def fake_fmnist(tmp_path_factory):
-    return fake_fashion_mnist(tmp_path_factory)
+from train_fixtures import (IMAGE_MAGIC, LABEL_MAGIC, NUM_TEST, NUM_TRAIN, fake_images, idx_bytes,
+                            png_bytes as _png, tiny_config, write_fake_fashion_mnist,
+                            write_image_folder)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Pinned parameter and token counts of every released variant (REFERENCE.md section 4).
+"""Pinned parameter and token counts of every released variant.
 
 Each count comes from building the real model with `keras_vit.vit` at 224x224 with 1000 classes.
 The big models (L, H, R50+L/32) allocate up to ~2.5 GB each, so they are built one at a time and
@@ -13,11 +13,16 @@ import pytest
 import keras_vit
 from keras_vit.variants import parse_variant
 
-# REFERENCE.md section 4 (224x224, 1000 classes, class token, no pre_logits).
+pytestmark = pytest.mark.usefixtures("fresh_session")
+
+# The original Flax model's counts (google-research/vision_transformer: vit_jax/models_vit.py,
+# VisionTransformer, with the sizes of vit_jax/configs/models.py) at 224x224, 1000 classes,
+# class token, no pre_logits; the paper's Table 1 (arXiv 2010.11929) rounds them to 86M (B),
+# 307M (L) and 632M (H).
 PINNED_PARAMS = {
     "Ti/16": 5_717_416,
     "S/16": 22_050_664,
-    # Not in REFERENCE.md's table: derived from its block formula 4D^2 + 2DM + 9D + M with
+    # Derived, not counted: from the block formula 4D^2 + 2DM + 9D + M with
     # D=384, M=1536 -> 1,774,464 per block; 12 blocks + 32x32x3x384 patch embedding + bias
     # (1,180,032) + cls (384) + 50x384 positions (19,200) + encoder norm (768) + head (385,000).
     "S/32": 22_878_952,
@@ -58,13 +63,6 @@ TOKENS_224 = {
 }
 
 HIDDEN = {"Ti": 192, "S": 384, "B": 768, "L": 1024, "H": 1280}
-
-
-@pytest.fixture(autouse=True)
-def _fresh_session():
-    # Cheap reset of Keras' global state; the big models free their memory themselves.
-    keras.backend.clear_session(free_memory=False)
-    yield
 
 
 def _hidden(name):

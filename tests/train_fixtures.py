@@ -116,27 +116,22 @@ class FakeData:
         return env
 
 
-_CACHE = {}
-
-
-def fake_fashion_mnist(tmp_path_factory):
-    """The fake Fashion-MNIST, written and prepared (TFDS) once per test session; test modules
-    wrap it in a fixture."""
-    if "data" not in _CACHE:
-        data = FakeData(tmp_path_factory.mktemp("fake_fmnist"))
-        write_fake_fashion_mnist(data.source)
-        previous = os.environ.get("FASHION_MNIST_DIR")
-        os.environ["FASHION_MNIST_DIR"] = data.source
-        try:
-            from train import input_pipeline
-            input_pipeline.get_builder(tiny_config(data))  # prepares it under data.data_dir
-        finally:
-            if previous is None:
-                del os.environ["FASHION_MNIST_DIR"]
-            else:
-                os.environ["FASHION_MNIST_DIR"] = previous
-        _CACHE["data"] = data
-    return _CACHE["data"]
+def fake_fashion_mnist(root):
+    """Writes the fake Fashion-MNIST under `root` and prepares it as a TFDS dataset (the
+    `fake_fmnist` fixture of conftest.py does this once per test session)."""
+    data = FakeData(root)
+    write_fake_fashion_mnist(data.source)
+    previous = os.environ.get("FASHION_MNIST_DIR")
+    os.environ["FASHION_MNIST_DIR"] = data.source
+    try:
+        from train import input_pipeline
+        input_pipeline.get_builder(tiny_config(data))  # prepares it under data.data_dir
+    finally:
+        if previous is None:
+            del os.environ["FASHION_MNIST_DIR"]
+        else:
+            os.environ["FASHION_MNIST_DIR"] = previous
+    return data
 
 
 def tiny_config(data, **overrides):

@@ -35,9 +35,9 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-from train import child_runs, cli, config_checks, studies
+from . import child_runs, cli, config_checks, studies
 
-DEFAULT_CONFIG = os.path.join(child_runs.REPO, "configs", "ablation.py")
+DEFAULT_CONFIG = "ablation"  # the shipped configs/ablation.py
 
 flags.DEFINE_enum("study", None, list(studies.STUDIES), "The study to run.")
 flags.DEFINE_string("out", None, "Local folder for <study>.md, .png, .json and runs/.")
@@ -46,10 +46,11 @@ flags.DEFINE_integer("steps", None, "Training steps of every run (hybrid: of the
 flags.DEFINE_integer("seeds", 2, "Seeds per arm: 0, 1, ..., seeds - 1.")
 flags.DEFINE_string("dataset", None, "A TFDS dataset name or folder:/path (as "
                     "--config.dataset); default: the config's, the offline Fashion-MNIST.")
-config_flags.DEFINE_config_file("config", None, "Base config of every run (file.py[:arg]); "
-                                "default configs/ablation.py. --config.field=value overrides "
-                                "a field.", lock_config=True)
+config_flags.DEFINE_config_file("config", None, "Base config of every run (a shipped name "
+                                "or file.py, [:arg]); default: ablation (configs/ablation.py). "
+                                "--config.field=value overrides a field.", lock_config=True)
 config_checks.install_config_parser(flags.FLAGS["config"])
+flags.declare_key_flag("verbose")  # defined in train/cli.py; listed by --help
 flags.mark_flags_as_required(["study", "out"])
 FLAGS = flags.FLAGS
 
@@ -134,7 +135,7 @@ def plan(study_name, base, steps, seeds, builder):
     """The arms' summaries (model size and cost, steps), the runs of every arm and seed, and
     `test_runs(picked)`: for the classifier study the runs are its sweep's, and its test runs
     are at the learning rates `picked` from their results ({arm name: rate})."""
-    from train import objectives
+    from . import objectives
     from keras_vit import flops
 
     study = studies.STUDIES[study_name]
@@ -193,7 +194,7 @@ def plan(study_name, base, steps, seeds, builder):
 
 def check_resumable(run):
     """Raises UsageError when the run's workdir holds a run of other settings."""
-    from train import run_config as saved_runs
+    from . import run_config as saved_runs
 
     # Stricter than train.main: a finished run counts only if it trained what this invocation
     # would, for as many steps; where the data lives and how it evaluated, saved and logged
@@ -223,7 +224,7 @@ def train(run):
 
 def describe_model(config):
     from keras_vit.variants import parse_variant
-    from train.objectives import model_overrides
+    from .objectives import model_overrides
 
     size = dataclasses.replace(parse_variant(config.model), **model_overrides(config))
     return (f"`{config.model}` with {size.patch_size}x{size.patch_size} patches, width "
@@ -272,9 +273,9 @@ def main(argv):
     steps = FLAGS.steps or base.total_steps
     # The base config at these steps (each run's warm-up is set with its steps, below).
     config_checks.check(run_config(base, {"total_steps": steps, "warmup_steps": 0}))
-    from keras_vit import plotting
-    from train import input_pipeline, metrics
-    from train.preemption import RESUMABLE_EXIT_CODE
+    from keras_vit import fileio, plotting
+    from . import input_pipeline, metrics
+    from .preemption import RESUMABLE_EXIT_CODE
 
     study = studies.STUDIES[FLAGS.study]
     builder = input_pipeline.get_builder(base)  # the dataset and its splits, checked now
@@ -334,7 +335,7 @@ def main(argv):
         title=f"{study.title}\ntest top-1 of {len(arms)} arms, {_count(FLAGS.seeds, 'seed')} "
               "each")
     report_path = os.path.join(FLAGS.out, f"{FLAGS.study}.md")
-    metrics.write_text(report_path, studies.report(summary))
+    fileio.write_atomically(report_path, studies.report(summary))
     print(f"Wrote {report_path}, {plot_path} and {json_path}.", flush=True)
 
 
@@ -367,5 +368,10 @@ def with_default_config(argv):
     return argv if named else [argv[0], f"--config={DEFAULT_CONFIG}", *argv[1:]]
 
 
-if __name__ == "__main__":
+def run():
+    """The `keras-vit-ablate` command (an installed package's console script)."""
     cli.run(main, with_default_config(sys.argv))
+
+
+if __name__ == "__main__":
+    run()

@@ -18,11 +18,11 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from train import cli, config_checks
+from . import cli, config_checks
 
-config_flags.DEFINE_config_file("config", None, "Config file (file.py[:arg]); default: the "
-                                "workdir's config.json. Names the dataset, and the model and "
-                                "weights when there is no --workdir.", lock_config=True)
+config_flags.DEFINE_config_file("config", None, "Config (a shipped name or file.py, [:arg]); "
+                                "default: the workdir's config.json. Names the dataset, and the "
+                                "model and weights when there is no --workdir.", lock_config=True)
 config_checks.install_config_parser(flags.FLAGS["config"])
 flags.DEFINE_string("workdir", None, "Training workdir holding export/model.keras.")
 flags.DEFINE_string("out", None, "Folder (local or gs://) for the PNG files and analysis.json.")
@@ -37,6 +37,7 @@ flags.DEFINE_integer("few_shot_test", 10000, "Eval examples the few-shot accurac
 flags.DEFINE_float("l2_reg", None, "Ridge regularisation of the few-shot linear fit; "
                    "default keras_vit.analysis.DEFAULT_L2_REG.")
 flags.DEFINE_integer("draws", 5, "Random k-shot draws averaged per k.")
+flags.declare_key_flag("verbose")  # defined in train/cli.py; listed by --help
 flags.mark_flags_as_required(["out"])
 FLAGS = flags.FLAGS
 
@@ -44,7 +45,7 @@ FLAGS = flags.FLAGS
 def load_config(workdir):
     import ml_collections
 
-    from train import run_config
+    from . import run_config
 
     config = config_checks.loaded_config(FLAGS)
     if config is None:
@@ -65,8 +66,8 @@ def load_model(config, workdir):
 
     import keras_vit
     from keras_vit import fileio
-    from train import run_files
-    from train.objectives import model_overrides
+    from . import run_files
+    from .objectives import model_overrides
 
     if workdir:
         path = run_files.model_file(workdir)
@@ -126,7 +127,7 @@ def dataset_images(builder, split, size, count):
     """The first `count` examples of `split` resized to `size`: (pixels, inputs, labels)."""
     import numpy as np
 
-    from train import input_pipeline
+    from . import input_pipeline
 
     pairs = list(input_pipeline.resized_examples(builder, split, size, count).as_numpy_iterator())
     if not pairs:
@@ -172,7 +173,7 @@ def main(argv):
     import tensorflow as tf
 
     from keras_vit import analysis, plotting, resnet
-    from train import input_pipeline, metrics
+    from . import input_pipeline, metrics
 
     config = load_config(FLAGS.workdir)
     model, class_names = load_model(config, FLAGS.workdir)
@@ -278,5 +279,10 @@ def _name(class_names, index):
     return class_names[index] if class_names and index < len(class_names) else str(index)
 
 
-if __name__ == "__main__":
+def run():
+    """The `keras-vit-analyze` command (an installed package's console script)."""
     cli.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -7,9 +7,12 @@ import signal
 import subprocess
 import sys
 
-from train import run_files
+from . import run_files
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Where the top-level package of this one lies (the checkout for `train`, site-packages for
+# `keras_vit.train`): the child imports this same package, under this same name.
+_IMPORT_ROOT = os.path.dirname(os.path.dirname(
+    os.path.abspath(sys.modules[__package__.split(".")[0]].__file__)))
 
 
 def run_main(arguments, workdir):
@@ -17,9 +20,9 @@ def run_main(arguments, workdir):
     appended to `workdir/train.log`; returns `(exit status, log path)`. On Ctrl-C or SIGTERM
     the run is sent SIGTERM (it saves a checkpoint and stops) and the exception goes on."""
     os.makedirs(workdir, exist_ok=True)
-    command = [sys.executable, "-m", "train.main", *arguments, f"--workdir={workdir}"]
+    command = [sys.executable, "-m", f"{__package__}.main", *arguments, f"--workdir={workdir}"]
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_IMPORT_ROOT, env.get("PYTHONPATH")]))
     log_path = run_files.log_file(workdir)
     with open(log_path, "a") as log:
         log.write(f"$ {shlex.join(command)}\n")
@@ -53,7 +56,7 @@ def train(arguments, workdir, total_steps):
 def final_accuracy(workdir, total_steps):
     """The accuracy of the run's final evaluation (at `total_steps`), or None if the run has
     not finished."""
-    from train import metrics
+    from . import metrics
 
     for record in reversed(metrics.read_records(workdir)):
         if record["step"] == total_steps and "eval_accuracy" in record:

@@ -6,16 +6,126 @@ values and misspelt `--config.field` overrides (found while parsing the flags), 
 tool raises as `UsageError`, `ValueError`, `TypeError` or `OSError` (missing, unreadable or
 unwritable files). Other exceptions are bugs or failures of the environment and keep their
 traceback.
+
+It also owns how much the tools log. By default the terminal shows our own progress lines
+(INFO from train/ and keras_vit/) and everyone's warnings and errors; the INFO lines of
+TensorFlow's C++ runtime and of Python libraries (TFDS, TensorFlow) are hidden. `--verbose`
+shows them all. An explicit TF_CPP_MIN_LOG_LEVEL in the environment always wins.
 """
 
+import contextlib
+import importlib.abc
+import importlib.util
+import logging
+import os
+import re
 import sys
+import tempfile
 import traceback
 
 from absl import app, flags
+from absl import logging as absl_logging
 
-flags.DEFINE_bool("verbose", False, "Show the Python traceback of an error.")
+flags.DEFINE_bool("verbose", False, "Show the Python traceback of an error, and the INFO log "
+                  "lines of TensorFlow and TFDS (hidden by default).")
 
 USER_ERRORS = (app.UsageError, ValueError, TypeError, OSError)
+
+
+def _verbose_in(argv):
+    """Whether `argv` turns --verbose on, read before absl parses the flags."""
+    verbose = False
+    for arg in argv[1:]:
+        if arg == "--":
+            break
+        name, has_value, value = arg.partition("=")
+        if name.lstrip("-") == "verbose":
+            verbose = not has_value or value.lower() in ("true", "t", "1")
+        elif name.lstrip("-") == "noverbose":
+            verbose = False
+    return verbose
+
+
+# What TensorFlow's C++ libraries print while they load, before TF_CPP_MIN_LOG_LEVEL applies
+# (tensorflow/tensorflow#100442): absl's banner and INFO lines stamped "I0000 00:00:...".
+_STARTUP_NOISE = re.compile(r"WARNING: All log messages before absl::InitializeLog|I0000 ")
+
+
+@contextlib.contextmanager
+def _startup_noise_dropped():
+    """Sends file descriptor 2 to a file meanwhile, then writes back all but the noise."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            for line in captured.read().decode(errors="replace").splitlines(keepends=True):
+                if not _STARTUP_NOISE.match(line):
+                    sys.stderr.write(line)
+            sys.stderr.flush()
+
+
+class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
+    """Runs `import tensorflow` (wherever it happens: config files import keras_vit) inside
+    `_startup_noise_dropped`."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "tensorflow":
+            return None
+        sys.meta_path.remove(self)  # once, and not for the look-up below
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            exec_module = spec.loader.exec_module
+
+            def quiet_exec_module(module):
+                with _startup_noise_dropped():
+                    exec_module(module)
+
+            spec.loader.exec_module = quiet_exec_module
+        return spec
+
+
+# TensorFlow's C++ runtime reads TF_CPP_MIN_LOG_LEVEL when it starts, which can be while the
+# flags are parsed (config files import keras_vit), so both are set up when the entry module
+# imports this one. "1": warnings and errors only.
+if not _verbose_in(sys.argv):
+    if (os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1") != "0"
+            and "tensorflow" not in sys.modules):
+        sys.meta_path.insert(0, _QuietTensorFlowImport())
+
+
+def _package_folder(name):
+    spec = importlib.util.find_spec(name)  # finds the package without importing it
+    return os.path.dirname(os.path.abspath(spec.origin)) + os.sep
+
+
+# Whose INFO lines the terminal shows by default: ours (the trainer's progress, "Saved ..."):
+# this package (`train`, or `keras_vit.train` when installed) and keras_vit.
+OUR_FOLDERS = (os.path.dirname(os.path.abspath(__file__)) + os.sep, _package_folder("keras_vit"))
+
+
+class _OursOrImportant(logging.Filter):
+    """Passes warnings and errors, and INFO lines logged from our own packages."""
+
+    def filter(self, record):
+        return (record.levelno >= logging.WARNING
+                or os.path.abspath(record.pathname).startswith(OUR_FOLDERS))
+
+
+def quiet_logs(verbose):
+    """Hides other libraries' INFO lines unless `verbose` (absl routes all Python logging, TFDS
+    included, through its one handler on the root logger)."""
+    handler = absl_logging.get_absl_handler()
+    for old in [f for f in handler.filters if isinstance(f, _OursOrImportant)]:
+        handler.removeFilter(old)
+    if not verbose:
+        handler.addFilter(_OursOrImportant())
 
 
 def fail(message, exit_code=1):
@@ -34,12 +144,15 @@ def _message(error):
 
 
 def _parse_flags(argv):
+    quiet_logs(_verbose_in(argv))  # config files may log while they load
     try:
-        return flags.FLAGS(argv)
+        remaining = flags.FLAGS(argv)
+        quiet_logs(flags.FLAGS.verbose)  # the parsed value (e.g. from a --flagfile)
+        return remaining
     except flags.Error as error:
         fail(f"{str(error).rstrip('.')}. Run with --helpshort to see the flags.")
     except (AttributeError, KeyError, *USER_ERRORS) as error:  # --config.<misspelt>=...
-        if "--verbose" in argv:
+        if _verbose_in(argv):
             traceback.print_exc()
         fail(f"--config: {_message(error)}")
 
@@ -56,4 +169,7 @@ def run(main, argv=None):
                 traceback.print_exc()
             fail(_message(error))
 
+    if main.__module__ != "__main__":  # a console script: `--help` lists the key flags of
+        for flag in flags.FLAGS.get_key_flags_for_module(main.__module__):  # the script's name
+            flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
     app.run(reporting_main, argv=argv, flags_parser=_parse_flags)

@@ -7,11 +7,14 @@ image size that is not a whole number of patches, ...). It reports every bad fie
 as `config.<field>=<value>: <what is valid>`, in one ValueError. A field added to
 `configs/common.py` needs a rule in `RULES` (a test checks that every field has one).
 
-Also here: the `--config` flag's parser (a config file that is missing or fails to load is one
-line, not a traceback) and the `--workdir`/`--out` folder check (a file, or not creatable).
+Also here: the `--config` flag's parser (a bare name such as `quickstart` is the shipped config
+of that name; a config file that is missing or fails to load is one line, not a traceback) and
+the `--workdir`/`--out` folder check (a file, or not creatable).
 """
 
 import copy
+import importlib
+import importlib.util
 import math
 import os
 
@@ -349,26 +352,76 @@ def check_output_folder(path, flag):
                              "Give another folder.")
 
 
+# The shipped experiment configs, the package beside this one: `configs` in a checkout (where
+# this package is `train`), `keras_vit.configs` when installed (where it is `keras_vit.train`).
+CONFIGS_PACKAGE = ".".join([*__package__.split(".")[:-1], "configs"])
+
+
+def shipped_config(name):
+    """The shipped config module `name` (`common`, `quickstart`, ...)."""
+    return importlib.import_module(f"{CONFIGS_PACKAGE}.{name}")
+
+
+def _configs_folder():
+    return os.path.dirname(os.path.abspath(importlib.import_module(CONFIGS_PACKAGE).__file__))
+
+
+def shipped_config_names():
+    """The experiment configs `--config=<name>` accepts (`common` is their shared base)."""
+    return sorted(name[:-3] for name in os.listdir(_configs_folder())
+                  if name.endswith(".py") and not name.startswith("_") and name != "common.py")
+
+
+def config_file(name):
+    """The file `--config=<name>` means: a bare name (no folder, no `.py`) is the shipped
+    config of that name, wherever the package is; anything else is a path."""
+    if os.sep in name or "/" in name or name.endswith(".py"):
+        if not os.path.isfile(name):
+            where = "" if os.path.isabs(name) else f" (relative to {os.getcwd()})"
+            raise ValueError(f"no config file {name}{where}; give a shipped config "
+                             f"({', '.join(shipped_config_names())}) or a config file path")
+        return name
+    if name not in shipped_config_names():
+        raise ValueError(f"no shipped config named {name!r}; give one of "
+                         f"{', '.join(shipped_config_names())}, or a config file path")
+    return os.path.join(_configs_folder(), f"{name}.py")
+
+
+def load_config_module(filename):
+    """The config file as a module of the shipped configs package, so that its `from . import
+    common` is the shipped `common` wherever the package is installed. A shipped file is
+    imported under its package name (once per process, as any import); another file (a copy
+    to edit) is run as an unregistered module of that package."""
+    stem = os.path.splitext(os.path.basename(filename))[0]
+    if os.path.samefile(os.path.dirname(os.path.abspath(filename)), _configs_folder()):
+        return shipped_config(stem)
+    spec = importlib.util.spec_from_file_location(f"{CONFIGS_PACKAGE}.{stem}", filename)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def install_config_parser(flag):
-    """Makes the errors of a `config_flags.DEFINE_config_file` flag one line: a missing file, a
-    syntax error or a bad `file.py:argument` name the file and the problem, instead of
-    ml_collections' traceback text (or a placeholder config that fails on first use)."""
+    """Gives a `config_flags.DEFINE_config_file` flag our loading (`config_file`,
+    `load_config_module`) and one-line errors: a missing file, a syntax error or a bad
+    `file.py:argument` name the file and the problem, instead of ml_collections' traceback
+    text (or a placeholder config that fails on first use)."""
     base = type(flag.parser)
 
     class ConfigFileParser(base):
         def parse(self, path):
-            filename = path.split(":", 1)[0]
-            if not os.path.isfile(filename):
-                where = "" if os.path.isabs(filename) else f" (relative to {os.getcwd()})"
-                raise ValueError(f"no config file {filename}{where}; give an experiment "
-                                 "config such as configs/quickstart.py")
+            name, has_argument, argument = path.partition(":")
+            filename = config_file(name)
             try:
-                return super().parse(path)
+                module = load_config_module(filename)
+                config = module.get_config(*([argument] if has_argument else []))
             except SyntaxError as error:
                 raise ValueError(f"{filename} line {error.lineno}: {error.msg}") from None
             except (TypeError, ValueError) as error:
-                cause = error.__context__ or error  # ml_collections re-raises with a traceback
-                raise type(error)(" ".join(str(cause).split()).rstrip(".")) from None
+                raise type(error)(" ".join(str(error).split()).rstrip(".")) from None
+            if getattr(self, "_lock_config", True) and callable(getattr(config, "lock", None)):
+                config.lock()
+            return config
 
     parser = copy.copy(flag.parser)
     parser.__class__ = ConfigFileParser

@@ -16,7 +16,13 @@ import sys
 
 from absl import app, flags
 
-from train import cli, export_run, run_files
+<<<<<<< HEAD
+from . import cli, export_run, run_files
+=======
+from keras_vit import fileio
+
+from . import cli, export_run, run_files
+>>>>>>> b401674fec9ff5c07c07256d63124b3bb936e8b2
 
 flags.DEFINE_string("workdir", None, "Training workdir holding export/model.keras.")
 flags.DEFINE_string("export_dir", None, "SavedModel base directory (default workdir/export/"
@@ -24,6 +30,7 @@ flags.DEFINE_string("export_dir", None, "SavedModel base directory (default work
 flags.DEFINE_string("tflite", "none", "TFLite files to write into workdir/export: 'none', "
                     "'all', or a comma list of 'float32', 'float16', 'dynamic', 'int8'.")
 flags.DEFINE_integer("calibration_images", 200, "Training images used to calibrate int8.")
+flags.declare_key_flag("verbose")  # defined in train/cli.py; listed by --help
 
 
 def _file_system_error(error):
@@ -73,7 +80,7 @@ def export(options):
     if "int8" in kinds:
         import ml_collections
 
-        from train import run_config
+        from . import run_config
 
         config = run_config.saved(workdir, fix="restore it, or choose other --tflite kinds "
                                   "(int8 calibrates on the training data it names)")
@@ -89,7 +96,7 @@ def export(options):
     model = export_run.load_trained_model(model_path, workdir)
     representative = None
     if config is not None:
-        from train import input_pipeline
+        from . import input_pipeline
 
         builder = input_pipeline.get_builder(config, for_training=False)
         representative = export_run.calibration_images(
@@ -98,6 +105,11 @@ def export(options):
                             representative, export_dir=options.export_dir)
 
 
-if __name__ == "__main__":
+def run():
+    """The `keras-vit-export` command (an installed package's console script)."""
     flags.mark_flags_as_required(["workdir"])
     cli.run(main)
+
+
+if __name__ == "__main__":
+    run()

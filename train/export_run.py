@@ -11,7 +11,7 @@ import os
 import numpy as np
 from absl import logging
 
-from train import run_files
+from . import run_files
 
 TFLITE_KINDS = {"float32": "none", "float16": "float16", "dynamic": "dynamic", "int8": "int8"}
 
@@ -143,7 +143,7 @@ def calibration_images(builder, split, image_size, count):
     """The first `count` images of `split` (from `builder`, as `input_pipeline.get_builder`
     returns it) in 0..255 at the model's size, for int8 calibration. Pass the training split:
     the test split stays unseen by everything that shapes the file."""
-    from train import input_pipeline
+    from . import input_pipeline
 
     examples = input_pipeline.resized_examples(builder, split, (image_size, image_size), count)
     return np.stack([image for image, _ in examples.as_numpy_iterator()]).astype(np.float32)

@@ -23,7 +23,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from keras_vit.preprocessing import decode_and_resize, decode_image, resize, scale_pixels
-from train.config_checks import FOLDER_PREFIX
+from .config_checks import FOLDER_PREFIX
 
 DEFAULT_DATASET = "fashion_mnist_local"
 
@@ -49,7 +49,7 @@ def get_builder(config, for_training=True):
         builder = _folder_builder(name[len(FOLDER_PREFIX):], config)
     else:
         if name == DEFAULT_DATASET:
-            from train import fashion_mnist  # noqa: F401  (registers the builder)
+            from . import fashion_mnist  # noqa: F401  (registers the builder)
         try:
             builder = tfds.builder(name, data_dir=config.data_dir)
         except tfds.core.registered.DatasetNotFoundError as error:
@@ -213,7 +213,7 @@ def with_corruption(example, seed, config, num_patches):
     train.masking), drawn from `seed`; unchanged when `num_patches` is None."""
     if num_patches is None:
         return example
-    from train import masking
+    from . import masking
 
     corruption, source = masking.draw_corruption(
         tf.random.experimental.stateless_fold_in(seed, CORRUPTION_SEED_SALT), num_patches,

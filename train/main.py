@@ -14,9 +14,10 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from train import cli, config_checks
+from . import cli, config_checks
 
-config_flags.DEFINE_config_file("config", None, "Experiment config file (file.py[:arg]).",
+config_flags.DEFINE_config_file("config", None, "Experiment config: a shipped one by name "
+                                "(quickstart, finetune, ...) or a file.py; [:arg] after either.",
                                 lock_config=True)
 # Missing files, syntax errors and bad file.py:arguments as one line (see config_checks).
 config_checks.install_config_parser(flags.FLAGS["config"])
@@ -25,6 +26,7 @@ flags.DEFINE_enum("strategy", "", ["", *config_checks.STRATEGIES],
                   "Distribution strategy; default: TPU if --tpu, else all GPUs, else CPU.")
 flags.DEFINE_string("tpu", "", "TPU name, grpc:// address, or 'local' on a TPU VM.")
 flags.DEFINE_integer("cpu_devices", 1, "Split the CPU into this many logical devices.")
+flags.declare_key_flag("verbose")  # defined in train/cli.py; listed by --help
 flags.mark_flags_as_required(["config", "workdir"])
 FLAGS = flags.FLAGS
 
@@ -40,7 +42,7 @@ def main(argv):
     if FLAGS.tpu and FLAGS.strategy not in ("", "tpu"):
         raise app.UsageError(f"--tpu={FLAGS.tpu} applies only to --strategy=tpu (or no "
                              f"--strategy), not --strategy={FLAGS.strategy}.")
-    from train import strategy as strategies  # imports TensorFlow (it starts later)
+    from . import strategy as strategies  # imports TensorFlow (it starts later)
 
     if strategies.is_chief_task():  # the others write nothing into the workdir
         config_checks.check_output_folder(FLAGS.workdir, "workdir")
@@ -54,7 +56,7 @@ def main(argv):
     strategy = strategies.make_strategy(FLAGS.strategy, FLAGS.tpu)
     import tensorflow as tf
 
-    from train import checkpoints, preemption, trainer
+    from . import checkpoints, preemption, trainer
 
     logging.info("Config:\n%s", config)
     try:
@@ -71,5 +73,10 @@ def main(argv):
                  "checkpoint.")
 
 
-if __name__ == "__main__":
+def run():
+    """The `keras-vit-train` command (an installed package's console script)."""
     cli.run(main)
+
+
+if __name__ == "__main__":
+    run()

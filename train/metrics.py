@@ -6,7 +6,7 @@ import json
 import tensorflow as tf
 
 from keras_vit import fileio
-from train import run_files
+from . import run_files
 
 
 class MetricsWriter:

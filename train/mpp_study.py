@@ -25,9 +25,9 @@ import time
 
 from absl import app, flags
 
-from train import child_runs, cli, config_checks, run_files
+from . import child_runs, cli, config_checks, run_files
 
-FINETUNE_CONFIG = os.path.join(child_runs.REPO, "configs", "mpp_finetune.py")
+FINETUNE_CONFIG = "mpp_finetune"  # the shipped configs/mpp_finetune.py
 
 flags.DEFINE_string("pretrain_workdir", None, "Workdir of a finished configs/mpp.py run.")
 flags.DEFINE_string("out", None, "Local folder for mpp.md, mpp.json and runs/.")
@@ -46,7 +46,7 @@ class Stopped(Exception):
 
 def check_flags():
     """Every flag, before TensorFlow starts; returns the pre-training run's config."""
-    from train import run_config
+    from . import run_config
 
     for name in ("seeds", "few_shot_train"):
         if FLAGS[name].value < 1:
@@ -86,7 +86,7 @@ def few_shot(config, shots):
     import ml_collections
 
     from keras_vit import analysis, checkpoint
-    from train import input_pipeline, objectives
+    from . import input_pipeline, objectives
 
     config = ml_collections.ConfigDict(config)
     builder = input_pipeline.get_builder(config, for_training=False)
@@ -113,10 +113,9 @@ def few_shot(config, shots):
 
 def finetune(labels, arm, seed):
     """Trains (or resumes, or finds finished) one fine-tuning run; returns its accuracy."""
-    from configs import mpp_finetune
-
     arg = "" if labels == "all" else f"labels={labels}"
-    total_steps = mpp_finetune.get_config(arg or None).total_steps
+    finetune_config = config_checks.shipped_config(FINETUNE_CONFIG)
+    total_steps = finetune_config.get_config(arg or None).total_steps
     workdir = os.path.abspath(os.path.join(FLAGS.out, "runs", f"finetune-{labels}", arm,
                                            f"seed{seed}"))
     accuracy = child_runs.final_accuracy(workdir, total_steps)
@@ -175,7 +174,7 @@ def report(summary):
 
 
 def _pretrain_summary(config):
-    from train import metrics
+    from . import metrics
 
     records = metrics.read_records(FLAGS.pretrain_workdir)
     final = [record for record in records if record["step"] == config["total_steps"]
@@ -192,8 +191,10 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     config, shots = check_flags()
-    from train import metrics
-    from train.preemption import RESUMABLE_EXIT_CODE
+    from keras_vit import fileio
+
+    from . import metrics
+    from .preemption import RESUMABLE_EXIT_CODE
 
     signal.signal(signal.SIGTERM, _raise_stopped)
     summary = {
@@ -216,7 +217,7 @@ def main(argv):
                  "stopped one resumes from its checkpoint.", exit_code=RESUMABLE_EXIT_CODE)
     metrics.write_json(json_path, summary)
     report_path = os.path.join(FLAGS.out, "mpp.md")
-    metrics.write_text(report_path, report(summary))
+    fileio.write_atomically(report_path, report(summary))
     print(f"Wrote {report_path} and {json_path}.", flush=True)
 
 
@@ -224,5 +225,10 @@ def _raise_stopped(signum, frame):
     raise Stopped()
 
 
-if __name__ == "__main__":
+def run():
+    """The `keras-vit-mpp-study` command (an installed package's console script)."""
     cli.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -19,7 +19,7 @@ import tempfile
 import tensorflow as tf
 from absl import logging
 
-from train.strategy import is_tpu
+from .strategy import is_tpu
 
 # EX_TEMPFAIL of sysexits.h: "temporary failure, retry". Distinct from success (0) and from
 # failures (1, or a signal): the run saved a checkpoint and stopped; the same command resumes.

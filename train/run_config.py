@@ -8,9 +8,10 @@ the checkpoints beside it.
 
 import json
 
-from configs import common
 from keras_vit import fileio
-from train import run_files
+
+from . import run_files
+from .config_checks import shipped_config
 
 # What a rerun may change: how long to run and how to evaluate, save and export, and where the
 # same data lives; not what is trained.
@@ -52,7 +53,7 @@ def differences(config, workdir, may_change=MAY_CHANGE_ON_RESUME):
     # A field added to configs/common.py after the run started is missing from its config.json.
     # New fields default to what the code did before them (position_embedding "learned" at the
     # "stem", ...), so the saved run had the default.
-    defaults = _as_json(common.get_config())
+    defaults = _as_json(shipped_config("common").get_config())
     previous = {**{name: value for name, value in defaults.items() if name not in previous},
                 **previous}
     return [(name, previous.get(name), current.get(name))

@@ -7,7 +7,7 @@ import socket
 import tensorflow as tf
 from absl import logging
 
-from train.config_checks import STRATEGIES
+from .config_checks import STRATEGIES
 
 
 def split_cpu(num_devices):

@@ -12,7 +12,7 @@ The report is drawn from the summary that train.ablate keeps in `<out>/<study>.j
 import dataclasses
 import statistics
 
-from train.config_checks import LEARNED_POSITION_EMBEDDINGS
+from .config_checks import LEARNED_POSITION_EMBEDDINGS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,11 +25,11 @@ from absl import logging
 
 import keras_vit
 from keras_vit import fileio
-from train import (checkpoints, config_checks, input_pipeline, objectives, run_config,
+from . import (checkpoints, config_checks, input_pipeline, objectives, run_config,
                    run_files, schedules)
-from train.metrics import MetricsWriter
-from train.preemption import PreemptionWatcher, Stopped
-from train.strategy import is_chief, is_tpu
+from .metrics import MetricsWriter
+from .preemption import PreemptionWatcher, Stopped
+from .strategy import is_chief, is_tpu
 
 def check_config(config, num_replicas):
     """Rejects values that would fail later (or train nonsense), naming each bad field, its
@@ -316,7 +316,7 @@ class Trainer:
         `model.keras` (returning the pooled representation) and `encoder.npz` (the original
         checkpoint layout), both ready for `--config.pretrained` of a fine-tuning run.
         """
-        from train import export_run
+        from . import export_run
 
         workdir, directory = self.workdir, run_files.export_dir(self.workdir)
         fileio.makedirs(directory)

@@ -1,0 +1,62 @@
+"""What `python -m train.main` prints (train/cli.py): by default our own progress lines, warnings
+and errors, without the INFO lines of TensorFlow's C++ runtime or of TFDS; `--verbose` shows
+those too."""
+
+import os
+import re
+import subprocess
+
+import pytest
+
+from train_fixtures import REPO, main_command
+
+# absl's log line prefix, "I1121 18:07:31.471261 1399984 file.py:121] ", then the message.
+INFO_LINE = re.compile(r"^I\d{4} [\d:.]+\s+\d+ ([\w.]+):\d+\] (.*)$", re.M)
+# What TensorFlow's C++ libraries print before their INFO lines while they load.
+ABSL_BANNER = "All log messages before absl::InitializeLog()"
+OUR_FILES = {name for folder in ("train", "keras_vit")
+             for name in os.listdir(os.path.join(REPO, folder)) if name.endswith(".py")}
+
+
+@pytest.fixture(scope="module")
+def outputs(fake_fmnist, tmp_path_factory):
+    """{"default": output, "verbose": output} of one tiny run each, run side by side."""
+    env = fake_fmnist.env()
+    del env["TF_CPP_MIN_LOG_LEVEL"]  # the test fixtures' quieting; the CLI's own is tested
+    root = tmp_path_factory.mktemp("cli_output")
+    processes = {
+        name: subprocess.Popen(main_command(fake_fmnist, str(root / name), *extra), cwd=REPO,
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+        for name, extra in (("default", ()), ("verbose", ("--verbose",)))}
+    outputs = {}
+    for name, process in processes.items():
+        output, _ = process.communicate(timeout=600)
+        assert process.returncode == 0, f"{name} run failed:\n{output[-4000:]}"
+        outputs[name] = output
+    return outputs
+
+
+def _info_files(output):
+    """The files that logged the INFO lines of `output` (x.cc for C++, x.py for Python)."""
+    return {match.group(1) for match in INFO_LINE.finditer(output)}
+
+
+def test_progress_lines_show_by_default(outputs):
+    messages = [match.group(2) for match in INFO_LINE.finditer(outputs["default"])
+                if match.group(1) == "trainer.py"]
+    assert [m.split()[1] for m in messages if m.startswith("step ")] == ["2/6", "4/6", "6/6"]
+
+
+def test_no_tensorflow_or_tfds_info_lines_by_default(outputs):
+    output = outputs["default"]
+    assert _info_files(output) <= OUR_FILES, _info_files(output) - OUR_FILES
+    assert ABSL_BANNER not in output
+
+
+def test_verbose_shows_them(outputs):
+    output = outputs["verbose"]
+    files = _info_files(output)
+    assert any(name.endswith((".cc", ".h")) for name in files), files  # TensorFlow's C++
+    assert "dataset_builder.py" in files, files  # TFDS: "Reusing dataset fashion_mnist_local"
+    assert "step 6/6" in output
