@@ -16,13 +16,7 @@ import sys
 
 from absl import app, flags
 
-<<<<<<< HEAD
 from . import cli, export_run, run_files
-=======
-from keras_vit import fileio
-
-from . import cli, export_run, run_files
->>>>>>> b401674fec9ff5c07c07256d63124b3bb936e8b2
 
 flags.DEFINE_string("workdir", None, "Training workdir holding export/model.keras.")
 flags.DEFINE_string("export_dir", None, "SavedModel base directory (default workdir/export/"
