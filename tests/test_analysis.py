@@ -10,6 +10,10 @@ import pytest
 import keras_vit
 from keras_vit import analysis
 
+# Seeded models: the few-shot test needs a random model that maps the colour classes apart,
+# which must not depend on what the tests before it drew from Keras' global seed.
+pytestmark = pytest.mark.usefixtures("fresh_session")
+
 SMALL = dict(hidden_size=16, mlp_dim=32, num_heads=2, num_layers=2, num_classes=5)
 
 
