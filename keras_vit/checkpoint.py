@@ -287,7 +287,8 @@ def load_npz(model, path, *, strict=True, new_head=False, allow_nonfinite=False)
     Raises:
         CheckpointError: the file does not fit the model (with `strict=True`), holds non-finite
             values (with `allow_nonfinite=False`), mixes the two namings of block layers, is a
-            directory, could not be reached, or is not an `.npz` archive. `FileNotFoundError` for a missing file.
+            directory, could not be reached, or is not an `.npz` archive. `FileNotFoundError`
+            for a missing file.
 
     Returns:
         A dict with lists `loaded`, `missing`, `unexpected`, `mismatched` and `resized` keys.

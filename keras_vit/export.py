@@ -15,6 +15,7 @@ any tracing or conversion.
 
 import os
 import tempfile
+import warnings
 
 import numpy as np
 
@@ -369,9 +370,14 @@ def _selectively_quantized(converter, samples):
 
     options = tf.lite.experimental.QuantizationDebugOptions(
         denylisted_ops=list(FLOAT_OPS_IN_INT8))
-    debugger = tf.lite.experimental.QuantizationDebugger(
-        converter=converter, debug_dataset=samples, debug_options=options)
-    return debugger.get_nondebug_quantized_model()
+    with warnings.catch_warnings():
+        # The debugger builds a tf.lite.Interpreter of its own, whose deprecation warning
+        # would tell our users to migrate code they did not write.
+        warnings.filterwarnings("ignore", r"\s*Warning: tf.lite.Interpreter is deprecated",
+                                UserWarning)
+        debugger = tf.lite.experimental.QuantizationDebugger(
+            converter=converter, debug_dataset=samples, debug_options=options)
+        return debugger.get_nondebug_quantized_model()
 
 
 ALIASES = {"float32": "none", "fp32": "none", "fp16": "float16", "dynamic_range": "dynamic",

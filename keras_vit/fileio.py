@@ -106,9 +106,9 @@ def write_atomically(path, content):
 
 @contextlib.contextmanager
 def atomic_directory(path):
-    """Yields a new, empty temporary directory beside `path` to fill; renamed to `path` when the block ends
-    without an error, removed otherwise. `path` must not exist yet (a directory cannot be
-    replaced in one rename)."""
+    """Yields a new, empty temporary directory beside `path` to fill; renamed to `path` when
+    the block ends without an error, removed otherwise. `path` must not exist yet (a
+    directory cannot be replaced in one rename)."""
     if exists(path):
         raise FileExistsError(f"{path!r} exists already.")
     parent, name = os.path.split(os.path.normpath(path)) if not is_remote(path) else (

@@ -60,3 +60,9 @@ def test_verbose_shows_them(outputs):
     assert any(name.endswith((".cc", ".h")) for name in files), files  # TensorFlow's C++
     assert "dataset_builder.py" in files, files  # TFDS: "Reusing dataset fashion_mnist_local"
     assert "step 6/6" in output
+
+
+def test_config_is_one_line_by_default_and_whole_with_verbose(outputs):
+    summary = re.compile(r"\] \S+ on \S+, 6 steps of \d+; the whole config: \S+config\.json")
+    assert summary.search(outputs["default"]) and "Config:\n" not in outputs["default"]
+    assert "Config:\n" in outputs["verbose"] and "weight_decay: " in outputs["verbose"]

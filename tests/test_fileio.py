@@ -6,6 +6,7 @@ import pytest
 
 from keras_vit import fileio
 
+
 def test_write_atomically_replaces_the_file(tmp_path):
     path = str(tmp_path / "a.txt")
     fileio.write_atomically(path, "first")
@@ -13,6 +14,7 @@ def test_write_atomically_replaces_the_file(tmp_path):
     with open(path, "rb") as handle:
         assert handle.read() == b"second"
     assert os.listdir(tmp_path) == ["a.txt"]
+
 
 def test_failed_write_keeps_the_previous_file_and_leaves_no_partial(tmp_path, monkeypatch):
     path = str(tmp_path / "a.txt")
@@ -40,6 +42,7 @@ def test_failed_write_keeps_the_previous_file_and_leaves_no_partial(tmp_path, mo
         assert handle.read() == "good"
     assert os.listdir(tmp_path) == ["a.txt"]
 
+
 def test_atomic_directory_appears_only_when_complete(tmp_path):
     final = str(tmp_path / "1")
     with fileio.atomic_directory(final) as temporary:
@@ -55,6 +58,7 @@ def test_atomic_directory_appears_only_when_complete(tmp_path):
         with fileio.atomic_directory(final):
             pass
 
+
 def test_remove_partial_files_removes_only_partials(tmp_path):
     (tmp_path / "model.npz").write_bytes(b"x")
     (tmp_path / f"model.npz{fileio.PARTIAL_MARKER}12-ab").write_bytes(b"x")
@@ -62,6 +66,7 @@ def test_remove_partial_files_removes_only_partials(tmp_path):
     removed = fileio.remove_partial_files(str(tmp_path))
     assert len(removed) == 2
     assert os.listdir(tmp_path) == ["model.npz"]
+
 
 def test_remote_paths_are_told_apart():
     assert fileio.is_remote("gs://bucket/model.npz")

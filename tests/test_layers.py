@@ -275,6 +275,25 @@ def test_layer_norm_epsilon_is_1e_6_everywhere():
     np.testing.assert_allclose(got, x / math.sqrt(1e-4 + 1e-6), rtol=1e-4)
 
 
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+def test_layer_norm_fused_kernel_path_equals_the_two_pass_form(monkeypatch, policy, affine):
+    """The backends in FUSED_LAYER_NORM_BACKENDS (torch) take keras.ops.layer_normalization;
+    forced on this backend too, it gives the two-pass form's values."""
+    x = np.random.default_rng(0).normal(3.0, 2.0, size=(2, 5, 16)).astype("float32")
+    layer = L.LayerNorm(center=affine, scale=affine, dtype=policy)
+    layer.build(x.shape)
+    randomise(layer, scale=0.5)
+    two_pass = to_np(layer(x)).astype("float32")
+    monkeypatch.setattr(L, "FUSED_LAYER_NORM_BACKENDS", (keras.backend.backend(),))
+    fused = to_np(layer(x)).astype("float32")
+    tolerance = 1e-5 if policy == "float32" else 1e-2
+    np.testing.assert_allclose(fused, two_pass, atol=tolerance)
+    mean, std = x.mean(-1, keepdims=True), x.std(-1, keepdims=True)
+    if not affine:  # and both are the normalisation itself
+        np.testing.assert_allclose(fused, (x - mean) / np.sqrt(std**2 + 1e-6), atol=tolerance)
+
+
 def test_attention_initialisers():
     hidden = 64
     layer = L.MultiHeadSelfAttention(4)

@@ -56,9 +56,14 @@ def main(argv):
     strategy = strategies.make_strategy(FLAGS.strategy, FLAGS.tpu)
     import tensorflow as tf
 
-    from . import checkpoints, preemption, trainer
+    from . import checkpoints, preemption, run_files, trainer
 
-    logging.info("Config:\n%s", config)
+    if FLAGS.verbose:
+        logging.info("Config:\n%s", config)
+    else:  # every field is in config.json; the terminal gets the few that name the run
+        logging.info("%s on %s, %d steps of %d; the whole config: %s (--verbose prints it)",
+                     config.model, config.dataset, config.total_steps, config.batch_size,
+                     run_files.config_file(FLAGS.workdir))
     try:
         trainer.train_and_evaluate(config, FLAGS.workdir, strategy)
     except preemption.Stopped:

@@ -12,9 +12,10 @@ from . import run_files
 class MetricsWriter:
     """Writes each record `{"step": N, name: value, ...}` to TensorBoard and metrics.jsonl.
 
-    The JSON-lines file is rewritten whole (GCS has no append) by `fileio.write_atomically`. On resume, records after the restored step are dropped, so a
-    run that crashed between a checkpoint and its next log leaves no duplicate steps; a record
-    of the same step and the same names (an evaluation repeated on resume) replaces the older.
+    The JSON-lines file is rewritten whole (GCS has no append) by `fileio.write_atomically`.
+    On resume, records after the restored step are dropped, so a run that crashed between a
+    checkpoint and its next log leaves no duplicate steps; a record of the same step and the
+    same names (an evaluation repeated on resume) replaces the older.
     Only the chief of a multi-worker run writes: elsewhere `active=False` makes it a no-op.
     """
 
@@ -39,7 +40,8 @@ class MetricsWriter:
         record = {"step": int(step), **values}
         self.records = [old for old in self.records if old.keys() != record.keys()
                         or old["step"] != record["step"]] + [record]
-        fileio.write_atomically(self.path, "".join(json.dumps(record) + "\n" for record in self.records))
+        fileio.write_atomically(self.path,
+                                "".join(json.dumps(record) + "\n" for record in self.records))
 
 
 def read_records(workdir):

@@ -73,7 +73,8 @@ def check_resume(config, workdir):
         raise ConfigMismatchError(
             f"{workdir} holds a run with another config ({describe(differ)}); resuming it would "
             "mix two runs. Use a new --workdir, or rerun with the saved values from "
-            f"{run_files.config_file(workdir)}. Only {', '.join(MAY_CHANGE_ON_RESUME)} may change on a rerun.")
+            f"{run_files.config_file(workdir)}. Only {', '.join(MAY_CHANGE_ON_RESUME)} may change "
+            "on a rerun.")
 
 
 def write(config, workdir):

@@ -25,11 +25,13 @@ from absl import logging
 
 import keras_vit
 from keras_vit import fileio
-from . import (checkpoints, config_checks, input_pipeline, objectives, run_config,
-                   run_files, schedules)
+
+from . import (checkpoints, config_checks, input_pipeline, objectives, run_config, run_files,
+               schedules)
 from .metrics import MetricsWriter
 from .preemption import PreemptionWatcher, Stopped
 from .strategy import is_chief, is_tpu
+
 
 def check_config(config, num_replicas):
     """Rejects values that would fail later (or train nonsense), naming each bad field, its
