@@ -111,10 +111,13 @@ def atomic_directory(path):
     directory cannot be replaced in one rename)."""
     if exists(path):
         raise FileExistsError(f"{path!r} exists already.")
-    parent, name = os.path.split(os.path.normpath(path)) if not is_remote(path) else (
-        path.rstrip("/").rsplit("/", 1))
-    # A dot-name: TF Serving and directory scans skip it until it is complete.
-    temporary = _temporary_name(f"{parent}/.{name}")
+    # A dot-name beside `path`: TF Serving and directory scans skip it until it is complete.
+    if is_remote(path):
+        parent, name = path.rstrip("/").rsplit("/", 1)
+        temporary = _temporary_name(f"{parent}/.{name}")
+    else:
+        parent, name = os.path.split(os.path.normpath(path))
+        temporary = _temporary_name(os.path.join(parent, f".{name}"))  # parent "" is the cwd
     try:
         makedirs(temporary)
         yield temporary

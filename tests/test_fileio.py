@@ -59,6 +59,15 @@ def test_atomic_directory_appears_only_when_complete(tmp_path):
             pass
 
 
+def test_atomic_directory_of_a_bare_relative_name_stays_in_the_working_directory(
+        tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with fileio.atomic_directory("1") as temporary:
+        assert os.path.dirname(temporary) == ""  # beside "1", not under the file system root
+        assert os.path.isdir(os.path.join(tmp_path, temporary))
+    assert os.listdir(tmp_path) == ["1"]
+
+
 def test_remove_partial_files_removes_only_partials(tmp_path):
     (tmp_path / "model.npz").write_bytes(b"x")
     (tmp_path / f"model.npz{fileio.PARTIAL_MARKER}12-ab").write_bytes(b"x")
