@@ -414,12 +414,50 @@ def test_resnet_stem_structure():
     x = np.random.default_rng(0).normal(size=(2, 32, 24, 3)).astype("float32")
     out = to_np(stem(x))
     assert out.shape == (2, 8, 6, 32)
-    assert np.all(out >= 0)  # ReLU before the max-pool
+    assert np.all(out >= 0)  # ReLU
     assert isinstance(stem.conv_root, R.StdConv2D)
     assert stem.conv_root.kernel_size == (7, 7) and stem.conv_root.strides == (2, 2)
     assert stem.gn_root.groups == 32 and stem.gn_root.epsilon == 1e-6
     with pytest.raises(ValueError, match="3 channels"):
         stem(np.zeros((1, 32, 24, 1), "float32"))
+
+
+def _max_pool_3x3_stride_2(x):
+    """NHWC "same" max-pool by hand: -inf padding, the first row/column of padding on top/left
+    only when the total is even (TensorFlow's rule)."""
+    out_h, out_w = -(-x.shape[1] // 2), -(-x.shape[2] // 2)
+    pad_h, pad_w = 2 * out_h + 1 - x.shape[1], 2 * out_w + 1 - x.shape[2]
+    x = np.pad(x, [(0, 0), (pad_h // 2, pad_h - pad_h // 2), (pad_w // 2, pad_w - pad_w // 2),
+                   (0, 0)], constant_values=-np.inf)
+    return np.max([x[:, i:i + 2 * out_h - 1:2, j:j + 2 * out_w - 1:2]
+                   for i in range(3) for j in range(3)], axis=0)
+
+
+def test_resnet_stem_is_conv_groupnorm_relu_then_max_pool():
+    """The stem pools before its ReLU (cheaper): the same values as the original's ReLU then
+    pool, and on TensorFlow the same gradients."""
+    stem = R.ResNetStem(32)
+    x = np.random.default_rng(0).normal(size=(2, 15, 16, 3)).astype("float32")
+    stem(x)
+    randomise(stem)
+    normed = to_np(stem.gn_root(stem.conv_root(x)))
+    expected = _max_pool_3x3_stride_2(np.maximum(normed, 0.0))
+    np.testing.assert_array_equal(to_np(stem(x)), expected)
+    if keras.backend.backend() != "tensorflow":
+        return
+    import tensorflow as tf
+
+    def gradients(forward):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.sin(forward(tf.constant(x))))
+        return tape.gradient(loss, stem.trainable_variables)
+
+    def relu_then_pool(images):
+        normed = stem.gn_root(stem.conv_root(images))
+        return tf.nn.max_pool2d(tf.nn.relu(normed), 3, 2, "SAME")
+
+    for ours, original in zip(gradients(stem), gradients(relu_then_pool)):
+        np.testing.assert_array_equal(ours.numpy(), original.numpy())
 
 
 def test_bottleneck_unit_initialisation_and_structure():

@@ -133,6 +133,39 @@ def test_get_datasets_one_device(fake_fmnist):
     assert sum(float(tf.reduce_sum(batch["mask"])) for batch in data.eval) == NUM_TEST
     batch = next(iter(data.train))
     assert batch["image"].shape == (32, 28, 28, 3) and batch["label"].dtype == tf.int32
+    # One CPU replica reads the datasets themselves, not autotuned: a distributed dataset's
+    # per-device pipeline, and autotuning, made deleting a consumed iterator wait for up to a
+    # minute (see input_pipeline.WITHOUT_AUTOTUNING).
+    for dataset in (data.train, data.eval):
+        assert isinstance(dataset, tf.data.Dataset)
+        assert dataset.options().autotune.enabled is False
+
+
+@pytest.mark.parametrize("global_seed", [0, 7])
+def test_train_stream_ignores_a_global_seed(fake_fmnist, global_seed):
+    """A caller's tf.random.set_seed changes nothing (with 0 it used to fail to build)."""
+    config = tiny_config(fake_fmnist)
+    builder = input_pipeline.get_builder(config)
+    context = tf.distribute.InputContext()
+
+    def first_labels():
+        dataset = input_pipeline.train_dataset_fn(builder, config)(context)
+        return next(iter(dataset))["label"].numpy()
+
+    expected = first_labels()
+    tf.random.set_seed(global_seed)
+    try:
+        np.testing.assert_array_equal(first_labels(), expected)
+    finally:
+        tf.random.set_seed(None)
+
+
+def test_get_datasets_several_devices_are_distributed(fake_fmnist):
+    config = tiny_config(fake_fmnist, eval_batch_size=32)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    data = input_pipeline.get_datasets(config, strategy)
+    assert isinstance(data.train, tf.distribute.DistributedDataset)
+    assert data.train.element_spec["image"].shape == (32, 28, 28, 3)
 
 
 def test_split_expressions(fake_fmnist):

@@ -31,6 +31,7 @@ TINY = {
     "num_heads": 2,
     "num_layers": 1,
     "patch_size": 7,
+    "image_size": 28,
     "batch_size": 32,
     "eval_batch_size": 50,
     "total_steps": 6,
