@@ -22,12 +22,17 @@ from ml_collections import config_flags
 
 import machine
 
-config_flags.DEFINE_config_file("config", "configs/quickstart.py", "Experiment config.",
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from train import config_checks  # noqa: E402
+
+config_flags.DEFINE_config_file("config", None, "Experiment config (a shipped name or file.py).",
                                 lock_config=True)
+config_checks.install_config_parser(flags.FLAGS["config"])  # the driver's loading (`from .`)
+flags.FLAGS.set_default("config", "quickstart")
 flags.DEFINE_integer("steps", 300, "Training steps per run.")
 flags.DEFINE_integer("steps_per_loop", 50, "Steps per host call (one metrics record each).")
 FLAGS = flags.FLAGS
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _command(workdir, *extra):
@@ -61,7 +66,6 @@ def _steps_per_second(workdir, batch_size):
 
 def main(argv):
     del argv
-    sys.path.insert(0, REPO)
     from train.strategy import local_cluster
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     batch_size = FLAGS.config.batch_size
