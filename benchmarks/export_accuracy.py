@@ -22,9 +22,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from ai_edge_litert.interpreter import Interpreter  # noqa: E402
 
 import machine  # noqa: E402
+from litert_runner import tflite_runner  # noqa: E402
 from keras_vit import export  # noqa: E402
 from keras_vit.preprocessing import scale_pixels  # noqa: E402
 from train import export_run, input_pipeline, run_config, run_files  # noqa: E402
@@ -39,27 +39,12 @@ def evaluation_split(builder, config):
     return np.stack(images).astype(np.float32), np.array(labels)
 
 
-def interpreter_for(content, batch, threads):
-    interpreter = Interpreter(model_content=content, num_threads=threads)
-    detail = interpreter.get_input_details()[0]
-    interpreter.resize_tensor_input(detail["index"], [batch, *detail["shape"][1:]])
-    interpreter.allocate_tensors()
-    output = interpreter.get_output_details()[0]["index"]
-
-    def run(images):
-        interpreter.set_tensor(detail["index"], images)
-        interpreter.invoke()
-        return interpreter.get_tensor(output)
-
-    return run
-
-
 def logits_of(content, images, batch, threads):
-    run = interpreter_for(content, batch, threads)
+    run = tflite_runner(content, batch, threads)
     whole = len(images) // batch * batch
     parts = [run(images[start:start + batch]) for start in range(0, whole, batch)]
     if whole < len(images):
-        parts.append(interpreter_for(content, len(images) - whole, threads)(images[whole:]))
+        parts.append(tflite_runner(content, len(images) - whole, threads)(images[whole:]))
     return np.concatenate(parts)
 
 
@@ -87,7 +72,7 @@ def main():
     print(f"| Keras | – | {np.mean(reference.argmax(1) == labels) * 100:.2f} | – | – | – | – |")
     contents = {kind: export.tflite_bytes(model, quantization, calibration)
                 for kind, quantization in export_run.TFLITE_KINDS.items()}
-    single = {kind: interpreter_for(content, 1, args.threads)
+    single = {kind: tflite_runner(content, 1, args.threads)
               for kind, content in contents.items()}
     latencies = {kind: [] for kind in contents}
     for run in single.values():  # warm up

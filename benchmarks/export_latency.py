@@ -17,10 +17,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from ai_edge_litert.interpreter import Interpreter  # noqa: E402
 
 import keras_vit  # noqa: E402
 import machine  # noqa: E402
+from litert_runner import tflite_runner  # noqa: E402
 from keras_vit import export  # noqa: E402
 
 
@@ -37,21 +37,6 @@ def median_seconds(function, repeats):
 def directory_size(path):
     return sum(os.path.getsize(os.path.join(root, name))
                for root, _, names in os.walk(path) for name in names)
-
-
-def tflite_runner(path, batch, threads):
-    interpreter = Interpreter(path, num_threads=threads)
-    index = interpreter.get_input_details()[0]["index"]
-    interpreter.resize_tensor_input(index, [batch, *interpreter.get_input_details()[0]["shape"][1:]])
-    interpreter.allocate_tensors()
-    output = interpreter.get_output_details()[0]["index"]
-
-    def run(images):
-        interpreter.set_tensor(index, images)
-        interpreter.invoke()
-        return interpreter.get_tensor(output)
-
-    return run
 
 
 def measure(variant, image_size, batch, threads, repeats, workdir):
