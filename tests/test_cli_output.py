@@ -23,6 +23,7 @@ def outputs(fake_fmnist, tmp_path_factory):
     """{"default": output, "verbose": output} of one tiny run each, run side by side."""
     env = fake_fmnist.env()
     del env["TF_CPP_MIN_LOG_LEVEL"]  # the test fixtures' quieting; the CLI's own is tested
+    del env["CUDA_VISIBLE_DEVICES"]  # hid the GPUs, and with them TensorFlow's cuInit error
     root = tmp_path_factory.mktemp("cli_output")
     processes = {
         name: subprocess.Popen(main_command(fake_fmnist, str(root / name), *extra), cwd=REPO,
@@ -52,6 +53,12 @@ def test_no_tensorflow_or_tfds_info_lines_by_default(outputs):
     output = outputs["default"]
     assert _info_files(output) <= OUR_FILES, _info_files(output) - OUR_FILES
     assert ABSL_BANNER not in output
+
+
+@pytest.mark.skipif(os.path.exists("/dev/nvidiactl"), reason="a machine with an NVIDIA driver")
+def test_no_cuda_error_without_a_gpu_by_default(outputs):
+    """TensorFlow logs "failed call to cuInit" as an error on every machine without a GPU."""
+    assert "cuInit" not in outputs["default"]
 
 
 def test_verbose_shows_them(outputs):

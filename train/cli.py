@@ -47,8 +47,12 @@ def _verbose_in(argv):
 
 
 # What TensorFlow's C++ libraries print while they load, before TF_CPP_MIN_LOG_LEVEL applies
-# (tensorflow/tensorflow#100442): absl's banner and INFO lines stamped "I0000 00:00:...".
-_STARTUP_NOISE = re.compile(r"WARNING: All log messages before absl::InitializeLog|I0000 ")
+# (tensorflow/tensorflow#100442): absl's banner and INFO lines stamped "I0000 00:00:...". On a
+# machine without an NVIDIA driver also the error it logs when it first lists the devices
+# ("failed call to cuInit: ... UNKNOWN ERROR (303)"), which then happens while it loads.
+_NO_NVIDIA_DRIVER = not os.path.exists("/dev/nvidiactl")
+_STARTUP_NOISE = re.compile(r"WARNING: All log messages before absl::InitializeLog|I0000 "
+                            + (r"|E0000 .*failed call to cuInit" if _NO_NVIDIA_DRIVER else ""))
 
 
 @contextlib.contextmanager
@@ -86,6 +90,8 @@ class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
             def quiet_exec_module(module):
                 with _startup_noise_dropped():
                     exec_module(module)
+                    if _NO_NVIDIA_DRIVER:
+                        module.config.list_physical_devices()
 
             spec.loader.exec_module = quiet_exec_module
         return spec
