@@ -29,7 +29,8 @@ def outputs(fake_fmnist, tmp_path_factory):
         name: subprocess.Popen(main_command(fake_fmnist, str(root / name), *extra), cwd=REPO,
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
-        for name, extra in (("default", ()), ("verbose", ("--verbose",)))}
+        for name, extra in (("default", ("--config.export=True",)),
+                            ("verbose", ("--config.export=True", "--verbose")))}
     outputs = {}
     for name, process in processes.items():
         output, _ = process.communicate(timeout=600)
@@ -53,6 +54,12 @@ def test_no_tensorflow_or_tfds_info_lines_by_default(outputs):
     output = outputs["default"]
     assert _info_files(output) <= OUR_FILES, _info_files(output) - OUR_FILES
     assert ABSL_BANNER not in output
+
+
+def test_tflite_converter_routine_lines_only_with_verbose(outputs):
+    for routine in ("Ignored output_format", "fully_quantize: "):
+        assert routine not in outputs["default"] and routine in outputs["verbose"], routine
+    assert "TFLite int8: " in outputs["default"]  # our own line about the conversion stays
 
 
 @pytest.mark.skipif(os.path.exists("/dev/nvidiactl"), reason="a machine with an NVIDIA driver")

@@ -9,22 +9,22 @@ traceback.
 
 It also owns how much the tools log. By default the terminal shows our own progress lines
 (INFO from train/ and keras_vit/) and everyone's warnings and errors; the INFO lines of
-TensorFlow's C++ runtime and of Python libraries (TFDS, TensorFlow) are hidden. `--verbose`
-shows them all. An explicit TF_CPP_MIN_LOG_LEVEL in the environment always wins.
+TensorFlow's C++ runtime and of Python libraries (TFDS, TensorFlow) are hidden, and so are the
+routine lines of its start-up and TFLite converter (train.native_output). `--verbose` shows them
+all. An explicit TF_CPP_MIN_LOG_LEVEL in the environment always wins.
 """
 
-import contextlib
 import importlib.abc
 import importlib.util
 import logging
 import os
-import re
 import sys
-import tempfile
 import traceback
 
 from absl import app, flags
 from absl import logging as absl_logging
+
+from . import native_output
 
 flags.DEFINE_bool("verbose", False, "Show the Python traceback of an error, and the INFO log "
                   "lines of TensorFlow and TFDS (hidden by default).")
@@ -32,52 +32,9 @@ flags.DEFINE_bool("verbose", False, "Show the Python traceback of an error, and 
 USER_ERRORS = (app.UsageError, ValueError, TypeError, OSError)
 
 
-def _verbose_in(argv):
-    """Whether `argv` turns --verbose on, read before absl parses the flags."""
-    verbose = False
-    for arg in argv[1:]:
-        if arg == "--":
-            break
-        name, has_value, value = arg.partition("=")
-        if name.lstrip("-") == "verbose":
-            verbose = not has_value or value.lower() in ("true", "t", "1")
-        elif name.lstrip("-") == "noverbose":
-            verbose = False
-    return verbose
-
-
-# What TensorFlow's C++ libraries print while they load, before TF_CPP_MIN_LOG_LEVEL applies
-# (tensorflow/tensorflow#100442): absl's banner and INFO lines stamped "I0000 00:00:...". On a
-# machine without an NVIDIA driver also the error it logs when it first lists the devices
-# ("failed call to cuInit: ... UNKNOWN ERROR (303)"), which then happens while it loads.
-_NO_NVIDIA_DRIVER = not os.path.exists("/dev/nvidiactl")
-_STARTUP_NOISE = re.compile(r"WARNING: All log messages before absl::InitializeLog|I0000 "
-                            + (r"|E0000 .*failed call to cuInit" if _NO_NVIDIA_DRIVER else ""))
-
-
-@contextlib.contextmanager
-def _startup_noise_dropped():
-    """Sends file descriptor 2 to a file meanwhile, then writes back all but the noise."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            for line in captured.read().decode(errors="replace").splitlines(keepends=True):
-                if not _STARTUP_NOISE.match(line):
-                    sys.stderr.write(line)
-            sys.stderr.flush()
-
-
 class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
     """Runs `import tensorflow` (wherever it happens: config files import keras_vit) inside
-    `_startup_noise_dropped`."""
+    `native_output.startup_noise_dropped`."""
 
     def find_spec(self, name, path=None, target=None):
         if name != "tensorflow":
@@ -88,9 +45,9 @@ class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
             exec_module = spec.loader.exec_module
 
             def quiet_exec_module(module):
-                with _startup_noise_dropped():
+                with native_output.startup_noise_dropped():
                     exec_module(module)
-                    if _NO_NVIDIA_DRIVER:
+                    if native_output.NO_NVIDIA_DRIVER:
                         module.config.list_physical_devices()
 
             spec.loader.exec_module = quiet_exec_module
@@ -100,7 +57,7 @@ class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
 # TensorFlow's C++ runtime reads TF_CPP_MIN_LOG_LEVEL when it starts, which can be while the
 # flags are parsed (config files import keras_vit), so both are set up when the entry module
 # imports this one. "1": warnings and errors only.
-if not _verbose_in(sys.argv):
+if not native_output.verbose_in(sys.argv):
     if (os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1") != "0"
             and "tensorflow" not in sys.modules):
         sys.meta_path.insert(0, _QuietTensorFlowImport())
@@ -150,7 +107,7 @@ def _message(error):
 
 
 def _parse_flags(argv):
-    quiet_logs(_verbose_in(argv))  # config files may log while they load
+    quiet_logs(native_output.verbose_in(argv))  # config files may log while they load
     try:
         remaining = flags.FLAGS(argv)
         quiet_logs(flags.FLAGS.verbose)  # the parsed value (e.g. from a --flagfile)
@@ -158,7 +115,7 @@ def _parse_flags(argv):
     except flags.Error as error:
         fail(f"{str(error).rstrip('.')}. Run with --helpshort to see the flags.")
     except (AttributeError, KeyError, *USER_ERRORS) as error:  # --config.<misspelt>=...
-        if _verbose_in(argv):
+        if native_output.verbose_in(argv):
             traceback.print_exc()
         fail(f"--config: {_message(error)}")
 

@@ -11,7 +11,7 @@ import os
 import numpy as np
 from absl import logging
 
-from . import run_files
+from . import native_output, run_files
 
 TFLITE_KINDS = {"float32": "none", "float16": "float16", "dynamic": "dynamic", "int8": "int8"}
 
@@ -159,8 +159,9 @@ def export_model(model, workdir, class_names=None, tflite_kinds=(), representati
         model, export_dir or run_files.saved_model_dir(workdir), class_names=class_names)}
     for kind in tflite_kinds:
         path = run_files.tflite_file(workdir, kind)
-        size = export.export_tflite(model, path, quantization=TFLITE_KINDS[kind],
-                                    representative_data=representative)
+        with native_output.converter_noise_dropped():
+            size = export.export_tflite(model, path, quantization=TFLITE_KINDS[kind],
+                                        representative_data=representative)
         logging.info("TFLite %s: %s (%.2f MB)", kind, path, size / 2**20)
         paths[f"tflite_{kind}"] = path
     logging.info("SavedModel: %s", paths["saved_model"])
