@@ -27,12 +27,16 @@ def verbose_in(argv):
 # machine without an NVIDIA driver also the error it logs when it first lists the devices
 # ("failed call to cuInit: ... UNKNOWN ERROR (303)"), which train.cli makes happen while it loads.
 NO_NVIDIA_DRIVER = not os.path.exists("/dev/nvidiactl")
-_STARTUP_NOISE = re.compile(r"WARNING: All log messages before absl::InitializeLog|I0000 "
-                            + (r"|E0000 .*failed call to cuInit" if NO_NVIDIA_DRIVER else ""))
+_ABSL_BANNER = r"WARNING: All log messages before absl::InitializeLog"
+_STARTUP_NOISE = re.compile(_ABSL_BANNER + r"|I0000 "
+                            + (r"|.*\] failed call to cuInit" if NO_NVIDIA_DRIVER else ""))
 
-# What the TFLite converter prints on every conversion, none of it about the model.
+# What the TFLite converter prints on every conversion, none of it about the model; with
+# TensorFlow 2.19 also absl's banner and C++ INFO lines (devices.cc, ...), whatever
+# TF_CPP_MIN_LOG_LEVEL says.
 _CONVERTER_NOISE = re.compile(r"W0000 .*\] (Ignored output_format|Ignored drop_control_dependency"
-                              r"|Skipping runtime version metadata)|fully_quantize: ")
+                              r"|Skipping runtime version metadata)|fully_quantize: |"
+                              + _ABSL_BANNER + r"|I\d{4} [\d:.]+\s+\d+ \w+\.cc:\d+\] ")
 
 
 def startup_noise_dropped():
