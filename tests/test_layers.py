@@ -435,7 +435,7 @@ def _max_pool_3x3_stride_2(x):
 
 def test_resnet_stem_is_conv_groupnorm_relu_then_max_pool():
     """The stem pools before its ReLU (cheaper): the same values as the original's ReLU then
-    pool, and on TensorFlow the same gradients."""
+    pool, and on TensorFlow the same gradients, in training (custom gradient) and not."""
     stem = R.ResNetStem(32)
     x = np.random.default_rng(0).normal(size=(2, 15, 16, 3)).astype("float32")
     stem(x)
@@ -456,8 +456,84 @@ def test_resnet_stem_is_conv_groupnorm_relu_then_max_pool():
         normed = stem.gn_root(stem.conv_root(images))
         return tf.nn.max_pool2d(tf.nn.relu(normed), 3, 2, "SAME")
 
-    for ours, original in zip(gradients(stem), gradients(relu_then_pool)):
-        np.testing.assert_array_equal(ours.numpy(), original.numpy())
+    original = gradients(relu_then_pool)
+    for training in (True, False):  # training takes the pool with the custom gradient
+        ours = gradients(lambda images: stem(images, training=training))
+        for mine, theirs in zip(ours, original):
+            np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+
+
+def _max_pool_3x3_stride_2_gradient(x, upstream):
+    """By hand: each window's gradient goes to the first input, row-major, holding its max."""
+    out_h, out_w = upstream.shape[1:3]
+    top, left = (2 * out_h + 1 - x.shape[1]) // 2, (2 * out_w + 1 - x.shape[2]) // 2
+    grad = np.zeros_like(x)
+    for b, i, j, c in np.ndindex(*upstream.shape):
+        rows = [r for r in range(2 * i - top, 2 * i - top + 3) if 0 <= r < x.shape[1]]
+        columns = [q for q in range(2 * j - left, 2 * j - left + 3) if 0 <= q < x.shape[2]]
+        window = [(r, q) for r in rows for q in columns]
+        r, q = max(window, key=lambda p: (x[b, p[0], p[1], c], -window.index(p)))
+        grad[b, r, q, c] += upstream[b, i, j, c]
+    return grad
+
+
+def _vjp(fn, x, upstream, jit=False):
+    """fn's vector-Jacobian product at x on the current backend."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        @tf.function(jit_compile=jit, autograph=False)
+        def pullback(x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = fn(x)
+            return tape.gradient(y, x, output_gradients=tf.constant(upstream))
+        return pullback(tf.constant(x)).numpy()
+    if backend == "jax":
+        import jax
+        _, pullback = jax.vjp(fn, jax.numpy.asarray(x))
+        if jit:
+            pullback = jax.jit(pullback)
+        return np.asarray(pullback(jax.numpy.asarray(upstream))[0])
+    if backend == "torch":
+        import torch
+        x = torch.tensor(x, requires_grad=True)
+        fn(x).backward(torch.tensor(upstream))
+        return x.grad.cpu().numpy()
+    pytest.skip(f"no gradient helper for the {backend} backend")
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("shape", [(2, 16, 16, 3), (2, 15, 17, 2), (1, 1, 2, 1)])
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+def test_max_pool_3x3_stride_2_values_and_gradient(shape, ties, jit):
+    """The stem's max-pool: the values of a "same" 3x3/2 max-pool, and its custom gradient
+    sends each window's gradient to the first input (row-major) holding the maximum. Integer
+    gradients keep the sums of overlapping windows exact."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=shape).astype("float32")
+    if ties:
+        x = np.round(x)  # many equal values per window
+    expected = _max_pool_3x3_stride_2(x)
+    np.testing.assert_array_equal(to_np(R.max_pool_3x3_stride_2(x)), expected)
+    upstream = rng.integers(1, 100, size=expected.shape).astype("float32")
+    np.testing.assert_array_equal(_vjp(R.max_pool_3x3_stride_2, x, upstream, jit),
+                                  _max_pool_3x3_stride_2_gradient(x, upstream))
+
+
+def test_resnet_stem_pools_with_the_custom_gradient_only_in_training(monkeypatch):
+    """Training takes the pool with the custom gradient; inference the plain op, which
+    SavedModels can store (tests/test_export.py exports hybrids)."""
+    calls = []
+    pool = R.max_pool_3x3_stride_2
+    monkeypatch.setattr(R, "max_pool_3x3_stride_2", lambda x: calls.append(x.shape) or pool(x))
+    stem = R.ResNetStem(32)
+    x = np.random.default_rng(0).normal(size=(2, 16, 16, 3)).astype("float32")
+    inference = to_np(stem(x))
+    assert calls == []
+    np.testing.assert_array_equal(to_np(stem(x, training=True)), inference)
+    assert len(calls) == 1
 
 
 def test_bottleneck_unit_initialisation_and_structure():

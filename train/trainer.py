@@ -271,7 +271,7 @@ class Trainer:
         writer = MetricsWriter(self.workdir, resume_step=self.step, active=self.is_chief)
         watcher = PreemptionWatcher(self.strategy, self.save)
         iterator = iter(self.data.train)
-        start_step, start_time = self.step, time.time()
+        timed_from = None  # (step, time) after the first loop, which compiles the step
         try:
             if 0 < self.step < config.total_steps and self.step % config.eval_every_steps == 0:
                 # Resumed at an evaluation step: its record may have been lost with the run.
@@ -290,11 +290,15 @@ class Trainer:
                     raise FloatingPointError(f"Loss is {loss} at step {step}; lower the "
                                              "learning rate or check the data.")
                 images_per_second = steps * config.batch_size / elapsed
-                rate = (step - start_step) / (time.time() - start_time)
                 learning_rate = float(self.optimizer.learning_rate)
+                if timed_from is None:
+                    eta = "after the next loop (this one compiled the step)"
+                    timed_from = (step, time.time())
+                else:  # the pace since the first loop, evaluations and checkpoints included
+                    rate = (step - timed_from[0]) / (time.time() - timed_from[1])
+                    eta = _duration((config.total_steps - step) / rate)
                 logging.info("step %d/%d  loss %.4f  lr %.3g  %.1f img/s  ETA %s", step,
-                             config.total_steps, loss, learning_rate, images_per_second,
-                             _duration((config.total_steps - step) / rate))
+                             config.total_steps, loss, learning_rate, images_per_second, eta)
                 writer.write(step, loss=loss, learning_rate=learning_rate,
                              images_per_second=images_per_second, grad_norm=float(grad_norm))
                 if step % config.checkpoint_every_steps == 0:
