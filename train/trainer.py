@@ -291,12 +291,14 @@ class Trainer:
                                              "learning rate or check the data.")
                 images_per_second = steps * config.batch_size / elapsed
                 learning_rate = float(self.optimizer.learning_rate)
-                if timed_from is None:
-                    eta = "after the next loop (this one compiled the step)"
-                    timed_from = (step, time.time())
+                now = time.time()
+                if timed_from is None:  # its pace would overstate the time left
+                    timed_from = (step, now)
+                    eta = ("after the next loop (this one compiled the step)"
+                           if step < config.total_steps else _duration(0))
                 else:  # the pace since the first loop, evaluations and checkpoints included
-                    rate = (step - timed_from[0]) / (time.time() - timed_from[1])
-                    eta = _duration((config.total_steps - step) / rate)
+                    seconds_per_step = (now - timed_from[1]) / (step - timed_from[0])
+                    eta = _duration((config.total_steps - step) * seconds_per_step)
                 logging.info("step %d/%d  loss %.4f  lr %.3g  %.1f img/s  ETA %s", step,
                              config.total_steps, loss, learning_rate, images_per_second, eta)
                 writer.write(step, loss=loss, learning_rate=learning_rate,
