@@ -13,6 +13,11 @@ host call, with and without XLA (`config.jit_compile`). keras-hub is timed with 
 defaults (`jit_compile="auto"`, which is off on a CPU-only TensorFlow) and with XLA.
 Needs `pip install keras-hub` and the Fashion-MNIST files the main job uses (the trainer reads
 its label names; the timed batches are synthetic).
+
+    python benchmarks/train_step.py --quickstart
+
+times the driver's loop on the main job's model and batch (configs/quickstart.py, XLA), with the
+ResNet stem's max-pool gradient as keras_vit computes it and as XLA does for `ops.max_pool`.
 """
 
 import argparse
@@ -31,7 +36,8 @@ import tensorflow as tf  # noqa: E402
 
 import keras_vit  # noqa: E402
 import machine  # noqa: E402
-from configs import common  # noqa: E402
+from configs import common, quickstart  # noqa: E402
+from keras_vit import resnet  # noqa: E402
 from train import trainer as trainer_module  # noqa: E402
 
 NUM_CLASSES = 10
@@ -56,6 +62,30 @@ def driver_contender(variant, image_size, batch_size, policy, jit_compile, batch
         return float(loss)
 
     return run
+
+
+def quickstart_contender(custom_pool_gradient, batch, workdir):
+    """The driver's loop on the main job's config; without `custom_pool_gradient` the stem
+    pools with `ops.max_pool`, whose gradient XLA computes (select-and-scatter)."""
+    config = quickstart.get_config()
+    config.warmup_steps, config.total_steps = 0, 1_000_000
+    trainer = trainer_module.Trainer(config, workdir, tf.distribute.get_strategy())
+    iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
+
+    def plain_pool(x):
+        return keras.ops.max_pool(x, pool_size=3, strides=2, padding="same")
+
+    def run(steps):
+        pool = resnet.max_pool_3x3_stride_2  # read when the loop is traced, in the first run
+        if not custom_pool_gradient:
+            resnet.max_pool_3x3_stride_2 = plain_pool
+        try:
+            loss, _ = trainer.train_loop(iterator, tf.constant(steps))
+        finally:
+            resnet.max_pool_3x3_stride_2 = pool
+        return float(loss)
+
+    return run, config
 
 
 def keras_hub_classifier(variant, image_size, policy):
@@ -112,18 +142,43 @@ def measure(variant, image_size, batch_size, policy, steps, repeats, with_peer):
                 name = f"keras-hub {how}, jit_compile={jit}"
                 contenders[name] = keras_hub_contender(variant, image_size, policy, jit, how,
                                                        batch)
-        for name, run in contenders.items():  # compile and warm up
-            loss = run(steps)
-            if not np.isfinite(loss):
-                raise RuntimeError(f"{name}: the loss is {loss} on the warm-up steps.")
-        times = {name: [] for name in contenders}
-        for _ in range(repeats):
-            for name, run in contenders.items():
-                start = time.perf_counter()
-                run(steps)
-                times[name].append(time.perf_counter() - start)
+        return interleaved_rates(contenders, steps, batch_size, repeats)
+
+
+def interleaved_rates(contenders, steps, batch_size, repeats):
+    """Images/s of each contender: the median of `repeats` interleaved timed runs."""
+    for name, run in contenders.items():  # compile and warm up
+        loss = run(steps)
+        if not np.isfinite(loss):
+            raise RuntimeError(f"{name}: the loss is {loss} on the warm-up steps.")
+    times = {name: [] for name in contenders}
+    for _ in range(repeats):
+        for name, run in contenders.items():
+            start = time.perf_counter()
+            run(steps)
+            times[name].append(time.perf_counter() - start)
     return {name: steps * batch_size / statistics.median(seconds)
             for name, seconds in times.items()}
+
+
+def measure_quickstart(steps, repeats):
+    config = quickstart.get_config()
+    batch = synthetic_batch(config.batch_size, config.image_size)
+    with tempfile.TemporaryDirectory() as workdir:
+        contenders = {}
+        for custom, name in ((True, "keras_vit's (first maximum, 9 strided views)"),
+                             (False, "XLA's (select-and-scatter)")):
+            contenders[name], config = quickstart_contender(
+                custom, batch, os.path.join(workdir, str(custom)))
+        rates = interleaved_rates(contenders, steps, config.batch_size, repeats)
+    print(f"configs/quickstart.py: {config.model} at {config.image_size}px, batch "
+          f"{config.batch_size}, XLA {'on' if config.jit_compile else 'off'}; {steps} steps per "
+          f"run, median of {repeats}; TF {tf.__version__}, Keras {keras.__version__}\n")
+    print("| stem max-pool gradient | images/s | vs XLA's |")
+    print("|---|---|---|")
+    baseline = rates["XLA's (select-and-scatter)"]
+    for name, rate in rates.items():
+        print(f"| {name} | {rate:.0f} | {rate / baseline:.2f}x |")
 
 
 def main():
@@ -132,9 +187,17 @@ def main():
     parser.add_argument("--dtype", action="append", help="dtype policies (default float32)")
     parser.add_argument("--image_size", type=int, default=224)
     parser.add_argument("--batch_size", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=3, help="optimizer steps per timed run")
+    parser.add_argument("--steps", type=int,
+                        help="optimizer steps per timed run (default 3; 100 with --quickstart)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quickstart", action="store_true",
+                        help="time the main job's model and batch instead")
     args = parser.parse_args()
+    if args.quickstart:
+        print(machine.describe(["float32"]))
+        measure_quickstart(args.steps or 100, args.repeats)
+        return
+    args.steps = args.steps or 3
     try:
         import keras_hub
         with_peer = True

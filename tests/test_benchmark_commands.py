@@ -17,3 +17,20 @@ def test_input_pipeline_benchmark_runs_the_quickstart_config(fake_fmnist, tmp_pa
     assert "fashion_mnist_local at 32px, batch 32" in result.stdout
     assert "images/s" in result.stdout
 
+
+
+def test_train_step_benchmark_times_the_quickstart_model(fake_fmnist):
+    """`benchmarks/train_step.py --quickstart`: the driver's loop on the main job's config, with
+    the stem's max-pool gradient computed by keras_vit and by XLA, side by side."""
+    env = dict(fake_fmnist.env(), TFDS_DATA_DIR=fake_fmnist.data_dir)  # the fake's label names
+    command = [sys.executable, "benchmarks/train_step.py", "--quickstart", "--steps=2",
+               "--repeats=1"]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "configs/quickstart.py: R+Ti/16 at 32px, batch 128, XLA on" in result.stdout
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ")
+            and line.endswith("x |")]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| keras_vit's (first maximum, 9 strided views)", "| XLA's (select-and-scatter)"]
+    assert rows[1].endswith("| 1.00x |")
