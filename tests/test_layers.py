@@ -458,7 +458,7 @@ def test_resnet_stem_is_conv_groupnorm_relu_then_max_pool():
 
     original = gradients(relu_then_pool)
     for training in (True, False):  # training takes the pool with the custom gradient
-        ours = gradients(lambda images: stem(images, training=training))
+        ours = gradients(lambda images, training=training: stem(images, training=training))
         for mine, theirs in zip(ours, original):
             np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
 
