@@ -167,9 +167,8 @@ def _serving_functions(model, class_names, top_k):
     names = tf.constant(list(class_names)) if class_names is not None else None
 
     def predict(pixels):
-        """Float pixels [N, h, w, 3] in 0..255, any h and w -> named outputs."""
-        logits = tf.cast(model(scale_pixels(resize(pixels, (height, width))), training=False),
-                         tf.float32)
+        """Float pixels [N, height, width, 3] in 0..255, at the model's size -> named outputs."""
+        logits = tf.cast(model(scale_pixels(pixels), training=False), tf.float32)
         probabilities = tf.nn.softmax(logits, axis=-1)
         top_probabilities, top_indices = tf.math.top_k(probabilities, k=k)
         outputs = {"logits": logits, "probabilities": probabilities,
@@ -181,15 +180,14 @@ def _serving_functions(model, class_names, top_k):
     def serve_bytes(image_bytes):
         # Decoded pixels are RGB in 0..255 by construction: only the request itself is checked.
         # Each image is resized as it is decoded (the input pipeline's evaluation does the
-        # same), so images of any size stack into one batch; `predict` resizes again, which at
-        # the model's size changes nothing.
+        # same), so images of any size stack into one batch.
         pixels = tf.map_fn(lambda encoded: decode_and_resize(encoded, (height, width)),
                            _checked_bytes(image_bytes),
                            fn_output_signature=tf.TensorSpec((height, width, 3), tf.float32))
         return predict(pixels)
 
     def serve_images(images):
-        return predict(_checked_images(images))
+        return predict(resize(_checked_images(images), (height, width)))
 
     return serve_bytes, serve_images
 

@@ -112,6 +112,23 @@ def test_saved_model_stores_each_weight_once(model, saved_model):
         tuple(weight.shape) for weight in model.weights)
 
 
+def _op_types(graph_def):
+    """Every op type in a GraphDef, its function library included, with repeats."""
+    nodes = list(graph_def.node)
+    for function in graph_def.library.function:
+        nodes.extend(function.node_def)
+    return [node.op for node in nodes]
+
+
+def test_each_signature_resizes_once(saved_model):
+    """serving_default resizes each image as it decodes it, serving_images the batch: one
+    bilinear resize in each (the model's input size is reached once, not resized again)."""
+    loaded = tf.saved_model.load(saved_model)
+    for name in ("serving_default", "serving_images"):
+        graph_def = loaded.signatures[name].graph.as_graph_def()
+        assert _op_types(graph_def).count("ResizeBilinear") == 1, name
+
+
 def test_fewer_classes_than_k(tmp_path):
     model = tiny_vit(num_classes=3)
     path = export.export_saved_model(model, str(tmp_path / "vit"))  # no class names
