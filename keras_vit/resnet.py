@@ -135,8 +135,9 @@ class ResNetStem(keras.layers.Layer):
         # ReLU after the pool, not before: the same values and gradients (both are monotonic),
         # on a 4x smaller map (5 to 7% faster forward and backward under XLA).
         # Training takes the pool whose gradient XLA compiles well. Inference keeps the plain
-        # op: the same values, and SavedModels (the exports, Keras' model.export) cannot store
-        # a custom gradient that reads the forward input.
+        # op, with the same values: the TFLite export saves the model's function with its
+        # weights frozen into constants, and that cannot hold a custom gradient that reads the
+        # forward input ("Found invalid capture ... when saving custom gradients").
         if training and None not in x.shape[1:3]:
             x = max_pool_3x3_stride_2(x)
         else:

@@ -399,17 +399,22 @@ def test_tflite_hybrid(tmp_path):
     print(f"\nTFLite hybrid float32: {size} bytes, max |logit difference| {difference:.2e}")
 
 
-def test_keras_export_of_a_hybrid(tmp_path):
-    """Keras' own `model.export` stores a hybrid, whose stem pools with a custom gradient in
-    training (a SavedModel cannot store that gradient), and the export gives its logits."""
+def test_saved_models_of_a_trained_hybrid(tmp_path):
+    """A hybrid's stem pools with a custom gradient in training, and plainly otherwise: after a
+    training call, the TF Serving export and Keras' own `model.export` save it and give its
+    logits (for TFLite, whose frozen graph cannot hold that gradient, see test_tflite_hybrid)."""
     model = keras_vit.vit("R+Ti/16", image_size=SIZE, patch_size=1, hidden_size=16, mlp_dim=32,
                           num_heads=2, num_layers=1, num_classes=5)
     images = np.random.default_rng(5).uniform(-1, 1, (2, SIZE, SIZE, 3)).astype("float32")
     model(images, training=True)  # traced in training first, as after a fine-tuning run
-    model.export(str(tmp_path / "hybrid"), verbose=False)
-    restored = tf.saved_model.load(str(tmp_path / "hybrid"))
-    np.testing.assert_allclose(restored.serve(images).numpy(), keras_logits(model, images),
-                               atol=1e-5)
+    expected = keras_logits(model, images)
+    served = tf.saved_model.load(export.export_saved_model(model, str(tmp_path / "serving")))
+    pixels = tf.constant((images + 1) * 127.5)
+    np.testing.assert_allclose(served.signatures["serving_images"](images=pixels)["logits"],
+                               expected, atol=1e-4)
+    model.export(str(tmp_path / "keras"), verbose=False)
+    restored = tf.saved_model.load(str(tmp_path / "keras"))
+    np.testing.assert_allclose(restored.serve(images).numpy(), expected, atol=1e-5)
 
 
 def test_tflite_of_a_mixed_bfloat16_model(trained, tmp_path):
