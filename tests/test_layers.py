@@ -11,6 +11,7 @@ import pytest
 import keras_vit
 from keras_vit import layers as L
 from keras_vit import resnet as R
+import numpy_reference
 from model_fixtures import randomise
 
 pytestmark = pytest.mark.usefixtures("fresh_session")
@@ -422,17 +423,6 @@ def test_resnet_stem_structure():
         stem(np.zeros((1, 32, 24, 1), "float32"))
 
 
-def _max_pool_3x3_stride_2(x):
-    """NHWC "same" max-pool by hand: -inf padding, the first row/column of padding on top/left
-    only when the total is even (TensorFlow's rule)."""
-    out_h, out_w = -(-x.shape[1] // 2), -(-x.shape[2] // 2)
-    pad_h, pad_w = 2 * out_h + 1 - x.shape[1], 2 * out_w + 1 - x.shape[2]
-    x = np.pad(x, [(0, 0), (pad_h // 2, pad_h - pad_h // 2), (pad_w // 2, pad_w - pad_w // 2),
-                   (0, 0)], constant_values=-np.inf)
-    return np.max([x[:, i:i + 2 * out_h - 1:2, j:j + 2 * out_w - 1:2]
-                   for i in range(3) for j in range(3)], axis=0)
-
-
 def test_resnet_stem_is_conv_groupnorm_relu_then_max_pool():
     """The stem pools before its ReLU (cheaper): the same values as the original's ReLU then
     pool, and on TensorFlow the same gradients, in training (custom gradient) and not."""
@@ -441,7 +431,7 @@ def test_resnet_stem_is_conv_groupnorm_relu_then_max_pool():
     stem(x)
     randomise(stem)
     normed = to_np(stem.gn_root(stem.conv_root(x)))
-    expected = _max_pool_3x3_stride_2(np.maximum(normed, 0.0))
+    expected = numpy_reference.max_pool_same(np.maximum(normed, 0.0), 3, 2)
     np.testing.assert_array_equal(to_np(stem(x)), expected)
     if keras.backend.backend() != "tensorflow":
         return
@@ -465,8 +455,8 @@ def test_resnet_stem_is_conv_groupnorm_relu_then_max_pool():
 
 def _max_pool_3x3_stride_2_gradient(x, upstream):
     """By hand: each window's gradient goes to the first input, row-major, holding its max."""
-    out_h, out_w = upstream.shape[1:3]
-    top, left = (2 * out_h + 1 - x.shape[1]) // 2, (2 * out_w + 1 - x.shape[2]) // 2
+    top = numpy_reference.same_padding(x.shape[1], 3, 2)[0]
+    left = numpy_reference.same_padding(x.shape[2], 3, 2)[0]
     grad = np.zeros_like(x)
     for b, i, j, c in np.ndindex(*upstream.shape):
         rows = [r for r in range(2 * i - top, 2 * i - top + 3) if 0 <= r < x.shape[1]]
@@ -515,7 +505,7 @@ def test_max_pool_3x3_stride_2_values_and_gradient(shape, ties, jit):
     x = rng.normal(size=shape).astype("float32")
     if ties:
         x = np.round(x)  # many equal values per window
-    expected = _max_pool_3x3_stride_2(x)
+    expected = numpy_reference.max_pool_same(x, 3, 2)
     np.testing.assert_array_equal(to_np(R.max_pool_3x3_stride_2(x)), expected)
     upstream = rng.integers(1, 100, size=expected.shape).astype("float32")
     np.testing.assert_array_equal(_vjp(R.max_pool_3x3_stride_2, x, upstream, jit),
