@@ -85,7 +85,7 @@ def quickstart_contender(custom_pool_gradient, batch, workdir):
             resnet.max_pool_3x3_stride_2 = pool
         return float(loss)
 
-    return run, config
+    return run
 
 
 def keras_hub_classifier(variant, image_size, policy):
@@ -168,8 +168,8 @@ def measure_quickstart(steps, repeats):
         contenders = {}
         for custom, name in ((True, "keras_vit's (first maximum, 9 strided views)"),
                              (False, "XLA's (select-and-scatter)")):
-            contenders[name], config = quickstart_contender(
-                custom, batch, os.path.join(workdir, str(custom)))
+            contenders[name] = quickstart_contender(custom, batch,
+                                                    os.path.join(workdir, str(custom)))
         rates = interleaved_rates(contenders, steps, config.batch_size, repeats)
     print(f"configs/quickstart.py: {config.model} at {config.image_size}px, batch "
           f"{config.batch_size}, XLA {'on' if config.jit_compile else 'off'}; {steps} steps per "
