@@ -192,7 +192,7 @@ def test_two_cpu_replicas_read_a_pipeline_each():
     memory (CPUs have none) and autotune: deleting the train iterator at the end of a 2-replica
     run waited 18 to 30 s for their autotuning threads."""
     result = subprocess.run([sys.executable, "-c", TWO_CPU_REPLICAS_READ_A_PIPELINE_EACH],
-                            cwd=REPO, capture_output=True, text=True, timeout=120,
+                            cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split("\n")[-2] == "[(0, 2), (1, 2)] [[0, 2], [1, 3]]"

@@ -313,22 +313,28 @@ def eval_dataset_fn(builder, config, dtype=tf.float32, num_patches=None):
     return dataset_fn
 
 
+def _replicas_on_cpus(strategy):
+    """Whether `strategy` runs in this process alone and all its replicas are CPUs."""
+    if not isinstance(strategy, (tf.distribute.OneDeviceStrategy, tf.distribute.MirroredStrategy)):
+        return False  # a TPU, several workers, or the default strategy (no devices to ask)
+    return all(tf.DeviceSpec.from_string(device).device_type == "CPU"
+               for device in strategy.extended.worker_devices)
+
+
 def _distributed(strategy, dataset_fn):
     """`strategy.distribute_datasets_from_function(dataset_fn)`, without the pipeline per device
     that it adds to prefetch into device memory where the replicas are CPUs (they have none):
     that pipeline is autotuned (see WITHOUT_AUTOTUNING), and deleting its iterator at the end of
     a run with 2 CPU replicas waited 18 to 30 s. One CPU replica reads the dataset itself; several
-    (MirroredStrategy) read a pipeline each, which keeps its share of every global batch."""
-    devices = strategy.extended.worker_devices
-    on_cpus = all(tf.DeviceSpec.from_string(device).device_type == "CPU" for device in devices)
-    if on_cpus and isinstance(strategy, tf.distribute.OneDeviceStrategy):
+    read a pipeline each, which keeps its share of every global batch."""
+    if not _replicas_on_cpus(strategy):
+        return strategy.distribute_datasets_from_function(dataset_fn)
+    if isinstance(strategy, tf.distribute.OneDeviceStrategy):
         return dataset_fn(tf.distribute.InputContext())
-    if on_cpus and isinstance(strategy, tf.distribute.MirroredStrategy):
-        options = tf.distribute.InputOptions(
-            experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
-            experimental_fetch_to_device=False)
-        return strategy.distribute_datasets_from_function(dataset_fn, options)
-    return strategy.distribute_datasets_from_function(dataset_fn)
+    options = tf.distribute.InputOptions(
+        experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
+        experimental_fetch_to_device=False)
+    return strategy.distribute_datasets_from_function(dataset_fn, options)
 
 
 def get_datasets(config, strategy, start_step=0, dtype=tf.float32, builder=None,
