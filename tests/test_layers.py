@@ -236,6 +236,24 @@ def test_mlp_block_matches_hand_computation(approximate):
     assert np.abs(got - other).max() > 1e-3
 
 
+def test_mlp_block_trains_its_gelu_in_float32_under_a_16_bit_policy():
+    """Training: bfloat16 matmuls, GELU in float32 (faster on TensorFlow's CPU kernels, and more
+    accurate). Inference: GELU in bfloat16, which TensorFlow fuses into the matmul before it."""
+    ops = keras.ops
+    layer = L.MlpBlock(64, dtype="mixed_bfloat16")
+    x = np.random.default_rng(0).normal(scale=2.0, size=(2, 5, 16)).astype("float32")
+    layer.build(x.shape)
+    randomise(layer, scale=1.0)
+    hidden = layer.dense_0(x.reshape(-1, 16))
+    in_float32 = ops.cast(ops.gelu(ops.cast(hidden, "float32")), "bfloat16")
+    expected = {True: to_np(layer.dense_1(in_float32)).astype("float32").reshape(x.shape),
+                False: to_np(layer.dense_1(ops.gelu(hidden))).astype("float32").reshape(x.shape)}
+    assert np.abs(expected[True] - expected[False]).max() > 0  # the test can tell them apart
+    for training in (True, False):
+        got = to_np(layer(x, training=training)).astype("float32")
+        np.testing.assert_array_equal(got, expected[training], err_msg=f"training={training}")
+
+
 def test_gelu_is_approximate_by_default():
     assert L.MlpBlock(8).approximate_gelu is True
     block = L.EncoderBlock(2, 8)
