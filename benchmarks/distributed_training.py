@@ -26,10 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from train import config_checks  # noqa: E402
 
-config_flags.DEFINE_config_file("config", None, "Experiment config (a shipped name or file.py).",
-                                lock_config=True)
-config_checks.install_config_parser(flags.FLAGS["config"])  # the driver's loading (`from .`)
-flags.FLAGS.set_default("config", "quickstart")
+config_checks.define_config_flag("Experiment config (a shipped name or file.py).", "quickstart")
 flags.DEFINE_integer("steps", 300, "Training steps per run.")
 flags.DEFINE_integer("steps_per_loop", 50, "Steps per host call (one metrics record each).")
 FLAGS = flags.FLAGS

@@ -16,14 +16,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import machine  # noqa: E402
 from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
 
 from train import config_checks  # noqa: E402
 
-config_flags.DEFINE_config_file("config", None, "Experiment config (a shipped name or file.py).",
-                                lock_config=True)
-config_checks.install_config_parser(flags.FLAGS["config"])  # the driver's loading (`from .`)
-flags.FLAGS.set_default("config", "quickstart")
+config_checks.define_config_flag("Experiment config (a shipped name or file.py).", "quickstart")
 flags.DEFINE_integer("batches", 200, "Batches timed after warm-up.")
 flags.DEFINE_integer("repeats", 3, "Timed passes; the median is reported.")
 FLAGS = flags.FLAGS

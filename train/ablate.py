@@ -46,10 +46,9 @@ flags.DEFINE_integer("steps", None, "Training steps of every run (hybrid: of the
 flags.DEFINE_integer("seeds", 2, "Seeds per arm: 0, 1, ..., seeds - 1.")
 flags.DEFINE_string("dataset", None, "A TFDS dataset name or folder:/path (as "
                     "--config.dataset); default: the config's, the offline Fashion-MNIST.")
-config_flags.DEFINE_config_file("config", None, "Base config of every run (a shipped name "
-                                "or file.py, [:arg]); default: ablation (configs/ablation.py). "
-                                "--config.field=value overrides a field.", lock_config=True)
-config_checks.install_config_parser(flags.FLAGS["config"])
+config_checks.define_config_flag("Base config of every run (a shipped name or file.py, [:arg]); "
+                                 "default: ablation (configs/ablation.py). --config.field=value "
+                                 "overrides a field.")
 flags.declare_key_flag("verbose")  # defined in train/cli.py; listed by --help
 flags.mark_flags_as_required(["study", "out"])
 FLAGS = flags.FLAGS

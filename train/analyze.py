@@ -16,14 +16,12 @@ import os
 import time
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from . import cli, config_checks
 
-config_flags.DEFINE_config_file("config", None, "Config (a shipped name or file.py, [:arg]); "
-                                "default: the workdir's config.json. Names the dataset, and the "
-                                "model and weights when there is no --workdir.", lock_config=True)
-config_checks.install_config_parser(flags.FLAGS["config"])
+config_checks.define_config_flag("Config (a shipped name or file.py, [:arg]); default: the "
+                                 "workdir's config.json. Names the dataset, and the model and "
+                                 "weights when there is no --workdir.")
 flags.DEFINE_string("workdir", None, "Training workdir holding export/model.keras.")
 flags.DEFINE_string("out", None, "Folder (local or gs://) for the PNG files and analysis.json.")
 flags.DEFINE_list("images", [], "Image files (PNG/JPEG/GIF/BMP) for the attention maps; "

@@ -401,6 +401,18 @@ def load_config_module(filename):
     return module
 
 
+def define_config_flag(help_text, default=None):
+    """Defines the `--config` flag of a command (a shipped config by name, or a file.py, with
+    `[:arg]` and `--config.field=value` overrides), loaded by `install_config_parser`."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", None, help_text, lock_config=True)
+    install_config_parser(flags.FLAGS["config"])
+    if default is not None:
+        flags.FLAGS.set_default("config", default)
+
+
 def install_config_parser(flag):
     """Gives a `config_flags.DEFINE_config_file` flag our loading (`config_file`,
     `load_config_module`) and one-line errors: a missing file, a syntax error or a bad

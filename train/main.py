@@ -12,15 +12,12 @@ same command to resume); anything else is a failure.
 import sys
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from . import cli, config_checks
 
-config_flags.DEFINE_config_file("config", None, "Experiment config: a shipped one by name "
-                                "(quickstart, finetune, ...) or a file.py; [:arg] after either.",
-                                lock_config=True)
 # Missing files, syntax errors and bad file.py:arguments as one line (see config_checks).
-config_checks.install_config_parser(flags.FLAGS["config"])
+config_checks.define_config_flag("Experiment config: a shipped one by name (quickstart, "
+                                 "finetune, ...) or a file.py; [:arg] after either.")
 flags.DEFINE_string("workdir", None, "Directory (local or gs://) for checkpoints, logs, export.")
 flags.DEFINE_enum("strategy", "", ["", *config_checks.STRATEGIES],
                   "Distribution strategy; default: TPU if --tpu, else all GPUs, else CPU.")
