@@ -538,9 +538,10 @@ class MlpBlock(keras.layers.Layer):
         if training and self.compute_dtype != "float32":
             # Training under a 16-bit policy: GELU in float32, which is also the more accurate.
             # TensorFlow's CPU kernels run its element-wise ops and their gradients faster in
-            # float32 than in bfloat16 (ViT-S/16's training step: 1.0x to 1.05x keras-hub's with
-            # it, benchmarks/train_step.py). Not in inference, where TensorFlow fuses the
-            # bfloat16 GELU into the matmul before it and a cast between them would prevent that.
+            # float32 than in bfloat16 (ViT-S/16's bfloat16 training step: 1.09x keras-hub's
+            # with it, 0.99x without; benchmarks/train_step.py). Not in inference, where
+            # TensorFlow fuses the bfloat16 GELU into the matmul before it and a cast between
+            # them would prevent that.
             return ops.cast(ops.gelu(ops.cast(x, "float32"), approximate=self.approximate_gelu),
                             self.compute_dtype)
         return ops.gelu(x, approximate=self.approximate_gelu)
