@@ -229,6 +229,13 @@ def with_corruption(example, seed, config, num_patches):
     return dict(example, corruption=corruption, source=source)
 
 
+def global_seed(config):
+    """The run's global random seed (`keras.utils.set_random_seed`), which the trainer sets and
+    the train stream builds its shuffles under: `config.seed + 1`, the seed of earlier runs (a
+    global seed of 0 once broke the stream's shuffles, which now set their own op seeds)."""
+    return config.seed + 1
+
+
 def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patches=None):
     """Returns `fn(input_context)` for `strategy.distribute_datasets_from_function`.
 
@@ -251,9 +258,9 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patche
         def one_epoch(epoch):
             # The order depends on config.seed alone, not on the global seed of the caller
             # (tf.random.set_seed), which tf.data pairs with the op seed; with a global seed of 0
-            # it even failed to build a shuffle of a tensor seed. Seed + 1: the trainer's global
-            # seed, so the driver's order is the one of earlier runs.
-            tf.compat.v1.get_default_graph().seed = config.seed + 1
+            # it even failed to build a shuffle of a tensor seed. The trainer's global seed, so
+            # the driver's order is the one of earlier runs.
+            tf.compat.v1.get_default_graph().seed = global_seed(config)
             shuffled = examples.shuffle(min(config.shuffle_buffer, epoch_size),
                                         seed=config.seed * 100_003 + epoch,
                                         reshuffle_each_iteration=False)

@@ -61,9 +61,7 @@ class Trainer:
     def __init__(self, config, workdir, strategy):
         check_config(config, strategy.num_replicas_in_sync)
         self.config, self.workdir, self.strategy = config, workdir, strategy
-        # +1: the seed of earlier runs (a global TF seed of 0 used to break the input
-        # pipeline's shuffles, which now set their own).
-        keras.utils.set_random_seed(config.seed + 1)
+        keras.utils.set_random_seed(input_pipeline.global_seed(config))
         self.input_dtype = (tf.bfloat16 if is_tpu(strategy) and "bfloat16" in config.dtype_policy
                             else tf.float32)
         self.builder = builder = input_pipeline.get_builder(config)
