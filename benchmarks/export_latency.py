@@ -3,6 +3,13 @@ and each TFLite variant in LiteRT (XNNPack), for a variant at one image size.
 
     python benchmarks/export_latency.py --variant=Ti/16 --variant=B/16 --threads=2
 
+The variant's fields can be changed (`--hidden_size`, `--num_layers`, ...), to time the
+model you will deploy, e.g. the quickstart's architecture:
+
+    python benchmarks/export_latency.py --variant=R+Ti/16 --image_size=32 --patch_size=2 \
+        --hidden_size=64 --mlp_dim=128 --num_heads=4 --num_layers=4 --num_classes=10 \
+        --repeats=1000
+
 Batch-1 latency (median of repeats) and batch-32 throughput; model sizes on disk. Weights are
 random (latency does not depend on their values); int8 calibrates on random images.
 """
@@ -22,6 +29,7 @@ import keras_vit  # noqa: E402
 import machine  # noqa: E402
 from litert_runner import tflite_runner  # noqa: E402
 from keras_vit import export  # noqa: E402
+from keras_vit.variants import OVERRIDABLE_FIELDS  # noqa: E402
 
 
 def median_seconds(function, repeats):
@@ -39,8 +47,7 @@ def directory_size(path):
                for root, _, names in os.walk(path) for name in names)
 
 
-def measure(variant, image_size, batch, threads, repeats, workdir):
-    model = keras_vit.vit(variant, image_size=image_size)
+def measure(model, image_size, batch, threads, repeats, workdir):
     rng = np.random.default_rng(0)
     one = rng.uniform(0, 255, (1, image_size, image_size, 3)).astype(np.float32)
     many = rng.uniform(0, 255, (batch, image_size, image_size, 3)).astype(np.float32)
@@ -70,18 +77,25 @@ def main():
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--num_classes", type=int, default=1000)
+    for field in OVERRIDABLE_FIELDS:
+        parser.add_argument(f"--{field}", type=int, help="instead of the variant's")
     args = parser.parse_args()
+    overrides = {field: getattr(args, field) for field in OVERRIDABLE_FIELDS
+                 if getattr(args, field) is not None}
     print(machine.describe())
-    print(f"{args.image_size}px, LiteRT threads {args.threads}, TF {tf.__version__}, "
-          f"median of {args.repeats}\n")
+    print(f"{args.image_size}px, {args.num_classes} classes, {overrides or 'no overrides'}, "
+          f"LiteRT threads {args.threads}, TF {tf.__version__}, median of {args.repeats}\n")
     print(f"| variant | format | size MB | batch-1 latency ms | batch-{args.batch_size} images/s |")
     print("|---|---|---|---|---|")
     for variant in args.variant or ["Ti/16"]:
+        model = keras_vit.vit(variant, image_size=args.image_size,
+                              num_classes=args.num_classes, **overrides)
         with tempfile.TemporaryDirectory() as workdir:
             for name, size, latency, throughput in measure(
-                    variant, args.image_size, args.batch_size, args.threads, args.repeats,
+                    model, args.image_size, args.batch_size, args.threads, args.repeats,
                     workdir):
-                print(f"| {variant} | {name} | {size / 2**20:.1f} | {latency * 1000:.1f} | "
+                print(f"| {variant} | {name} | {size / 2**20:.2f} | {latency * 1000:.3f} | "
                       f"{throughput:.1f} |", flush=True)
 
 

@@ -1,6 +1,7 @@
 """A benchmark script starts as the README gives it: from the repository root, reading a config
 file the way the driver does (shipped configs import `from . import common`)."""
 
+import os
 import subprocess
 import sys
 
@@ -34,3 +35,22 @@ def test_train_step_benchmark_times_the_quickstart_model(fake_fmnist):
     assert [row.split(" | ")[0] for row in rows] == [
         "| keras_vit's (first maximum, 9 strided views)", "| XLA's (select-and-scatter)"]
     assert rows[1].endswith("| 1.00x |")
+
+
+def test_export_latency_benchmark_times_a_variant_with_changed_fields():
+    """`benchmarks/export_latency.py` with the variant's fields overridden (a Ti/16 hybrid of
+    width 8): every format is timed, and the files are that small model's, not Ti/16's."""
+    command = [sys.executable, "benchmarks/export_latency.py", "--variant=R+Ti/16",
+               "--image_size=16", "--patch_size=2", "--hidden_size=8", "--mlp_dim=16",
+               "--num_heads=2", "--num_layers=1", "--num_classes=3", "--batch_size=2",
+               "--repeats=1"]
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line.split(" | ") for line in result.stdout.splitlines()
+            if line.startswith("| R+Ti/16 |")]
+    assert [row[1] for row in rows] == ["SavedModel (TF)", "TFLite float32", "TFLite float16",
+                                        "TFLite dynamic", "TFLite int8"]
+    # Ti/16's own float32 file is 22 MB; this one holds about 12k weights (0.05 MB).
+    assert float(rows[1][2]) < 0.5, rows
