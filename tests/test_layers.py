@@ -468,6 +468,28 @@ def test_group_norm_matches_the_reference_and_keras_group_normalization(channels
                                rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow gradients")
+def test_group_norm_inference_gradients_equal_keras_group_normalization():
+    """Gradients through the inference computation (attribution maps take them) with respect
+    to the input and both weights, against Keras' layer."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(1)
+    x = tf.constant((rng.normal(size=(2, 4, 6, 64)) + rng.normal(size=64)).astype("float32"))
+    gamma, beta = rng.normal(size=(2, 64)).astype("float32")
+    grads = []
+    for layer in (R.GroupNorm(groups=32, epsilon=1e-6),
+                  keras.layers.GroupNormalization(groups=32, epsilon=1e-6)):
+        layer.build(x.shape)
+        layer.set_weights([gamma, beta])
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(tf.sin(3.0 * layer(x, training=False)))
+        grads.append(tape.gradient(loss, [x, layer.gamma, layer.beta]))
+    for ours, theirs in zip(*grads):
+        np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="inspects a TF graph")
 def test_group_norm_graph_has_no_5d_tensor():
     """Keras' layer reshapes maps to [N, H, W, groups, C / groups], which LiteRT runs slowly;
