@@ -61,14 +61,13 @@ class GroupNorm(keras.layers.GroupNormalization):
             return super().call(inputs)
         x = ops.cast(inputs, keras.backend.result_type(inputs.dtype, "float32"))
         spatial = tuple(range(1, len(x.shape) - 1))
-        mean = self._group_average(ops.mean(x, axis=spatial, keepdims=True))
-        # As in tf.nn.moments: the variance's gradient through the mean is zero.
-        deviations = ops.square(x - ops.stop_gradient(mean))
-        variance = self._group_average(ops.mean(deviations, axis=spatial, keepdims=True))
+        centred = x - self._group_average(ops.mean(x, axis=spatial, keepdims=True))
+        variance = self._group_average(
+            ops.mean(ops.square(centred), axis=spatial, keepdims=True))
         scale = ops.rsqrt(variance + self.epsilon)
         if self.scale:
             scale = scale * ops.cast(self.gamma, x.dtype)
-        outputs = (x - mean) * scale
+        outputs = centred * scale
         if self.center:
             outputs = outputs + ops.cast(self.beta, x.dtype)
         return ops.cast(outputs, self.compute_dtype)
