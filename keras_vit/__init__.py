@@ -3,14 +3,34 @@
     import keras_vit
     model = keras_vit.ViT_B16()                      # 224x224, 1000 classes
     model = keras_vit.vit("R50+B/16", num_classes=37)
+    spec = keras_vit.ViTConfig.from_variant("S/16", image_size=384)   # the same, as data
+
+`import keras_vit` loads the architecture spec, the layers and the model (and registers the
+layers for `keras.models.load_model`); the tools load on first use (PEP 562): `analysis`,
+`checkpoint`, `export`, `fileio`, `flops`, `plotting`, `pretrained`, `serving`.
 """
 
-from keras_vit import (analysis, checkpoint, export, flops, layers, masked_patches, plotting,
-                       pretrained, resnet, serving)
+import importlib
+
+from keras_vit import layers, masked_patches, resnet  # noqa: F401  (registered for loading)
 from keras_vit.builders import *  # noqa: F401,F403  (ViT_B16, ...: one per VARIANT_NAMES)
 from keras_vit.masked_patches import MaskedPatchPredictor
 from keras_vit.model import attention_model, vit
 from keras_vit.preprocessing import preprocess_inputs
+from keras_vit.spec import ViTConfig
 from keras_vit.variants import VARIANT_NAMES, parse_variant
 
 __version__ = "0.1.0"
+
+_LAZY_MODULES = ("analysis", "checkpoint", "export", "fileio", "flops", "plotting", "pretrained",
+                 "serving")
+
+
+def __getattr__(name):
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY_MODULES))

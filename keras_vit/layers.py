@@ -11,7 +11,7 @@ import keras
 import numpy as np
 from keras import ops
 
-LAYER_NORM_EPSILON = 1e-6  # the original's; Keras' default is 1e-3
+from keras_vit.spec import CLASSIFIERS, LAYER_NORM_EPSILON
 
 
 def _xavier_uniform_flat(fan_in, fan_out):
@@ -571,6 +571,7 @@ class EncoderBlock(keras.layers.Layer):
         attention_dropout: dropout on the attention weights.
         drop_path_rate: stochastic-depth rate of this block.
         approximate_gelu: tanh-approximate GELU (the original) when True, exact when False.
+        layer_norm_epsilon: of the two LayerNorms (the original's 1e-6).
         relative_position, grid_size, num_prefix_tokens: relative position logits in the
             attention, see `MultiHeadSelfAttention` (None: none, the original).
         **kwargs: base `Layer` arguments.
@@ -581,7 +582,8 @@ class EncoderBlock(keras.layers.Layer):
 
     def __init__(self, num_heads, mlp_dim, dropout=0.0, attention_dropout=0.0,
                  drop_path_rate=0.0, approximate_gelu=True, relative_position=None,
-                 grid_size=None, num_prefix_tokens=0, **kwargs):
+                 grid_size=None, num_prefix_tokens=0, layer_norm_epsilon=LAYER_NORM_EPSILON,
+                 **kwargs):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
@@ -589,6 +591,7 @@ class EncoderBlock(keras.layers.Layer):
         self.attention_dropout = float(attention_dropout)
         self.drop_path_rate = float(drop_path_rate)
         self.approximate_gelu = bool(approximate_gelu)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.relative_position = relative_position
         self.grid_size = None if grid_size is None else tuple(int(g) for g in grid_size)
         self.num_prefix_tokens = int(num_prefix_tokens)
@@ -598,13 +601,13 @@ class EncoderBlock(keras.layers.Layer):
     def build(self, input_shape):
         _check_rank(self, input_shape, 3, "tokens [batch, tokens, hidden]")
         policy = self.dtype_policy
-        self.norm_0 = LayerNorm(name="LayerNorm_0", dtype=policy)
+        self.norm_0 = LayerNorm(self.layer_norm_epsilon, name="LayerNorm_0", dtype=policy)
         self.attention = MultiHeadSelfAttention(
             self.num_heads, dropout=self.attention_dropout,
             relative_position=self.relative_position, grid_size=self.grid_size,
             num_prefix_tokens=self.num_prefix_tokens,
             name="MultiHeadDotProductAttention_1", dtype=policy)
-        self.norm_2 = LayerNorm(name="LayerNorm_2", dtype=policy)
+        self.norm_2 = LayerNorm(self.layer_norm_epsilon, name="LayerNorm_2", dtype=policy)
         self.mlp = MlpBlock(self.mlp_dim, dropout=self.dropout,
                             approximate_gelu=self.approximate_gelu, name="MlpBlock_3",
                             dtype=policy)
@@ -645,6 +648,7 @@ class EncoderBlock(keras.layers.Layer):
                 "dropout": self.dropout, "attention_dropout": self.attention_dropout,
                 "drop_path_rate": self.drop_path_rate,
                 "approximate_gelu": self.approximate_gelu,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
                 "relative_position": self.relative_position, "grid_size": self.grid_size,
                 "num_prefix_tokens": self.num_prefix_tokens}
 
@@ -726,9 +730,6 @@ class AxialEncoderBlock(EncoderBlock):
         for key in ("relative_position", "num_prefix_tokens"):
             config.pop(key)
         return {**config, "axis": self.axis}
-
-
-CLASSIFIERS = ("token", "gap")
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")

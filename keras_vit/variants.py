@@ -1,11 +1,11 @@
 """The table of ViT variants and the parser for names such as "B/16", "R50+B/16" or "Axial-B/16".
 
 Variants are data: a transformer size from `TRANSFORMER_SIZES`, a patch size, for the hybrids a
-ResNet from `RESNET_STAGES`, and for Axial-ViT (paper appendix D.6) the "Axial-" prefix. `vit()`
-decodes a name into one `VariantConfig`.
+ResNet from `RESNET_STAGES`, and for Axial-ViT (paper appendix D.6) the "Axial-" prefix.
+`variant_table_row` decodes a name; `keras_vit.ViTConfig.from_variant` makes it a full spec.
+Pure Python, like the spec: no Keras.
 """
 
-import dataclasses
 import numbers
 import re
 
@@ -52,53 +52,8 @@ VARIANT_NAMES = {
 }
 AXIAL_PREFIX = "Axial-"
 
-_NAME_PATTERN = re.compile(r"^(Axial-)?(?:(R\d*)\+)?(Ti|S|B|L|H)/(\d+)$")
-
-
-@dataclasses.dataclass(frozen=True)
-class VariantConfig:
-    """The architecture of one variant.
-
-    Attributes:
-        name: the canonical name, such as "B/16" or "R50+B/16".
-        patch_size: side of the square patches cut from the image (or from the ResNet feature
-            map for hybrids).
-        hidden_size: width D of the transformer.
-        mlp_dim: hidden size of the MLP in each encoder block.
-        num_heads: attention heads; must divide `hidden_size`.
-        num_layers: encoder blocks.
-        dropout: dropout rate of the upstream configuration.
-        resnet_units: units per ResNet stage for hybrids, `()` for the stem alone, None for a
-            plain ViT.
-        axial: True for Axial-ViT: every block becomes a row-attention block and a
-            column-attention block, each with its own MLP.
-    """
-
-    name: str
-    patch_size: int
-    hidden_size: int
-    mlp_dim: int
-    num_heads: int
-    num_layers: int
-    dropout: float = 0.0
-    resnet_units: tuple | None = None
-    axial: bool = False
-
-    @property
-    def is_hybrid(self):
-        return self.resnet_units is not None
-
-    @property
-    def resnet_stride(self):
-        """Downsampling of the ResNet in front of the patches (1 for a plain ViT)."""
-        if self.resnet_units is None:
-            return 1
-        return 4 * 2 ** max(len(self.resnet_units) - 1, 0)
-
-    @property
-    def total_stride(self):
-        """Pixels per token along each side of the image."""
-        return self.resnet_stride * self.patch_size
+# "Axial-" (optional), a ResNet prefix and "+" (optional), a transformer size, "/", a patch size.
+_NAME_PATTERN = re.compile(r"^(Axial-)?(?:(R\d*)\+)?(%s)/(\d+)$" % "|".join(TRANSFORMER_SIZES))
 
 
 def _describe(value):
@@ -153,26 +108,25 @@ def check_bool(name, value):
     return bool(value)
 
 
-def parse_variant(name):
-    """Returns the `VariantConfig` of a name such as "B/16" or "R50+B/16".
+def variant_table_row(name):
+    """What the tables say of a variant name such as "B/16" or "R50+B/16": a dict of its
+    canonical `name`, the `OVERRIDABLE_FIELDS`, the upstream `dropout`, `resnet_units` (None
+    for a plain ViT) and `axial`.
 
-    Raises a `TypeError` for a non-string and a `ValueError` for an unknown name; both list
-    the valid names.
+    Raises a `TypeError` for a non-string and a `ValueError` for an unknown name, each saying
+    what is required and listing the valid names.
     """
+    valid = (f"valid names: {', '.join(VARIANT_NAMES)}, and {AXIAL_PREFIX!r} before any plain "
+             "ViT name (e.g. 'Axial-S/16')")
     if not isinstance(name, str):
-        raise TypeError(
-            f"variant must be a string such as 'B/16', got {_describe(name)}. "
-            f"Valid names: {', '.join(VARIANT_NAMES)}.")
+        raise TypeError(f"must be a variant name such as 'B/16'; {valid}")
     name = name.strip()
     match = _NAME_PATTERN.match(name)
     plain = name.removeprefix(AXIAL_PREFIX)
     known = name in VARIANT_NAMES or (
         name.startswith(AXIAL_PREFIX) and plain in VARIANT_NAMES and "+" not in plain)
     if match is None or not known:
-        raise ValueError(
-            f"Unknown ViT variant {name!r}. Valid names: {', '.join(VARIANT_NAMES)}, and "
-            f"{AXIAL_PREFIX!r} before any plain ViT name (e.g. 'Axial-S/16')."
-        )
+        raise ValueError(f"is not a ViT variant; {valid}")
     axial, resnet, size, patch = (match.group(1) is not None, match.group(2), match.group(3),
                                   int(match.group(4)))
     hidden, mlp, heads, layers = TRANSFORMER_SIZES[size]
@@ -181,14 +135,14 @@ def parse_variant(name):
         resnet_units, hybrid_patch = RESNET_STAGES.get(f"{resnet}+{size}",
                                                        RESNET_STAGES[resnet])
         patch = hybrid_patch or 1
-    return VariantConfig(
-        name=name,
-        patch_size=patch,
-        hidden_size=hidden,
-        mlp_dim=mlp,
-        num_heads=heads,
-        num_layers=layers,
-        dropout=UPSTREAM_DROPOUT.get(plain, 0.0),
-        resnet_units=resnet_units,
-        axial=axial,
-    )
+    return dict(name=name, patch_size=patch, hidden_size=hidden, mlp_dim=mlp, num_heads=heads,
+                num_layers=layers, dropout=UPSTREAM_DROPOUT.get(plain, 0.0),
+                resnet_units=resnet_units, axial=axial)
+
+
+def parse_variant(name):
+    """The `keras_vit.ViTConfig` of a variant name such as "B/16" or "R50+B/16" (its table
+    fields, 224x224, 1000 classes); `ViTConfig.from_variant(name)`."""
+    from keras_vit.spec import ViTConfig  # the spec reads this module's tables
+
+    return ViTConfig.from_variant(name)

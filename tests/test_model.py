@@ -99,7 +99,7 @@ def test_unknown_variant_lists_valid_names():
 
 
 def test_unknown_classifier():
-    with pytest.raises(ValueError, match=r"'token'.*'gap'.*'mean'"):
+    with pytest.raises(ValueError, match=r"classifier='mean': must be one of \('token', 'gap'\)"):
         tiny(classifier="mean")
 
 
@@ -116,7 +116,7 @@ def test_other_argument_errors():
         tiny(patch_sise=8)
     with pytest.raises(ValueError, match="image_size"):
         keras_vit.vit("B/16", image_size=(224, 224, 3))
-    with pytest.raises(ValueError, match="num_layers must be a positive integer"):
+    with pytest.raises(ValueError, match="num_layers=0: must be a positive integer"):
         tiny(num_layers=0)
 
 

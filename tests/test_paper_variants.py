@@ -168,7 +168,7 @@ def test_axial_vit_alternates_row_and_column_blocks_without_a_class_token():
 def test_axial_names_parse_for_every_plain_variant():
     for name in ("Axial-Ti/16", "Axial-S/32", "Axial-B/16", "Axial-B/32", "Axial-H/14"):
         config = keras_vit.parse_variant(name)
-        assert config.axial and config.name == name and config.resnet_units is None
+        assert config.axial and config.variant == name and config.resnet_units is None
         assert config.patch_size == keras_vit.parse_variant(name[len("Axial-"):]).patch_size
     for name in ("Axial-R+Ti/16", "Axial-B/15", "axial-B/16"):
         with pytest.raises(ValueError, match="Axial-"):
@@ -234,10 +234,10 @@ def test_parameter_counts_follow_from_the_shapes():
      "needs position_embedding 'learned' or 'learned_2d'"),
     (dict(position_embedding="relative", position_embedding_placement="every_layer_shared"),
      "placement 'stem'"),
-    (dict(position_embedding_placement="everywhere"), "position_embedding_placement must be"),
-    (dict(position_embedding="rotary"), "position_embedding must be one of"),
+    (dict(position_embedding_placement="everywhere"), "position_embedding_placement='everywhere': must be one of"),
+    (dict(position_embedding="rotary"), "position_embedding='rotary': must be one of"),
     (dict(variant="Axial-B/16", classifier="token"), "classifier='gap'"),
-    (dict(variant="Axial-B/16", position_embedding="relative"), "does not take relative"),
+    (dict(variant="Axial-B/16", position_embedding="relative"), "takes no relative"),
 ])
 def test_clear_errors_for_combinations_that_make_no_sense(kwargs, message):
     variant = kwargs.pop("variant", "B/16")

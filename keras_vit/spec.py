@@ -1,0 +1,330 @@
+"""`ViTConfig`: the one typed description of a ViT architecture, in pure Python.
+
+Every way of making a model goes through it: `keras_vit.vit("B/16", ...)` and the builders,
+the training configs (their `config.model` holds its fields), the studies and benchmarks, and
+the files the package writes (a `.keras` model, the `.npz` sidecar, the SavedModel assets),
+which record it so that a file says what it is. Its fields, allowed values and the rules that
+combine them are written here once.
+
+    spec = ViTConfig.from_variant("R50+B/16", num_classes=37, image_size=384)
+    spec.to_dict() == ViTConfig.from_dict(spec.to_dict()).to_dict()
+
+A spec validates itself when it is made and reports every problem at once. It needs no Keras,
+so configuration checks can use it before TensorFlow starts.
+"""
+
+import dataclasses
+import math
+import numbers
+
+from keras_vit import variants
+from keras_vit.variants import _describe
+
+CLASSIFIERS = ("token", "gap")
+# Paper appendix D.4: the absolute kinds (added to tokens) and the relative kinds (in the
+# attention).
+POSITION_EMBEDDINGS = ("learned", "learned_2d", "none", "relative", "relative_2d")
+# Only embeddings added to the tokens can be added again before every block (Table 8).
+LEARNED_POSITION_EMBEDDINGS = ("learned", "learned_2d")
+PLACEMENTS = ("stem", "every_layer", "every_layer_shared")
+# The fields a variant name fills in, and that a spec may change.
+TABLE_FIELDS = variants.OVERRIDABLE_FIELDS
+LAYER_NORM_EPSILON = 1e-6  # the original's (Keras' default is 1e-3)
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a spec: the fields at fault, their values, and what is required."""
+
+    fields: tuple
+    values: tuple
+    requirement: str
+    error: type = ValueError  # TypeError for a value of the wrong type
+
+    def describe(self, field_name=lambda field: field):
+        """`field=value: requirement`, with each field shown as `field_name(field)`."""
+        show = _describe if self.error is TypeError else repr
+        shown = ", ".join(f"{field_name(field)}={show(value)}"
+                          for field, value in zip(self.fields, self.values))
+        return f"{shown}: {self.requirement}"
+
+
+def raise_problems(problems, what="ViT architecture"):
+    """Raises one error naming every problem: a TypeError when all are wrong types, else a
+    ValueError. Does nothing when `problems` is empty."""
+    if not problems:
+        return
+    error = TypeError if all(p.error is TypeError for p in problems) else ValueError
+    text = "; ".join(problem.describe() for problem in problems)
+    prefix = f"Invalid {what}: " if len(problems) > 1 else ""
+    raise error(prefix + text + ".")
+
+
+@dataclasses.dataclass(frozen=True)
+class ViTConfig:
+    """The architecture of a ViT, checked when made; `keras_vit.vit(spec)` builds it.
+
+    Attributes:
+        variant: a name from `keras_vit.VARIANT_NAMES` ("B/16", "R50+B/16", "Axial-B/16", ...):
+            the transformer size, whether a ResNet stem ("hybrid") comes first, Axial-ViT.
+        patch_size, hidden_size, mlp_dim, num_heads, num_layers: the variant's table fields;
+            None takes the variant's. Patches are cut from the image, or from the ResNet
+            feature map of a hybrid.
+        image_size: int or (height, width), stored as a pair; multiples of the pixels per patch.
+        num_classes: classes of the head (zero-initialised, as the paper's transfer recipe).
+        include_top: False for a model that returns the pooled representation, no head.
+        classifier: "token" (the class token) or "gap" (mean of the tokens, no class token);
+            None takes "token", or "gap" for Axial variants (their tokens stay a grid).
+        representation_size: width of the tanh "pre_logits" layer before the head; None: none.
+        position_embedding: appendix D.4's kinds: "learned" (1-D, the default), "learned_2d"
+            (row and column halves), "none", "relative" or "relative_2d" (logits in every
+            block's attention).
+        position_embedding_placement: where learned kinds are added (Table 8): "stem" (once,
+            before the encoder), "every_layer" (a new one before every block) or
+            "every_layer_shared" (the same one before every block).
+        dropout: after the position embeddings, the attention and the MLP dense layers; None
+            takes the upstream configuration's (0.1 for L/16 and H/14, else 0).
+        attention_dropout: on the attention weights.
+        drop_path_rate: stochastic depth, rising linearly from 0 at the first block.
+        approximate_gelu: the tanh-approximate GELU of the original (True) or the exact one.
+        layer_norm_epsilon: of every LayerNorm (the original's 1e-6).
+    """
+
+    variant: str = "B/16"
+    patch_size: int = None
+    hidden_size: int = None
+    mlp_dim: int = None
+    num_heads: int = None
+    num_layers: int = None
+    image_size: tuple = 224
+    num_classes: int = 1000
+    include_top: bool = True
+    classifier: str = None
+    representation_size: int = None
+    position_embedding: str = "learned"
+    position_embedding_placement: str = "stem"
+    dropout: float = None
+    attention_dropout: float = 0.0
+    drop_path_rate: float = 0.0
+    approximate_gelu: bool = True
+    layer_norm_epsilon: float = LAYER_NORM_EPSILON
+
+    def __post_init__(self):
+        values, problems = _resolved(dataclasses.asdict(self))
+        raise_problems(problems)
+        for field, value in values.items():
+            object.__setattr__(self, field, value)
+
+    @classmethod
+    def from_variant(cls, variant, **fields):
+        """The spec of a variant name, with any field changed (`TypeError` for unknown ones)."""
+        return cls(variant=variant, **_known(fields))
+
+    @classmethod
+    def from_dict(cls, fields):
+        """The spec that `to_dict()` wrote (a JSON object)."""
+        if not isinstance(fields, dict):
+            raise TypeError(f"A ViTConfig is read from a dict, got {_describe(fields)}.")
+        return cls(**_known(fields))
+
+    @classmethod
+    def problems(cls, **fields):
+        """Every `Problem` of a spec with these fields (unknown ones included), without
+        raising: for configuration checks that report on their own terms."""
+        unknown = sorted(set(fields) - set(FIELDS))
+        found = [Problem((name,), (fields[name],), "not a ViTConfig field", TypeError)
+                 for name in unknown]
+        return found + _resolved({k: v for k, v in fields.items() if k not in unknown})[1]
+
+    def to_dict(self):
+        """The fields as JSON-ready values (`image_size` as a list)."""
+        fields = dataclasses.asdict(self)
+        fields["image_size"] = list(self.image_size)
+        return fields
+
+    def replace(self, **fields):
+        """A copy with these fields changed, checked again."""
+        return dataclasses.replace(self, **_known(fields))
+
+    @property
+    def resnet_units(self):
+        """Units per ResNet stage for hybrids, `()` for the stem alone, None for a plain ViT."""
+        return variants.variant_table_row(self.variant)["resnet_units"]
+
+    @property
+    def axial(self):
+        """True for Axial-ViT (appendix D.6): every block is a row block and a column block."""
+        return variants.variant_table_row(self.variant)["axial"]
+
+    @property
+    def is_hybrid(self):
+        return self.resnet_units is not None
+
+    @property
+    def resnet_stride(self):
+        """Downsampling of the ResNet in front of the patches (1 for a plain ViT)."""
+        if self.resnet_units is None:
+            return 1
+        return 4 * 2 ** max(len(self.resnet_units) - 1, 0)
+
+    @property
+    def total_stride(self):
+        """Pixels per token along each side of the image."""
+        return self.resnet_stride * self.patch_size
+
+    @property
+    def grid_size(self):
+        """Patches along (height, width)."""
+        return tuple(side // self.total_stride for side in self.image_size)
+
+    @property
+    def num_prefix_tokens(self):
+        """Tokens before the patches: 1 for the class token, else 0."""
+        return int(self.classifier == "token")
+
+    @property
+    def default_name(self):
+        """The model's name, e.g. "vit_b16" or "vit_r50_b16"."""
+        return "vit_" + "".join(
+            {"/": "", "+": "_", "-": "_"}.get(char, char) for char in self.variant.lower())
+
+
+FIELDS = tuple(field.name for field in dataclasses.fields(ViTConfig))
+
+
+def _known(fields):
+    unknown = sorted(set(fields) - set(FIELDS))
+    if unknown:
+        raise TypeError(f"Unknown ViTConfig fields {unknown}; the fields are {list(FIELDS)}.")
+    return fields
+
+
+def _image_size_pair(image_size):
+    """`image_size` as (height, width) of ints: an int or a sequence of two."""
+    valid = "must be a positive integer or (height, width) of two positive integers"
+    if isinstance(image_size, numbers.Integral) and not isinstance(image_size, bool):
+        image_size = (image_size, image_size)
+    elif isinstance(image_size, (str, bytes, dict)) or not hasattr(image_size, "__len__"):
+        error = ValueError if isinstance(image_size, dict) else TypeError
+        raise error(valid)
+    if len(image_size) != 2:
+        raise ValueError(valid)
+    pair = []
+    for side, value in zip(("height", "width"), image_size):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{valid}; its {side} is {_describe(value)}")
+        if value <= 0:
+            raise ValueError(f"{valid}; its {side} is {value!r}")
+        pair.append(int(value))
+    return tuple(pair)
+
+
+def _positive_float(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError("must be a positive number")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError("must be a positive number")
+    return float(value)
+
+
+def _resolved(fields):
+    """`(values, problems)`: the fields with defaults filled in and types normalised, and
+    every `Problem`. A combination rule is checked only when its fields are valid."""
+    values, problems = {}, []
+
+    def check(field, function, *args):
+        value = fields.get(field, DEFAULTS[field])
+        try:
+            values[field] = function(value, *args)
+        except (TypeError, ValueError) as error:
+            requirement = str(error)
+            if requirement.startswith(f"{field} must be"):  # variants.check_*: keep "must be"
+                requirement = requirement.removeprefix(f"{field} ").split(", got ")[0]
+            requirement = requirement.rstrip(".")
+            problems.append(Problem((field,), (value,), requirement, type(error)))
+
+    def ok(*names):
+        return all(name in values for name in names)
+
+    def add(names, requirement):
+        problems.append(Problem(names, tuple(values[name] for name in names), requirement))
+        for name in names:
+            values.pop(name)
+
+    check("variant", variants.variant_table_row)
+    row = values.pop("variant", None)
+    if row:
+        values["variant"] = row["name"]
+    for field in TABLE_FIELDS:
+        if fields.get(field) is None:
+            if row:
+                values[field] = row[field]
+        else:
+            check(field, lambda value, name=field: variants.check_int(name, value))
+    check("image_size", _image_size_pair)
+    check("num_classes", lambda value: variants.check_int("num_classes", value))
+    check("include_top", lambda value: variants.check_bool("include_top", value))
+    classifier = fields.get("classifier")
+    if classifier is None and row:
+        values["classifier"] = "gap" if row["axial"] else "token"
+    elif classifier is not None:
+        check("classifier", lambda value: variants.check_choice("classifier", value,
+                                                                CLASSIFIERS))
+    check("representation_size", lambda value: variants.check_int(
+        "representation_size", value, allow_none=True))
+    check("position_embedding", lambda value: variants.check_choice(
+        "position_embedding", value, POSITION_EMBEDDINGS))
+    check("position_embedding_placement", lambda value: variants.check_choice(
+        "position_embedding_placement", value, PLACEMENTS))
+    if fields.get("dropout") is None and row:
+        values["dropout"] = row["dropout"]
+    elif fields.get("dropout") is not None:
+        check("dropout", lambda value: variants.check_rate("dropout", value))
+    for field in ("attention_dropout", "drop_path_rate"):
+        check(field, lambda value, name=field: variants.check_rate(name, value))
+    check("approximate_gelu", lambda value: variants.check_bool("approximate_gelu", value))
+    check("layer_norm_epsilon", _positive_float)
+
+    # The rules that combine fields.
+    if ok("position_embedding", "position_embedding_placement") and (
+            values["position_embedding_placement"] != "stem"
+            and values["position_embedding"] not in LEARNED_POSITION_EMBEDDINGS):
+        add(("position_embedding_placement", "position_embedding"),
+            "a placement other than 'stem' adds learned embeddings before every block, so it "
+            f"needs position_embedding {' or '.join(map(repr, LEARNED_POSITION_EMBEDDINGS))} "
+            "(or placement 'stem')")
+    if row and row["axial"]:  # Axial-ViT's tokens stay a 2-D grid
+        if ok("classifier") and values["classifier"] != "gap":
+            add(("variant", "classifier"),
+                "Axial-ViT has no class token (its tokens stay a 2-D grid of patches): use "
+                "classifier='gap' (its default)")
+        elif ok("position_embedding") and values["position_embedding"].startswith("relative"):
+            add(("variant", "position_embedding"),
+                "Axial-ViT takes no relative position embeddings: use 'learned', "
+                "'learned_2d' or 'none'")
+    if ok("hidden_size", "num_heads") and values["hidden_size"] % values["num_heads"]:
+        add(("hidden_size", "num_heads"),
+            "num_heads must divide hidden_size (each head gets an equal share); choose "
+            f"num_heads among the divisors of {values['hidden_size']}")
+    if (ok("position_embedding", "hidden_size") and values["position_embedding"] == "learned_2d"
+            and values["hidden_size"] % 2):
+        add(("position_embedding", "hidden_size"),
+            "learned_2d embeddings need an even hidden_size (half for rows, half for columns)")
+    if ok("variant", "patch_size", "image_size"):
+        units = row["resnet_units"]
+        resnet_stride = 1 if units is None else 4 * 2 ** max(len(units) - 1, 0)
+        stride = resnet_stride * values["patch_size"]
+        bad = [(side, value) for side, value in zip(("height", "width"), values["image_size"])
+               if value % stride]
+        if bad:
+            side, value = bad[0]
+            nearest = max(stride, round(value / stride) * stride)
+            how = (f"patch_size {values['patch_size']} on a ResNet of stride {resnet_stride}"
+                   if units is not None else f"patch_size {values['patch_size']}")
+            add(("image_size",),
+                f"its {side} {value} must be a multiple of {stride}, the pixels per patch of "
+                f"{values['variant']} ({how}), e.g. {nearest}")
+    return values, problems
+
+
+DEFAULTS = {field.name: field.default for field in dataclasses.fields(ViTConfig)}
