@@ -9,9 +9,11 @@ code number a block's layers per class (`MlpBlock_0` for the released `MlpBlock_
 accepts both namings, saving writes the released one.
 
 Loading checks everything before assigning anything, so a failed load leaves the model as it was.
+`save_npz` also writes the model's `keras_vit.ViTConfig` beside the file (`<file>.json`).
 """
 
 import io
+import json
 import logging
 import os
 import zipfile
@@ -402,4 +404,30 @@ def save_npz(model, path):
                 "writable.")
     buffer = io.BytesIO()  # zip needs a seekable file; GFile writers are not
     np.savez(buffer, **model_arrays(model))
-    return fileio.write_atomically(path, buffer.getvalue())
+    written = fileio.write_atomically(path, buffer.getvalue())
+    spec = getattr(model, "spec", None)
+    if spec is not None:  # the sidecar says what the arrays are (JAX code reads the .npz alone)
+        fileio.write_atomically(spec_file(path), json.dumps(spec.to_dict(), indent=2))
+    elif fileio.exists(spec_file(path)):
+        fileio.remove(spec_file(path))  # it described an earlier file at this path
+    return written
+
+
+def spec_file(path):
+    """The sidecar `save_npz` writes beside `path`: the model's `ViTConfig` as JSON."""
+    return os.fspath(path) + ".json"
+
+
+def read_spec(path):
+    """The `keras_vit.ViTConfig` recorded beside the `.npz` at `path`, or None if none is."""
+    from keras_vit.spec import ViTConfig
+
+    if not fileio.exists(spec_file(path)):
+        return None
+    with fileio.open_file(spec_file(path), "r") as handle:
+        text = handle.read()
+    try:
+        return ViTConfig.from_dict(json.loads(text))
+    except (json.JSONDecodeError, TypeError, ValueError) as error:
+        raise CheckpointError(f"{spec_file(path)} is not a keras_vit spec ({error}); remove it "
+                              "or write it again with save_npz.") from error

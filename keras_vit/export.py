@@ -13,6 +13,7 @@ app would find it. Arguments are checked (ValueError or TypeError naming the arg
 any tracing or conversion.
 """
 
+import json
 import os
 import tempfile
 import warnings
@@ -23,6 +24,7 @@ from keras_vit import fileio
 
 QUANTIZATIONS = ("none", "float16", "dynamic", "int8")
 DEFAULT_TOP_K = 5
+SPEC_ASSET = "assets.extra/keras_vit_spec.json"  # the model's ViTConfig, in a SavedModel
 
 
 def _image_size(model):
@@ -199,7 +201,8 @@ def export_saved_model(model, base_dir, class_names=None, version=None, top_k=DE
         serving_default: `image_bytes` string [N] of JPEG/PNG/GIF/BMP files.
         serving_images: `images` float32 [N, H, W, 3] in 0..255, any H and W.
     Outputs: `logits`, `probabilities`, `top_k_indices`, `top_k_probabilities` and, with
-    `class_names`, `top_k_names`.
+    `class_names`, `top_k_names`. A model built by keras_vit also leaves its `ViTConfig` as
+    JSON in `SPEC_ASSET` (`assets.extra/`, which loaders and TF Serving ignore).
 
     A request is an INVALID_ARGUMENT error, with a message that says why, when it holds no
     images, or (`serving_images`) when it is not rank 4, has other than 3 channels, an image of
@@ -255,6 +258,11 @@ def export_saved_model(model, base_dir, class_names=None, version=None, top_k=DE
     # Written under a dot-name TF Serving ignores, renamed to the version once complete.
     with fileio.atomic_directory(final) as temporary:
         archive.write_out(temporary, verbose=False)
+        spec = getattr(model, "spec", None)
+        if spec is not None:  # SavedModel's place for files that the graph does not load
+            fileio.makedirs(os.path.join(temporary, os.path.dirname(SPEC_ASSET)))
+            with fileio.open_file(os.path.join(temporary, SPEC_ASSET), "w") as handle:
+                handle.write(json.dumps(spec.to_dict(), indent=2))
     return final
 
 

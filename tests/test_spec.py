@@ -1,0 +1,172 @@
+"""keras_vit.ViTConfig: the one architecture spec. Its defaults and JSON round trip, that it
+reports every problem at once, that it needs no Keras, that `vit()` and the builders build from
+it, and that every file the package writes records it."""
+
+import dataclasses
+import inspect
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit import builders, variants
+from keras_vit.spec import FIELDS, ViTConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = dict(image_size=32, patch_size=16, hidden_size=16, mlp_dim=32, num_heads=2,
+            num_layers=1, num_classes=3)
+
+
+def test_a_variant_fills_its_table_fields_and_the_upstream_defaults():
+    spec = ViTConfig.from_variant("R50+B/16", num_classes=37, image_size=384)
+    assert (spec.hidden_size, spec.mlp_dim, spec.num_heads, spec.num_layers) == (
+        768, 3072, 12, 12)
+    assert spec.patch_size == 1 and spec.resnet_units == (3, 4, 9) and spec.total_stride == 16
+    assert spec.image_size == (384, 384) and spec.grid_size == (24, 24)
+    assert ViTConfig.from_variant("L/16").dropout == 0.1  # the upstream configuration's
+    assert ViTConfig.from_variant("L/16", dropout=0.0).dropout == 0.0
+    axial = ViTConfig.from_variant("Axial-B/16")
+    assert axial.axial and axial.classifier == "gap" and axial.num_prefix_tokens == 0
+    assert ViTConfig().variant == "B/16" and ViTConfig(variant="Ti/16").hidden_size == 192
+
+
+@pytest.mark.parametrize("variant", list(keras_vit.VARIANT_NAMES))
+def test_json_round_trip(variant):
+    stride = ViTConfig.from_variant(variant).total_stride
+    spec = ViTConfig.from_variant(variant, image_size=(2 * stride, 3 * stride),
+                                  representation_size=8, layer_norm_epsilon=1e-12)
+    text = json.dumps(spec.to_dict())
+    assert ViTConfig.from_dict(json.loads(text)) == spec
+    assert set(json.loads(text)) == set(FIELDS)
+
+
+def test_a_spec_is_frozen_and_replace_checks_again():
+    spec = ViTConfig.from_variant("Ti/16")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.hidden_size = 64
+    assert spec.replace(num_classes=10).num_classes == 10
+    with pytest.raises(ValueError, match=r"num_heads=5: num_heads must divide hidden_size"):
+        spec.replace(num_heads=5)
+    with pytest.raises(TypeError, match="Unknown ViTConfig fields \\['hidden'\\]"):
+        spec.replace(hidden=8)
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(ValueError) as info:
+        ViTConfig(variant="B/16", dropout=1.5, num_heads=5, image_size=100, classifier="mean")
+    text = str(info.value)
+    assert text.startswith("Invalid ViT architecture: ")
+    for part in ("dropout=1.5: must be a rate in [0, 1)", "classifier='mean': must be one of",
+                 "hidden_size=768, num_heads=5", "its height 100 must be a multiple of 16"):
+        assert part in text, text
+    problems = ViTConfig.problems(variant="B/16", dropout=1.5, num_heads=5, no_such_field=1)
+    assert sorted(field for p in problems for field in p.fields) == [
+        "dropout", "hidden_size", "no_such_field", "num_heads"]
+    shown = [p.describe(lambda field: f"config.model.{field}") for p in problems]
+    assert "config.model.dropout=1.5: must be a rate in [0, 1)" in shown, shown
+
+
+def test_type_problems_alone_raise_a_type_error():
+    with pytest.raises(TypeError, match=r"num_layers=1.0 \(float\): must be a positive integer"):
+        ViTConfig(num_layers=1.0)
+    with pytest.raises(TypeError, match=r"variant=16 \(int\): must be a variant name.*Ti/16"):
+        ViTConfig(variant=16)
+    with pytest.raises(ValueError, match=r"layer_norm_epsilon=0.0: must be a positive number"):
+        ViTConfig(layer_norm_epsilon=0.0)
+
+
+def test_the_spec_module_imports_without_keras():
+    # The spec is pure Python: configuration checks can use it before TensorFlow starts.
+    code = ("import importlib.util, sys\n"
+            "spec = importlib.util.spec_from_file_location('keras_vit', "
+            "'keras_vit/__init__.py', submodule_search_locations=['keras_vit'])\n"
+            "package = importlib.util.module_from_spec(spec)\n"
+            "sys.modules['keras_vit'] = package  # the package, without running its __init__\n"
+            "from keras_vit.spec import ViTConfig\n"
+            "ViTConfig.from_variant('R50+B/16', image_size=384)\n"
+            "print(sorted(m for m in ('keras', 'tensorflow', 'jax', 'numpy') "
+            "if m in sys.modules))\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                            text=True, check=True)
+    assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_vit_builds_a_spec_and_keeps_it():
+    spec = ViTConfig.from_variant("Ti/16", **TINY)
+    model = keras_vit.vit(spec)
+    assert model.spec == spec and model.name == "vit_ti16"
+    assert model.output_shape == (None, 3)
+    changed = keras_vit.vit(spec, num_classes=5, include_top=False)
+    assert changed.spec == spec.replace(num_classes=5, include_top=False)
+    assert changed.output_shape == (None, 16)
+    same = keras_vit.vit("Ti/16", **TINY)
+    assert same.spec == spec and same.count_params() == model.count_params()
+
+
+def test_layer_norm_epsilon_reaches_every_layer_norm():
+    model = keras_vit.vit("Ti/16", **TINY, layer_norm_epsilon=1e-12)
+    norms = [layer for layer in model._flatten_layers() if "LayerNorm" in type(layer).__name__
+             or layer.name.startswith(("LayerNorm", "encoder_norm"))]
+    assert len(norms) == 3  # LayerNorm_0 and LayerNorm_2 of the block, encoder_norm
+    assert {layer.epsilon for layer in norms} == {1e-12}
+    assert keras_vit.vit("Ti/16", **TINY).get_layer("encoder_norm").epsilon == 1e-6
+
+
+def test_the_spec_survives_keras_saving(tmp_path):
+    import keras
+
+    model = keras_vit.vit("Ti/16", **TINY, position_embedding="learned_2d")
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path, safe_mode=True)
+    assert loaded.spec == model.spec
+
+
+def test_save_npz_writes_the_spec_beside_the_file(tmp_path):
+    model = keras_vit.vit("Ti/16", **TINY, classifier="gap")
+    path = tmp_path / "model.npz"
+    keras_vit.checkpoint.save_npz(model, path)
+    assert keras_vit.checkpoint.read_spec(path) == model.spec
+    assert set(np.load(path, allow_pickle=False)) == set(keras_vit.checkpoint.model_arrays(model))
+    model.spec = None  # a model that does not know its spec leaves no stale sidecar
+    keras_vit.checkpoint.save_npz(model, path)
+    assert keras_vit.checkpoint.read_spec(path) is None
+    (tmp_path / "model.npz.json").write_text('{"variant": "B/17"}')
+    with pytest.raises(keras_vit.checkpoint.CheckpointError, match="model.npz.json"):
+        keras_vit.checkpoint.read_spec(path)
+
+
+def test_saved_model_carries_the_spec(tmp_path):
+    pytest.importorskip("tensorflow")
+    model = keras_vit.vit("Ti/16", **TINY)
+    folder = keras_vit.export.export_saved_model(model, str(tmp_path / "served"))
+    with open(os.path.join(folder, keras_vit.export.SPEC_ASSET)) as handle:
+        assert ViTConfig.from_dict(json.load(handle)) == model.spec
+
+
+def test_builders_are_plain_functions_one_per_variant():
+    names = {name for name, value in vars(builders).items()
+             if inspect.isfunction(value) and value.__module__ == builders.__name__}
+    assert names == set(variants.VARIANT_NAMES.values()) == set(builders.__all__)
+    for variant, name in variants.VARIANT_NAMES.items():
+        function = getattr(keras_vit, name)
+        assert f"ViT {variant} (" in function.__doc__ and "parameters)" in function.__doc__
+        source = inspect.getsource(function)
+        assert source.startswith(f"def {name}(**kwargs):"), source
+        assert f'vit("{variant}", **kwargs)' in source, source
+
+
+def test_tool_modules_load_on_first_use():
+    code = ("import sys, keras_vit\n"
+            "tools = ('analysis', 'checkpoint', 'export', 'flops', 'plotting', 'pretrained', "
+            "'serving')\n"
+            "before = [t for t in tools if 'keras_vit.' + t in sys.modules]\n"
+            "keras_vit.checkpoint.save_npz\n"
+            "print(before, 'keras_vit.checkpoint' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                            text=True, check=True)
+    assert result.stdout.strip().splitlines()[-1] == "[] True", result.stdout
