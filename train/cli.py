@@ -34,24 +34,25 @@ USER_ERRORS = (app.UsageError, ValueError, TypeError, OSError)
 
 
 class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
-    """Runs `import tensorflow` (wherever it happens: config files import keras_vit) inside
-    `native_output.startup_noise_dropped`."""
+    """Runs `import tensorflow`, wherever it happens (config files import keras_vit), inside
+    `native_output.dropped()`."""
 
     def find_spec(self, name, path=None, target=None):
         if name != "tensorflow":
             return None
         sys.meta_path.remove(self)  # once, and not for the look-up below
         spec = importlib.util.find_spec(name)
-        if spec is not None and spec.loader is not None:
-            exec_module = spec.loader.exec_module
+        if spec is None:  # not installed: the usual ModuleNotFoundError
+            return None
+        exec_module = spec.loader.exec_module
 
-            def quiet_exec_module(module):
-                with native_output.startup_noise_dropped():
-                    exec_module(module)
-                    if native_output.NO_NVIDIA_DRIVER:
-                        module.config.list_physical_devices()
+        def quiet_exec_module(module):
+            with native_output.dropped():
+                exec_module(module)
+                if native_output.NO_NVIDIA_DRIVER:  # its cuInit error, now
+                    module.config.list_physical_devices()
 
-            spec.loader.exec_module = quiet_exec_module
+        spec.loader.exec_module = quiet_exec_module
         return spec
 
 
