@@ -11,8 +11,9 @@ import tempfile
 # machine without an NVIDIA driver, the error of its first device listing (train.cli lists them
 # then). On every TFLite conversion: routine warnings and "fully_quantize: ...".
 NO_NVIDIA_DRIVER = not os.path.exists("/dev/nvidiactl")
-_NOISE = re.compile(r"WARNING: All log messages before absl::InitializeLog|I\d{4} [\d:.]+\s+\d+ \w+"
-                    r"\.cc:\d+\] |W\d{4} .*\] (Ignored output_format|Ignored drop_control_dependency"
+_NOISE = re.compile(r"WARNING: All log messages before absl::InitializeLog"
+                    r"|I\d{4} [\d:.]+\s+\d+ [\w-]+\.(cc|h):\d+\] "  # C++ INFO, not ours (.py)
+                    r"|W\d{4} .*\] (Ignored output_format|Ignored drop_control_dependency"
                     r"|Skipping runtime version metadata)|fully_quantize: "
                     + (r"|E\d{4} .*\] failed call to cuInit" if NO_NVIDIA_DRIVER else ""))
 
