@@ -49,7 +49,7 @@ class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
         def quiet_exec_module(module):
             with native_output.dropped():
                 exec_module(module)
-                if native_output.NO_NVIDIA_DRIVER:  # its cuInit error, now
+                if native_output.NO_NVIDIA_DRIVER:  # its cuInit error: now, not later
                     module.config.list_physical_devices()
 
         spec.loader.exec_module = quiet_exec_module
