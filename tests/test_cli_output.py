@@ -1,6 +1,6 @@
 """What `python -m train.main` prints (train/cli.py): by default our own progress lines, warnings
-and errors, without the INFO lines of TensorFlow's C++ runtime or of TFDS; `--verbose` shows
-those too."""
+and errors, without the INFO lines of TensorFlow's C++ runtime or of TFDS, and in a log file no
+progress bar; `--verbose` shows those too."""
 
 import os
 import re
@@ -20,22 +20,25 @@ OUR_FILES = {name for folder in ("train", "keras_vit")
 
 @pytest.fixture(scope="module")
 def outputs(fake_fmnist, tmp_path_factory):
-    """{"default": output, "verbose": output} of one tiny run each, run side by side."""
+    """{"default": output, "verbose": output} of one tiny run each, run side by side, their
+    output written to a file as in a log or CI. The default run prepares the dataset (TFDS)."""
     env = fake_fmnist.env()
     del env["TF_CPP_MIN_LOG_LEVEL"]  # the test fixtures' quieting; the CLI's own is tested
     del env["CUDA_VISIBLE_DEVICES"]  # hid the GPUs, and with them TensorFlow's cuInit error
     root = tmp_path_factory.mktemp("cli_output")
-    processes = {
-        name: subprocess.Popen(main_command(fake_fmnist, str(root / name), *extra), cwd=REPO,
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
-        for name, extra in (("default", ("--config.export=True",)),
-                            ("verbose", ("--config.export=True", "--verbose")))}
+    runs = {"default": ("--config.export=True", f"--config.data_dir={root / 'tfds'}"),
+            "verbose": ("--config.export=True", "--verbose")}
+    processes = {}
+    for name, extra in runs.items():
+        with open(root / f"{name}.log", "w") as log:
+            processes[name] = subprocess.Popen(
+                main_command(fake_fmnist, str(root / name), *extra), cwd=REPO, env=env,
+                stdout=log, stderr=subprocess.STDOUT)
     outputs = {}
     for name, process in processes.items():
-        output, _ = process.communicate(timeout=600)
-        assert process.returncode == 0, f"{name} run failed:\n{output[-4000:]}"
-        outputs[name] = output
+        process.wait(timeout=600)
+        outputs[name] = (root / f"{name}.log").read_text()
+        assert process.returncode == 0, f"{name} run failed:\n{outputs[name][-4000:]}"
     return outputs
 
 
@@ -54,6 +57,14 @@ def test_no_tensorflow_or_tfds_info_lines_by_default(outputs):
     output = outputs["default"]
     assert _info_files(output) <= OUR_FILES, _info_files(output) - OUR_FILES
     assert ABSL_BANNER not in output
+
+
+def test_no_terminal_escapes_in_a_log_file(outputs):
+    """TFDS' progress bar (tqdm) redraws itself with \\r and \\x1b[A, garbage in a file: there
+    the preparation shows as TFDS' plain lines instead."""
+    output = outputs["default"]
+    assert "\x1b[" not in output and "\r" not in output, repr(output[:2000])
+    assert "Dataset fashion_mnist_local downloaded and prepared to " in output
 
 
 def test_tflite_converter_routine_lines_only_with_verbose(outputs):

@@ -10,8 +10,9 @@ traceback.
 It also owns how much the tools log. By default the terminal shows our own progress lines
 (INFO from train/ and keras_vit/) and everyone's warnings and errors; the INFO lines of
 TensorFlow's C++ runtime and of Python libraries (TFDS, TensorFlow) are hidden, and so are the
-routine lines of its start-up and TFLite converter (train.native_output). `--verbose` shows them
-all. An explicit TF_CPP_MIN_LOG_LEVEL in the environment always wins.
+routine lines of its start-up and TFLite converter (train.native_output), and, when stderr is not
+a terminal (a log file, CI), tqdm's progress bars. `--verbose` shows them all. An explicit
+TF_CPP_MIN_LOG_LEVEL or TQDM_DISABLE in the environment always wins.
 """
 
 import importlib.abc
@@ -33,24 +34,25 @@ USER_ERRORS = (app.UsageError, ValueError, TypeError, OSError)
 
 
 class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
-    """Runs `import tensorflow` (wherever it happens: config files import keras_vit) inside
-    `native_output.startup_noise_dropped`."""
+    """Runs `import tensorflow`, wherever it happens (config files import keras_vit), inside
+    `native_output.dropped()`."""
 
     def find_spec(self, name, path=None, target=None):
         if name != "tensorflow":
             return None
         sys.meta_path.remove(self)  # once, and not for the look-up below
         spec = importlib.util.find_spec(name)
-        if spec is not None and spec.loader is not None:
-            exec_module = spec.loader.exec_module
+        if spec is None:  # not installed: the usual ModuleNotFoundError
+            return None
+        exec_module = spec.loader.exec_module
 
-            def quiet_exec_module(module):
-                with native_output.startup_noise_dropped():
-                    exec_module(module)
-                    if native_output.NO_NVIDIA_DRIVER:
-                        module.config.list_physical_devices()
+        def quiet_exec_module(module):
+            with native_output.dropped():
+                exec_module(module)
+                if native_output.NO_NVIDIA_DRIVER:  # its cuInit error: now, not later
+                    module.config.list_physical_devices()
 
-            spec.loader.exec_module = quiet_exec_module
+        spec.loader.exec_module = quiet_exec_module
         return spec
 
 
@@ -61,6 +63,8 @@ if not native_output.verbose_in(sys.argv):
     if (os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1") != "0"
             and "tensorflow" not in sys.modules):
         sys.meta_path.insert(0, _QuietTensorFlowImport())
+    if not sys.stderr.isatty():  # tqdm's bars (TFDS preparing a dataset) redraw with \r and
+        os.environ.setdefault("TQDM_DISABLE", "1")  # \x1b[A: garbage in a log file
 
 
 def _package_folder(name):

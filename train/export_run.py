@@ -159,7 +159,7 @@ def export_model(model, workdir, class_names=None, tflite_kinds=(), representati
         model, export_dir or run_files.saved_model_dir(workdir), class_names=class_names)}
     for kind in tflite_kinds:
         path = run_files.tflite_file(workdir, kind)
-        with native_output.converter_noise_dropped():
+        with native_output.dropped():
             size = export.export_tflite(model, path, quantization=TFLITE_KINDS[kind],
                                         representative_data=representative)
         logging.info("TFLite %s: %s (%.2f MB)", kind, path, size / 2**20)
