@@ -29,7 +29,7 @@ import keras_vit  # noqa: E402
 import machine  # noqa: E402
 from litert_runner import tflite_runner  # noqa: E402
 from keras_vit import export  # noqa: E402
-from keras_vit.variants import OVERRIDABLE_FIELDS  # noqa: E402
+from keras_vit.spec import TABLE_FIELDS, ViTConfig  # noqa: E402
 
 
 def median_seconds(function, repeats):
@@ -78,10 +78,10 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--num_classes", type=int, default=1000)
-    for field in OVERRIDABLE_FIELDS:
+    for field in TABLE_FIELDS:
         parser.add_argument(f"--{field}", type=int, help="instead of the variant's")
     args = parser.parse_args()
-    overrides = {field: getattr(args, field) for field in OVERRIDABLE_FIELDS
+    overrides = {field: getattr(args, field) for field in TABLE_FIELDS
                  if getattr(args, field) is not None}
     print(machine.describe())
     print(f"{args.image_size}px, {args.num_classes} classes, {overrides or 'no overrides'}, "
@@ -89,8 +89,8 @@ def main():
     print(f"| variant | format | size MB | batch-1 latency ms | batch-{args.batch_size} images/s |")
     print("|---|---|---|---|---|")
     for variant in args.variant or ["Ti/16"]:
-        model = keras_vit.vit(variant, image_size=args.image_size,
-                              num_classes=args.num_classes, **overrides)
+        model = keras_vit.vit(ViTConfig.from_variant(
+            variant, image_size=args.image_size, num_classes=args.num_classes, **overrides))
         with tempfile.TemporaryDirectory() as workdir:
             for name, size, latency, throughput in measure(
                     model, args.image_size, args.batch_size, args.threads, args.repeats,

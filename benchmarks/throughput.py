@@ -43,12 +43,12 @@ def build_models(variants, image_size, policy):
     for variant in variants:
         model = keras_vit.vit(variant, image_size=image_size, include_top=False, dtype=policy)
         models[f"keras_vit {variant}"] = (model, forward_flops(model))
-        config = keras_vit.parse_variant(variant)
-        if keras_hub is not None and not (config.is_hybrid or config.axial):
+        spec = model.spec
+        if keras_hub is not None and not (spec.is_hybrid or spec.axial):
             peer = keras_hub.models.ViTBackbone(
-                image_shape=(image_size, image_size, 3), patch_size=config.patch_size,
-                num_layers=config.num_layers, num_heads=config.num_heads,
-                hidden_dim=config.hidden_size, mlp_dim=config.mlp_dim, dtype=policy)
+                image_shape=(*spec.image_size, 3), patch_size=spec.patch_size,
+                num_layers=spec.num_layers, num_heads=spec.num_heads,
+                hidden_dim=spec.hidden_size, mlp_dim=spec.mlp_dim, dtype=policy)
             peers[f"keras-hub {keras_hub.__version__} {variant}"] = (peer, forward_flops(model))
     return {**models, **peers}
 
