@@ -64,8 +64,8 @@ def main():
                                                 args.calibration_images)
     reference = model.predict(scale_pixels(images), batch_size=1000, verbose=0)
     print(machine.describe())
-    print(f"{config.model} at {config.image_size}px, {len(images)} {config.eval_split} images, "
-          f"LiteRT threads {args.threads}, TF {tf.__version__}\n")
+    print(f"{config.model.variant} at {config.image_size}px, {len(images)} {config.eval_split} "
+          f"images, LiteRT threads {args.threads}, TF {tf.__version__}\n")
     print("| format | size MB | top-1 % | agreement with Keras % | max logit difference | "
           f"batch-1 ms | batch-{args.batch_size} images/s |")
     print("|---|---|---|---|---|---|---|")

@@ -47,7 +47,7 @@ LEARNING_RATE, WEIGHT_DECAY, CLIP_NORM = 1e-3, 1e-4, 1.0
 def driver_contender(variant, image_size, batch_size, policy, jit_compile, batch, workdir):
     """A function that runs `steps` of the driver's compiled loop on `batch`."""
     config = common.get_config()
-    config.model, config.image_size = variant, image_size
+    config.model.variant, config.image_size = variant, image_size
     config.dataset = "fashion_mnist_local"  # the trainer reads its label names only
     config.batch_size = config.eval_batch_size = batch_size
     config.optimizer, config.learning_rate = "adamw", LEARNING_RATE
@@ -91,11 +91,11 @@ def quickstart_contender(custom_pool_gradient, batch, workdir):
 def keras_hub_classifier(variant, image_size, policy):
     import keras_hub
 
-    config = keras_vit.parse_variant(variant)
+    spec = keras_vit.ViTConfig.from_variant(variant, image_size=image_size)
     backbone = keras_hub.models.ViTBackbone(
-        image_shape=(image_size, image_size, 3), patch_size=config.patch_size,
-        num_layers=config.num_layers, num_heads=config.num_heads,
-        hidden_dim=config.hidden_size, mlp_dim=config.mlp_dim, dtype=policy)
+        image_shape=(*spec.image_size, 3), patch_size=spec.patch_size,
+        num_layers=spec.num_layers, num_heads=spec.num_heads,
+        hidden_dim=spec.hidden_size, mlp_dim=spec.mlp_dim, dtype=policy)
     return keras_hub.models.ViTImageClassifier(backbone, num_classes=NUM_CLASSES, dtype=policy)
 
 
@@ -171,7 +171,7 @@ def measure_quickstart(steps, repeats):
             contenders[name] = quickstart_contender(custom, batch,
                                                     os.path.join(workdir, str(custom)))
         rates = interleaved_rates(contenders, steps, config.batch_size, repeats)
-    print(f"configs/quickstart.py: {config.model} at {config.image_size}px, batch "
+    print(f"configs/quickstart.py: {config.model.variant} at {config.image_size}px, batch "
           f"{config.batch_size}, XLA {'on' if config.jit_compile else 'off'}; {steps} steps per "
           f"run, median of {repeats}; TF {tf.__version__}, Keras {keras.__version__}\n")
     print("| stem max-pool gradient | images/s | vs XLA's |")

@@ -16,13 +16,13 @@ from . import common
 
 def get_config():
     config = common.get_config()
-    config.model = "Ti/16"  # a plain ViT: the sizes below replace all of Ti/16's
+    config.model.variant = "Ti/16"  # a plain ViT: the sizes below replace all of Ti/16's
     config.image_size = 28
-    config.patch_size = 4
-    config.hidden_size = 64
-    config.mlp_dim = 128
-    config.num_heads = 4
-    config.num_layers = 4
+    config.model.patch_size = 4
+    config.model.hidden_size = 64
+    config.model.mlp_dim = 128
+    config.model.num_heads = 4
+    config.model.num_layers = 4
     config.dataset = "fashion_mnist_local"
     config.crop_min_area = 1.0  # 28px centred items: flips only, no crops
     # Not the whole split (60,000): a buffer that large made each run's process take about

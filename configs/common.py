@@ -1,35 +1,33 @@
-"""Defaults shared by every experiment config; each field is documented here.
+"""Defaults shared by every experiment config; each field is documented here, the model's
+(`config.model`) in the docstring of keras_vit.ViTConfig.
 
 Experiment files (`quickstart.py`, `finetune.py`, `pretrain.py`) start from `get_config()` and
 change what they need. The driver locks the result, so a misspelt `--config.field` is an error.
 """
 
+import dataclasses
+import typing
+
 import ml_collections
 from ml_collections.config_dict import placeholder
+
+from keras_vit.spec import ViTConfig
+
+# The ViTConfig fields that are not in config.model: the image size is the input pipeline's too
+# (config.image_size), the classes are the dataset's, and the objective decides on the head.
+NOT_MODEL_FIELDS = ("image_size", "num_classes", "include_top")
 
 
 def get_config():
     config = ml_collections.ConfigDict()
     config.seed = 0  # seeds the model initialisation, the data order and the augmentation
 
-    # Model: any keras_vit variant name, with optional overrides of its table fields.
-    config.model = "B/16"  # e.g. "Ti/16", "B/16", "R50+B/16", "Axial-B/16"
-    config.patch_size = placeholder(int)  # None: variant's
-    config.hidden_size = placeholder(int)  # None: variant's
-    config.mlp_dim = placeholder(int)  # None: variant's
-    config.num_heads = placeholder(int)  # None: variant's
-    config.num_layers = placeholder(int)  # None: variant's
-    config.classifier = "token"  # "token" (class token) or "gap" (mean of tokens; Axial-* need it)
-    # Position embeddings (paper appendix D.4, Table 8): added to the tokens, "learned" (1-D) or
-    # "learned_2d" (row and column halves); "none"; or offsets inside the attention, "relative"
-    # (1-D) or "relative_2d". Learned ones go in once at the "stem", or before every block: a new
-    # one per block ("every_layer") or the same one ("every_layer_shared").
-    config.position_embedding = "learned"  # kind, as above
-    config.position_embedding_placement = "stem"  # placement of learned kinds, as above
-    config.representation_size = placeholder(int)  # pre_logits
-    config.dropout = 0.0  # after the position embeddings, attention and MLP dense layers
-    config.attention_dropout = 0.0  # on the attention weights
-    config.drop_path_rate = 0.0  # stochastic depth at the last block (linear in depth)
+    # The model: config.model holds every field of keras_vit.ViTConfig, whose docstring
+    # documents each (variant, patch_size, ..., position_embedding, dropout, ...). It is made
+    # from the dataclass (`model_fields`), so a model option added to the spec needs no edit
+    # here; None (the default of the variant's table fields, classifier and dropout) takes the
+    # variant's. E.g. --config.model.variant=Ti/16 --config.model.hidden_size=64.
+    config.model = model_fields(variant="B/16")  # variant e.g. "Ti/16", "R50+B/16", "Axial-B/16"
     config.pretrained = ""  # "" for none, or a keras_vit weights name or .npz path/URL
 
     # Objective: supervised, or the paper's self-supervised pre-training (section 4.6,
@@ -76,3 +74,16 @@ def get_config():
     config.jit_compile = False  # compile the train step with XLA (on TPU it always is)
     config.export = True  # at the end, write the trained model into workdir/export
     return config
+
+
+def model_fields(**values):
+    """`config.model`: a ConfigDict of every keras_vit.ViTConfig field but NOT_MODEL_FIELDS, at
+    the spec's defaults (a typed placeholder where the default is None), then `values`."""
+    types = typing.get_type_hints(ViTConfig)
+    model = ml_collections.ConfigDict()
+    for field in dataclasses.fields(ViTConfig):
+        if field.name not in NOT_MODEL_FIELDS:
+            default = field.default
+            model[field.name] = placeholder(types[field.name]) if default is None else default
+    model.update(values)
+    return model

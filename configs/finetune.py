@@ -38,7 +38,7 @@ def parse_arg(arg, **defaults):
 def get_config(arg=None):
     args = parse_arg(arg, model="B/16", dataset="cifar10")
     config = common.get_config()
-    config.model = args["model"]
+    config.model.variant = args["model"]
     config.dataset = args["dataset"]
     config.eval_split = EVAL_SPLIT.get(args["dataset"], "test")
     config.image_size = 384

@@ -28,7 +28,7 @@ from .finetune import EVAL_SPLIT, parse_arg
 def get_config(arg=None):
     config = common.get_config()
     config.objective = "masked_patch_prediction"
-    config.classifier = "gap"
+    config.model.classifier = "gap"
     config.mpp_target = "mean_color"
     config.mpp_corruption_rate = 0.5
     config.mpp_mask_rate = 0.8
@@ -39,7 +39,7 @@ def get_config(arg=None):
     config.grad_clip_norm = 1.0
     if arg:
         args = parse_arg(arg, model="B/16", dataset="imagenet2012")
-        config.model = args["model"]
+        config.model.variant = args["model"]
         config.dataset = args["dataset"]
         config.eval_split = EVAL_SPLIT.get(args["dataset"], "test")
         config.image_size = 224
@@ -69,13 +69,13 @@ def get_config(arg=None):
 def offline_model(config):
     """The offline default's model and data (shared with configs/mpp_finetune.py): 4x4-pixel
     patches of the 28x28 images, a 7x7 grid of 49 tokens."""
-    config.model = "Ti/16"  # a plain ViT: the sizes below replace all of Ti/16's
+    config.model.variant = "Ti/16"  # a plain ViT: the sizes below replace all of Ti/16's
     config.image_size = 28
-    config.patch_size = 4
-    config.hidden_size = 96
-    config.mlp_dim = 192
-    config.num_heads = 3
-    config.num_layers = 4
+    config.model.patch_size = 4
+    config.model.hidden_size = 96
+    config.model.mlp_dim = 192
+    config.model.num_heads = 3
+    config.model.num_layers = 4
     config.dataset = "fashion_mnist_local"
     config.crop_min_area = 1.0  # 28px centred items: flips only, no crops
     config.shuffle_buffer = 10_000

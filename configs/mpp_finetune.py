@@ -20,7 +20,7 @@ def get_config(arg=None):
     args = parse_arg(arg, labels="all")
     config = common.get_config()
     mpp.offline_model(config)
-    config.classifier = "gap"
+    config.model.classifier = "gap"
     config.pretrained = ""
     config.jit_compile = True
     config.optimizer = "adamw"

@@ -11,7 +11,8 @@ any other dataset section 4.1's 1e-3, linear, 0.1.
 The argument is `key=value` pairs: `model` (a keras_vit variant) and `dataset` (a TFDS name).
 """
 
-import keras_vit
+from keras_vit.spec import ViTConfig
+
 from . import common
 from .finetune import EVAL_SPLIT, parse_arg
 
@@ -25,13 +26,13 @@ DEFAULT_RECIPE = (1e-3, "linear", 0.1)
 def get_config(arg=None):
     args = parse_arg(arg, model="B/16", dataset="imagenet2012")
     config = common.get_config()
-    config.model = args["model"]
+    config.model.variant = args["model"]
     config.dataset = args["dataset"]
     config.eval_split = EVAL_SPLIT.get(args["dataset"], "test")
     config.image_size = 224
     # The pre-training head: tanh pre-logits as wide as the model.
-    config.representation_size = keras_vit.parse_variant(args["model"]).hidden_size
-    config.dropout = 0.1
+    config.model.representation_size = ViTConfig.from_variant(args["model"]).hidden_size
+    config.model.dropout = 0.1
     config.optimizer = "adamw"
     config.beta_1, config.beta_2 = 0.9, 0.999
     config.learning_rate, config.decay, config.weight_decay = RECIPES.get(args["dataset"],

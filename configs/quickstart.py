@@ -22,13 +22,13 @@ from . import common
 
 def get_config():
     config = common.get_config()
-    config.model = "R+Ti/16"
+    config.model.variant = "R+Ti/16"
     config.image_size = 32
-    config.patch_size = 2  # 2x2 patches of the 8x8 ResNet-stem feature map
-    config.hidden_size = 64
-    config.mlp_dim = 128
-    config.num_heads = 4
-    config.num_layers = 4
+    config.model.patch_size = 2  # 2x2 patches of the 8x8 ResNet-stem feature map
+    config.model.hidden_size = 64
+    config.model.mlp_dim = 128
+    config.model.num_heads = 4
+    config.model.num_layers = 4
     config.dataset = "fashion_mnist_local"
     config.crop_min_area = 1.0  # 28px centred items: no crops
     config.flip = False

@@ -16,14 +16,15 @@ import pytest
 
 from configs import ablation
 from train import config_checks, studies
-from train_fixtures import REPO, TINY as TINY_RUN, read_metrics
+from train_fixtures import REPO, TINY as TINY_RUN, override_flags, read_metrics
 
 STEPS = 2  # of the costlier arm (R+ViT); the ViT gets more, for the same FLOPs
 # The tiny model and short loops of the other training tests, as overrides of
 # configs/ablation.py; the study itself picks the models, patch sizes and steps.
 TINY = {name: TINY_RUN[name] for name in (
-    "hidden_size", "mlp_dim", "num_heads", "num_layers", "batch_size", "eval_batch_size",
-    "shuffle_buffer", "steps_per_loop", "checkpoint_every_steps")}
+    "batch_size", "eval_batch_size", "shuffle_buffer", "steps_per_loop", "checkpoint_every_steps")}
+TINY["model"] = {name: TINY_RUN["model"][name] for name in (
+    "hidden_size", "mlp_dim", "num_heads", "num_layers")}
 TIMEOUT = 300
 
 
@@ -33,7 +34,7 @@ def ablate(data, out, *flags, study="hybrid", steps=STEPS, seeds=1):
         args.append(f"--steps={steps}")
     if seeds is not None:
         args.append(f"--seeds={seeds}")
-    args += [f"--config.{name}={value}" for name, value in TINY.items()]
+    args += override_flags(TINY)
     return subprocess.run([sys.executable, "-m", "train.ablate", *args, *flags], cwd=REPO,
                           env=data.env(), capture_output=True, text=True, timeout=TIMEOUT)
 
@@ -69,15 +70,15 @@ def test_position_study_has_the_sensible_arms():
         "none-stem", "relative-stem", "learned-stem", "learned-every_layer",
         "learned-every_layer_shared", "learned_2d-stem", "learned_2d-every_layer",
         "learned_2d-every_layer_shared"])
-    assert arms["learned_2d-every_layer"] == {"position_embedding": "learned_2d",
-                                              "position_embedding_placement": "every_layer"}
+    assert arms["learned_2d-every_layer"] == {"model.position_embedding": "learned_2d",
+                                              "model.position_embedding_placement": "every_layer"}
 
 
 @pytest.mark.parametrize("name", list(studies.STUDIES))
 def test_every_arm_passes_the_config_checks(name):
     for arm in studies.STUDIES[name].arms:
         config = ablation.get_config()
-        config.update(arm.fields)
+        config.update_from_flattened_dict(arm.fields)
         config_checks.check(config)
     assert len({arm.name for arm in studies.STUDIES[name].arms}) >= 2
 
@@ -129,13 +130,34 @@ def test_position_table_layout():
 def test_classifier_table_bolds_the_picked_rate():
     sweep = [{"learning_rate": rate, "accuracy": accuracy}
              for rate, accuracy in ((0.001, 0.70), (0.003, 0.72), (0.009, 0.71))]
-    arms = {"token": _arm(0.80, 0.81, label="class token", fields={"classifier": "token"},
+    arms = {"token": _arm(0.80, 0.81, label="class token", fields={"model.classifier": "token"},
                           sweep=sweep, learning_rate=0.003)}
     lines = studies.classifier_table(arms).splitlines()
     assert lines[0] == ("| Classifier | held-out, lr 0.001 | held-out, lr 0.003 | held-out, lr "
                         "0.009 | picked lr | test top-1 (%) |")
     assert lines[2] == ("| class token (`token`) | 70.00 | **72.00** | 71.00 | 0.003 | "
                         "80.50 ± 0.71 |")
+
+
+def test_summaries_with_the_flat_model_fields_are_drawn_the_same():
+    """Summaries written before the model's fields moved into config.model name an arm's fields
+    flat (`classifier`); their tables are the same."""
+    arm = _arm(0.80, label="GAP", sweep=[{"learning_rate": 0.003, "accuracy": 0.7}],
+               learning_rate=0.003)
+    new = studies.classifier_table({"gap": dict(arm, fields={"model.classifier": "gap"})})
+    assert new == studies.classifier_table({"gap": dict(arm, fields={"classifier": "gap"})})
+    assert "| GAP (`gap`) |" in new
+
+
+@pytest.mark.parametrize("study", list(studies.STUDIES))
+def test_the_checked_in_tables_are_redrawn_from_their_json(study):
+    """docs/ablations/<study>.json (written with the flat fields) still draws the table of its
+    <study>.md."""
+    folder = os.path.join(REPO, "docs", "ablations")
+    with open(os.path.join(folder, f"{study}.json")) as handle:
+        summary = json.load(handle)
+    with open(os.path.join(folder, f"{study}.md")) as handle:
+        assert studies.table(summary) in handle.read()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -161,7 +183,7 @@ def test_study_writes_the_report_plot_and_json(study):
         workdir = out / run["workdir"]
         assert run["workdir"] == f"runs/hybrid/{name}/seed0"
         saved = json.loads((workdir / "config.json").read_text())
-        assert saved["total_steps"] == arm["steps"] and saved["hidden_size"] == 16
+        assert saved["total_steps"] == arm["steps"] and saved["model"]["hidden_size"] == 16
         final = [record for record in read_metrics(str(workdir)) if "eval_accuracy" in record]
         assert final[-1]["step"] == arm["steps"]
         assert run["accuracy"] == final[-1]["eval_accuracy"] and run["seconds"] > 0
@@ -232,13 +254,13 @@ BAD_FLAGS = {
     "seeds_0": (dict(seeds=0), [], ["--seeds=0 must be at least 1"]),
     "seed_override": ({}, ["--config.seed=3"], ["--config.seed is set by --seeds"]),
     "arm_field_override": (dict(study="position_embedding"),
-                           ["--config.position_embedding=none"],
-                           ["--config.position_embedding is set by the arms"]),
+                           ["--config.model.position_embedding=none"],
+                           ["--config.model.position_embedding is set by the arms"]),
     "datasets_disagree": ({}, ["--dataset=cifar10", "--config.dataset=mnist"],
                           ["--dataset=cifar10", "--config.dataset=mnist", "give one"]),
-    "misspelt_override": ({}, ["--config.hiden_size=8"], ["hiden_size"]),
-    "bad_config_value": ({}, ["--config.position_embedding_placement=everywhere"],
-                         ["config.position_embedding_placement='everywhere'"]),
+    "misspelt_override": ({}, ["--config.model.hiden_size=8"], ["hiden_size"]),
+    "bad_config_value": ({}, ["--config.model.position_embedding_placement=everywhere"],
+                         ["config.model.position_embedding_placement='everywhere'"]),
     "classifier_split_expression": (dict(study="classifier"), ["--config.train_split=train[:50%]"],
                          ["plain split name"]),
 }

@@ -3,6 +3,7 @@ the numbers in analysis.json, the pre-trained checkpoint path, and its errors.""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -10,7 +11,8 @@ import numpy as np
 import pytest
 
 import keras_vit
-from train_fixtures import REPO, TINY, png_bytes, tiny_config
+from train_fixtures import (FLAT_LAYOUT_CONFIG_JSON, REPO, TINY, override_flags, png_bytes,
+                            tiny_config)
 
 FIGURES = ("attention_rollout.png", "attention_distance.png", "position_embeddings.png",
            "embedding_filters.png", "few_shot.png")
@@ -22,7 +24,7 @@ def workdir(fake_fmnist, tmp_path_factory):
     from train import objectives
 
     root = tmp_path_factory.mktemp("analyze_workdir")
-    config = tiny_config(fake_fmnist, num_layers=2, representation_size=8)
+    config = tiny_config(fake_fmnist, model=dict(num_layers=2, representation_size=8))
     model = objectives.build_model(config, num_classes=10)
     os.makedirs(root / "export")
     model.save(root / "export" / "model.keras")
@@ -82,12 +84,12 @@ def test_cli_on_a_checkpoint(fake_fmnist, workdir, tmp_path):
     """No workdir: the config names the model and its .npz weights; the same weights give the
     same attention distances and, through the checkpoint's pre-logits (which the config does
     not mention), the same few-shot features as the trained model in the workdir."""
-    config_flags = [f"--config.{name}={value}" for name, value in TINY.items()]
+    config_flags = override_flags(TINY)
     runs = {}
     for source, extra in (("workdir", [f"--workdir={workdir}"]),
                           ("npz", ["--config=configs/quickstart.py",
                                    f"--config.data_dir={fake_fmnist.data_dir}",
-                                   *config_flags, "--config.num_layers=2",
+                                   *config_flags, "--config.model.num_layers=2",
                                    f"--config.pretrained={workdir / 'weights.npz'}"])):
         out = tmp_path / source
         result = run_analyze(fake_fmnist, *extra, f"--out={out}", "--distance_images=16",
@@ -99,6 +101,21 @@ def test_cli_on_a_checkpoint(fake_fmnist, workdir, tmp_path):
                                runs["workdir"]["mean_attention_distance_pixels"], atol=1e-3)
     assert runs["npz"]["few_shot"]["accuracy"] == pytest.approx(
         runs["workdir"]["few_shot"]["accuracy"], abs=1e-9)
+
+
+def test_cli_on_a_workdir_written_before_config_model(fake_fmnist, workdir, tmp_path):
+    """A run whose config.json has the flat model fields (`"model": "Ti/16"`, ...) is analysed
+    as before."""
+    old = tmp_path / "old_run"
+    shutil.copytree(workdir, old)
+    (old / "config.json").write_text(json.dumps(dict(
+        FLAT_LAYOUT_CONFIG_JSON, data_dir=fake_fmnist.data_dir, num_layers=2,
+        representation_size=8)))
+    out = tmp_path / "out"
+    result = run_analyze(fake_fmnist, f"--workdir={old}", f"--out={out}", "--shots=none",
+                         "--num_images=1", "--distance_images=4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((out / "analysis.json").read_text())["distance_images"] == 4
 
 
 @pytest.mark.parametrize("args, message", [

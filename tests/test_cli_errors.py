@@ -46,21 +46,25 @@ BAD_CONFIGS = {
     "accum_steps_0": (dict(accum_steps=0), None, ["config.accum_steps=0", ">= 1"]),
     "seed_negative": (dict(seed=-1), None, ["config.seed=-1", "[0, 2147483647]"]),
     "image_size_0": (dict(image_size=0), None, ["config.image_size=0", ">= 1"]),
-    "patch_size_0": (dict(patch_size=0), None, ["config.patch_size=0", "or None"]),
-    "num_layers_0": (dict(num_layers=0), None, ["config.num_layers=0"]),
-    "mlp_dim_negative": (dict(mlp_dim=-3), None, ["config.mlp_dim=-3"]),
-    "representation_size_0": (dict(representation_size=0), None,
-                              ["config.representation_size=0"]),
+    "patch_size_0": (dict(model=dict(patch_size=0)), None,
+                     ["config.model.patch_size=0", "a positive integer"]),
+    "num_layers_0": (dict(model=dict(num_layers=0)), None, ["config.model.num_layers=0"]),
+    "mlp_dim_negative": (dict(model=dict(mlp_dim=-3)), None, ["config.model.mlp_dim=-3"]),
+    "representation_size_0": (dict(model=dict(representation_size=0)), None,
+                              ["config.model.representation_size=0", "or None"]),
+    "layer_norm_epsilon_0": (dict(model=dict(layer_norm_epsilon=0.0)), None,
+                             ["config.model.layer_norm_epsilon=0.0", "positive number"]),
     # Rates and coefficients: their intervals.
     "learning_rate_negative": (dict(learning_rate=-0.003), None,
                                ["config.learning_rate=-0.003", "> 0"]),
     "learning_rate_0": (dict(learning_rate=0.0), None, ["config.learning_rate=0.0", "> 0"]),
     "learning_rate_nan": (dict(learning_rate=math.nan), None,
                           ["config.learning_rate=nan", "finite"]),
-    "dropout_1": (dict(dropout=1.0), None, ["config.dropout=1.0", "[0.0, 1.0)"]),
-    "attention_dropout_negative": (dict(attention_dropout=-0.1), None,
-                                   ["config.attention_dropout=-0.1"]),
-    "drop_path_rate_1.5": (dict(drop_path_rate=1.5), None, ["config.drop_path_rate=1.5"]),
+    "dropout_1": (dict(model=dict(dropout=1.0)), None, ["config.model.dropout=1.0", "[0, 1)"]),
+    "attention_dropout_negative": (dict(model=dict(attention_dropout=-0.1)), None,
+                                   ["config.model.attention_dropout=-0.1"]),
+    "drop_path_rate_1.5": (dict(model=dict(drop_path_rate=1.5)), None,
+                           ["config.model.drop_path_rate=1.5"]),
     "label_smoothing_1": (dict(label_smoothing=1.0), None, ["config.label_smoothing=1.0"]),
     "ema_decay_1": (dict(ema_decay=1.0), None, ["config.ema_decay=1.0", "[0.0, 1.0)"]),
     "momentum_1": (dict(momentum=1.0), None, ["config.momentum=1.0", "[0.0, 1.0)"]),
@@ -76,8 +80,12 @@ BAD_CONFIGS = {
     "decay": (dict(decay="step"), None, ["config.decay='step'", "'cosine', 'linear'"]),
     "dtype_policy": (dict(dtype_policy="float16"), None,
                      ["config.dtype_policy='float16'", "'mixed_bfloat16'"]),
-    "classifier": (dict(classifier="cls"), None, ["config.classifier='cls'", "'gap'"]),
-    "model": (dict(model="X/99"), None, ["config.model='X/99'", "B/16"]),
+    "classifier": (dict(model=dict(classifier="cls")), None,
+                   ["config.model.classifier='cls'", "'gap'"]),
+    "variant": (dict(model=dict(variant="X/99")), None, ["config.model.variant='X/99'", "B/16"]),
+    # A config file written for the layout before config.model held the model's fields.
+    "model_field_at_the_top": (dict(patch_size=4), None,
+                               ["config.patch_size=4", "config.model.patch_size"]),
     "dataset_empty": (dict(dataset=""), None, ["config.dataset=''", "non-empty"]),
     "dataset_missing_folder": (dict(dataset="folder:/no/such/root"), None,
                                ["config.dataset='folder:/no/such/root'", "not a folder"]),
@@ -97,11 +105,12 @@ BAD_CONFIGS = {
     "accum_steps_per_replica": (dict(accum_steps=3), 2,
                                 ["config.accum_steps=3", "per-replica batch 16"]),
     "accum_steps_batch": (dict(accum_steps=5), None, ["config.accum_steps=5", "batch_size=32"]),
-    "heads_do_not_divide_width": (dict(hidden_size=16, num_heads=3), None,
-                                  ["config.hidden_size=16", "config.num_heads=3"]),
+    "heads_do_not_divide_width": (dict(model=dict(hidden_size=16, num_heads=3)), None,
+                                  ["config.model.hidden_size=16", "config.model.num_heads=3"]),
     "image_not_whole_patches": (dict(image_size=30), None,
                                 ["config.image_size=30", "multiple of 7", "28"]),
-    "image_not_whole_hybrid_patches": (dict(model="R+Ti/16", patch_size=1, image_size=30),
+    "image_not_whole_hybrid_patches": (dict(model=dict(variant="R+Ti/16", patch_size=1),
+                                            image_size=30),
                                        None, ["config.image_size=30", "multiple of 4",
                                               "stride 4"]),
     # Types a config file could set (the command line's parser refuses them itself).
@@ -135,7 +144,7 @@ def test_every_common_field_has_a_rule():
     *[finetune.get_config(f"dataset={name}") for name in finetune.TOTAL_STEPS],
     finetune.get_config("model=R50+B/16"), pretrain.get_config(),
     pretrain.get_config("model=L/16,dataset=imagenet21k")],
-    ids=lambda config: f"{config.model}-{config.dataset}-{config.optimizer}")
+    ids=lambda config: f"{config.model.variant}-{config.dataset}-{config.optimizer}")
 def test_shipped_configs_pass(config):
     config_checks.check(config)
     replicas = 8 if config.batch_size % 8 == 0 and config.eval_batch_size % 8 == 0 else 2
@@ -165,9 +174,19 @@ def test_analyze_checks_only_what_it_reads():
     with pytest.raises(ValueError) as error:
         config_checks.check(config, fields=config_checks.ANALYZE_FIELDS)
     assert "image_size=30" in str(error.value) and "batch_size" not in str(error.value)
-    # A config.json of another version may lack fields: those are skipped.
-    config_checks.check(ml_collections.ConfigDict({"model": "B/16", "image_size": 224}),
+    # A config.json of another version may lack fields: those are skipped (the model's take
+    # the spec's defaults).
+    config_checks.check(ml_collections.ConfigDict({"model": {"variant": "B/16"},
+                                                   "image_size": 224}),
                         fields=config_checks.ANALYZE_FIELDS)
+
+
+def test_a_variant_name_as_config_model_says_where_it_goes():
+    """`config.model = "B/16"` (the layout before config.model held the model's fields), in a
+    config that is not type safe: one problem naming config.model.variant."""
+    config = ml_collections.ConfigDict(dict(_config().to_dict(), model="B/16"), type_safe=False)
+    with pytest.raises(ValueError, match=r"config\.model='B/16': .*config\.model\.variant="):
+        config_checks.check(config)
 
 
 def test_output_folder_checks(tmp_path, monkeypatch):
@@ -222,7 +241,7 @@ def _cases(data, root):
     bad_jpeg.write_bytes(b"\xff\xd8\xff\xe0\x00\x10JFIF\x00")
     folder = dict(batch_size=4, eval_batch_size=3, image_size=28)
     return {
-        "misspelt_field": (main_command(data, workdir, "--config.pach_size=3"),
+        "misspelt_field": (main_command(data, workdir, "--config.model.pach_size=3"),
                            ["pach_size", "patch_size"], workdir),
         "out_of_range_values": (
             main_command(data, workdir, batch_size=0, learning_rate=-0.003,

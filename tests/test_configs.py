@@ -13,6 +13,7 @@ import pytest
 
 import keras_vit
 from configs import ablation, common, finetune, pretrain, quickstart
+from train_fixtures import FLAT_LAYOUT_CONFIG_JSON, TINY
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(REPO, "configs")
@@ -45,7 +46,8 @@ def test_every_config_loads_with_the_common_fields():
 
 def test_finetune_recipe():
     config = finetune.get_config("model=B/16,dataset=cifar10")
-    assert (config.model, config.dataset, config.eval_split) == ("B/16", "cifar10", "test")
+    assert (config.model.variant, config.dataset, config.eval_split) == ("B/16", "cifar10",
+                                                                         "test")
     assert (config.optimizer, config.momentum, config.weight_decay) == ("sgd", 0.9, 0.0)
     assert (config.batch_size, config.grad_clip_norm, config.image_size) == (512, 1.0, 384)
     # The paper sweeps {0.001, 0.003, 0.01, 0.03} (appendix B.1.1, Table 4); the public configs
@@ -60,7 +62,7 @@ def test_finetune_recipe():
         config = finetune.get_config(f"model=B/16,dataset={dataset}")
         assert config.total_steps == steps, dataset
     assert finetune.get_config("dataset=imagenet2012").eval_split == "validation"
-    assert finetune.get_config("model=L/16,dataset=cifar100").model == "L/16"
+    assert finetune.get_config("model=L/16,dataset=cifar100").model.variant == "L/16"
 
 
 def test_pretrain_recipe():
@@ -73,9 +75,9 @@ def test_pretrain_recipe():
     assert (config.optimizer, config.beta_1, config.beta_2) == ("adamw", 0.9, 0.999)
     assert (config.batch_size, config.warmup_steps, config.grad_clip_norm) == (4096, 10_000, 1.0)
     assert (config.learning_rate, config.decay, config.weight_decay) == (3e-3, "cosine", 0.3)
-    assert (config.dropout, config.image_size, config.total_steps) == (0.1, 224, 93_834)
+    assert (config.model.dropout, config.image_size, config.total_steps) == (0.1, 224, 93_834)
     assert config.dataset == "imagenet2012" and config.eval_split == "validation"
-    assert config.representation_size == 768  # B/16: the tanh pre-logits head
+    assert config.model.representation_size == 768  # B/16: the tanh pre-logits head
 
 
 def test_pretrain_imagenet21k_recipe():
@@ -96,7 +98,7 @@ def test_pretrain_on_other_data_uses_section_4_1_defaults():
 def test_pretrain_pre_logits_for_every_model(model, hidden):
     """Pre-training uses a head with one hidden tanh (pre-logits) layer of the model's width
     (paper section 3.1), for the paper's L and H models too."""
-    assert pretrain.get_config(f"model={model}").representation_size == hidden
+    assert pretrain.get_config(f"model={model}").model.representation_size == hidden
 
 
 @pytest.mark.parametrize("arg", ["modle=B/16", "model", "model=B/16,datset=cifar10"])
@@ -109,7 +111,7 @@ def test_bad_config_argument_raises(arg):
 
 def test_misspelt_override_on_the_command_line_fails(tmp_path):
     command = [sys.executable, "-m", "train.main", "--config=configs/quickstart.py",
-               f"--workdir={tmp_path / 'run'}", "--config.pach_size=3"]
+               f"--workdir={tmp_path / 'run'}", "--config.model.pach_size=3"]
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=120)
@@ -146,78 +148,96 @@ def test_every_common_field_has_a_comment():
 
 def test_no_dead_config_fields():
     """Every field is read somewhere in train/: a field nobody reads is a setting that silently
-    does nothing."""
+    does nothing. The model's fields all go to keras_vit.ViTConfig (config_checks.model_spec)."""
     text = ""
     for name in os.listdir(os.path.join(REPO, "train")):
         if name.endswith(".py"):
             with open(os.path.join(REPO, "train", name)) as handle:
                 text += handle.read()
     used = set(re.findall(r"config\.(\w+)", text)) | set(re.findall(r'config\["(\w+)"\]', text))
-    used |= set(keras_vit.variants.OVERRIDABLE_FIELDS)  # read through objectives.overrides
     assert not set(common.get_config()) - used
+
+
+def test_config_model_is_every_spec_field_but_the_three_set_elsewhere():
+    """config.model is made from keras_vit.ViTConfig: all its fields but image_size (the
+    config's own, shared with the input pipeline), num_classes (the dataset's) and include_top
+    (the objective's), at the spec's defaults; a training config builds exactly that spec."""
+    import dataclasses
+    from train import config_checks
+    fields = {field.name: field.default for field in dataclasses.fields(keras_vit.ViTConfig)}
+    model = common.get_config().model
+    assert set(model) == set(fields) - {"image_size", "num_classes", "include_top"}
+    assert dict(model) == {name: fields[name] for name in model}
+    config = quickstart.get_config()
+    spec = config_checks.model_spec(config, num_classes=10)
+    assert spec == keras_vit.ViTConfig.from_variant(
+        "R+Ti/16", patch_size=2, hidden_size=64, mlp_dim=128, num_heads=4, num_layers=4,
+        image_size=32, num_classes=10)
+    assert not config_checks.model_spec(config, 10, include_top=False).include_top
 
 
 # The position-embedding fields and the Axial models (configs/common.py, train/config_checks.py).
 
-# What the model API takes: config_checks repeats these so that it needs no TensorFlow at
-# import; the test below holds the copies equal.
-KINDS = keras_vit.model.POSITION_EMBEDDINGS
-PLACEMENTS = keras_vit.model.PLACEMENTS
+KINDS = keras_vit.spec.POSITION_EMBEDDINGS
+PLACEMENTS = keras_vit.spec.PLACEMENTS
 
 
-def test_config_checks_copies_of_the_model_choices_are_equal():
+def test_config_checks_copies_of_the_training_choices_are_equal():
     from train import config_checks
-    assert config_checks.POSITION_EMBEDDINGS == KINDS
-    assert config_checks.PLACEMENTS == PLACEMENTS
-    assert config_checks.LEARNED_POSITION_EMBEDDINGS == keras_vit.model.LEARNED_POSITION_EMBEDDINGS
-    assert config_checks.CLASSIFIERS == keras_vit.model.CLASSIFIERS
     assert config_checks.MPP_TARGETS == keras_vit.masked_patches.TARGETS
     assert config_checks.MPP_DOWNSCALED_CELLS == keras_vit.masked_patches.DOWNSCALED_CELLS
     from train import objectives
     assert config_checks.OBJECTIVES == objectives.OBJECTIVES
 
 
-def _small(**overrides):
-    """configs/ablation.py with a small model (2 blocks: every_layer adds one embedding)."""
+def _small(**model):
+    """configs/ablation.py with a small model (2 blocks: every_layer adds one embedding) and the
+    fields `model` of config.model."""
     config = ablation.get_config()
-    config.update(dict(hidden_size=16, mlp_dim=32, num_heads=2, num_layers=2, patch_size=7))
-    config.update(overrides)
+    config.model.update(dict(hidden_size=16, mlp_dim=32, num_heads=2, num_layers=2,
+                             patch_size=7))
+    config.model.update(model)
     config.lock()
     return config
 
 
 def test_position_embedding_defaults_are_the_original_vit():
+    from train import config_checks
     config = common.get_config()
-    assert (config.position_embedding, config.position_embedding_placement) == ("learned",
-                                                                                "stem")
-    assert config.classifier == "token"
+    assert (config.model.position_embedding, config.model.position_embedding_placement) == (
+        "learned", "stem")
+    assert config.model.classifier is None  # the variant's: a class token, GAP for Axial-*
+    assert config_checks.model_spec(config, 10).classifier == "token"
+    assert config_checks.model_spec(_small(variant="Axial-Ti/16"), 10).classifier == "gap"
 
 
 BAD_POSITION_CONFIGS = {
     "unknown_kind": (dict(position_embedding="sinusoidal"),
-                     ["config.position_embedding='sinusoidal'", "'learned_2d'", "'relative_2d'"]),
+                     ["config.model.position_embedding='sinusoidal'", "'learned_2d'",
+                      "'relative_2d'"]),
     "unknown_placement": (dict(position_embedding_placement="everywhere"),
-                          ["config.position_embedding_placement='everywhere'",
+                          ["config.model.position_embedding_placement='everywhere'",
                            "'every_layer_shared'"]),
     "every_layer_relative": (dict(position_embedding="relative",
                                   position_embedding_placement="every_layer"),
-                             ["config.position_embedding_placement='every_layer'",
-                              "'learned' or 'learned_2d'", "not 'relative'"]),
+                             ["config.model.position_embedding_placement='every_layer'",
+                              "'learned' or 'learned_2d'",
+                              "config.model.position_embedding='relative'"]),
     "every_layer_shared_none": (dict(position_embedding="none",
                                      position_embedding_placement="every_layer_shared"),
-                                ["config.position_embedding_placement='every_layer_shared'",
-                                 "not 'none'"]),
+                                ["config.model.position_embedding_placement='every_layer_shared'",
+                                 "config.model.position_embedding='none'"]),
     "learned_2d_odd_width": (dict(position_embedding="learned_2d", hidden_size=15, num_heads=3),
-                             ["config.position_embedding='learned_2d'", "even hidden_size",
-                              "not 15"]),
-    "axial_with_class_token": (dict(model="Axial-Ti/16"),
-                               ["config.classifier='token'", "Axial-Ti/16",
-                                "config.classifier='gap'"]),
-    "axial_relative": (dict(model="Axial-Ti/16", classifier="gap",
-                            position_embedding="relative_2d"),
-                       ["config.position_embedding='relative_2d'", "Axial-Ti/16"]),
-    "axial_hybrid": (dict(model="Axial-R+Ti/16"),
-                     ["config.model='Axial-R+Ti/16'", "'Axial-' before a plain ViT name"]),
+                             ["config.model.position_embedding='learned_2d'", "even hidden_size",
+                              "config.model.hidden_size=15"]),
+    "axial_with_class_token": (dict(variant="Axial-Ti/16", classifier="token"),
+                               ["config.model.classifier='token'", "Axial-Ti/16",
+                                "classifier='gap'"]),
+    "axial_relative": (dict(variant="Axial-Ti/16", position_embedding="relative_2d"),
+                       ["config.model.position_embedding='relative_2d'", "Axial-Ti/16"]),
+    "axial_hybrid": (dict(variant="Axial-R+Ti/16"),
+                     ["config.model.variant='Axial-R+Ti/16'",
+                      "'Axial-' before any plain ViT name"]),
 }
 
 
@@ -243,7 +263,7 @@ def test_config_checks_refuse_what_the_model_refuses(model, buildable):
     for kind in KINDS:
         for placement in PLACEMENTS:
             for classifier in ("token", "gap"):
-                config = _small(model=model, classifier=classifier, position_embedding=kind,
+                config = _small(variant=model, classifier=classifier, position_embedding=kind,
                                 position_embedding_placement=placement)
                 case = (model, kind, placement, classifier)
                 try:
@@ -269,7 +289,7 @@ def test_build_model_passes_the_position_fields():
     assert "posembed_1" not in names(_small(position_embedding_placement="every_layer_shared"))
     model = objectives.build_model(_small(position_embedding="none"), 10)
     assert not [weight for weight in model.weights if "pos_embedding" in weight.path]
-    axial = names(_small(model="Axial-Ti/16", classifier="gap"))
+    axial = names(_small(variant="Axial-Ti/16"))
     assert {"encoderblock_0_row", "encoderblock_0_column"} <= axial
 
 
@@ -278,16 +298,58 @@ def test_runs_saved_before_the_position_fields_existed_still_resume(tmp_path):
     the stem); another position embedding is another run."""
     import json
     from train import run_config
-    assert not {"position_embedding", "position_embedding_placement"} & set(
+    assert not {"model", "position_embedding", "position_embedding_placement"} & set(
         run_config.MAY_CHANGE_ON_RESUME)
     config = _small()
     saved = json.loads(config.to_json_best_effort())
-    del saved["position_embedding"], saved["position_embedding_placement"]
+    del saved["model"]["position_embedding"], saved["model"]["position_embedding_placement"]
     (tmp_path / "config.json").write_text(json.dumps(saved))
     run_config.check_resume(config, str(tmp_path))
-    with pytest.raises(run_config.ConfigMismatchError, match="position_embedding: 'learned' -> "
-                       "'learned_2d'"):
+    with pytest.raises(run_config.ConfigMismatchError, match="model.position_embedding: "
+                       "'learned' -> 'learned_2d'"):
         run_config.check_resume(_small(position_embedding="learned_2d"), str(tmp_path))
+
+
+def _tiny_quickstart(**model):
+    """What train_fixtures.FLAT_LAYOUT_CONFIG_JSON describes, in today's layout."""
+    from configs import quickstart
+    config = quickstart.get_config()
+    config.update(TINY)
+    config.update(data_dir=FLAT_LAYOUT_CONFIG_JSON["data_dir"], export=True, model=model)
+    config.lock()
+    return config
+
+
+def test_config_json_in_the_flat_layout_is_read_with_config_model(tmp_path):
+    """A config.json written before config.model held the model's fields (`"model": "Ti/16"`
+    beside `"patch_size": 7`, ...; without the fields the spec added since) is read in today's
+    layout: the same config resumes it, a changed model field is named as `model.<field>`, and
+    it builds the same model (as train.analyze and train.mpp_study build it)."""
+    import json
+    import ml_collections
+    from train import config_checks, run_config
+    (tmp_path / "config.json").write_text(json.dumps(FLAT_LAYOUT_CONFIG_JSON, indent=2))
+    saved = run_config.saved(str(tmp_path))
+    assert saved["model"] == {
+        "variant": "Ti/16", "patch_size": 7, "hidden_size": 16, "mlp_dim": 32, "num_heads": 2,
+        "num_layers": 1, "classifier": "token", "position_embedding": "learned",
+        "position_embedding_placement": "stem", "representation_size": None, "dropout": 0.0,
+        "attention_dropout": 0.0, "drop_path_rate": 0.0}
+    assert not set(saved) - set(common.get_config())  # no model field left at the top
+    assert saved["image_size"] == 28 and saved["batch_size"] == 32
+    config = _tiny_quickstart()
+    # config.model.classifier and dropout are None (the variant's): the same model as the
+    # saved "token" and 0.0, so the run resumes.
+    assert config.model.classifier is None and config.model.dropout is None
+    run_config.check_resume(config, str(tmp_path))
+    with pytest.raises(run_config.ConfigMismatchError) as error:
+        run_config.check_resume(_tiny_quickstart(hidden_size=32, classifier="gap"),
+                                str(tmp_path))
+    assert "(model.classifier: 'token' -> 'gap', model.hidden_size: 16 -> 32)" in str(
+        error.value)
+    assert config_checks.model_spec(ml_collections.ConfigDict(saved), 10) == \
+        config_checks.model_spec(config, 10)
+    config_checks.check(ml_collections.ConfigDict(saved))
 
 
 # The learning-rate schedule.

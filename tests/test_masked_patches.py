@@ -250,11 +250,11 @@ def test_config_checks_for_masked_patch_prediction():
     with pytest.raises(ValueError, match="together at most 1"):
         config_checks.check(config)
     config = mpp.get_config()
-    config.patch_size, config.mpp_target = 7, "downscaled_color"
+    config.model.patch_size, config.mpp_target = 7, "downscaled_color"
     with pytest.raises(ValueError, match="multiple of 4 pixels, not 7"):
         config_checks.check(config)
     config = mpp.get_config()
-    config.patch_size = 28
+    config.model.patch_size = 28
     with pytest.raises(ValueError, match="the image is one patch"):
         config_checks.check(config)
     config.mpp_random_rate = 0.0
@@ -269,7 +269,7 @@ def test_the_paper_recipe_config():
         "adam", 2e-4, 10_000, "cosine")
     assert (config.mpp_corruption_rate, config.mpp_mask_rate, config.mpp_random_rate) == (
         0.5, 0.8, 0.1)
-    assert config.objective == "masked_patch_prediction" and config.classifier == "gap"
+    assert config.objective == "masked_patch_prediction" and config.model.classifier == "gap"
 
 
 def test_an_exported_keras_encoder_loads_as_pretrained_weights(tmp_path):

@@ -47,7 +47,7 @@ def test_a_copied_config_imports_the_shipped_common(tmp_path):
     copy = tmp_path / "my_experiment.py"
     shutil.copy(os.path.join(REPO, "configs", "quickstart.py"), copy)
     config = config_checks.load_config_module(str(copy)).get_config()
-    assert config.model == "R+Ti/16"
+    assert config.model.variant == "R+Ti/16"
 
 
 def test_train_cannot_be_imported_under_both_names():

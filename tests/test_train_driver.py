@@ -38,11 +38,12 @@ from train.metrics import MetricsWriter
 from train.preemption import RESUMABLE_EXIT_CODE
 from train.schedules import WarmupDecay
 from train.strategy import local_cluster
-from train_fixtures import (REPO, assert_same_values, checkpoint_values, latest_checkpoint_step,
-                            main_command, read_metrics, tiny_config, write_image_folder)
+from train_fixtures import (FLAT_LAYOUT_CONFIG_JSON, REPO, assert_same_values,
+                            checkpoint_values, latest_checkpoint_step, main_command, merged,
+                            read_metrics, tiny_config, write_image_folder)
 
 # SGD (not Adam, which hides gradient-scale errors) on a run that learns the fake task.
-RUN = dict(optimizer="sgd", learning_rate=0.1, classifier="gap", crop_min_area=1.0,
+RUN = dict(optimizer="sgd", learning_rate=0.1, model=dict(classifier="gap"), crop_min_area=1.0,
            total_steps=100, steps_per_loop=5, warmup_steps=10, eval_every_steps=50,
            checkpoint_every_steps=10)
 # SIGKILL once a checkpoint, SIGTERM once a loss record, at this step or later exists.
@@ -59,7 +60,7 @@ class Run:
     def __init__(self, data, root, name, *extra, env=None, label=None, **overrides):
         self.name, self.workdir = name, os.path.join(root, name)
         self.log_prefix = os.path.join(root, label or name)
-        self.command = main_command(data, self.workdir, *extra, **dict(RUN, **overrides))
+        self.command = main_command(data, self.workdir, *extra, **merged(RUN, overrides))
         self.env = dict(data.env(), **(env or {}))
         self.logs, self.returncodes, self.pids = [], [], []
 
@@ -534,7 +535,7 @@ def test_masked_patch_prediction_learns_and_exports_its_encoder(runs, fake_fmnis
         np.testing.assert_array_equal(arrays[key], expected[key])
     # Fine-tuning starts from either file, with a new zero head.
     for path in (os.path.join(export, "encoder.npz"), os.path.join(export, "model.keras")):
-        config = tiny_config(fake_fmnist, classifier="gap", pretrained=path)
+        config = tiny_config(fake_fmnist, model=dict(classifier="gap"), pretrained=path)
         with tempfile.TemporaryDirectory() as workdir:
             model = trainer.Trainer(config, workdir,
                                     tf.distribute.OneDeviceStrategy("/cpu:0")).model
@@ -624,8 +625,8 @@ def test_folder_dataset_trains(tmp_path, fake_fmnist):
     """A few steps on a folder of RGB and grayscale PNGs, with quickstart's hybrid (R+Ti) stem."""
     root = str(tmp_path / "images")
     counts = write_image_folder(root, np.random.default_rng(1))
-    config = tiny_config(fake_fmnist, dataset=f"folder:{root}", model="R+Ti/16", patch_size=1,
-                         image_size=16, batch_size=4,
+    config = tiny_config(fake_fmnist, dataset=f"folder:{root}",
+                         model=dict(variant="R+Ti/16", patch_size=1), image_size=16, batch_size=4,
                          eval_batch_size=4, total_steps=2, steps_per_loop=1, eval_every_steps=2,
                          checkpoint_every_steps=2)
     workdir = str(tmp_path / "run")
@@ -714,9 +715,10 @@ def test_rerun_with_another_config_is_refused_before_writing(tmp_path, fake_fmni
                                                                     recursive=True)}
     saved = (workdir / "config.json").read_text()
     with pytest.raises(ValueError) as error:
-        _tiny_run(fake_fmnist, workdir, total_steps=6, hidden_size=32, batch_size=16)
+        _tiny_run(fake_fmnist, workdir, total_steps=6, model=dict(hidden_size=32),
+                  batch_size=16)
     message = str(error.value)
-    assert "batch_size: 32 -> 16" in message and "hidden_size: 16 -> 32" in message
+    assert "batch_size: 32 -> 16" in message and "model.hidden_size: 16 -> 32" in message
     changes = message.split("(", 1)[1].split(")", 1)[0]
     assert "new --workdir" in message and "total_steps" not in changes
     assert (workdir / "config.json").read_text() == saved
@@ -726,6 +728,25 @@ def test_rerun_with_another_config_is_refused_before_writing(tmp_path, fake_fmni
     _tiny_run(fake_fmnist, workdir, total_steps=6, checkpoint_every_steps=3,
               eval_every_steps=3)
     assert json.loads((workdir / "config.json").read_text())["total_steps"] == 6
+
+
+def test_a_run_written_before_config_model_resumes(tmp_path, fake_fmnist, caplog):
+    """A workdir whose config.json has the flat model fields (`"model": "Ti/16"`,
+    `"patch_size": 7`, ...), as runs wrote it before config.model held them, resumes with the
+    same run's config of today, which then rewrites config.json in today's layout."""
+    workdir = tmp_path / "run"
+    _tiny_run(fake_fmnist, workdir)
+    today = json.loads((workdir / "config.json").read_text())
+    loop = ("data_dir", "total_steps", "steps_per_loop", "warmup_steps", "eval_every_steps",
+            "checkpoint_every_steps", "export")
+    old = dict(FLAT_LAYOUT_CONFIG_JSON, **{name: today[name] for name in loop})
+    (workdir / "config.json").write_text(json.dumps(old))
+    with caplog.at_level("INFO", logger="absl"):
+        _tiny_run(fake_fmnist, workdir, total_steps=6)
+    assert "Resumed from" in caplog.text and "at step 4." in caplog.text
+    assert latest_checkpoint_step(str(workdir)) == 6
+    saved = json.loads((workdir / "config.json").read_text())
+    assert saved["model"] == dict(today["model"]) and "patch_size" not in saved
 
 
 def test_a_run_and_its_export_leave_no_temporary_files(tmp_path, fake_fmnist, monkeypatch):
@@ -755,7 +776,7 @@ def test_cli_error_is_one_paragraph_without_traceback(tmp_path, fake_fmnist):
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
-    assert len(errors) == 1 and "model: 'B/16' -> 'Ti/16'" in errors[0]
+    assert len(errors) == 1 and "model.variant: 'B/16' -> 'Ti/16'" in errors[0]
     assert sorted(os.listdir(workdir)) == ["config.json"]
 
 

@@ -23,14 +23,10 @@ FILES = {
 }
 
 # A tiny plain ViT (whatever model quickstart.py picks) and a short run; every value is a
-# locked-config override of configs/quickstart.py.
+# locked-config override of configs/quickstart.py (`model`: of config.model's fields).
 TINY = {
-    "model": "Ti/16",
-    "hidden_size": 16,
-    "mlp_dim": 32,
-    "num_heads": 2,
-    "num_layers": 1,
-    "patch_size": 7,
+    "model": {"variant": "Ti/16", "hidden_size": 16, "mlp_dim": 32, "num_heads": 2,
+              "num_layers": 1, "patch_size": 7},
     "image_size": 28,
     "batch_size": 32,
     "eval_batch_size": 50,
@@ -42,6 +38,25 @@ TINY = {
     "shuffle_buffer": 512,
     "export": False,
     "jit_compile": False,  # the tests that want XLA say so
+}
+
+# A run's config.json as train.main wrote it before config.model held the model's fields (the
+# variant name as `model`, its fields beside it, no approximate_gelu or layer_norm_epsilon):
+# TINY on configs/quickstart.py, written by train.main at commit a388d88 (data_dir changed).
+FLAT_LAYOUT_CONFIG_JSON = {
+    "seed": 0, "model": "Ti/16", "patch_size": 7, "hidden_size": 16, "mlp_dim": 32, "num_heads": 2,
+    "num_layers": 1, "classifier": "token", "position_embedding": "learned",
+    "position_embedding_placement": "stem", "representation_size": None, "dropout": 0.0,
+    "attention_dropout": 0.0, "drop_path_rate": 0.0, "pretrained": "",
+    "objective": "classification", "mpp_target": "mean_color", "mpp_corruption_rate": 0.5,
+    "mpp_mask_rate": 0.8, "mpp_random_rate": 0.1, "dataset": "fashion_mnist_local",
+    "data_dir": "/data/tfds", "train_split": "train", "eval_split": "test", "image_size": 28,
+    "crop_min_area": 1.0, "flip": False, "shuffle_buffer": 512, "batch_size": 32,
+    "eval_batch_size": 50, "total_steps": 6, "optimizer": "adamw", "learning_rate": 0.003,
+    "warmup_steps": 2, "decay": "cosine", "momentum": 0.9, "beta_1": 0.9, "beta_2": 0.999,
+    "weight_decay": 0.05, "grad_clip_norm": 1.0, "accum_steps": 1, "label_smoothing": 0.0,
+    "dtype_policy": "float32", "ema_decay": 0.0, "steps_per_loop": 2, "eval_every_steps": 6,
+    "checkpoint_every_steps": 2, "keep_checkpoints": 3, "jit_compile": False, "export": True,
 }
 
 
@@ -136,21 +151,35 @@ def fake_fashion_mnist(root):
 
 
 def tiny_config(data, **overrides):
-    """configs/quickstart.py with TINY and `overrides`, reading the fake data (in-process)."""
+    """configs/quickstart.py with TINY and `overrides` (`model=dict(...)` changes those fields
+    of config.model), reading the fake data (in-process)."""
     from configs import quickstart
     config = quickstart.get_config()
-    config.update(TINY)
+    config.update(TINY)  # recursive: TINY["model"] changes config.model's fields it names
     config.data_dir = data.data_dir
     config.update(overrides)
     config.lock()
     return config
 
 
+def merged(values, overrides):
+    """`values` with `overrides`, the fields of a nested dict (`model`) merged into its own."""
+    result = dict(values)
+    for name, value in overrides.items():
+        nested = isinstance(value, dict) and isinstance(result.get(name), dict)
+        result[name] = {**result[name], **value} if nested else value
+    return result
+
+
+def override_flags(values):
+    """`--config.name=value` for each of `values`, `--config.model.name=value` for its model's."""
+    from train.config_checks import flat_fields
+    return [f"--config.{name}={value}" for name, value in flat_fields(values).items()]
+
+
 def flags(data, workdir, config="configs/quickstart.py", **overrides):
-    values = dict(TINY, **overrides)
     args = [f"--config={config}", f"--workdir={workdir}", f"--config.data_dir={data.data_dir}"]
-    args += [f"--config.{name}={value}" for name, value in values.items()]
-    return args
+    return args + override_flags(merged(TINY, overrides))
 
 
 def main_command(data, workdir, *extra, **overrides):

@@ -109,11 +109,13 @@ def check_flags():
 
 
 def child_flags(config):
-    """`--config.field=value` for every field in which `config` differs from the base config
-    file's own values: the command-line overrides and the run's fields."""
-    given = config_checks.loaded_config(FLAGS)  # the file with the command line's overrides
+    """`--config.field=value` (`--config.model.field=value`) for every field in which `config`
+    differs from the base config file's own values: the command-line overrides and the run's
+    fields."""
+    given = config_checks.flat_fields(config_checks.loaded_config(FLAGS))  # with the overrides
     fields = dict(config_flags.get_override_values(FLAGS["config"]))
-    fields.update({name: config[name] for name in config if config[name] != given[name]})
+    fields.update({name: value for name, value in config_checks.flat_fields(config).items()
+                   if value != given[name]})
     return [f"--config.{name}={_flag_text(name, value)}" for name, value in fields.items()]
 
 
@@ -125,8 +127,9 @@ def _flag_text(name, value):
 
 
 def run_config(config, fields):
+    """A copy of `config` with `fields` (dotted names, as an arm's) changed."""
     config = copy.deepcopy(config)
-    config.update(fields)
+    config.update_from_flattened_dict(fields)
     return config
 
 
@@ -149,7 +152,7 @@ def plan(study_name, base, steps, seeds, builder):
             raise ValueError(f"--study={study_name}, arm {arm.name!r}: {error}") from None
         model = objectives.build_model(config, num_classes)
         arms[arm.name] = {"label": arm.label.replace("\n", " "), "fields": arm.fields,
-                          "model": config.model, "params": model.count_params(),
+                          "model": config.model.variant, "params": model.count_params(),
                           "forward_flops": flops.forward_flops(model),
                           "batch_size": config.batch_size, "steps": steps, "runs": []}
         if study.sweep_learning_rate:
@@ -222,14 +225,11 @@ def train(run):
 
 
 def describe_model(config):
-    from keras_vit.variants import parse_variant
-    from .objectives import model_overrides
-
-    size = dataclasses.replace(parse_variant(config.model), **model_overrides(config))
-    return (f"`{config.model}` with {size.patch_size}x{size.patch_size} patches, width "
-            f"{size.hidden_size}, MLP {size.mlp_dim}, {size.num_heads} heads, "
-            f"{_count(size.num_layers, 'block')}, classifier `{config.classifier}`, position "
-            f"embedding `{config.position_embedding}` at `{config.position_embedding_placement}`"
+    spec = config_checks.model_spec(config, num_classes=1)
+    return (f"`{spec.variant}` with {spec.patch_size}x{spec.patch_size} patches, width "
+            f"{spec.hidden_size}, MLP {spec.mlp_dim}, {spec.num_heads} heads, "
+            f"{_count(spec.num_layers, 'block')}, classifier `{spec.classifier}`, position "
+            f"embedding `{spec.position_embedding}` at `{spec.position_embedding_placement}`"
             " (each arm changes what its study names)")
 
 

@@ -65,7 +65,6 @@ def load_model(config, workdir):
     import keras_vit
     from keras_vit import fileio
     from . import run_files
-    from .objectives import model_overrides
 
     if workdir:
         path = run_files.model_file(workdir)
@@ -77,16 +76,12 @@ def load_model(config, workdir):
         raise app.UsageError("Nothing to analyze: give --workdir of a trained run, or "
                              "--config.pretrained=<weights name or .npz> for a checkpoint.")
     arrays = keras_vit.checkpoint.read_npz(
-        keras_vit.pretrained.resolve_weights(config.pretrained, config.model))
+        keras_vit.pretrained.resolve_weights(config.pretrained, config.model.variant))
+    spec = config_checks.model_spec(config, num_classes=1, include_top=False)
     # The paper's few-shot metric reads the pre-logits layer of checkpoints that have one.
-    representation_size = config.representation_size
-    if representation_size is None and "pre_logits/kernel" in arrays:
-        representation_size = arrays["pre_logits/kernel"].shape[-1]
-    model = keras_vit.vit(config.model, image_size=config.image_size, include_top=False,
-                          classifier=config.classifier, representation_size=representation_size,
-                          position_embedding=config.position_embedding,
-                          position_embedding_placement=config.position_embedding_placement,
-                          **model_overrides(config))
+    if spec.representation_size is None and "pre_logits/kernel" in arrays:
+        spec = spec.replace(representation_size=arrays["pre_logits/kernel"].shape[-1])
+    model = keras_vit.vit(spec)
     keras_vit.checkpoint.load_npz(model, arrays)
     return model, None
 

@@ -2,10 +2,12 @@
 
 `check(config)` validates every field of `configs/common.py`: each number against its range and
 each string against its known values, plus the combinations that would fail later (warm-up
-longer than the run, a batch that does not split over the replicas or accumulation steps, an
-image size that is not a whole number of patches, ...). It reports every bad field at once, each
-as `config.<field>=<value>: <what is valid>`, in one ValueError. A field added to
-`configs/common.py` needs a rule in `RULES` (a test checks that every field has one).
+longer than the run, a batch that does not split over the replicas or accumulation steps, ...).
+The model, `config.model` with `config.image_size`, is checked by `keras_vit.ViTConfig` itself
+(`model_spec` makes the spec of a config). It reports every bad field at once, each as
+`config.<field>=<value>: <what is valid>` (`config.model.<field>` for the model's), in one
+ValueError. A field added to `configs/common.py` needs a rule in `RULES` (a test checks that
+every field has one); a field added to the spec needs nothing here.
 
 Also here: the `--config` flag's parser (a bare name such as `quickstart` is the shipped config
 of that name; a config file that is missing or fails to load is one line, not a traceback) and
@@ -13,6 +15,7 @@ the `--workdir`/`--out` folder check (a file, or not creatable).
 """
 
 import copy
+import dataclasses
 import importlib
 import importlib.util
 import math
@@ -24,11 +27,6 @@ from absl import app, logging
 # train.schedules; repeated here so that the checks need no TensorFlow).
 OPTIMIZERS = ("sgd", "adam", "adamw")
 DECAYS = ("cosine", "linear")
-CLASSIFIERS = ("token", "gap")
-POSITION_EMBEDDINGS = ("learned", "learned_2d", "none", "relative", "relative_2d")
-PLACEMENTS = ("stem", "every_layer", "every_layer_shared")
-# The kinds added to the tokens as embeddings: only they can go in again before every block.
-LEARNED_POSITION_EMBEDDINGS = ("learned", "learned_2d")
 OBJECTIVES = ("classification", "masked_patch_prediction")
 MPP_TARGETS = ("mean_color", "downscaled_color", "pixels")
 MPP_DOWNSCALED_CELLS = 4  # the "downscaled_color" target's cells per patch side
@@ -41,25 +39,13 @@ MAX_SEED = 2**31 - 1
 STRATEGIES = ("tpu", "mirrored", "multi_worker", "one_device")
 
 
-# Rules: (kind, details). "int": (low, high) inclusive, None for unbounded; "optional_int": the
-# same, or None; "float": (low, high, high_inclusive) with low inclusive unless the rule says
-# "above"; "choice": the valid values; "bool"; "str": non-empty; "any_str": may be empty;
-# "optional_str": a string or None.
+# Rules: (kind, details). "int": (low, high) inclusive, None for unbounded; "float": (low, high,
+# high_inclusive) with low inclusive unless the rule says "above"; "choice": the valid values;
+# "bool"; "str": non-empty; "any_str": may be empty; "optional_str": a string or None; "spec":
+# the fields of keras_vit.ViTConfig, checked by the spec (`_check_model`).
 RULES = {
     "seed": ("int", (0, MAX_SEED)),
-    "model": ("str", None),  # a keras_vit variant: checked with the overrides below
-    "patch_size": ("optional_int", (1, None)),
-    "hidden_size": ("optional_int", (1, None)),
-    "mlp_dim": ("optional_int", (1, None)),
-    "num_heads": ("optional_int", (1, None)),
-    "num_layers": ("optional_int", (1, None)),
-    "classifier": ("choice", CLASSIFIERS),
-    "position_embedding": ("choice", POSITION_EMBEDDINGS),
-    "position_embedding_placement": ("choice", PLACEMENTS),
-    "representation_size": ("optional_int", (1, None)),
-    "dropout": ("float", (0.0, 1.0, False)),
-    "attention_dropout": ("float", (0.0, 1.0, False)),
-    "drop_path_rate": ("float", (0.0, 1.0, False)),
+    "model": ("spec", None),  # keras_vit.ViTConfig's fields, checked by the spec (below)
     "objective": ("choice", OBJECTIVES),
     "mpp_target": ("choice", MPP_TARGETS),
     "mpp_corruption_rate": ("float_above", (0.0, 1.0, True)),
@@ -70,7 +56,7 @@ RULES = {
     "data_dir": ("optional_str", None),
     "train_split": ("str", None),
     "eval_split": ("str", None),
-    "image_size": ("int", (1, None)),
+    "image_size": ("int", (1, None)),  # and a whole number of patches: by the spec
     "crop_min_area": ("float_above", (0.0, 1.0, True)),
     "flip": ("bool", None),
     "shuffle_buffer": ("int", (1, None)),
@@ -98,12 +84,14 @@ RULES = {
     "export": ("bool", None),
 }
 
-# What train.analyze reads of a config (a workdir's config.json or a config file).
-ANALYZE_FIELDS = ("model", "patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers",
-                  "classifier", "position_embedding", "position_embedding_placement",
-                  "representation_size", "pretrained", "dataset", "data_dir", "train_split",
-                  "eval_split", "image_size")
+# What configs written before config.model held the model's fields (a variant name, and the other
+# fields beside it) are told.
+MODEL_FIELDS_MOVED = ("config.model holds the model's fields (those of keras_vit.ViTConfig), "
+                      "not a variant name")
 
+# What train.analyze reads of a config (a workdir's config.json or a config file).
+ANALYZE_FIELDS = ("model", "pretrained", "dataset", "data_dir", "train_split", "eval_split",
+                  "image_size")
 
 
 def _interval(low, high, high_inclusive, low_inclusive=True):
@@ -116,11 +104,9 @@ def _interval(low, high, high_inclusive, low_inclusive=True):
 
 def _rule_problem(kind, details, value):
     """What is wrong with `value` under the rule, or None."""
-    if kind in ("int", "optional_int"):
-        if value is None and kind == "optional_int":
-            return None
+    if kind == "int":
         low, high = details
-        what = "an integer" + ("" if kind == "int" else " (or None)")
+        what = "an integer"
         if not isinstance(value, int) or isinstance(value, bool):
             return f"must be {what}"
         if value < low or (high is not None and value > high):
@@ -159,19 +145,27 @@ def problems(config, num_replicas=None, fields=None):
     present = {name for name in fields if name in config}
     found, bad = [], set()
 
-    def add(names, value_text, message):
+    def add(names, value_text, message=None):
+        """Reports `value_text: message` (or `value_text` alone) against the fields `names`
+        (`model.<field>` for the model's)."""
         names = (names,) if isinstance(names, str) else names
-        found.append(f"{value_text}: {message}")
+        found.append(value_text if message is None else f"{value_text}: {message}")
         bad.update(names)
 
     def ok(*names):
-        return all(name in present and name not in bad for name in names)
+        return all(name.split(".")[0] in present and name not in bad for name in names)
 
     for name in sorted(present, key=list(RULES).index):
         kind, details = RULES[name]
+        if kind == "spec":
+            continue  # below, with the image size
         message = _rule_problem(kind, details, config[name])
         if message:
             add(name, f"config.{name}={config[name]!r}", message)
+    for name in _misplaced_model_fields(config):
+        add(name, f"config.{name}={config[name]!r}",
+            f"is a model field, which is config.model.{name} now (the fields of "
+            "keras_vit.ViTConfig are in config.model)")
 
     if ok("warmup_steps", "total_steps") and config.warmup_steps > config.total_steps:
         add("warmup_steps", f"config.warmup_steps={config.warmup_steps}",
@@ -193,14 +187,6 @@ def problems(config, num_replicas=None, fields=None):
                      else f"config.batch_size={config.batch_size}")
             add("accum_steps", f"config.accum_steps={config.accum_steps}",
                 f"must divide {where} into equal micro-batches")
-    if (ok("position_embedding", "position_embedding_placement")
-            and config.position_embedding_placement != "stem"
-            and config.position_embedding not in LEARNED_POSITION_EMBEDDINGS):
-        add("position_embedding_placement",
-            f"config.position_embedding_placement={config.position_embedding_placement!r}",
-            "adds learned embeddings before every block, so it needs config.position_embedding "
-            f"{' or '.join(map(repr, LEARNED_POSITION_EMBEDDINGS))}, not "
-            f"{config.position_embedding!r} (or use placement 'stem')")
     if ok("mpp_mask_rate", "mpp_random_rate") and (
             config.mpp_mask_rate + config.mpp_random_rate > 1.0 + 1e-9):
         add(("mpp_mask_rate", "mpp_random_rate"),
@@ -208,60 +194,88 @@ def problems(config, num_replicas=None, fields=None):
             f"config.mpp_random_rate={config.mpp_random_rate}",
             "are shares of the corrupted patches, so together at most 1 (the rest are kept "
             "as they are)")
-    _check_model(config, present, ok, add)
+    if "model" in present:
+        spec = _check_model(config, ok("image_size"), add)
+        if spec is not None and ok("image_size"):
+            _check_masked_patch_prediction(config, spec.total_stride, ok, add)
     if ok("dataset") and config.dataset.startswith(FOLDER_PREFIX):
         root = config.dataset[len(FOLDER_PREFIX):]
         if "://" not in root and not os.path.isdir(root):
             add("dataset", f"config.dataset={config.dataset!r}",
                 f"{root!r} is not a folder. A folder dataset is "
                 "root/<split>/<class>/<image files>")
-    if ok("pretrained", "model") and config.pretrained:
+    if ok("pretrained", "model.variant") and config.pretrained:
         _check_pretrained(config, add)
     return found
 
 
-def _check_model(config, present, ok, add):
-    if not ok("model"):
-        return
-    from keras_vit.variants import AXIAL_PREFIX, VARIANT_NAMES, parse_variant
+def model_spec(config, num_classes, include_top=True):
+    """The `keras_vit.ViTConfig` of a training config: the fields of `config.model`, with
+    `config.image_size`, the dataset's `num_classes` and `include_top` (False for an encoder
+    without a head). `config` is a ConfigDict or the dict of a `config.json` (`run_config.saved`);
+    a field that a config.json written before it existed lacks takes the spec's default.
+    Raises the spec's ValueError (or TypeError) naming every bad field."""
+    from keras_vit.spec import ViTConfig
 
-    try:
-        variant = parse_variant(config.model)
-    except ValueError:
-        add("model", f"config.model={config.model!r}",
-            f"must be a keras_vit variant: {', '.join(VARIANT_NAMES)}, or {AXIAL_PREFIX!r} "
-            f"before a plain ViT name (e.g. '{AXIAL_PREFIX}Ti/16')")
-        return
-    if variant.axial:
-        _check_axial(config, variant, ok, add)
-    sizes = {}
-    for name in ("patch_size", "hidden_size", "num_heads"):
-        if name in present and not ok(name):
-            return  # already reported
-        value = config[name] if name in present else None
-        sizes[name] = getattr(variant, name) if value is None else value
-    if (ok("position_embedding") and config.position_embedding == "learned_2d"
-            and sizes["hidden_size"] % 2):
-        add("position_embedding", f"config.position_embedding={config.position_embedding!r}",
-            "needs an even hidden_size (half for rows, half for columns), not "
-            f"{sizes['hidden_size']}")
-    if sizes["hidden_size"] % sizes["num_heads"]:
-        add(("hidden_size", "num_heads"),
-            f"config.hidden_size={sizes['hidden_size']}, config.num_heads={sizes['num_heads']}",
-            "num_heads must divide hidden_size (each head gets an equal share); choose "
-            f"num_heads among the divisors of {sizes['hidden_size']}")
-    if ok("image_size"):
-        stride = variant.resnet_stride * sizes["patch_size"]
-        if config.image_size % stride == 0:
-            _check_masked_patch_prediction(config, stride, ok, add)
-        if config.image_size % stride:
-            nearest = max(stride, round(config.image_size / stride) * stride)
-            how = (f"patch_size {sizes['patch_size']} on the ResNet stem of stride "
-                   f"{variant.resnet_stride}" if variant.is_hybrid
-                   else f"patch_size {sizes['patch_size']}")
-            add("image_size", f"config.image_size={config.image_size}",
-                f"must be a multiple of {stride}, the pixels per patch of {variant.name} "
-                f"({how}), e.g. {nearest}")
+    return ViTConfig(**_model_fields(config), image_size=config["image_size"],
+                     num_classes=num_classes, include_top=include_top)
+
+
+def flat_fields(config, prefix=""):
+    """The fields of a config (ConfigDict or dict) by dotted name, as `--config.<name>` names
+    them: {"seed": 0, "model.variant": "B/16", "model.hidden_size": None, ...}."""
+    flat = {}
+    for name in config:
+        value = config[name]
+        if hasattr(value, "keys"):
+            flat.update(flat_fields(value, f"{prefix}{name}."))
+        else:
+            flat[f"{prefix}{name}"] = value
+    return flat
+
+
+def _model_fields(config):
+    model = config["model"]
+    return {name: model[name] for name in model}
+
+
+def _misplaced_model_fields(config):
+    """Top-level fields of `config` that are ViTConfig fields other than image_size: what a
+    config file written for flat model fields (`config.patch_size = 4`) adds."""
+    from keras_vit.spec import FIELDS
+
+    return [name for name in config if name in FIELDS and name not in RULES]
+
+
+def _check_model(config, image_size_ok, add):
+    """Adds the spec's problems with `config.model` (and `config.image_size`, when it passed its
+    own rule), each as `config.model.<field>=<value>`; returns the spec, or None."""
+    from keras_vit.spec import ViTConfig
+
+    model = config.model
+    if isinstance(model, str):  # a config.json written before config.model held the fields
+        add("model.variant", f"config.model={model!r}",
+            f"{MODEL_FIELDS_MOVED}: name the variant as config.model.variant={model!r}")
+        return None
+    if not hasattr(model, "keys"):
+        add("model.variant", f"config.model={model!r}", MODEL_FIELDS_MOVED)
+        return None
+    fields = _model_fields(config)
+    if image_size_ok:
+        fields["image_size"] = config.image_size
+    problems = [problem for problem in ViTConfig.problems(**fields)
+                if image_size_ok or "image_size" not in problem.fields]
+    for problem in problems:
+        shown = dataclasses.replace(problem, values=tuple(
+            config.image_size if field == "image_size" else value  # as given, not as a pair
+            for field, value in zip(problem.fields, problem.values)))
+        text = shown.describe(field_name=lambda field: "config.image_size"
+                              if field == "image_size" else f"config.model.{field}")
+        add([field if field == "image_size" else f"model.{field}" for field in problem.fields],
+            text)
+    if problems or not image_size_ok:
+        return None
+    return ViTConfig(**fields)
 
 
 def _check_masked_patch_prediction(config, patch_pixels, ok, add):
@@ -281,26 +295,14 @@ def _check_masked_patch_prediction(config, patch_pixels, ok, add):
             "set it to 0")
 
 
-def _check_axial(config, variant, ok, add):
-    """What keras_vit.vit() refuses for Axial-ViT: a class token, relative positions."""
-    if ok("classifier") and config.classifier != "gap":
-        add("classifier", f"config.classifier={config.classifier!r}",
-            f"{variant.name} has no class token (its tokens stay a grid of patches): set "
-            "config.classifier='gap'")
-    if ok("position_embedding") and config.position_embedding.startswith("relative"):
-        add("position_embedding", f"config.position_embedding={config.position_embedding!r}",
-            f"{variant.name} takes no relative position embeddings; use "
-            f"{', '.join(map(repr, LEARNED_POSITION_EMBEDDINGS))} or 'none'")
-
-
 def _check_pretrained(config, add):
     from keras_vit import pretrained
 
-    weights = config.pretrained
+    weights, variant = config.pretrained, config.model["variant"]
     if weights in pretrained.PUBLISHED:
-        if config.model not in pretrained.PUBLISHED[weights]:
+        if variant not in pretrained.PUBLISHED[weights]:
             add("pretrained", f"config.pretrained={weights!r}",
-                f"no such checkpoint was published for model {config.model!r}; it exists for "
+                f"no such checkpoint was published for model {variant!r}; it exists for "
                 f"{', '.join(sorted(pretrained.PUBLISHED[weights]))}")
         return
     if "://" in weights or weights.startswith("augreg/") or os.path.isfile(weights):

@@ -59,7 +59,7 @@ def main(argv):
         logging.info("Config:\n%s", config)
     else:  # every field is in config.json; the terminal gets the few that name the run
         logging.info("%s on %s, %d steps of %d; the whole config: %s (--verbose prints it)",
-                     config.model, config.dataset, config.total_steps, config.batch_size,
+                     config.model.variant, config.dataset, config.total_steps, config.batch_size,
                      run_files.config_file(FLAGS.workdir))
     try:
         trainer.train_and_evaluate(config, FLAGS.workdir, strategy)

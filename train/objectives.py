@@ -12,28 +12,16 @@ import tensorflow as tf
 
 import keras_vit
 from keras_vit import masked_patches
-from keras_vit.variants import OVERRIDABLE_FIELDS
+
+from .config_checks import model_spec
 
 OBJECTIVES = ("classification", "masked_patch_prediction")
 
 
-def model_overrides(config):
-    """The variant fields that `config` sets (`patch_size`, ...), for `keras_vit.vit`."""
-    return {name: config[name] for name in OVERRIDABLE_FIELDS if config[name] is not None}
-
-
 def build_model(config, num_classes, include_top=True):
     """The ViT of `config` (with its classification head, or `include_top=False`: the encoder
-    that returns the pooled representation)."""
-    return keras_vit.vit(
-        config.model, image_size=config.image_size, num_classes=num_classes,
-        include_top=include_top, classifier=config.classifier,
-        position_embedding=config.position_embedding,
-        position_embedding_placement=config.position_embedding_placement,
-        representation_size=config.representation_size,
-        dropout=config.dropout, attention_dropout=config.attention_dropout,
-        drop_path_rate=config.drop_path_rate, dtype=config.dtype_policy,
-        **model_overrides(config))
+    that returns the pooled representation), as `config_checks.model_spec` describes it."""
+    return keras_vit.vit(model_spec(config, num_classes, include_top), dtype=config.dtype_policy)
 
 
 def cross_entropy(labels, logits, num_classes, label_smoothing):

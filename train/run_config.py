@@ -2,8 +2,12 @@
 
 A rerun in the same workdir resumes from its checkpoints, so it must train the same model on the
 same data with the same batch. A rerun whose config differs in anything else than the fields
-below is refused before anything is written, naming the fields; `config.json` keeps describing
-the checkpoints beside it.
+below is refused before anything is written, naming the fields (`model.hidden_size` for the
+model's); `config.json` keeps describing the checkpoints beside it.
+
+Runs written before `config.model` held the model's fields have the old, flat layout (`"model":
+"R+Ti/16", "patch_size": 2, ...`): `saved` reads them in today's layout (`migrate`), so that they
+resume, export and are analysed as before.
 """
 
 import json
@@ -11,7 +15,7 @@ import json
 from keras_vit import fileio
 
 from . import run_files
-from .config_checks import shipped_config
+from .config_checks import flat_fields, model_spec, shipped_config
 
 # What a rerun may change: how long to run and how to evaluate, save and export, and where the
 # same data lives; not what is trained.
@@ -28,19 +32,57 @@ def _as_json(config):
     return json.loads(config.to_json_best_effort())
 
 
+def migrate(saved):
+    """`saved` (a config.json's dict) in today's layout: a run written before `config.model`
+    held the model's fields has `model` as the variant name and the other fields beside it
+    (patch_size, hidden_size, classifier, ...); they move into `model`, the name as its
+    `variant`. Other dicts are returned as they are."""
+    if not isinstance(saved.get("model"), str):
+        return saved
+    model_fields = set(shipped_config("common").get_config().model) - {"variant"}
+    migrated = {name: value for name, value in saved.items() if name not in model_fields}
+    migrated["model"] = {"variant": saved["model"],
+                         **{name: saved[name] for name in saved if name in model_fields}}
+    return migrated
+
+
 def saved(workdir, fix="restore it, or use a new --workdir"):
-    """The saved config as a dict, or None when the workdir has none. A file that is not valid
-    JSON is a ValueError naming it, with `fix`, what the caller's user can do."""
+    """The saved config as a dict in today's layout (`migrate`), or None when the workdir has
+    none. A file that is not valid JSON is a ValueError naming it, with `fix`, what the
+    caller's user can do."""
     path = run_files.config_file(workdir)
     if not fileio.exists(path):
         return None
     with fileio.open_file(path, "r") as handle:
         text = handle.read()
     try:
-        return json.loads(text)
+        return migrate(json.loads(text))
     except json.JSONDecodeError as error:
         raise ValueError(f"{path} is not valid JSON ({error}); it describes the run "
                          f"in this workdir: {fix}.") from error
+
+
+def _nested(flat):
+    """The inverse of `flat_fields`."""
+    nested = {}
+    for name, value in flat.items():
+        *parents, leaf = name.split(".")
+        node = nested
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = value
+    return nested
+
+
+def _resolved_model(fields):
+    """`fields` (a config as JSON) with its model as the spec resolves it: a field left None
+    (the variant's) and the same value given explicitly are the same model."""
+    try:
+        spec = model_spec(fields, num_classes=1).to_dict()
+    except (TypeError, ValueError, KeyError):
+        return fields  # not a valid model: compared as written
+    model = {name: spec[name] for name in fields["model"]}
+    return {**fields, "model": model}
 
 
 def differences(config, workdir, may_change=MAY_CHANGE_ON_RESUME):
@@ -49,13 +91,12 @@ def differences(config, workdir, may_change=MAY_CHANGE_ON_RESUME):
     previous = saved(workdir)
     if previous is None:
         return []
-    current = _as_json(config)
-    # A field added to configs/common.py after the run started is missing from its config.json.
-    # New fields default to what the code did before them (position_embedding "learned" at the
-    # "stem", ...), so the saved run had the default.
-    defaults = _as_json(shipped_config("common").get_config())
-    previous = {**{name: value for name, value in defaults.items() if name not in previous},
-                **previous}
+    # A field added to configs/common.py (or to the spec) after the run started is missing from
+    # its config.json. New fields default to what the code did before them (position_embedding
+    # "learned" at the "stem", ...), so the saved run had the default.
+    defaults = flat_fields(_as_json(shipped_config("common").get_config()))
+    previous = flat_fields(_resolved_model(_nested({**defaults, **flat_fields(previous)})))
+    current = flat_fields(_resolved_model(_as_json(config)))
     return [(name, previous.get(name), current.get(name))
             for name in sorted(set(previous) | set(current))
             if name not in may_change and previous.get(name) != current.get(name)]

@@ -1,24 +1,27 @@
 """The ablation studies of `python -m train.ablate` as data, and the markdown report of each.
 
 A study is a few arms; an arm is the config fields in which it differs from the base config
-(configs/ablation.py). Two studies do more than train every arm at every seed: `classifier`
-first picks each arm's learning rate by a small sweep scored on held-out training images, and
-`hybrid` gives the cheaper model more steps so that both arms train with the same FLOPs.
+(configs/ablation.py), by their dotted names (`model.classifier`). Two studies do more than
+train every arm at every seed: `classifier` first picks each arm's learning rate by a small
+sweep scored on held-out training images, and `hybrid` gives the cheaper model more steps so
+that both arms train with the same FLOPs.
 
 The report is drawn from the summary that train.ablate keeps in `<out>/<study>.json` (see
-`report`), so it can be redrawn without training. Nothing here imports TensorFlow.
+`report`), so it can be redrawn without training; summaries written before the model's fields
+moved into `config.model` name them flat (`classifier`), and are drawn the same (`arm_field`).
 """
 
 import dataclasses
 import statistics
 
-from .config_checks import LEARNED_POSITION_EMBEDDINGS
+from keras_vit.spec import LEARNED_POSITION_EMBEDDINGS
 
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
     """One arm: `name` is its folder under `<out>/runs/<study>/` and its key in the summary,
-    `label` names it in the table and the plot, `fields` are its config values."""
+    `label` names it in the table and the plot, `fields` are its config values by dotted name
+    (`{"model.classifier": "gap"}`)."""
 
     name: str
     label: str
@@ -55,7 +58,8 @@ HELD_OUT_PERCENT = 10
 
 def _position_arm(kind, placement):
     return Arm(f"{kind}-{placement}", f"{kind}\n{placement}",
-               {"position_embedding": kind, "position_embedding_placement": placement})
+               {"model.position_embedding": kind,
+                "model.position_embedding_placement": placement})
 
 
 STUDIES = {
@@ -73,8 +77,8 @@ STUDIES = {
         question="The class token against global average pooling of the patch tokens (GAP), "
                  "each at its own best learning rate: the paper's figure 9 (appendix D.3) "
                  "found that GAP works as well, but needs a different learning rate.",
-        arms=(Arm("token", "class token", {"classifier": "token"}),
-              Arm("gap", "GAP", {"classifier": "gap"})),
+        arms=(Arm("token", "class token", {"model.classifier": "token"}),
+              Arm("gap", "GAP", {"model.classifier": "gap"})),
         sweep_learning_rate=True),
     "hybrid": Study(
         title="ViT against the hybrid R+ViT at equal training compute",
@@ -83,15 +87,16 @@ STUDIES = {
                  "the cheaper model trains for more steps.",
         arms=(Arm("vit", "ViT", {}),
               # The ResNet stem's stride is 4: 1x1 patches of its map give the ViT's 7x7 grid.
-              Arm("r_vit", "R+ViT", {"model": "R+Ti/16", "patch_size": 1})),
+              Arm("r_vit", "R+ViT", {"model.variant": "R+Ti/16", "model.patch_size": 1})),
         match_flops=True),
     "axial": Study(
         title="ViT against Axial-ViT",
         question="Full self-attention against axial attention (a row block, then a column "
                  "block, each with its MLP; the paper's appendix D.6), at the same width and "
                  "depth, both pooling with GAP (Axial-ViT has no class token).",
-        arms=(Arm("vit", "ViT", {"classifier": "gap"}),
-              Arm("axial_vit", "Axial-ViT", {"model": "Axial-Ti/16", "classifier": "gap"}))),
+        arms=(Arm("vit", "ViT", {"model.classifier": "gap"}),
+              Arm("axial_vit", "Axial-ViT", {"model.variant": "Axial-Ti/16",
+                                              "model.classifier": "gap"}))),
 }
 
 
@@ -127,6 +132,13 @@ def accuracy_cell(accuracies):
     if len(values) == 1:
         return f"{mean:.2f}"
     return f"{mean:.2f} ± {statistics.stdev(values):.2f}"
+
+
+def arm_field(arm, name):
+    """The value of the model field `name` among a summary arm's `fields`: `model.<name>`, or
+    `<name>` in summaries written before the model's fields moved into config.model."""
+    fields = arm["fields"]
+    return fields[f"model.{name}"] if f"model.{name}" in fields else fields[name]
 
 
 def _accuracies(arm):
@@ -173,7 +185,7 @@ def classifier_table(arms):
         for rate in rates:
             cell = "–" if rate not in sweep else f"{100 * sweep[rate]:.2f}"
             cells.append(f"**{cell}**" if rate == picked and rate in sweep else cell)
-        rows.append([f"{arm['label']} (`{arm['fields']['classifier']}`)", *cells,
+        rows.append([f"{arm['label']} (`{arm_field(arm, 'classifier')}`)", *cells,
                      "–" if picked is None else f"{picked:g}", accuracy_cell(_accuracies(arm))])
     return _rows(header, rows)
 

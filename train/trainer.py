@@ -87,7 +87,8 @@ class Trainer:
             logging.info("Resumed from %s at step %d.",
                          os.path.join(self.checkpoint_dir, f"ckpt-{restored}"), self.step)
         elif config.pretrained:
-            path = keras_vit.pretrained.resolve_weights(config.pretrained, config.model)
+            path = keras_vit.pretrained.resolve_weights(config.pretrained,
+                                                       config.model.variant)
             report = keras_vit.checkpoint.load_npz(self.objective.encoder(self.model), path)
             logging.info("Initialised from %s (%d weights, resized: %s, new head: %s).", path,
                          len(report["loaded"]), report["resized"], report["new_head"])
