@@ -261,6 +261,8 @@ BAD_FLAGS = {
     "misspelt_override": ({}, ["--config.model.hiden_size=8"], ["hiden_size"]),
     "bad_config_value": ({}, ["--config.model.position_embedding_placement=everywhere"],
                          ["config.model.position_embedding_placement='everywhere'"]),
+    "variant_as_config_model": ({}, ["--config.model=R+Ti/16"],
+                                ["--config.model.variant=R+Ti/16"]),
     "classifier_split_expression": (dict(study="classifier"), ["--config.train_split=train[:50%]"],
                          ["plain split name"]),
 }

@@ -243,6 +243,13 @@ def _cases(data, root):
     return {
         "misspelt_field": (main_command(data, workdir, "--config.model.pach_size=3"),
                            ["pach_size", "patch_size"], workdir),
+        # The overrides of the layout before config.model held the model's fields.
+        "variant_as_config_model": (main_command(data, workdir, "--config.model=B/16"),
+                                    ["--config.model=B/16", "--config.model.variant=B/16"],
+                                    workdir),
+        "model_field_at_the_top": (main_command(data, workdir, "--config.patch_size=4"),
+                                   ["--config.patch_size=4", "--config.model.patch_size=4"],
+                                   workdir),
         "out_of_range_values": (
             main_command(data, workdir, batch_size=0, learning_rate=-0.003,
                          keep_checkpoints=0),

@@ -20,6 +20,8 @@ import importlib
 import importlib.util
 import math
 import os
+import re
+import sys
 
 from absl import app, logging
 
@@ -432,7 +434,12 @@ def install_config_parser(flag):
             except SyntaxError as error:
                 raise ValueError(f"{filename} line {error.lineno}: {error.msg}") from None
             except (TypeError, ValueError) as error:
-                raise type(error)(" ".join(str(error).split()).rstrip(".")) from None
+                text = " ".join(str(error).split()).rstrip(".")
+                if "field 'model'" in text:  # `config.model = "B/16"`, the old layout
+                    text = (f"{text}. {MODEL_FIELDS_MOVED}: set "
+                            "config.model.variant and config.model.<field>")
+                raise type(error)(text) from None
+            _check_model_flags(flag.name, config, sys.argv)
             if getattr(self, "_lock_config", True) and callable(getattr(config, "lock", None)):
                 config.lock()
             return config
@@ -440,6 +447,26 @@ def install_config_parser(flag):
     parser = copy.copy(flag.parser)
     parser.__class__ = ConfigFileParser
     flag.parser = parser
+
+
+def _check_model_flags(flag, config, argv):
+    """Raises ValueError for an override in the layout before config.model held the model's
+    fields: `--config.model=B/16` or `--config.patch_size=2` (ml_collections would say that
+    'B/16' is no ConfigDict, or suggest batch_size)."""
+    model = config.get("model") if hasattr(config, "get") else None
+    if not hasattr(model, "keys"):
+        return
+    for arg in argv[1:]:
+        match = re.match(rf"^--?{re.escape(flag)}\.(\w+)(?:=(.*))?$", arg)
+        if match is None:
+            continue
+        name, value = match.group(1), match.group(2) or "VALUE"
+        if name == "model":
+            raise ValueError(f"--{flag}.model={value}: {MODEL_FIELDS_MOVED}; give the variant as "
+                             f"--{flag}.model.variant={value}")
+        if name in model and name not in config:
+            raise ValueError(f"--{flag}.{name}={value}: the model's fields are in config.model; "
+                             f"use --{flag}.model.{name}={value}")
 
 
 def loaded_config(flag_values, name="config"):
