@@ -524,9 +524,11 @@ def test_masked_patch_prediction_learns_and_exports_its_encoder(runs, fake_fmnis
     assert evaluation[100]["eval_accuracy"] > evaluation[50]["eval_accuracy"] - 0.05
     assert "masked patch prediction, target mean_color" in run.logs[0]
     export = os.path.join(run.workdir, "export")
-    assert sorted(os.listdir(export)) == ["encoder.npz", "model.keras"]
+    # encoder.npz.json: the encoder's keras_vit.ViTConfig, beside the weights (save_npz).
+    assert sorted(os.listdir(export)) == ["encoder.npz", "encoder.npz.json", "model.keras"]
     encoder = keras.saving.load_model(os.path.join(export, "model.keras"), safe_mode=True)
     assert encoder.output.shape == (None, 16)  # the pooled representation, no head
+    assert checkpoint.read_spec(os.path.join(export, "encoder.npz")) == encoder.spec
     arrays = checkpoint.read_npz(os.path.join(export, "encoder.npz"))
     assert not any(key.startswith(("head", "mpp")) for key in arrays)
     expected = checkpoint.model_arrays(encoder)
