@@ -240,6 +240,10 @@ def _cases(data, root):
     bad_jpeg = corrupt / "train" / "dog" / "truncated.jpg"
     bad_jpeg.write_bytes(b"\xff\xd8\xff\xe0\x00\x10JFIF\x00")
     folder = dict(batch_size=4, eval_batch_size=3, image_size=28)
+    old_config = root / "old_layout.py"  # a config file written for the flat model fields
+    old_config.write_text("from configs import common\n\n\ndef get_config():\n"
+                          "    config = common.get_config()\n"
+                          "    config.model = 'Ti/16'\n    return config\n")
     return {
         "misspelt_field": (main_command(data, workdir, "--config.model.pach_size=3"),
                            ["pach_size", "patch_size"], workdir),
@@ -250,6 +254,10 @@ def _cases(data, root):
         "model_field_at_the_top": (main_command(data, workdir, "--config.patch_size=4"),
                                    ["--config.patch_size=4", "--config.model.patch_size=4"],
                                    workdir),
+        "variant_as_config_model_in_a_file": (
+            [sys.executable, "-m", "train.main", f"--config={old_config}",
+             f"--workdir={workdir}"], ["config.model holds the model's fields",
+                                       "config.model.variant"], workdir),
         "out_of_range_values": (
             main_command(data, workdir, batch_size=0, learning_rate=-0.003,
                          keep_checkpoints=0),
