@@ -1087,13 +1087,14 @@ def test_failed_save_leaves_previous_file_and_no_partial_file(failure, previous,
         failure(patch)
         with pytest.raises(_SimulatedFailure):
             save_npz(model, path)
-    assert sorted(os.listdir(tmp_path)) == (["model.npz"] if previous else [])
+    # The previous file and the spec written beside it (save_npz) stay as they were.
+    assert sorted(os.listdir(tmp_path)) == (["model.npz", "model.npz.json"] if previous else [])
     if previous:
         assert path.read_bytes() == old
         load_npz(small_vit(num_layers=1), path)  # still a valid checkpoint
     # And a save that does not fail replaces the file.
     save_npz(model, path)
-    assert sorted(os.listdir(tmp_path)) == ["model.npz"]
+    assert sorted(os.listdir(tmp_path)) == ["model.npz", "model.npz.json"]
     restored = small_vit(num_layers=1)
     load_npz(restored, path)
     assert_same_weights(restored, snapshot(model))
@@ -1134,5 +1135,5 @@ def test_save_failing_while_writing_the_file_keeps_the_previous_file(tmp_path):
         [sys.executable, "-c", _SAVE_UNDER_FILE_SIZE_LIMIT, str(path), str(len(old) // 2)],
         capture_output=True, text=True, timeout=300, cwd=root, env=env)
     assert "SAVE FAILED" in result.stdout, (result.stdout, result.stderr[-2000:])
-    assert sorted(os.listdir(tmp_path)) == ["model.npz"]
+    assert sorted(os.listdir(tmp_path)) == ["model.npz", "model.npz.json"]
     assert path.read_bytes() == old
