@@ -72,6 +72,9 @@ def get_config():
     config.checkpoint_every_steps = 1000  # also saved at the end and on SIGTERM
     config.keep_checkpoints = 3  # newest checkpoints kept in workdir/checkpoints
     config.jit_compile = False  # compile the train step with XLA (on TPU it always is)
+    # JAX engine (KERAS_BACKEND=jax): devices of the mesh's model axis, over which each block's
+    # attention and MLP matrices are split; the batch axis takes the other devices.
+    config.model_parallel = 1  # 1: data parallel only
     config.export = True  # at the end, write the trained model into workdir/export
     return config
 

@@ -49,7 +49,7 @@ def _info_files(output):
 
 def test_progress_lines_show_by_default(outputs):
     messages = [match.group(2) for match in INFO_LINE.finditer(outputs["default"])
-                if match.group(1) == "trainer.py"]
+                if match.group(1) == "loop.py"]
     assert [m.split()[1] for m in messages if m.startswith("step ")] == ["2/6", "4/6", "6/6"]
 
 

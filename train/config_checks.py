@@ -83,6 +83,7 @@ RULES = {
     "checkpoint_every_steps": ("int", (1, None)),
     "keep_checkpoints": ("int", (1, None)),
     "jit_compile": ("bool", None),
+    "model_parallel": ("int", (1, None)),
     "export": ("bool", None),
 }
 

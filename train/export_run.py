@@ -166,3 +166,27 @@ def export_model(model, workdir, class_names=None, tflite_kinds=(), representati
         paths[f"tflite_{kind}"] = path
     logging.info("SavedModel: %s", paths["saved_model"])
     return paths
+
+
+def export_in_tensorflow(workdir, tflite_kinds):
+    """The SavedModel and TFLite files of a run trained on another Keras backend (JAX): its
+    `model.keras` exported by `train.export` in a TensorFlow process, serving the same
+    signatures as a TensorFlow run's export. Without TensorFlow, a warning says the command
+    to run where it is installed."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", f"{__package__}.export", f"--workdir={workdir}",
+               f"--tflite={','.join(tflite_kinds) or 'none'}"]
+    if importlib.util.find_spec("tensorflow") is None:
+        logging.warning("The SavedModel and TFLite export need TensorFlow, which is not "
+                        "installed; where it is, run: KERAS_BACKEND=tensorflow %s",
+                        " ".join(command[1:]).replace(sys.executable, "python"))
+        return
+    environment = dict(os.environ, KERAS_BACKEND="tensorflow")
+    if subprocess.run(command, env=environment).returncode:
+        raise RuntimeError(f"The export in TensorFlow failed (above); model.keras is in "
+                           f"{run_files.export_dir(workdir)}. Retry with: KERAS_BACKEND="
+                           f"tensorflow python -m {__package__}.export --workdir={workdir} "
+                           f"--tflite={','.join(tflite_kinds)}")

@@ -361,3 +361,23 @@ def get_datasets(config, strategy, start_step=0, dtype=tf.float32, builder=None,
         eval=_distributed(strategy, eval_fn),
         eval_examples=builder.info.splits[config.eval_split].num_examples,
     )
+
+
+def get_process_datasets(config, num_processes, process_index, start_step=0, dtype=tf.float32,
+                         builder=None, num_patches=None):
+    """This process's train and eval datasets, for an engine that feeds its own devices (JAX):
+    batches of its share of every global batch, `batch_size / num_processes` examples (the
+    examples that tf.distribute gives the same process's replicas)."""
+    for field in ("batch_size", "eval_batch_size"):
+        if config[field] % num_processes:
+            raise ValueError(f"config.{field}={config[field]} is not divisible by the "
+                             f"{num_processes} processes.")
+    builder = builder or get_builder(config)
+    context = tf.distribute.InputContext(num_input_pipelines=num_processes,
+                                         input_pipeline_id=process_index,
+                                         num_replicas_in_sync=num_processes)
+    return Datasets(
+        train=train_dataset_fn(builder, config, start_step, dtype, num_patches)(context),
+        eval=eval_dataset_fn(builder, config, dtype, num_patches)(context),
+        eval_examples=builder.info.splits[config.eval_split].num_examples,
+    )

@@ -1,8 +1,10 @@
-"""Trains or fine-tunes a ViT from the command line.
+"""Trains or fine-tunes a ViT from the command line, on TensorFlow (tf.distribute) or, with
+KERAS_BACKEND=jax, on JAX (train.jax_engine); the same configs, workdir and exit codes.
 
     python -m train.main --config=configs/quickstart.py --workdir=/tmp/vit_quickstart
     python -m train.main --config=configs/finetune.py:model=B/16,dataset=cifar10 \
         --config.pretrained=imagenet21k --workdir=gs://bucket/run --strategy=tpu --tpu=local
+    KERAS_BACKEND=jax python -m train.main --config=configs/quickstart.py --workdir=/tmp/vq
 
 Rerunning the same command resumes from the newest checkpoint in the workdir. Exit status: 0
 when the run finished; 75 when it was stopped by SIGTERM after saving a checkpoint (rerun the
@@ -23,6 +25,10 @@ flags.DEFINE_enum("strategy", "", ["", *config_checks.STRATEGIES],
                   "Distribution strategy; default: TPU if --tpu, else all GPUs, else CPU.")
 flags.DEFINE_string("tpu", "", "TPU name, grpc:// address, or 'local' on a TPU VM.")
 flags.DEFINE_integer("cpu_devices", 1, "Split the CPU into this many logical devices.")
+flags.DEFINE_string("coordinator_address", "", "JAX: HOST:PORT of process 0 of a run of several "
+                    "processes on CPU or GPU machines (a TPU slice finds its hosts itself).")
+flags.DEFINE_integer("num_processes", 1, "JAX: processes of the run, with --coordinator_address.")
+flags.DEFINE_integer("process_id", 0, "JAX: this process's index, 0 to --num_processes - 1.")
 flags.declare_key_flag("verbose")  # defined in train/cli.py; listed by --help
 flags.mark_flags_as_required(["config", "workdir"])
 FLAGS = flags.FLAGS
@@ -36,6 +42,57 @@ def main(argv):
     config_checks.check(config)  # the replica count is checked again once it is known
     if FLAGS.cpu_devices < 1:
         raise app.UsageError(f"--cpu_devices={FLAGS.cpu_devices} must be at least 1.")
+    import keras
+
+    if keras.config.backend() == "jax":
+        _train_on_jax(config)
+    else:
+        _train_on_tensorflow(config)
+
+
+def _log_run(config):
+    from . import run_files
+
+    if FLAGS.verbose:
+        logging.info("Config:\n%s", config)
+    else:  # every field is in config.json; the terminal gets the few that name the run
+        logging.info("%s on %s, %d steps of %d; the whole config: %s (--verbose prints it)",
+                     config.model.variant, config.dataset, config.total_steps, config.batch_size,
+                     run_files.config_file(FLAGS.workdir))
+
+
+def _train_on_jax(config):
+    given = [name for name in ("strategy", "tpu") if FLAGS[name].present]
+    if given:
+        raise app.UsageError(f"--{given[0]} is a TensorFlow flag; the JAX engine uses every "
+                             "device it finds (--cpu_devices, and --coordinator_address, "
+                             "--num_processes, --process_id for several processes).")
+    if FLAGS.num_processes < 1 or not 0 <= FLAGS.process_id < FLAGS.num_processes:
+        raise app.UsageError(f"--process_id={FLAGS.process_id} must be in [0, "
+                             f"--num_processes={FLAGS.num_processes}).")
+    if FLAGS.num_processes > 1 and not FLAGS.coordinator_address:
+        raise app.UsageError("--num_processes > 1 needs --coordinator_address=HOST:PORT of "
+                             "process 0.")
+    from . import jax_engine, loop
+
+    jax_engine.initialize(FLAGS.cpu_devices, FLAGS.coordinator_address, FLAGS.num_processes,
+                          FLAGS.process_id)
+    if jax_engine.is_chief_process():  # the others write nothing into the workdir
+        config_checks.check_output_folder(FLAGS.workdir, "workdir")
+    _log_run(config)
+    try:
+        loop.train_and_evaluate(lambda: jax_engine.JaxEngine(config, FLAGS.workdir), config,
+                                FLAGS.workdir)
+    except loop.Stopped:
+        sys.exit(loop.RESUMABLE_EXIT_CODE)
+
+
+def _train_on_tensorflow(config):
+    given = [name for name in ("coordinator_address", "num_processes", "process_id")
+             if FLAGS[name].present]
+    if given:
+        raise app.UsageError(f"--{given[0]} is a flag of the JAX engine (KERAS_BACKEND=jax); "
+                             "TensorFlow's workers read TF_CONFIG.")
     if FLAGS.tpu and FLAGS.strategy not in ("", "tpu"):
         raise app.UsageError(f"--tpu={FLAGS.tpu} applies only to --strategy=tpu (or no "
                              f"--strategy), not --strategy={FLAGS.strategy}.")
@@ -53,14 +110,9 @@ def main(argv):
     strategy = strategies.make_strategy(FLAGS.strategy, FLAGS.tpu)
     import tensorflow as tf
 
-    from . import checkpoints, preemption, run_files, trainer
+    from . import checkpoints, preemption, trainer
 
-    if FLAGS.verbose:
-        logging.info("Config:\n%s", config)
-    else:  # every field is in config.json; the terminal gets the few that name the run
-        logging.info("%s on %s, %d steps of %d; the whole config: %s (--verbose prints it)",
-                     config.model.variant, config.dataset, config.total_steps, config.batch_size,
-                     run_files.config_file(FLAGS.workdir))
+    _log_run(config)
     try:
         trainer.train_and_evaluate(config, FLAGS.workdir, strategy)
     except preemption.Stopped:

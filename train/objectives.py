@@ -3,12 +3,12 @@
 
 An objective builds the model to train and, for a batch, gives the loss of every item (an
 example, or a patch), each item's weight in the mean loss (1, or 0 for a patch the loss
-ignores) and how right each item was. The trainer's step, evaluation and checkpoints are the
-same for both.
+ignores) and how right each item was, in `keras.ops`, so that both engines (tf.distribute and
+JAX) train the same objective. Their steps, evaluation and checkpoints are the same for both.
 """
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 import keras_vit
 from keras_vit import masked_patches
@@ -25,9 +25,9 @@ def build_model(config, num_classes, include_top=True):
 
 
 def cross_entropy(labels, logits, num_classes, label_smoothing):
-    targets = tf.one_hot(labels, num_classes)
+    targets = ops.one_hot(labels, num_classes)
     return keras.losses.categorical_crossentropy(
-        targets, tf.cast(logits, tf.float32), from_logits=True, label_smoothing=label_smoothing)
+        targets, ops.cast(logits, "float32"), from_logits=True, label_smoothing=label_smoothing)
 
 
 class Classification:
@@ -44,12 +44,12 @@ class Classification:
 
     def item_losses(self, model, batch, training):
         """`(losses, weights, correct)`, one of each per example."""
-        logits = tf.cast(model(batch["image"], training=training), tf.float32)
+        logits = ops.cast(model(batch["image"], training=training), "float32")
         smoothing = self.config.label_smoothing if training else 0.0
         losses = cross_entropy(batch["label"], logits, self.num_classes, smoothing)
-        correct = tf.cast(tf.argmax(logits, -1, output_type=tf.int32) == batch["label"],
-                          tf.float32)
-        return losses, tf.ones_like(losses), correct
+        predicted = ops.cast(ops.argmax(logits, -1), "int32")
+        correct = ops.cast(ops.equal(predicted, ops.cast(batch["label"], "int32")), "float32")
+        return losses, ops.ones_like(losses), correct
 
     def encoder(self, model):
         """The model that the run exports."""
@@ -82,7 +82,8 @@ class MaskedPatchPrediction:
                              "source": batch["source"]}, training=training)
         targets = model.targets(images)
         losses = model.patch_losses(predictions, targets)
-        weights = tf.cast(batch["corruption"] != masked_patches.NOT_CORRUPTED, tf.float32)
+        weights = ops.cast(ops.not_equal(batch["corruption"], masked_patches.NOT_CORRUPTED),
+                           "float32")
         return losses, weights, model.patch_accuracy(predictions, targets)
 
     def encoder(self, model):

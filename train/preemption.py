@@ -21,13 +21,7 @@ from absl import logging
 
 from .strategy import is_tpu
 
-# EX_TEMPFAIL of sysexits.h: "temporary failure, retry". Distinct from success (0) and from
-# failures (1, or a signal): the run saved a checkpoint and stopped; the same command resumes.
-RESUMABLE_EXIT_CODE = 75
-
-
-class Stopped(Exception):
-    """Raised once the stopping checkpoint is saved: rerun the same command to resume."""
+from .loop import RESUMABLE_EXIT_CODE, Stopped  # noqa: F401  (train.main reads them here)
 
 
 class PreemptionWatcher:

@@ -17,11 +17,11 @@ from keras_vit import fileio
 from . import run_files
 from .config_checks import flat_fields, model_spec, shipped_config
 
-# What a rerun may change: how long to run and how to evaluate, save and export, and where the
-# same data lives; not what is trained.
+# What a rerun may change: how long to run and how to evaluate, save and export, where the same
+# data lives, and how the JAX engine lays the model over the devices; not what is trained.
 MAY_CHANGE_ON_RESUME = ("total_steps", "steps_per_loop", "eval_every_steps",
                         "checkpoint_every_steps", "keep_checkpoints", "eval_batch_size",
-                        "jit_compile", "export", "data_dir")
+                        "jit_compile", "export", "data_dir", "model_parallel")
 
 
 class ConfigMismatchError(ValueError):

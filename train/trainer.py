@@ -1,4 +1,5 @@
-"""The distributed training loop: model, optimizer, steps on device, evaluation, checkpoints.
+"""The tf.distribute engine: model, optimizer, steps on the devices, evaluation, checkpoints.
+train.loop decides when each happens; this module does it on TensorFlow.
 
 What is trained, and its loss, is the config's objective (train.objectives): classification, or
 masked patch prediction.
@@ -14,10 +15,10 @@ to a local temporary directory that is removed again); only the chief writes int
 checkpoints, `metrics.jsonl`, TensorBoard, `config.json` and the export.
 """
 
+import contextlib
 import functools
 import os
 import tempfile
-import time
 
 import keras
 import tensorflow as tf
@@ -26,10 +27,9 @@ from absl import logging
 import keras_vit
 from keras_vit import fileio
 
-from . import (checkpoints, config_checks, input_pipeline, objectives, run_config, run_files,
-               schedules)
-from .metrics import MetricsWriter
-from .preemption import PreemptionWatcher, Stopped
+from . import checkpoints, config_checks, input_pipeline, loop, objectives, run_files
+from .optimizers import build_optimizer
+from .preemption import PreemptionWatcher
 from .strategy import is_chief, is_tpu
 
 
@@ -40,23 +40,9 @@ def check_config(config, num_replicas):
     config_checks.check(config, num_replicas)
 
 
-def build_optimizer(config):
-    schedule = schedules.WarmupDecay(config.learning_rate, config.warmup_steps,
-                                     config.total_steps, config.decay)
-    if config.optimizer == "sgd":
-        return keras.optimizers.SGD(schedule, momentum=config.momentum)
-    if config.optimizer == "adam":
-        return keras.optimizers.Adam(schedule, beta_1=config.beta_1, beta_2=config.beta_2)
-    optimizer = keras.optimizers.AdamW(schedule, weight_decay=config.weight_decay,
-                                       beta_1=config.beta_1, beta_2=config.beta_2)
-    # Decay the matrices only, not biases, norms, embeddings of positions or the class token.
-    optimizer.exclude_from_weight_decay(
-        var_names=["bias", "gamma", "beta", "pos_embedding", "cls"])
-    return optimizer
-
-
 class Trainer:
-    """Holds the training state and the compiled step functions."""
+    """Holds the training state and the compiled step functions: train.loop's engine on
+    tf.distribute."""
 
     def __init__(self, config, workdir, strategy):
         check_config(config, strategy.num_replicas_in_sync)
@@ -99,8 +85,10 @@ class Trainer:
         self.data = input_pipeline.get_datasets(config, strategy, start_step=self.step,
                                                 dtype=self.input_dtype, builder=builder,
                                                 num_patches=self.objective.num_patches)
+        self.eval_examples = self.data.eval_examples
         self.train_loop = self._make_train_loop()
         self.eval_step = self._make_eval_step()
+        self._train_iterator = iter(self.data.train)
 
     def _check_workers_agree(self, restored):
         """Every worker must resume from the same step; a worker that could not read the
@@ -209,12 +197,32 @@ class Trainer:
 
         return eval_step
 
+    def train_steps(self, steps):
+        """Runs `steps` optimizer steps in one host call; the mean loss and the last gradient
+        norm."""
+        loss, grad_norm = self.train_loop(self._train_iterator, tf.constant(steps))
+        return float(loss), float(grad_norm)
+
+    def learning_rate(self):
+        return float(self.optimizer.learning_rate)
+
     def swap_ema(self):
         """Exchanges the model's weights and their moving averages (call twice to undo)."""
         for average, variable in zip(self.ema, self.model.trainable_variables):
             current = tf.identity(variable)
             variable.assign(average)
             average.assign(current)
+
+    @contextlib.contextmanager
+    def exported_weights(self):
+        """The model, holding its EMA weights (if enabled) while the block runs."""
+        if self.ema:
+            self.swap_ema()
+        try:
+            yield self.model
+        finally:
+            if self.ema:
+                self.swap_ema()
 
     def evaluate(self):
         """Top-1 accuracy (None for a target without classes) and mean loss over the whole
@@ -246,119 +254,8 @@ class Trainer:
                     checkpoint_number=step)
         self.saved_step = step
 
-    def _evaluate_and_log(self, writer, final=False):
-        accuracy, eval_loss = self.evaluate()
-        results = {"eval_loss": eval_loss}
-        if accuracy is not None:
-            results["eval_accuracy"] = accuracy
-        what = ("" if self.config.objective == "classification"
-                else f" (masked patch prediction, target {self.config.mpp_target})")
-        logging.info("%s (step %d): %s over %d examples%s.", "Final" if final else "Eval",
-                     self.step, "  ".join(f"{name.replace('_', ' ')} {value:.4f}"
-                                          for name, value in sorted(results.items())),
-                     self.data.eval_examples, what)
-        writer.write(self.step, **results)
-        return results
-
-    def train(self):
-        """Runs to `config.total_steps`; returns the final eval metrics.
-
-        Raises `train.preemption.Stopped` after saving a checkpoint when any worker received
-        SIGTERM.
-        """
-        config = self.config
-        writer = MetricsWriter(self.workdir, resume_step=self.step, active=self.is_chief)
-        watcher = PreemptionWatcher(self.strategy, self.save)
-        iterator = iter(self.data.train)
-        timed_from = None  # (step, time) after the first loop, which compiles the step
-        try:
-            if 0 < self.step < config.total_steps and self.step % config.eval_every_steps == 0:
-                # Resumed at an evaluation step: its record may have been lost with the run.
-                self._evaluate_and_log(writer)
-            while self.step < config.total_steps:
-                step = self.step
-                steps = min(config.steps_per_loop, config.total_steps - step,
-                            config.eval_every_steps - step % config.eval_every_steps,
-                            config.checkpoint_every_steps - step % config.checkpoint_every_steps)
-                loop_start = time.time()
-                loss, grad_norm = self.train_loop(iterator, tf.constant(steps))
-                loss = float(loss)
-                elapsed = time.time() - loop_start
-                step = self.step
-                if not tf.math.is_finite(loss):
-                    raise FloatingPointError(f"Loss is {loss} at step {step}; lower the "
-                                             "learning rate or check the data.")
-                images_per_second = steps * config.batch_size / elapsed
-                learning_rate = float(self.optimizer.learning_rate)
-                now = time.time()
-                if timed_from is None:  # its pace would overstate the time left
-                    timed_from = (step, now)
-                    eta = ("after the next loop (this one compiled the step)"
-                           if step < config.total_steps else _duration(0))
-                else:  # the pace since the first loop, evaluations and checkpoints included
-                    seconds_per_step = (now - timed_from[1]) / (step - timed_from[0])
-                    eta = _duration((config.total_steps - step) * seconds_per_step)
-                logging.info("step %d/%d  loss %.4f  lr %.3g  %.1f img/s  ETA %s", step,
-                             config.total_steps, loss, learning_rate, images_per_second, eta)
-                writer.write(step, loss=loss, learning_rate=learning_rate,
-                             images_per_second=images_per_second, grad_norm=float(grad_norm))
-                if step % config.checkpoint_every_steps == 0:
-                    self.save()
-                if step % config.eval_every_steps == 0 and step < config.total_steps:
-                    self._evaluate_and_log(writer)
-                watcher.check()  # every worker, at the same point: may save and stop
-            self.save()
-            return self._evaluate_and_log(writer, final=True)
-        except Stopped:
-            logging.warning("Stopped at step %d; rerun the same command to resume.", self.step)
-            raise
-        finally:
-            watcher.close()
-
-    def export(self):
-        """Writes the final model (EMA weights if enabled) into the run's export directory
-        (train.run_files).
-
-        A classifier: the `.keras` model and class names, a TF Serving SavedModel, and float32
-        and int8 TFLite files. A masked-patch-prediction run: its encoder without any head, as
-        `model.keras` (returning the pooled representation) and `encoder.npz` (the original
-        checkpoint layout), both ready for `--config.pretrained` of a fine-tuning run.
-        """
-        from . import export_run
-
-        workdir, directory = self.workdir, run_files.export_dir(self.workdir)
-        fileio.makedirs(directory)
-        export_run.remove_partial_files(workdir)  # left by an export that was killed
-        path = run_files.model_file(workdir)
-        model = self.objective.encoder(self.model)
-        if self.ema:
-            self.swap_ema()
-        try:
-            # Keras writes a .keras file only to a path of that name, so not straight to a
-            # temporary name beside `path`: into a local directory first, then copied over.
-            with tempfile.TemporaryDirectory(prefix="keras_vit_export_") as local:
-                model.save(os.path.join(local, "model.keras"))
-                with open(os.path.join(local, "model.keras"), "rb") as handle:
-                    fileio.write_atomically(path, handle.read())
-            if model is not self.model:  # a pre-trained encoder: nothing to serve yet
-                keras_vit.checkpoint.save_npz(model, run_files.encoder_file(workdir))
-            else:
-                run_files.write_class_names(workdir, self.class_names)
-                representative = export_run.calibration_images(
-                    self.builder, self.config.train_split, self.config.image_size, 200)
-                export_run.export_model(model, workdir, self.class_names, ("float32", "int8"),
-                                        representative)
-        finally:
-            if self.ema:
-                self.swap_ema()
-        logging.info("Saved the trained %s to %s.",
-                     "model" if model is self.model else "encoder", directory)
-        return path
-
-
-def _duration(seconds):
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+    def preemption_watcher(self, save):
+        return PreemptionWatcher(self.strategy, save)
 
 
 def train_and_evaluate(config, workdir, strategy):
@@ -367,14 +264,8 @@ def train_and_evaluate(config, workdir, strategy):
     Raises `run_config.ConfigMismatchError` before anything is written when `workdir` holds a
     run with another config, and `train.preemption.Stopped` when stopped by SIGTERM.
     """
-    run_config.check_resume(config, workdir)
-    trainer = Trainer(config, workdir, strategy)
-    if trainer.is_chief:
-        tf.io.gfile.makedirs(workdir)
-        run_config.write(config, workdir)  # now known to be valid; read back by train.export
-    metrics = trainer.train()
-    if config.export and trainer.is_chief:
-        trainer.export()
+    metrics = loop.train_and_evaluate(lambda: Trainer(config, workdir, strategy), config,
+                                      workdir)
     _wait_for_every_worker(strategy)
     return metrics
 

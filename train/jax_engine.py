@@ -1,0 +1,355 @@
+"""The JAX engine: how a run steps, evaluates and saves on Keras' JAX backend.
+
+The loop (train.loop) decides when; this module does it on every device of every process:
+
+- The devices form a mesh of two axes, `batch` and `model`. With `config.model_parallel` M = 1
+  it is Keras' `DataParallel`; with M > 1 Keras' `ModelParallel`, whose `LayoutMap` splits the
+  attention's q/k/v and output kernels and the MLP's kernels over the `model` axis, Megatron's
+  way (columns of the first matrix of each pair, rows of the second), so each block needs one
+  all-reduce per pair. The optimizer's moments follow the layout of their weights.
+- A step is one `jax.jit` function of the whole state (weights, optimizer, EMA): the loss of
+  the global batch through `keras.StatelessScope` (the objective is the one the TensorFlow engine
+  uses, in `keras.ops`), its gradient, clipping and the update. XLA's partitioner places the
+  collectives; nothing here names a device.
+- Each process reads its own share of every global batch (the same tf.data pipelines as the
+  TensorFlow engine, one per process) and hands it over with
+  `jax.make_array_from_process_local_data`.
+- Checkpoints are orbax-checkpoint directories, `workdir/checkpoints/<step>/`: every process
+  writes its shards, orbax renames a finished save into place (a kill leaves the previous one
+  readable), and a restore reshards onto the current mesh, so a run saved on 4 devices resumes
+  on 1 or on 2x2.
+"""
+
+import contextlib
+import os
+import signal
+
+import jax
+import keras
+import numpy as np
+from absl import logging
+
+from . import input_pipeline, objectives, run_files, schedules
+from .loop import Stopped
+from .optimizers import build_optimizer
+
+BATCH_AXIS, MODEL_AXIS = "batch", "model"
+# Megatron-style split of each block's two matrix pairs over the model axis: the weights the
+# paper's large variants spend their memory on. Regexes over Keras' variable paths.
+MODEL_PARALLEL_LAYOUT = {
+    r".*MultiHeadDotProductAttention_1/(query|key|value)/kernel": (None, MODEL_AXIS),
+    r".*MultiHeadDotProductAttention_1/(query|key|value)/bias": (MODEL_AXIS,),
+    r".*MultiHeadDotProductAttention_1/out/kernel": (MODEL_AXIS, None),
+    r".*MlpBlock_3/Dense_0/kernel": (None, MODEL_AXIS),
+    r".*MlpBlock_3/Dense_0/bias": (MODEL_AXIS,),
+    r".*MlpBlock_3/Dense_1/kernel": (MODEL_AXIS, None),
+}
+
+
+def initialize(cpu_devices=1, coordinator_address="", num_processes=1, process_id=0,
+               startup_timeout=300):
+    """Sets up JAX before its first use: `cpu_devices` logical CPU devices, and with
+    `num_processes` > 1 the connection to the other processes through the coordinator (on a
+    TPU VM slice JAX finds them by itself: give no address). JAX's own timeouts bound the wait
+    for the others (`initialization_timeout`) and notice a peer that died (heartbeats)."""
+    if cpu_devices > 1:
+        jax.config.update("jax_num_cpu_devices", cpu_devices)
+    if coordinator_address or num_processes > 1:
+        jax.distributed.initialize(coordinator_address or None, num_processes, process_id,
+                                   initialization_timeout=startup_timeout)
+        return
+    try:  # a Cloud TPU VM slice (or another cluster JAX detects) names its hosts itself
+        jax.distributed.initialize(initialization_timeout=startup_timeout)
+    except ValueError:  # "coordinator_address should be defined": one process on its own
+        pass
+
+
+def is_chief_process():
+    return jax.process_index() == 0
+
+
+def make_distribution(model_parallel=1, devices=None):
+    """Keras' distribution over `devices` (default: every device of every process)."""
+    devices = jax.devices() if devices is None else devices
+    if len(devices) % model_parallel:
+        raise ValueError(f"config.model_parallel={model_parallel} must divide the "
+                         f"{len(devices)} devices (the batch axis takes the rest).")
+    if model_parallel == 1:  # (Keras' DataParallel takes a mesh of one axis)
+        mesh = keras.distribution.DeviceMesh((len(devices),), [BATCH_AXIS], devices)
+        return keras.distribution.DataParallel(device_mesh=mesh)
+    shape = (len(devices) // model_parallel, model_parallel)
+    mesh = keras.distribution.DeviceMesh(shape, [BATCH_AXIS, MODEL_AXIS], devices)
+    layout = keras.distribution.LayoutMap(mesh)
+    for pattern, axes in MODEL_PARALLEL_LAYOUT.items():
+        layout[pattern] = axes
+    return keras.distribution.ModelParallel(layout_map=layout, batch_dim_name=BATCH_AXIS)
+
+
+class JaxEngine:
+    """The state of a run on JAX and the compiled functions that advance it."""
+
+    def __init__(self, config, workdir, distribution=None):
+        import orbax.checkpoint as ocp
+
+        self.config, self.workdir = config, workdir
+        self.distribution = distribution or make_distribution(config.model_parallel)
+        mesh = self.distribution.device_mesh
+        self.num_devices = int(np.prod(mesh.shape))
+        self.batch_devices = mesh.shape[0]
+        for field in ("batch_size", "eval_batch_size"):
+            if config[field] % self.batch_devices:
+                raise ValueError(f"config.{field}={config[field]} must be divisible by the "
+                                 f"{self.batch_devices} devices of the batch axis.")
+        keras.distribution.set_distribution(self.distribution)
+        keras.utils.set_random_seed(input_pipeline.global_seed(config))
+        self.is_chief = is_chief_process()
+        self.builder = builder = input_pipeline.get_builder(config)
+        label = builder.info.features["label"]
+        self.num_classes = label.num_classes
+        self.class_names = list(label.names) if label.names else [
+            str(index) for index in range(self.num_classes)]
+        self.objective = objectives.make(config, self.num_classes)
+        self.model = self.objective.build()
+        self.optimizer = build_optimizer(config)
+        self.optimizer.build(self.model.trainable_variables)
+        self.schedule = schedules.WarmupDecay(config.learning_rate, config.warmup_steps,
+                                              config.total_steps, config.decay)
+        self.state = self._initial_state()
+        self.batch_sharding = jax.sharding.NamedSharding(
+            mesh.backend_mesh, jax.sharding.PartitionSpec(BATCH_AXIS))
+        self.checkpoints = ocp.CheckpointManager(
+            os.path.abspath(run_files.checkpoint_dir(workdir)),
+            options=ocp.CheckpointManagerOptions(max_to_keep=config.keep_checkpoints,
+                                                 create=True))
+        self.step = 0  # optimizer steps done: counted here, so reading it needs no device
+        self.saved_step = self._restore_newest()
+        if self.saved_step is None and config.pretrained:
+            self._load_pretrained()
+        self.data = input_pipeline.get_process_datasets(
+            config, jax.process_count(), jax.process_index(), start_step=self.step,
+            builder=builder, num_patches=self.objective.num_patches)
+        self.eval_examples = self.data.eval_examples
+        self._train_iterator = iter(self.data.train)
+        self._train_step = jax.jit(self._step, donate_argnums=0)
+        self._eval_step = jax.jit(self._eval_sums)
+
+    # State: plain lists of arrays, in the order of the Keras variables they stand for.
+
+    def _initial_state(self):
+        trainable = [v.value for v in self.model.trainable_variables]
+        return {
+            "trainable": trainable,
+            "non_trainable": [v.value for v in self.model.non_trainable_variables],
+            "optimizer": [v.value for v in self.optimizer.variables],
+            "ema": list(trainable) if self.config.ema_decay else [],
+        }
+
+    def _assign_to_model(self, weights="trainable"):
+        """Writes the state (or its EMA weights) into the Keras variables, for export."""
+        for variable, value in zip(self.model.trainable_variables, self.state[weights]):
+            variable.assign(value)
+        for variable, value in zip(self.model.non_trainable_variables,
+                                   self.state["non_trainable"]):
+            variable.assign(value)
+
+    def learning_rate(self):
+        return float(self.schedule(self.step))
+
+    # The step.
+
+    def _item_losses(self, trainable, non_trainable, batch, training):
+        """The objective's `(losses, weights, correct)` with the given weights, and the
+        non-trainable variables' new values (the dropout seed's state)."""
+        model = self.model
+        mapping = (list(zip(model.trainable_variables, trainable))
+                   + list(zip(model.non_trainable_variables, non_trainable)))
+        with keras.StatelessScope(state_mapping=mapping) as scope:
+            results = self.objective.item_losses(model, batch, training=training)
+        updated = [scope.get_current_value(variable) for variable in
+                   model.non_trainable_variables]
+        updated = [old if new is None else new for old, new in zip(non_trainable, updated)]
+        return results, updated
+
+    def _step(self, state, batch):
+        config = self.config
+        micro_batches = _micro_batches(batch, config.accum_steps, self.batch_devices)
+
+        def micro_loss(trainable, non_trainable, micro):
+            (losses, weights, _), non_trainable = self._item_losses(
+                trainable, non_trainable, micro, training=True)
+            return keras.ops.sum(losses * weights), (keras.ops.sum(weights), non_trainable)
+
+        gradient = jax.value_and_grad(micro_loss, has_aux=True)
+        grads, loss_sum, count = None, 0.0, 0.0
+        non_trainable = state["non_trainable"]
+        for micro in micro_batches:  # static: unrolled, as the TensorFlow engine does
+            (loss, (weight, non_trainable)), micro_grads = gradient(
+                state["trainable"], non_trainable, micro)
+            grads = micro_grads if grads is None else jax.tree.map(
+                lambda a, b: a + b, grads, micro_grads)
+            loss_sum, count = loss_sum + loss, count + weight
+        # The gradient of the global mean loss, its norm, and clipping in one factor.
+        grad_norm = _global_norm(grads) / count
+        scale = 1.0 / count
+        if config.grad_clip_norm:
+            scale = scale * keras.ops.minimum(1.0, config.grad_clip_norm / grad_norm)
+        grads = [g * scale for g in grads]
+        trainable, optimizer = self.optimizer.stateless_apply(state["optimizer"], grads,
+                                                              state["trainable"])
+        ema = [config.ema_decay * average + (1.0 - config.ema_decay) * weight
+               for average, weight in zip(state["ema"], trainable)]
+        new_state = {"trainable": trainable, "non_trainable": non_trainable,
+                     "optimizer": optimizer, "ema": ema}
+        return new_state, (loss_sum / count, grad_norm)
+
+    def train_steps(self, steps):
+        """Runs `steps` optimizer steps; returns the mean loss and the last gradient norm."""
+        losses, grad_norm = [], None
+        for _ in range(steps):  # dispatched asynchronously: read back once, at the end
+            batch = self._global_batch(next(self._train_iterator))
+            self.state, (loss, grad_norm) = self._train_step(self.state, batch)
+            losses.append(loss)
+            self.step += 1
+        return float(np.mean([_host(loss) for loss in losses])), _host(grad_norm)
+
+    def _global_batch(self, local):
+        return {name: jax.make_array_from_process_local_data(self.batch_sharding,
+                                                             np.asarray(value))
+                for name, value in local.items()}
+
+    # Evaluation.
+
+    def _eval_sums(self, state, batch):
+        weights_key = "ema" if self.config.ema_decay else "trainable"
+        (losses, weights, correct), _ = self._item_losses(
+            state[weights_key], state["non_trainable"], batch, training=False)
+        mask = batch["mask"]
+        weights = weights * keras.ops.reshape(mask, [-1] + [1] * (len(weights.shape) - 1))
+        correct = keras.ops.zeros_like(losses) if correct is None else correct
+        return (keras.ops.sum(correct * weights), keras.ops.sum(losses * weights),
+                keras.ops.sum(weights), keras.ops.sum(mask))
+
+    def evaluate(self):
+        """Top-1 accuracy (None without classes) and mean loss over the whole eval split."""
+        totals = np.zeros(4)
+        for local in self.data.eval.as_numpy_iterator():
+            sums = self._eval_step(self.state, self._global_batch(local))
+            totals += [_host(value) for value in sums]
+        correct, loss, count, examples = totals
+        if int(examples) != self.eval_examples:
+            raise RuntimeError(f"Evaluated {int(examples)} examples, expected "
+                               f"{self.eval_examples}.")
+        return (correct / count if self.objective.has_accuracy else None), loss / count
+
+    # Checkpoints.
+
+    def save(self):
+        """Saves the state at the current step (every process writes its shards)."""
+        import orbax.checkpoint as ocp
+
+        step = self.step
+        if step == self.saved_step:
+            return
+        self.checkpoints.save(step, args=ocp.args.StandardSave(self.state))
+        self.checkpoints.wait_until_finished()
+        self.saved_step = step
+        logging.info("Saved checkpoint %s.",
+                     os.path.join(run_files.checkpoint_dir(self.workdir), str(step)))
+
+    def _restore_newest(self):
+        import orbax.checkpoint as ocp
+
+        step = self.checkpoints.latest_step()
+        if step is None:
+            return None
+        target = jax.tree.map(
+            lambda array: jax.ShapeDtypeStruct(array.shape, array.dtype,
+                                               sharding=array.sharding), self.state)
+        self.state = self.checkpoints.restore(step, args=ocp.args.StandardRestore(target))
+        self.step = step
+        logging.info("Resumed from %s at step %d.",
+                     os.path.join(run_files.checkpoint_dir(self.workdir), str(step)), self.step)
+        return step
+
+    def _load_pretrained(self):
+        import keras_vit
+
+        path = keras_vit.pretrained.resolve_weights(self.config.pretrained,
+                                                    self.config.model.variant)
+        report = keras_vit.checkpoint.load_npz(self.objective.encoder(self.model), path)
+        logging.info("Initialised from %s (%d weights, resized: %s, new head: %s).", path,
+                     len(report["loaded"]), report["resized"], report["new_head"])
+        self.state = self._initial_state()
+
+    def close(self):
+        self.checkpoints.close()
+
+    # Stopping.
+
+    def preemption_watcher(self, save):
+        return SigtermWatcher(save)
+
+    # Export.
+
+    @contextlib.contextmanager
+    def exported_weights(self):
+        """The Keras model, its variables holding the final (or EMA) weights."""
+        self._assign_to_model("ema" if self.config.ema_decay else "trainable")
+        yield self.model
+
+
+class SigtermWatcher:
+    """SIGTERM on any process: every process saves at the same step, then stops.
+
+    The flag is agreed across processes at each check (one tiny all-gather), so every process
+    takes part in the same save."""
+
+    def __init__(self, save):
+        self._save = save
+        self._requested = False
+        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame):
+        del signum, frame
+        logging.warning("SIGTERM: saving a checkpoint after the current loop, then stopping.")
+        self._requested = True
+
+    def check(self):
+        requested = self._requested
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            requested = bool(np.any(multihost_utils.process_allgather(
+                np.array([requested]))))
+        if requested:
+            logging.warning("Stopping: saving a checkpoint that every process shares.")
+            self._save()
+            raise Stopped()
+
+    def close(self):
+        signal.signal(signal.SIGTERM, self._previous)
+
+
+def _micro_batches(batch, accum_steps, batch_devices):
+    """The global batch as `accum_steps` micro-batches, each made of every device's next slice
+    of its own share (as each TensorFlow replica splits its share), so no example moves."""
+    if accum_steps == 1:
+        return [batch]
+    micro = []
+    for index in range(accum_steps):
+        part = {}
+        for name, value in batch.items():
+            shares = value.reshape((batch_devices, accum_steps, -1) + value.shape[1:])
+            part[name] = shares[:, index].reshape((-1,) + value.shape[1:])
+        micro.append(part)
+    return micro
+
+
+def _host(value):
+    """A replicated scalar as a float: this process's copy (the whole array may span other
+    processes' devices, which it cannot read)."""
+    return float(np.asarray(value.addressable_data(0)))
+
+
+def _global_norm(arrays):
+    return keras.ops.sqrt(sum(keras.ops.sum(keras.ops.square(a)) for a in arrays))
