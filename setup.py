@@ -38,6 +38,9 @@ setup(
                   "tensorboard"],
         "serving": ["ai-edge-litert", "tensorflow-serving-api"],
         "analysis": ["matplotlib"],
+        # The JAX engine (KERAS_BACKEND=jax python -m train.main ...); on a TPU VM add
+        # "jax[tpu]".
+        "jax": ["jax", "orbax-checkpoint"],
         "test": ["pytest", "matplotlib", "absl-py", "ml-collections", "tensorflow-datasets",
                  "importlib_resources", "tensorboard"],
         "benchmark": ["keras-hub"],

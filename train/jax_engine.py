@@ -92,6 +92,7 @@ class JaxEngine:
         import orbax.checkpoint as ocp
 
         self.config, self.workdir = config, workdir
+        run_files.refuse_other_engine(workdir, "jax")
         self.distribution = distribution or make_distribution(config.model_parallel)
         mesh = self.distribution.device_mesh
         self.num_devices = int(np.prod(mesh.shape))
@@ -143,14 +144,6 @@ class JaxEngine:
             "optimizer": [v.value for v in self.optimizer.variables],
             "ema": list(trainable) if self.config.ema_decay else [],
         }
-
-    def _assign_to_model(self, weights="trainable"):
-        """Writes the state (or its EMA weights) into the Keras variables, for export."""
-        for variable, value in zip(self.model.trainable_variables, self.state[weights]):
-            variable.assign(value)
-        for variable, value in zip(self.model.non_trainable_variables,
-                                   self.state["non_trainable"]):
-            variable.assign(value)
 
     def learning_rate(self):
         return float(self.schedule(self.step))
@@ -293,9 +286,23 @@ class JaxEngine:
 
     @contextlib.contextmanager
     def exported_weights(self):
-        """The Keras model, its variables holding the final (or EMA) weights."""
-        self._assign_to_model("ema" if self.config.ema_decay else "trainable")
-        yield self.model
+        """A copy of the model outside the mesh, holding the final (or EMA) weights on this
+        host: what Keras can save (it cannot save arrays split over other processes). Every
+        process must enter it together (gathering a split weight is a collective)."""
+        weights = self.state["ema" if self.config.ema_decay else "trainable"]
+        trainable = [_on_host(value) for value in weights]
+        non_trainable = [_on_host(value) for value in self.state["non_trainable"]]
+        distribution = keras.distribution.distribution()
+        keras.distribution.set_distribution(None)
+        try:
+            model = self.objective.build()
+            for variable, value in zip(model.trainable_variables, trainable):
+                variable.assign(value)
+            for variable, value in zip(model.non_trainable_variables, non_trainable):
+                variable.assign(value)
+            yield model
+        finally:
+            keras.distribution.set_distribution(distribution)
 
 
 class SigtermWatcher:
@@ -343,6 +350,17 @@ def _micro_batches(batch, accum_steps, batch_devices):
             part[name] = shares[:, index].reshape((-1,) + value.shape[1:])
         micro.append(part)
     return micro
+
+
+def _on_host(array):
+    """The whole of a (possibly split) array as numpy on this host."""
+    if array.is_fully_addressable:
+        return np.asarray(array)
+    if array.sharding.is_fully_replicated:  # a whole copy is on this host's devices
+        return np.asarray(array.addressable_data(0))
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
 
 
 def _host(value):

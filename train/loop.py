@@ -53,8 +53,8 @@ def train_and_evaluate(engine_factory, config, workdir):
         fileio.makedirs(workdir)
         run_config.write(config, workdir)  # now known to be valid; read back by train.export
     metrics = train(engine)
-    if config.export and engine.is_chief:
-        export(engine)
+    if config.export:
+        export(engine)  # every process: an engine may need them all to gather the weights
     return metrics
 
 
@@ -127,7 +127,7 @@ def evaluate_and_log(engine, writer, final=False):
 
 def export(engine):
     """Writes the final model (EMA weights if enabled) into the run's export directory
-    (train.run_files).
+    (train.run_files). Every process calls it; only the chief writes.
 
     A classifier: the `.keras` model and class names, a TF Serving SavedModel, and float32
     and int8 TFLite files. A masked-patch-prediction run: its encoder without any head, as
@@ -141,11 +141,13 @@ def export(engine):
     from . import export_run
 
     workdir, directory = engine.workdir, run_files.export_dir(engine.workdir)
-    fileio.makedirs(directory)
-    export_run.remove_partial_files(workdir)  # left by an export that was killed
     path = run_files.model_file(workdir)
     with engine.exported_weights() as trained:
         model = engine.objective.encoder(trained)
+        if not engine.is_chief:  # only the chief writes into the workdir
+            return path
+        fileio.makedirs(directory)
+        export_run.remove_partial_files(workdir)  # left by an export that was killed
         # Keras writes a .keras file only to a path of that name, so not straight to a
         # temporary name beside `path`: into a local directory first, then copied over.
         with tempfile.TemporaryDirectory(prefix="keras_vit_export_") as local:

@@ -4,7 +4,8 @@
         config.json              the run's config (train.run_config)
         metrics.jsonl            logged values (train.metrics), and tensorboard/
         train.log                the output of a run that a study started (train.child_runs)
-        checkpoints/             the training state (train.checkpoints)
+        checkpoints/             the training state: ckpt-<step>.* files (TensorFlow engine,
+                                 train.checkpoints) or <step>/ folders (JAX engine, orbax)
         export/                  written at the end of training (Trainer.export)
             model.keras          the final model (EMA weights if enabled)
             class_names.txt      a classifier's class names, one a line, in label order
@@ -36,6 +37,30 @@ def log_file(workdir):
 
 def checkpoint_dir(workdir):
     return os.path.join(workdir, "checkpoints")
+
+
+def checkpoint_engine(workdir):
+    """The engine whose checkpoints `workdir` holds: "tensorflow", "jax" or None (none yet)."""
+    from keras_vit import fileio
+
+    folder = checkpoint_dir(workdir)
+    names = fileio.listdir(folder) if fileio.isdir(folder) else []
+    if any(name == "checkpoint" or name.startswith("ckpt-") for name in names):
+        return "tensorflow"
+    if any(name.rstrip("/").isdigit() for name in names):
+        return "jax"
+    return None
+
+
+def refuse_other_engine(workdir, engine):
+    """Raises ValueError when `workdir` holds checkpoints of the engine other than `engine`:
+    a resume must never silently start over."""
+    found = checkpoint_engine(workdir)
+    if found not in (None, engine):
+        raise ValueError(
+            f"{checkpoint_dir(workdir)} holds checkpoints of the {found} engine, which this "
+            f"{engine} run cannot resume. Resume it with KERAS_BACKEND={found}, or start "
+            "this run in a new --workdir.")
 
 
 def export_dir(workdir):

@@ -46,6 +46,7 @@ class Trainer:
 
     def __init__(self, config, workdir, strategy):
         check_config(config, strategy.num_replicas_in_sync)
+        run_files.refuse_other_engine(workdir, "tensorflow")
         self.config, self.workdir, self.strategy = config, workdir, strategy
         keras.utils.set_random_seed(input_pipeline.global_seed(config))
         self.input_dtype = (tf.bfloat16 if is_tpu(strategy) and "bfloat16" in config.dtype_policy

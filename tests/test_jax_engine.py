@@ -1,0 +1,160 @@
+"""The JAX engine (train/jax_engine.py) end to end: `python -m train.main` with
+KERAS_BACKEND=jax in subprocesses on virtual CPU devices, the same configs and fake data as the
+TensorFlow engine's tests. Data parallel over 4 devices and a 2x2 mesh (model_parallel=2) train
+the weights of 1 device; a checkpoint saved on 4 devices resumes on 1 and on 2x2; the engines
+refuse each other's checkpoints; SIGTERM saves and exits 75; the export is the TensorFlow
+engine's."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("jax")
+pytest.importorskip("orbax.checkpoint")
+
+from train_fixtures import REPO, flags, main_command, read_metrics  # noqa: E402
+
+
+def jax_command(data, workdir, *extra, **overrides):
+    return [sys.executable, "-m", "train.main", *flags(data, workdir, **overrides), *extra]
+
+
+def run_jax(data, workdir, *extra, check=True, **overrides):
+    result = subprocess.run(jax_command(data, workdir, *extra, **overrides), cwd=REPO,
+                            env=dict(os.environ, KERAS_BACKEND="jax"), capture_output=True,
+                            text=True, timeout=600)
+    if check:
+        assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def saved_state(workdir, step=None):
+    """The JAX engine's checkpoint at `step` (default the newest) as numpy arrays, whatever
+    mesh wrote it."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    folder = os.path.join(workdir, "checkpoints")
+    steps = sorted(int(name) for name in os.listdir(folder) if name.isdigit())
+    assert steps, f"no checkpoint in {folder}"
+    path = os.path.join(folder, str(steps[-1] if step is None else step), "default")
+    checkpointer = ocp.StandardCheckpointer()
+    one_device = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    target = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
+                                                            sharding=one_device),
+                          checkpointer.metadata(path).item_metadata)
+    state = checkpointer.restore(path, target)
+    return {kind: [np.asarray(value) for value in values] for kind, values in state.items()}
+
+
+def assert_close(first, second, rtol=1e-4, atol=1e-5):
+    """Every weight (and optimizer slot) within `rtol` of the other run's, relative to its
+    norm; `atol` for the attention's key biases, whose gradient is zero up to rounding (a
+    constant added to every key's logit leaves the softmax as it is), so that Adam turns
+    rounding noise into values of order 1e-7 that no two device layouts share."""
+    assert len(first["trainable"]) == len(second["trainable"]) > 5
+    for kind in ("trainable", "optimizer"):
+        for index, (a, b) in enumerate(zip(first[kind], second[kind])):
+            error = float(np.linalg.norm(a - b))
+            assert error <= rtol * float(np.linalg.norm(b)) + atol, (kind, index, error)
+
+
+SHORT = dict(total_steps=12, steps_per_loop=4, checkpoint_every_steps=12, eval_every_steps=12,
+             eval_batch_size=20)  # 4 devices share every batch
+
+
+def test_a_jax_run_trains_evaluates_checkpoints_and_resumes(fake_fmnist, tmp_path):
+    workdir = str(tmp_path / "run")
+    first = run_jax(fake_fmnist, workdir)
+    records = read_metrics(workdir)
+    assert [r["step"] for r in records if "loss" in r] == [2, 4, 6]
+    final = [r for r in records if "eval_accuracy" in r]
+    assert [r["step"] for r in final] == [6] and final[0]["eval_accuracy"] > 0.1
+    assert "loop.py" in first.stderr and "step 6/6" in first.stderr
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2", "4", "6"]
+    again = run_jax(fake_fmnist, workdir, total_steps=8, eval_every_steps=8)
+    assert "Resumed from" in again.stderr and "at step 6" in again.stderr
+    steps = [r["step"] for r in read_metrics(workdir) if "loss" in r]
+    assert steps == [2, 4, 6, 8]  # no step twice
+
+
+def test_data_and_model_parallel_train_the_weights_of_one_device(fake_fmnist, tmp_path):
+    one = str(tmp_path / "one")
+    run_jax(fake_fmnist, one, **SHORT)
+    four = str(tmp_path / "four")
+    run_jax(fake_fmnist, four, "--cpu_devices=4", **SHORT)
+    mesh = str(tmp_path / "two_by_two")
+    run_jax(fake_fmnist, mesh, "--cpu_devices=4", model_parallel=2, **SHORT)
+    reference = saved_state(one)
+    assert_close(saved_state(four), reference)
+    assert_close(saved_state(mesh), reference)
+    losses = [record["loss"] for record in read_metrics(one) if "loss" in record]
+    assert losses[-1] < losses[0]  # the runs learned: equal weights are not a no-op
+
+
+def test_a_checkpoint_of_4_devices_resumes_on_1_and_on_2x2(fake_fmnist, tmp_path):
+    every_4 = {**SHORT, "checkpoint_every_steps": 4}
+    straight = str(tmp_path / "straight")
+    run_jax(fake_fmnist, straight, **every_4)
+    saved = str(tmp_path / "saved")
+    run_jax(fake_fmnist, saved, "--cpu_devices=4", **every_4)
+    shutil.rmtree(os.path.join(saved, "checkpoints", "12"))  # as if killed after step 8
+    for name, extra, overrides in (("on_one", (), {}),
+                                   ("on_2x2", ("--cpu_devices=4",), {"model_parallel": 2})):
+        workdir = str(tmp_path / name)
+        shutil.copytree(saved, workdir)
+        result = run_jax(fake_fmnist, workdir, *extra, **every_4, **overrides)
+        assert "at step 8" in result.stderr, result.stderr[-2000:]
+        assert_close(saved_state(workdir), saved_state(straight))
+
+
+def test_the_engines_refuse_each_others_checkpoints(fake_fmnist, tmp_path):
+    workdir = str(tmp_path / "run")
+    run_jax(fake_fmnist, workdir)
+    result = subprocess.run(main_command(fake_fmnist, workdir, total_steps=8), cwd=REPO,
+                            env=dict(os.environ, KERAS_BACKEND="tensorflow"),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1
+    assert "holds checkpoints of the jax engine" in result.stderr
+    assert "KERAS_BACKEND=jax" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_75(fake_fmnist, tmp_path):
+    workdir = str(tmp_path / "run")
+    process = subprocess.Popen(
+        jax_command(fake_fmnist, workdir, total_steps=400, steps_per_loop=2,
+                    checkpoint_every_steps=400, eval_every_steps=400),
+        cwd=REPO, env=dict(os.environ, KERAS_BACKEND="jax"), stderr=subprocess.PIPE,
+        text=True)
+    for line in process.stderr:  # the first progress line: the loop is running
+        if "step 2/400" in line:
+            break
+    time.sleep(1)
+    process.send_signal(signal.SIGTERM)
+    rest = process.stderr.read()
+    assert process.wait(timeout=300) == 75, rest[-3000:]
+    steps = [int(name) for name in os.listdir(os.path.join(workdir, "checkpoints"))]
+    assert len(steps) == 1 and 2 <= steps[0] < 400
+    assert "rerun the same command to resume" in rest
+
+
+def test_export_from_jax_is_the_tensorflow_engines(fake_fmnist, tmp_path):
+    pytest.importorskip("tensorflow")
+    workdir = str(tmp_path / "run")
+    run_jax(fake_fmnist, workdir, export=True)
+    export = os.path.join(workdir, "export")
+    assert {"model.keras", "class_names.txt", "saved_model", "model_float32.tflite",
+            "model_int8.tflite"} <= set(os.listdir(export))
+    import tensorflow as tf
+
+    served = tf.saved_model.load(os.path.join(export, "saved_model", "1"))
+    assert set(served.signatures) == {"serving_default", "serving_images"}
+    images = np.random.default_rng(0).uniform(0, 255, (2, 28, 28, 3)).astype("float32")
+    logits = served.signatures["serving_images"](images=tf.constant(images))["logits"]
+    assert logits.shape == (2, 10)
