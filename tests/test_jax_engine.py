@@ -158,3 +158,79 @@ def test_export_from_jax_is_the_tensorflow_engines(fake_fmnist, tmp_path):
     images = np.random.default_rng(0).uniform(0, 255, (2, 28, 28, 3)).astype("float32")
     logits = served.signatures["serving_images"](images=tf.constant(images))["logits"]
     assert logits.shape == (2, 10)
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        return probe.getsockname()[1]
+
+
+def start_processes(data, workdir, count=2, **overrides):
+    """`count` processes of one run (2 CPU devices each), through JAX's coordinator on
+    localhost."""
+    address = f"localhost:{free_port()}"
+    return [subprocess.Popen(
+        jax_command(data, workdir, "--cpu_devices=2", f"--coordinator_address={address}",
+                    f"--num_processes={count}", f"--process_id={index}", **overrides),
+        cwd=REPO, env=dict(os.environ, KERAS_BACKEND="jax"), stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL, text=True) for index in range(count)]
+
+
+def test_two_processes_train_the_weights_of_one_process_of_four_devices(fake_fmnist,
+                                                                         tmp_path):
+    single = str(tmp_path / "single")
+    run_jax(fake_fmnist, single, "--cpu_devices=4", **SHORT)
+    workdir = str(tmp_path / "two")
+    processes = start_processes(fake_fmnist, workdir, **SHORT, export=True)
+    outputs = [process.communicate(timeout=600)[1] for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], outputs[1][-3000:]
+    assert_close(saved_state(workdir), saved_state(single))
+    steps = [record["step"] for record in read_metrics(workdir) if "loss" in record]
+    assert steps == [4, 8, 12]  # one writer: no record twice
+    assert os.listdir(os.path.join(workdir, "export", "saved_model")) == ["1"]  # one export
+
+
+def wait_for_progress(process, text):
+    """Reads `process`'s log until a line holds `text`; returns what it read."""
+    lines = []
+    for line in process.stderr:
+        lines.append(line)
+        if text in line:
+            return "".join(lines)
+    raise AssertionError("".join(lines)[-3000:])
+
+
+LONG = dict(total_steps=400, steps_per_loop=2, checkpoint_every_steps=400,
+            eval_every_steps=400, eval_batch_size=20)
+
+
+def test_sigterm_to_one_process_stops_both_at_one_checkpoint(fake_fmnist, tmp_path):
+    workdir = str(tmp_path / "run")
+    first, second = start_processes(fake_fmnist, workdir, **LONG)
+    wait_for_progress(second, "step 2/400")
+    second.send_signal(signal.SIGTERM)
+    logs = [process.communicate(timeout=300)[1] for process in (first, second)]
+    assert [first.returncode, second.returncode] == [75, 75], logs[0][-3000:]
+    steps = [int(name) for name in os.listdir(os.path.join(workdir, "checkpoints"))]
+    assert len(steps) == 1 and 2 <= steps[0] < 400  # one common checkpoint
+    assert all("rerun the same command to resume" in log for log in logs)
+
+
+def test_a_killed_process_ends_the_other_and_the_rerun_resumes(fake_fmnist, tmp_path):
+    workdir = str(tmp_path / "run")
+    run = {**LONG, "checkpoint_every_steps": 4}
+    first, second = start_processes(fake_fmnist, workdir, **run)
+    wait_for_progress(first, "Saved checkpoint")
+    second.kill()
+    started = time.time()
+    log = first.communicate(timeout=300)[1]
+    assert first.returncode != 0 and time.time() - started < 60, log[-3000:]
+    assert "another task died" in log  # JAX's coordinator says why
+    saved = max(int(name) for name in os.listdir(os.path.join(workdir, "checkpoints")))
+    again = start_processes(fake_fmnist, workdir, **{**run, "total_steps": saved + 4})
+    logs = [process.communicate(timeout=600)[1] for process in again]
+    assert [process.returncode for process in again] == [0, 0], logs[0][-3000:]
+    assert f"at step {saved}" in logs[0]

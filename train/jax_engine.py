@@ -47,19 +47,22 @@ MODEL_PARALLEL_LAYOUT = {
 
 
 def initialize(cpu_devices=1, coordinator_address="", num_processes=1, process_id=0,
-               startup_timeout=300):
+               startup_timeout=300, heartbeat_timeout=30):
     """Sets up JAX before its first use: `cpu_devices` logical CPU devices, and with
     `num_processes` > 1 the connection to the other processes through the coordinator (on a
     TPU VM slice JAX finds them by itself: give no address). JAX's own timeouts bound the wait
-    for the others (`initialization_timeout`) and notice a peer that died (heartbeats)."""
+    for the others (`initialization_timeout`) and end every process when one stops answering
+    (heartbeats, `heartbeat_timeout` seconds: JAX's default is 100)."""
     if cpu_devices > 1:
         jax.config.update("jax_num_cpu_devices", cpu_devices)
+    timeouts = dict(initialization_timeout=startup_timeout,
+                    heartbeat_timeout_seconds=heartbeat_timeout)
     if coordinator_address or num_processes > 1:
         jax.distributed.initialize(coordinator_address or None, num_processes, process_id,
-                                   initialization_timeout=startup_timeout)
+                                   **timeouts)
         return
     try:  # a Cloud TPU VM slice (or another cluster JAX detects) names its hosts itself
-        jax.distributed.initialize(initialization_timeout=startup_timeout)
+        jax.distributed.initialize(**timeouts)
     except ValueError:  # "coordinator_address should be defined": one process on its own
         pass
 
