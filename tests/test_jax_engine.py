@@ -65,8 +65,23 @@ def assert_close(first, second, rtol=1e-4, atol=1e-5):
             assert error <= rtol * float(np.linalg.norm(b)) + atol, (kind, index, error)
 
 
-SHORT = dict(total_steps=12, steps_per_loop=4, checkpoint_every_steps=12, eval_every_steps=12,
+# 12 steps of the tiny model, a checkpoint every 4 (kept: 4, 8, 12).
+SHORT = dict(total_steps=12, steps_per_loop=4, checkpoint_every_steps=4, eval_every_steps=12,
              eval_batch_size=20)  # 4 devices share every batch
+
+
+@pytest.fixture(scope="module")
+def short_runs(fake_fmnist, tmp_path_factory):
+    """SHORT on one device, on 4 (data parallel) and on a 2x2 mesh, each run once for the
+    module: {name: workdir}."""
+    root = tmp_path_factory.mktemp("short_runs")
+    layouts = {"one": ((), {}), "four": (("--cpu_devices=4",), {}),
+               "two_by_two": (("--cpu_devices=4",), {"model_parallel": 2})}
+    runs = {}
+    for name, (extra, overrides) in layouts.items():
+        runs[name] = str(root / name)
+        run_jax(fake_fmnist, runs[name], *extra, **SHORT, **overrides)
+    return runs
 
 
 def test_a_jax_run_trains_evaluates_checkpoints_and_resumes(fake_fmnist, tmp_path):
@@ -84,34 +99,23 @@ def test_a_jax_run_trains_evaluates_checkpoints_and_resumes(fake_fmnist, tmp_pat
     assert steps == [2, 4, 6, 8]  # no step twice
 
 
-def test_data_and_model_parallel_train_the_weights_of_one_device(fake_fmnist, tmp_path):
-    one = str(tmp_path / "one")
-    run_jax(fake_fmnist, one, **SHORT)
-    four = str(tmp_path / "four")
-    run_jax(fake_fmnist, four, "--cpu_devices=4", **SHORT)
-    mesh = str(tmp_path / "two_by_two")
-    run_jax(fake_fmnist, mesh, "--cpu_devices=4", model_parallel=2, **SHORT)
-    reference = saved_state(one)
-    assert_close(saved_state(four), reference)
-    assert_close(saved_state(mesh), reference)
-    losses = [record["loss"] for record in read_metrics(one) if "loss" in record]
+def test_data_and_model_parallel_train_the_weights_of_one_device(short_runs):
+    reference = saved_state(short_runs["one"])
+    assert_close(saved_state(short_runs["four"]), reference)
+    assert_close(saved_state(short_runs["two_by_two"]), reference)
+    losses = [record["loss"] for record in read_metrics(short_runs["one"]) if "loss" in record]
     assert losses[-1] < losses[0]  # the runs learned: equal weights are not a no-op
 
 
-def test_a_checkpoint_of_4_devices_resumes_on_1_and_on_2x2(fake_fmnist, tmp_path):
-    every_4 = {**SHORT, "checkpoint_every_steps": 4}
-    straight = str(tmp_path / "straight")
-    run_jax(fake_fmnist, straight, **every_4)
-    saved = str(tmp_path / "saved")
-    run_jax(fake_fmnist, saved, "--cpu_devices=4", **every_4)
-    shutil.rmtree(os.path.join(saved, "checkpoints", "12"))  # as if killed after step 8
+def test_a_checkpoint_of_4_devices_resumes_on_1_and_on_2x2(fake_fmnist, short_runs, tmp_path):
     for name, extra, overrides in (("on_one", (), {}),
                                    ("on_2x2", ("--cpu_devices=4",), {"model_parallel": 2})):
         workdir = str(tmp_path / name)
-        shutil.copytree(saved, workdir)
-        result = run_jax(fake_fmnist, workdir, *extra, **every_4, **overrides)
+        shutil.copytree(short_runs["four"], workdir)
+        shutil.rmtree(os.path.join(workdir, "checkpoints", "12"))  # as if killed after step 8
+        result = run_jax(fake_fmnist, workdir, *extra, **SHORT, **overrides)
         assert "at step 8" in result.stderr, result.stderr[-2000:]
-        assert_close(saved_state(workdir), saved_state(straight))
+        assert_close(saved_state(workdir), saved_state(short_runs["one"]))
 
 
 def test_the_engines_refuse_each_others_checkpoints(fake_fmnist, tmp_path):
@@ -180,14 +184,12 @@ def start_processes(data, workdir, count=2, **overrides):
 
 
 def test_two_processes_train_the_weights_of_one_process_of_four_devices(fake_fmnist,
-                                                                         tmp_path):
-    single = str(tmp_path / "single")
-    run_jax(fake_fmnist, single, "--cpu_devices=4", **SHORT)
+                                                                         short_runs, tmp_path):
     workdir = str(tmp_path / "two")
     processes = start_processes(fake_fmnist, workdir, **SHORT, export=True)
     outputs = [process.communicate(timeout=600)[1] for process in processes]
     assert [process.returncode for process in processes] == [0, 0], outputs[1][-3000:]
-    assert_close(saved_state(workdir), saved_state(single))
+    assert_close(saved_state(workdir), saved_state(short_runs["four"]))
     steps = [record["step"] for record in read_metrics(workdir) if "loss" in record]
     assert steps == [4, 8, 12]  # one writer: no record twice
     assert os.listdir(os.path.join(workdir, "export", "saved_model")) == ["1"]  # one export
@@ -234,3 +236,32 @@ def test_a_killed_process_ends_the_other_and_the_rerun_resumes(fake_fmnist, tmp_
     logs = [process.communicate(timeout=600)[1] for process in again]
     assert [process.returncode for process in again] == [0, 0], logs[0][-3000:]
     assert f"at step {saved}" in logs[0]
+
+
+def test_both_engines_fine_tune_an_npz_to_the_same_losses(fake_fmnist, tmp_path):
+    """From the same original-layout encoder (its head zero-initialised, as the paper
+    fine-tunes) and the same stream, TensorFlow and JAX log the same loss at every step."""
+    import keras
+
+    import keras_vit
+    from train_fixtures import TINY
+
+    keras.utils.set_random_seed(3)
+    encoder = keras_vit.vit(TINY["model"]["variant"], include_top=False, image_size=28,
+                            **{k: v for k, v in TINY["model"].items() if k != "variant"})
+    weights = str(tmp_path / "encoder.npz")
+    keras_vit.checkpoint.save_npz(encoder, weights)
+    run = dict(total_steps=30, steps_per_loop=1, eval_every_steps=30,
+               checkpoint_every_steps=30, warmup_steps=5, pretrained=weights)
+    losses = {}
+    for backend in ("tensorflow", "jax"):
+        workdir = str(tmp_path / backend)
+        result = subprocess.run(jax_command(fake_fmnist, workdir, **run), cwd=REPO,
+                                env=dict(os.environ, KERAS_BACKEND=backend),
+                                capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0 and "Initialised from" in result.stderr, \
+            result.stderr[-3000:]
+        losses[backend] = [r["loss"] for r in read_metrics(workdir) if "loss" in r]
+    assert len(losses["jax"]) == len(losses["tensorflow"]) == 30
+    assert max(abs(a - b) for a, b in zip(losses["jax"], losses["tensorflow"])) < 1e-3
+    assert losses["jax"][-1] < losses["jax"][0]
