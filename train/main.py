@@ -110,14 +110,14 @@ def _train_on_tensorflow(config):
     strategy = strategies.make_strategy(FLAGS.strategy, FLAGS.tpu)
     import tensorflow as tf
 
-    from . import checkpoints, preemption, trainer
+    from . import preemption, tf_checkpoints, trainer
 
     _log_run(config)
     try:
         trainer.train_and_evaluate(config, FLAGS.workdir, strategy)
     except preemption.Stopped:
         sys.exit(preemption.RESUMABLE_EXIT_CODE)
-    except (checkpoints.CheckpointWriteError, checkpoints.NoReadableCheckpointError) as error:
+    except (tf_checkpoints.CheckpointWriteError, tf_checkpoints.NoReadableCheckpointError) as error:
         cli.fail(error)
     except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
         if strategies.cluster_size() < 2:
