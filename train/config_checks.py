@@ -25,7 +25,7 @@ import sys
 
 from absl import app, logging
 
-# What the trainer and the model builder accept (also read by train.trainer and
+# What the trainer and the model builder accept (also read by train.tf_engine and
 # train.schedules; repeated here so that the checks need no TensorFlow).
 OPTIMIZERS = ("sgd", "adam", "adamw")
 DECAYS = ("cosine", "linear")

@@ -1,7 +1,7 @@
 """What a training run decides, written once for both engines: when to step, log, evaluate,
 save, stop and export, and how a rerun resumes.
 
-An engine (`train.trainer.Trainer` on tf.distribute, `train.jax_engine.JaxEngine` on Keras'
+An engine (`train.tf_engine.Trainer` on tf.distribute, `train.jax_engine.JaxEngine` on Keras'
 JAX backend) does it on the devices. It offers:
 
     step, is_chief, eval_examples, objective, class_names, builder, config, workdir

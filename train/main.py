@@ -110,11 +110,11 @@ def _train_on_tensorflow(config):
     strategy = strategies.make_strategy(FLAGS.strategy, FLAGS.tpu)
     import tensorflow as tf
 
-    from . import preemption, tf_checkpoints, trainer
+    from . import preemption, tf_checkpoints, tf_engine
 
     _log_run(config)
     try:
-        trainer.train_and_evaluate(config, FLAGS.workdir, strategy)
+        tf_engine.train_and_evaluate(config, FLAGS.workdir, strategy)
     except preemption.Stopped:
         sys.exit(preemption.RESUMABLE_EXIT_CODE)
     except (tf_checkpoints.CheckpointWriteError, tf_checkpoints.NoReadableCheckpointError) as error:
