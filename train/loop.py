@@ -138,7 +138,7 @@ def export(engine):
 
     import keras_vit
 
-    from . import export_run
+    from . import export as export_run  # `export` is this function
 
     workdir, directory = engine.workdir, run_files.export_dir(engine.workdir)
     fileio.makedirs(directory)
