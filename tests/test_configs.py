@@ -186,8 +186,10 @@ def test_config_checks_copies_of_the_training_choices_are_equal():
     from train import config_checks
     assert config_checks.MPP_TARGETS == keras_vit.masked_patches.TARGETS
     assert config_checks.MPP_DOWNSCALED_CELLS == keras_vit.masked_patches.DOWNSCALED_CELLS
-    from train import objectives
+    from train import objectives, optimizers, schedules
     assert config_checks.OBJECTIVES == objectives.OBJECTIVES
+    assert config_checks.DECAYS == schedules.DECAYS
+    assert config_checks.RULES["optimizer"] == ("choice", optimizers.OPTIMIZERS)
 
 
 def _small(**model):

@@ -1,6 +1,6 @@
 """What an installed package holds (setup.py): one top-level name, keras_vit, with the training
 tools as keras_vit.train, the shipped configs as keras_vit.configs, and console scripts; and how
-`--config` reads a bare config name (train/config_checks.py)."""
+`--config` reads a bare config name (train/config_flag.py)."""
 
 import configparser
 import importlib.util
@@ -12,7 +12,7 @@ import zipfile
 
 import pytest
 
-from train import config_checks
+from train import config_flag
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONSOLE_SCRIPTS = {
@@ -25,28 +25,28 @@ CONSOLE_SCRIPTS = {
 
 
 def test_a_bare_name_is_the_shipped_config():
-    assert config_checks.CONFIGS_PACKAGE == "configs"  # in a checkout; keras_vit.configs installed
-    path = config_checks.config_file("quickstart")
+    assert config_flag.CONFIGS_PACKAGE == "configs"  # in a checkout; keras_vit.configs installed
+    path = config_flag.config_file("quickstart")
     assert os.path.samefile(path, os.path.join(REPO, "configs", "quickstart.py"))
-    assert config_checks.load_config_module(path).get_config().dataset == "fashion_mnist_local"
-    assert "quickstart" in config_checks.shipped_config_names()
-    assert "common" not in config_checks.shipped_config_names()
+    assert config_flag.load_config_module(path).get_config().dataset == "fashion_mnist_local"
+    assert "quickstart" in config_flag.shipped_config_names()
+    assert "common" not in config_flag.shipped_config_names()
     # A path still works, and is the same module as the bare name.
-    assert (config_checks.load_config_module("configs/finetune.py")
-            is config_checks.load_config_module(config_checks.config_file("finetune")))
+    assert (config_flag.load_config_module("configs/finetune.py")
+            is config_flag.load_config_module(config_flag.config_file("finetune")))
 
 
 def test_an_unknown_config_name_lists_the_shipped_ones():
     with pytest.raises(ValueError, match="no shipped config named 'quikstart'; give one of "
                                          "ablation, finetune, .*quickstart, or a config file"):
-        config_checks.config_file("quikstart")
+        config_flag.config_file("quikstart")
 
 
 def test_a_copied_config_imports_the_shipped_common(tmp_path):
     """A user's edited copy of a shipped config, anywhere: its `from . import common` works."""
     copy = tmp_path / "my_experiment.py"
     shutil.copy(os.path.join(REPO, "configs", "quickstart.py"), copy)
-    config = config_checks.load_config_module(str(copy)).get_config()
+    config = config_flag.load_config_module(str(copy)).get_config()
     assert config.model.variant == "R+Ti/16"
 
 

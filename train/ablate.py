@@ -35,7 +35,7 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-from . import child_runs, cli, config_checks, studies
+from . import child_runs, cli, config_checks, config_flag, studies
 
 DEFAULT_CONFIG = "ablation"  # the shipped configs/ablation.py
 
@@ -46,9 +46,9 @@ flags.DEFINE_integer("steps", None, "Training steps of every run (hybrid: of the
 flags.DEFINE_integer("seeds", 2, "Seeds per arm: 0, 1, ..., seeds - 1.")
 flags.DEFINE_string("dataset", None, "A TFDS dataset name or folder:/path (as "
                     "--config.dataset); default: the config's, the offline Fashion-MNIST.")
-config_checks.define_config_flag("Base config of every run (a shipped name or file.py, [:arg]); "
-                                 "default: ablation (configs/ablation.py). --config.field=value "
-                                 "overrides a field.")
+config_flag.define_config_flag("Base config of every run (a shipped name or file.py, [:arg]); "
+                               "default: ablation (configs/ablation.py). --config.field=value "
+                               "overrides a field.")
 flags.declare_key_flag("verbose")  # defined in train/cli.py; listed by --help
 flags.mark_flags_as_required(["study", "out"])
 FLAGS = flags.FLAGS
@@ -86,7 +86,7 @@ def check_flags():
         raise app.UsageError(f"--out={FLAGS.out}: give a local folder (each run's log is a "
                              "local file).")
     config_checks.check_output_folder(FLAGS.out, "out")
-    config = copy.deepcopy(config_checks.loaded_config(FLAGS))
+    config = copy.deepcopy(config_flag.loaded_config(FLAGS))
     overrides = config_flags.get_override_values(FLAGS["config"])
     study = studies.STUDIES[FLAGS.study]
     owned = dict(RUN_FIELDS)
@@ -112,9 +112,9 @@ def child_flags(config):
     """`--config.field=value` (`--config.model.field=value`) for every field in which `config`
     differs from the base config file's own values: the command-line overrides and the run's
     fields."""
-    given = config_checks.flat_fields(config_checks.loaded_config(FLAGS))  # with the overrides
+    given = config_flag.flat_fields(config_flag.loaded_config(FLAGS))  # with the overrides
     fields = dict(config_flags.get_override_values(FLAGS["config"]))
-    fields.update({name: value for name, value in config_checks.flat_fields(config).items()
+    fields.update({name: value for name, value in config_flag.flat_fields(config).items()
                    if value != given[name]})
     return [f"--config.{name}={_flag_text(name, value)}" for name, value in fields.items()]
 

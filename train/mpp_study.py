@@ -25,7 +25,7 @@ import time
 
 from absl import app, flags
 
-from . import child_runs, cli, config_checks, run_files
+from . import child_runs, cli, config_checks, config_flag, run_files
 
 FINETUNE_CONFIG = "mpp_finetune"  # the shipped configs/mpp_finetune.py
 
@@ -114,7 +114,7 @@ def few_shot(config, shots):
 def finetune(labels, arm, seed):
     """Trains (or resumes, or finds finished) one fine-tuning run; returns its accuracy."""
     arg = "" if labels == "all" else f"labels={labels}"
-    finetune_config = config_checks.shipped_config(FINETUNE_CONFIG)
+    finetune_config = config_flag.shipped_config(FINETUNE_CONFIG)
     total_steps = finetune_config.get_config(arg or None).total_steps
     workdir = os.path.abspath(os.path.join(FLAGS.out, "runs", f"finetune-{labels}", arm,
                                            f"seed{seed}"))
