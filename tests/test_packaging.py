@@ -19,8 +19,8 @@ CONSOLE_SCRIPTS = {
     "keras-vit-train": "keras_vit.train.main:run",
     "keras-vit-export": "keras_vit.train.export:run",
     "keras-vit-analyze": "keras_vit.train.analyze:run",
-    "keras-vit-ablate": "keras_vit.train.ablate:run",
-    "keras-vit-mpp-study": "keras_vit.train.mpp_study:run",
+    "keras-vit-ablate": "keras_vit.train.studies.ablate:run",
+    "keras-vit-mpp-study": "keras_vit.train.studies.mpp:run",
 }
 
 
@@ -82,6 +82,7 @@ def test_the_wheel_installs_only_keras_vit(tmp_path):
         top_level = {name.split("/")[0] for name in names}
         assert top_level == {"keras_vit", wheel.name.split("-py")[0] + ".dist-info"}
         assert "keras_vit/train/main.py" in names and "keras_vit/configs/common.py" in names
+        assert "keras_vit/train/studies/ablate.py" in names  # the subpackage of train/
         entry_points = configparser.ConfigParser()
         entry_points.read_string(archive.read(
             next(name for name in names if name.endswith(".dist-info/entry_points.txt")))
@@ -103,3 +104,9 @@ def test_the_wheel_installs_only_keras_vit(tmp_path):
                               PYTHONPATH=str(tmp_path / "site"))
     assert returncode == 1, output
     assert "Error: flag --config=nope: no shipped config named 'nope'; give one of " in output
+    # The studies' subpackage imports the driver's modules (keras_vit.train) from its place.
+    returncode, output = _run([sys.executable, "-m", "keras_vit.train.studies.ablate",
+                               "--study=hybrid", f"--out={tmp_path / 'study'}", "--steps=0"],
+                              cwd=outside, PYTHONPATH=str(tmp_path / "site"))
+    assert returncode == 1, output
+    assert "Error: --steps=0 must be at least 1." in output, output

@@ -3,7 +3,7 @@
     <workdir>/
         config.json              the run's config (train.run_config)
         metrics.jsonl            logged values (train.metrics), and tensorboard/
-        train.log                the output of a run that a study started (train.child_runs)
+        train.log                the output of a run that a study started (train.studies.child_runs)
         checkpoints/             the training state (train.tf_checkpoints)
         export/                  written at the end of training (Trainer.export)
             model.keras          the final model (EMA weights if enabled)

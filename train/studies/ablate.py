@@ -1,11 +1,11 @@
 """Trains every arm of an ablation study at several seeds, and writes the paper-style table.
 
-    python -m train.ablate --study=position_embedding --out=docs/ablations
-    python -m train.ablate --study=classifier --out=docs/ablations --steps=600 --seeds=3
-    python -m train.ablate --study=hybrid --out=/tmp/ablations --dataset=cifar10
+    python -m train.studies.ablate --study=position_embedding --out=docs/ablations
+    python -m train.studies.ablate --study=classifier --out=docs/ablations --steps=600 --seeds=3
+    python -m train.studies.ablate --study=hybrid --out=/tmp/ablations --dataset=cifar10
 
-Studies (train/studies.py): `position_embedding` (the paper's Table 8), `classifier` (class
-token against GAP, each at its best learning rate), `hybrid` (ViT against R+ViT at equal
+Studies (train/studies/ablations.py): `position_embedding` (the paper's Table 8), `classifier`
+(class token against GAP, each at its best learning rate), `hybrid` (ViT against R+ViT at equal
 training FLOPs), `axial` (ViT against Axial-ViT). Writes into --out:
 
 - `<study>.md`: the table (mean ± std of the test top-1 accuracy over seeds), the budget and
@@ -35,11 +35,12 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-from . import child_runs, cli, config_checks, config_flag, studies
+from .. import cli, config_checks, config_flag
+from . import ablations, child_runs
 
 DEFAULT_CONFIG = "ablation"  # the shipped configs/ablation.py
 
-flags.DEFINE_enum("study", None, list(studies.STUDIES), "The study to run.")
+flags.DEFINE_enum("study", None, list(ablations.STUDIES), "The study to run.")
 flags.DEFINE_string("out", None, "Local folder for <study>.md, .png, .json and runs/.")
 flags.DEFINE_integer("steps", None, "Training steps of every run (hybrid: of the costlier "
                      "model); default: the config's total_steps.")
@@ -53,7 +54,7 @@ flags.declare_key_flag("verbose")  # defined in train/cli.py; listed by --help
 flags.mark_flags_as_required(["study", "out"])
 FLAGS = flags.FLAGS
 
-# Fields that train.ablate sets in every run, and the flag that sets each. (It sets the warm-up
+# Fields that this command sets in every run, and the flag that sets each. (It sets the warm-up
 # too, from the config's: the same fraction of each run's steps. The classifier study's sweep
 # derives its rates and splits from the config's too.)
 RUN_FIELDS = {"seed": "--seeds", "total_steps": "--steps"}
@@ -68,7 +69,7 @@ class Run:
     """One training run: an arm at a seed, its config and workdir, the name its progress lines
     show, and whether it belongs to the classifier study's learning-rate sweep."""
 
-    arm: studies.Arm
+    arm: ablations.Arm
     seed: int
     config: object  # an ml_collections.ConfigDict
     workdir: str
@@ -88,7 +89,7 @@ def check_flags():
     config_checks.check_output_folder(FLAGS.out, "out")
     config = copy.deepcopy(config_flag.loaded_config(FLAGS))
     overrides = config_flags.get_override_values(FLAGS["config"])
-    study = studies.STUDIES[FLAGS.study]
+    study = ablations.STUDIES[FLAGS.study]
     owned = dict(RUN_FIELDS)
     for arm in study.arms:
         owned.update({name: f"the arms of --study={FLAGS.study}" for name in arm.fields})
@@ -102,7 +103,7 @@ def check_flags():
                                  f"{overrides['dataset']} disagree: give one.")
         config.dataset = FLAGS.dataset
     if study.sweep_learning_rate and any(c in config.train_split for c in "[+"):
-        raise app.UsageError(f"--study={FLAGS.study} holds out {studies.HELD_OUT_PERCENT}% of "
+        raise app.UsageError(f"--study={FLAGS.study} holds out {ablations.HELD_OUT_PERCENT}% of "
                              f"config.train_split={config.train_split!r} for its sweep: give a "
                              "plain split name (such as 'train').")
     return config
@@ -137,10 +138,10 @@ def plan(study_name, base, steps, seeds, builder):
     """The arms' summaries (model size and cost, steps), the runs of every arm and seed, and
     `test_runs(picked)`: for the classifier study the runs are its sweep's, and its test runs
     are at the learning rates `picked` from their results ({arm name: rate})."""
-    from . import objectives
+    from .. import objectives
     from keras_vit import flops
 
-    study = studies.STUDIES[study_name]
+    study = ablations.STUDIES[study_name]
     num_classes = builder.info.features["label"].num_classes
     warmup_fraction = base.warmup_steps / base.total_steps
     arms = {}
@@ -158,7 +159,7 @@ def plan(study_name, base, steps, seeds, builder):
         if study.sweep_learning_rate:
             arms[arm.name].update(sweep=[], learning_rate=None)
     if study.match_flops:
-        matched = studies.matched_steps(
+        matched = ablations.matched_steps(
             steps, {name: arm["forward_flops"] for name, arm in arms.items()})
         for name, arm in arms.items():
             arm["steps"] = matched[name]
@@ -178,11 +179,11 @@ def plan(study_name, base, steps, seeds, builder):
         return Run(arm, seed, config, workdir, f"{name} seed {seed}", sweep)
 
     if study.sweep_learning_rate:
-        train = f"{base.train_split}[:{100 - studies.HELD_OUT_PERCENT}%]"
-        held_out = f"{base.train_split}[{100 - studies.HELD_OUT_PERCENT}%:]"
+        train = f"{base.train_split}[:{100 - ablations.HELD_OUT_PERCENT}%]"
+        held_out = f"{base.train_split}[{100 - ablations.HELD_OUT_PERCENT}%:]"
         runs = [make_run(arm, 0, sweep=True, learning_rate=rate, train_split=train,
                          eval_split=held_out)
-                for arm in study.arms for rate in studies.sweep_learning_rates(
+                for arm in study.arms for rate in ablations.sweep_learning_rates(
                     base.learning_rate)]
     else:
         runs = [make_run(arm, seed) for arm in study.arms for seed in range(seeds)]
@@ -196,7 +197,7 @@ def plan(study_name, base, steps, seeds, builder):
 
 def check_resumable(run):
     """Raises UsageError when the run's workdir holds a run of other settings."""
-    from . import run_config as saved_runs
+    from .. import run_config as saved_runs
 
     # Stricter than train.main: a finished run counts only if it trained what this invocation
     # would, for as many steps; where the data lives and how it evaluated, saved and logged
@@ -249,7 +250,7 @@ def summarize(base, steps, builder, arms):
     splits = builder.info.splits
     return {
         "study": FLAGS.study,
-        "command": shlex.join(["python", "-m", "train.ablate", *sys.argv[1:]]),
+        "command": shlex.join(["python", "-m", "train.studies.ablate", *sys.argv[1:]]),
         "dataset": base.dataset,
         "train_split": base.train_split,
         "eval_split": base.eval_split,
@@ -258,7 +259,7 @@ def summarize(base, steps, builder, arms):
         "budget": {"steps": steps, "batch_size": base.batch_size,
                    "image_size": base.image_size, "model": describe_model(base),
                    "optimizer": describe_training(
-                       base, studies.STUDIES[FLAGS.study].sweep_learning_rate)},
+                       base, ablations.STUDIES[FLAGS.study].sweep_learning_rate)},
         "seeds": list(range(FLAGS.seeds)),
         "arms": arms,
         "complete": False,
@@ -273,10 +274,10 @@ def main(argv):
     # The base config at these steps (each run's warm-up is set with its steps, below).
     config_checks.check(run_config(base, {"total_steps": steps, "warmup_steps": 0}))
     from keras_vit import fileio, plotting
-    from . import input_pipeline, metrics
-    from .preemption import RESUMABLE_EXIT_CODE
+    from .. import input_pipeline, metrics
+    from ..preemption import RESUMABLE_EXIT_CODE
 
-    study = studies.STUDIES[FLAGS.study]
+    study = ablations.STUDIES[FLAGS.study]
     builder = input_pipeline.get_builder(base)  # the dataset and its splits, checked now
     arms, runs, test_runs = plan(FLAGS.study, base, steps, FLAGS.seeds, builder)
     summary = summarize(base, steps, builder, arms)
@@ -315,7 +316,7 @@ def main(argv):
             execute(run)
         if study.sweep_learning_rate:
             for arm in arms.values():
-                arm["learning_rate"] = studies.pick_learning_rate(arm["sweep"])
+                arm["learning_rate"] = ablations.pick_learning_rate(arm["sweep"])
             runs = test_runs({name: arm["learning_rate"] for name, arm in arms.items()})
             for run in runs:
                 check_resumable(run)
@@ -334,7 +335,7 @@ def main(argv):
         title=f"{study.title}\ntest top-1 of {len(arms)} arms, {_count(FLAGS.seeds, 'seed')} "
               "each")
     report_path = os.path.join(FLAGS.out, f"{FLAGS.study}.md")
-    fileio.write_atomically(report_path, studies.report(summary))
+    fileio.write_atomically(report_path, ablations.report(summary))
     print(f"Wrote {report_path}, {plot_path} and {json_path}.", flush=True)
 
 

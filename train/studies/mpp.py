@@ -2,7 +2,7 @@
 freshly initialised, by few-shot linear accuracy and by fine-tuning.
 
     python -m train.main --config=configs/mpp.py --workdir=runs/mpp
-    python -m train.mpp_study --pretrain_workdir=runs/mpp --out=docs/mpp
+    python -m train.studies.mpp --pretrain_workdir=runs/mpp --out=docs/mpp
 
 - Few-shot: `keras_vit.analysis.few_shot_accuracy` of the encoder's pooled representation, k
   examples per class drawn from the first --few_shot_train training images, scored on every
@@ -25,7 +25,8 @@ import time
 
 from absl import app, flags
 
-from . import child_runs, cli, config_checks, config_flag, run_files
+from .. import cli, config_checks, config_flag, run_files
+from . import child_runs
 
 FINETUNE_CONFIG = "mpp_finetune"  # the shipped configs/mpp_finetune.py
 
@@ -46,7 +47,7 @@ class Stopped(Exception):
 
 def check_flags():
     """Every flag, before TensorFlow starts; returns the pre-training run's config."""
-    from . import run_config
+    from .. import run_config
 
     for name in ("seeds", "few_shot_train"):
         if FLAGS[name].value < 1:
@@ -86,7 +87,7 @@ def few_shot(config, shots):
     import ml_collections
 
     from keras_vit import analysis, checkpoint
-    from . import input_pipeline, objectives
+    from .. import input_pipeline, objectives
 
     config = ml_collections.ConfigDict(config)
     builder = input_pipeline.get_builder(config, for_training=False)
@@ -174,7 +175,7 @@ def report(summary):
 
 
 def _pretrain_summary(config):
-    from . import metrics
+    from .. import metrics
 
     records = metrics.read_records(FLAGS.pretrain_workdir)
     final = [record for record in records if record["step"] == config["total_steps"]
@@ -193,12 +194,12 @@ def main(argv):
     config, shots = check_flags()
     from keras_vit import fileio
 
-    from . import metrics
-    from .preemption import RESUMABLE_EXIT_CODE
+    from .. import metrics
+    from ..preemption import RESUMABLE_EXIT_CODE
 
     signal.signal(signal.SIGTERM, _raise_stopped)
     summary = {
-        "command": shlex.join(["python", "-m", "train.mpp_study", *sys.argv[1:]]),
+        "command": shlex.join(["python", "-m", "train.studies.mpp", *sys.argv[1:]]),
         "pretrain_command": "python -m train.main --config=configs/mpp.py "
                             f"--workdir={FLAGS.pretrain_workdir}",
         "pretrain": _pretrain_summary(config), "seeds": list(range(FLAGS.seeds)),
