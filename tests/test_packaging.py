@@ -58,6 +58,24 @@ def test_train_cannot_be_imported_under_both_names():
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
+@pytest.mark.parametrize("old, new, flags, error", [
+    ("train.ablate", "train.studies.ablate", ["--study=hybrid", "--steps=0"],
+     "Error: --steps=0 must be at least 1."),
+    ("train.mpp_study", "train.studies.mpp", ["--pretrain_workdir=run", "--seeds=0"],
+     "Error: --seeds=0 must be at least 1."),
+])
+def test_the_old_study_commands_still_run(old, new, flags, error, tmp_path):
+    """`python -m train.ablate` and `train.mpp_study` (the names before train/studies/) say
+    the new name in one line, then run the new command with the same flags."""
+    returncode, output = _run([sys.executable, "-m", old, *flags, f"--out={tmp_path}"],
+                              cwd=REPO)
+    assert returncode == 1, output
+    lines = output.splitlines()
+    assert lines[0] == (f"Warning: python -m {old} is deprecated; use python -m {new} (the same "
+                        "flags)."), output
+    assert error in lines, output
+
+
 def _run(command, cwd, **env):
     result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env))

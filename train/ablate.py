@@ -1,0 +1,10 @@
+"""Deprecated: `python -m train.ablate` is `python -m train.studies.ablate`, which it runs."""
+
+import sys
+
+from .studies import ablate
+
+if __name__ == "__main__":
+    print("Warning: python -m train.ablate is deprecated; use python -m train.studies.ablate "
+          "(the same flags).", file=sys.stderr, flush=True)
+    ablate.run()
