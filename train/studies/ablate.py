@@ -275,7 +275,7 @@ def main(argv):
     config_checks.check(run_config(base, {"total_steps": steps, "warmup_steps": 0}))
     from keras_vit import fileio, plotting
     from .. import input_pipeline, metrics
-    from ..preemption import RESUMABLE_EXIT_CODE
+    from ..loop import RESUMABLE_EXIT_CODE
 
     study = ablations.STUDIES[FLAGS.study]
     builder = input_pipeline.get_builder(base)  # the dataset and its splits, checked now

@@ -195,7 +195,7 @@ def main(argv):
     from keras_vit import fileio
 
     from .. import metrics
-    from ..preemption import RESUMABLE_EXIT_CODE
+    from ..loop import RESUMABLE_EXIT_CODE
 
     signal.signal(signal.SIGTERM, _raise_stopped)
     summary = {
