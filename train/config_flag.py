@@ -6,7 +6,8 @@ config of that name (`configs/` in a checkout, `keras_vit.configs` when installe
 a path; a config file that is missing, has a syntax error or a bad `file.py:argument` is one
 line, not a traceback; overrides in the layout before `config.model` held the model's fields
 (`--config.model=B/16`, `--config.patch_size=2`) say what to write instead. `loaded_config`
-reads the flag's value. What the values may be is train.config_checks'.
+reads the flag's value; `flat_fields` names a config's fields as `--config.<name>` does. What the
+values may be is train.config_checks'.
 """
 
 import copy
