@@ -14,18 +14,19 @@ setup(
     description="Vision Transformer (ViT) for Keras 3: every released variant, faithful numerics.",
     long_description=(here / "README.md").read_text(),
     long_description_content_type="text/markdown",
-    # The wheel installs one top-level name, keras_vit: the repository's train/ and configs/
-    # folders go in as keras_vit.train and keras_vit.configs (in a checkout they stay the
-    # top-level `train` and `configs`, for `python -m train.main --config=configs/...`).
+    # The wheel installs one top-level name, keras_vit: the repository's train/ (with its
+    # subpackage train/studies/) and configs/ folders go in as keras_vit.train and
+    # keras_vit.configs (in a checkout they stay the top-level `train` and `configs`, for
+    # `python -m train.main --config=configs/...`).
     packages=[*find_packages(include=["keras_vit", "keras_vit.*"]),
-              "keras_vit.train", "keras_vit.configs"],
+              "keras_vit.train", "keras_vit.train.studies", "keras_vit.configs"],
     package_dir={"keras_vit.train": "train", "keras_vit.configs": "configs"},
     entry_points={"console_scripts": [
         "keras-vit-train = keras_vit.train.main:run",
         "keras-vit-export = keras_vit.train.export:run",
         "keras-vit-analyze = keras_vit.train.analyze:run",
-        "keras-vit-ablate = keras_vit.train.ablate:run",
-        "keras-vit-mpp-study = keras_vit.train.mpp_study:run",
+        "keras-vit-ablate = keras_vit.train.studies.ablate:run",
+        "keras-vit-mpp-study = keras_vit.train.studies.mpp:run",
     ]},
     python_requires=">=3.10",
     install_requires=[

@@ -24,9 +24,9 @@ import machine
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from train import config_checks  # noqa: E402
+from train import config_flag  # noqa: E402
 
-config_checks.define_config_flag("Experiment config (a shipped name or file.py).", "quickstart")
+config_flag.define_config_flag("Experiment config (a shipped name or file.py).", "quickstart")
 flags.DEFINE_integer("steps", 300, "Training steps per run.")
 flags.DEFINE_integer("steps_per_loop", 50, "Steps per host call (one metrics record each).")
 FLAGS = flags.FLAGS

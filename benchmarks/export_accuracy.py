@@ -27,7 +27,8 @@ import machine  # noqa: E402
 from litert_runner import tflite_runner  # noqa: E402
 from keras_vit import export  # noqa: E402
 from keras_vit.preprocessing import scale_pixels  # noqa: E402
-from train import export_run, input_pipeline, run_config, run_files  # noqa: E402
+from train import input_pipeline, run_config, run_files  # noqa: E402
+from train import export as run_export  # noqa: E402  (a run's export; keras_vit's is `export`)
 
 
 def evaluation_split(builder, config):
@@ -57,10 +58,10 @@ def main():
     parser.add_argument("--calibration_images", type=int, default=200)
     args = parser.parse_args()
     config = ml_collections.ConfigDict(run_config.saved(args.workdir))
-    model = export_run.load_trained_model(run_files.model_file(args.workdir), args.workdir)
+    model = run_export.load_trained_model(run_files.model_file(args.workdir), args.workdir)
     builder = input_pipeline.get_builder(config, for_training=False)
     images, labels = evaluation_split(builder, config)
-    calibration = export_run.calibration_images(builder, config.train_split, config.image_size,
+    calibration = run_export.calibration_images(builder, config.train_split, config.image_size,
                                                 args.calibration_images)
     reference = model.predict(scale_pixels(images), batch_size=1000, verbose=0)
     print(machine.describe())
@@ -71,7 +72,7 @@ def main():
     print("|---|---|---|---|---|---|---|")
     print(f"| Keras | – | {np.mean(reference.argmax(1) == labels) * 100:.2f} | – | – | – | – |")
     contents = {kind: export.tflite_bytes(model, quantization, calibration)
-                for kind, quantization in export_run.TFLITE_KINDS.items()}
+                for kind, quantization in run_export.TFLITE_KINDS.items()}
     single = {kind: tflite_runner(content, 1, args.threads)
               for kind, content in contents.items()}
     latencies = {kind: [] for kind in contents}

@@ -17,9 +17,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import machine  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from train import config_checks  # noqa: E402
+from train import config_flag  # noqa: E402
 
-config_checks.define_config_flag("Experiment config (a shipped name or file.py).", "quickstart")
+config_flag.define_config_flag("Experiment config (a shipped name or file.py).", "quickstart")
 flags.DEFINE_integer("batches", 200, "Batches timed after warm-up.")
 flags.DEFINE_integer("repeats", 3, "Timed passes; the median is reported.")
 FLAGS = flags.FLAGS

@@ -1,4 +1,4 @@
-"""Training throughput: the driver's own step (train.trainer.Trainer's loop) against keras-hub's
+"""Training throughput: the driver's own step (train.tf_engine.Trainer's loop) against keras-hub's
 ViT of the same configuration trained with `model.fit` and with `train_on_batch`.
 
     python benchmarks/train_step.py --variant=S/16 --variant=B/16 --image_size=224 \
@@ -38,7 +38,7 @@ import keras_vit  # noqa: E402
 import machine  # noqa: E402
 from configs import common, quickstart  # noqa: E402
 from keras_vit import resnet  # noqa: E402
-from train import trainer as trainer_module  # noqa: E402
+from train import tf_engine  # noqa: E402
 
 NUM_CLASSES = 10
 LEARNING_RATE, WEIGHT_DECAY, CLIP_NORM = 1e-3, 1e-4, 1.0
@@ -54,7 +54,7 @@ def driver_contender(variant, image_size, batch_size, policy, jit_compile, batch
     config.weight_decay, config.grad_clip_norm = WEIGHT_DECAY, CLIP_NORM
     config.warmup_steps, config.total_steps = 0, 1_000_000
     config.dtype_policy, config.jit_compile = policy, jit_compile
-    trainer = trainer_module.Trainer(config, workdir, tf.distribute.get_strategy())
+    trainer = tf_engine.Trainer(config, workdir, tf.distribute.get_strategy())
     iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
 
     def run(steps):
@@ -69,7 +69,7 @@ def quickstart_contender(custom_pool_gradient, batch, workdir):
     pools with `ops.max_pool`, whose gradient XLA computes (select-and-scatter)."""
     config = quickstart.get_config()
     config.warmup_steps, config.total_steps = 0, 1_000_000
-    trainer = trainer_module.Trainer(config, workdir, tf.distribute.get_strategy())
+    trainer = tf_engine.Trainer(config, workdir, tf.distribute.get_strategy())
     iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
 
     def plain_pool(x):

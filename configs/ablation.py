@@ -1,13 +1,13 @@
 """The base model and budget of the ablation studies: a small plain ViT on the real
 Fashion-MNIST, trained for a short fixed budget (one final evaluation on all 10,000 test images).
 
-    python -m train.ablate --study=position_embedding --out=docs/ablations
+    python -m train.studies.ablate --study=position_embedding --out=docs/ablations
 
 4x4-pixel patches of the 28x28 images give a 7x7 grid (49 tokens, plus the class token), the
-same grid as the quickstart's hybrid. The studies (train/studies.py) change the position
-embeddings, the classifier and its learning rate, the stem (R+Ti/16 with 1x1 patches of its
-stride-4 feature map) or the attention (Axial-Ti/16); every size below stays, so each arm differs
-from this model in what its study names only. `train.ablate` also sets the seed, and
+same grid as the quickstart's hybrid. The studies (train/studies/ablations.py) change the
+position embeddings, the classifier and its learning rate, the stem (R+Ti/16 with 1x1 patches of
+its stride-4 feature map) or the attention (Axial-Ti/16); every size below stays, so each arm
+differs from this model in what its study names only. `train.studies.ablate` also sets the seed, and
 `total_steps` from `--steps` with the warm-up kept at the same fraction of the run.
 """
 

@@ -1,5 +1,5 @@
-"""PNG figures of the `keras_vit.analysis` results and of ablation studies (`train.ablate`),
-titled and labelled to be read without code.
+"""PNG figures of the `keras_vit.analysis` results and of ablation studies
+(`train.studies.ablate`), titled and labelled to be read without code.
 
 Each function takes the arrays an analysis function returns and a path (local or gs://), and
 writes the figure atomically (a crash mid-write leaves any previous file). Needs matplotlib:

@@ -1,6 +1,7 @@
-"""`python -m train.ablate` (train/ablate.py, train/studies.py): the studies' arms, the report's
-table from given results, one tiny study end to end (table, plot, JSON), a rerun that skips the
-finished runs, a stopped study that resumes, changed settings refused, and one-line errors.
+"""`python -m train.studies.ablate` (train/studies/ablate.py, train/studies/ablations.py): the
+studies' arms, the report's table from given results, one tiny study end to end (table, plot,
+JSON), a rerun that skips the finished runs, a stopped study that resumes, changed settings
+refused, one-line errors, and the deprecated `python -m train.ablate` that runs it.
 
 The end-to-end study is `hybrid` (two arms, one seed, a tiny model on the fake Fashion-MNIST):
 it also checks the matched-FLOPs steps against keras_vit.flops.
@@ -15,7 +16,8 @@ import sys
 import pytest
 
 from configs import ablation
-from train import config_checks, studies
+from train import config_checks
+from train.studies import ablations
 from train_fixtures import REPO, TINY as TINY_RUN, override_flags, read_metrics
 
 STEPS = 2  # of the costlier arm (R+ViT); the ViT gets more, for the same FLOPs
@@ -35,7 +37,7 @@ def ablate(data, out, *flags, study="hybrid", steps=STEPS, seeds=1):
     if seeds is not None:
         args.append(f"--seeds={seeds}")
     args += override_flags(TINY)
-    return subprocess.run([sys.executable, "-m", "train.ablate", *args, *flags], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "train.studies.ablate", *args, *flags], cwd=REPO,
                           env=data.env(), capture_output=True, text=True, timeout=TIMEOUT)
 
 
@@ -65,7 +67,7 @@ def study(fake_fmnist, tmp_path_factory):
 # The studies as data.
 
 def test_position_study_has_the_sensible_arms():
-    arms = {arm.name: arm.fields for arm in studies.STUDIES["position_embedding"].arms}
+    arms = {arm.name: arm.fields for arm in ablations.STUDIES["position_embedding"].arms}
     assert sorted(arms) == sorted([
         "none-stem", "relative-stem", "learned-stem", "learned-every_layer",
         "learned-every_layer_shared", "learned_2d-stem", "learned_2d-every_layer",
@@ -74,26 +76,26 @@ def test_position_study_has_the_sensible_arms():
                                               "model.position_embedding_placement": "every_layer"}
 
 
-@pytest.mark.parametrize("name", list(studies.STUDIES))
+@pytest.mark.parametrize("name", list(ablations.STUDIES))
 def test_every_arm_passes_the_config_checks(name):
-    for arm in studies.STUDIES[name].arms:
+    for arm in ablations.STUDIES[name].arms:
         config = ablation.get_config()
         config.update_from_flattened_dict(arm.fields)
         config_checks.check(config)
-    assert len({arm.name for arm in studies.STUDIES[name].arms}) >= 2
+    assert len({arm.name for arm in ablations.STUDIES[name].arms}) >= 2
 
 
 def test_learning_rate_sweep_and_pick():
-    assert studies.sweep_learning_rates(3e-3) == [0.001, 0.003, 0.009]
+    assert ablations.sweep_learning_rates(3e-3) == [0.001, 0.003, 0.009]
     sweep = [{"learning_rate": 0.001, "accuracy": 0.5}, {"learning_rate": 0.003, "accuracy": 0.7},
              {"learning_rate": 0.009, "accuracy": 0.7}]
-    assert studies.pick_learning_rate(sweep) == 0.003  # a tie goes to the lower rate
+    assert ablations.pick_learning_rate(sweep) == 0.003  # a tie goes to the lower rate
     sweep[2]["accuracy"] = 0.71
-    assert studies.pick_learning_rate(sweep) == 0.009
+    assert ablations.pick_learning_rate(sweep) == 0.009
 
 
 def test_matched_steps():
-    steps = studies.matched_steps(300, {"vit": 16_000_000, "r_vit": 20_000_000})
+    steps = ablations.matched_steps(300, {"vit": 16_000_000, "r_vit": 20_000_000})
     assert steps == {"vit": 375, "r_vit": 300}
 
 
@@ -105,15 +107,15 @@ def _arm(*accuracies, **extra):
 
 
 def test_accuracy_cell():
-    assert studies.accuracy_cell([0.80, 0.82]) == "81.00 ± 1.41"  # sample std, in percent
-    assert studies.accuracy_cell([0.7512]) == "75.12"  # one seed: no spread to show
-    assert studies.accuracy_cell([]) == "–"
+    assert ablations.accuracy_cell([0.80, 0.82]) == "81.00 ± 1.41"  # sample std, in percent
+    assert ablations.accuracy_cell([0.7512]) == "75.12"  # one seed: no spread to show
+    assert ablations.accuracy_cell([]) == "–"
 
 
 def test_position_table_layout():
     arms = {"none-stem": _arm(0.61, 0.62), "learned-stem": _arm(0.80, 0.82),
             "learned-every_layer": _arm(0.79, 0.79), "relative-stem": _arm(0.75)}
-    lines = studies.position_table(arms).splitlines()
+    lines = ablations.position_table(arms).splitlines()
     assert lines[0] == ("| Pos. Emb. | Default/Stem (`stem`) | Every Layer (`every_layer`) | "
                         "Every Layer-Shared (`every_layer_shared`) |")
     assert lines[1] == "|---|---|---|---|"
@@ -132,7 +134,7 @@ def test_classifier_table_bolds_the_picked_rate():
              for rate, accuracy in ((0.001, 0.70), (0.003, 0.72), (0.009, 0.71))]
     arms = {"token": _arm(0.80, 0.81, label="class token", fields={"model.classifier": "token"},
                           sweep=sweep, learning_rate=0.003)}
-    lines = studies.classifier_table(arms).splitlines()
+    lines = ablations.classifier_table(arms).splitlines()
     assert lines[0] == ("| Classifier | held-out, lr 0.001 | held-out, lr 0.003 | held-out, lr "
                         "0.009 | picked lr | test top-1 (%) |")
     assert lines[2] == ("| class token (`token`) | 70.00 | **72.00** | 71.00 | 0.003 | "
@@ -144,12 +146,12 @@ def test_summaries_with_the_flat_model_fields_are_drawn_the_same():
     flat (`classifier`); their tables are the same."""
     arm = _arm(0.80, label="GAP", sweep=[{"learning_rate": 0.003, "accuracy": 0.7}],
                learning_rate=0.003)
-    new = studies.classifier_table({"gap": dict(arm, fields={"model.classifier": "gap"})})
-    assert new == studies.classifier_table({"gap": dict(arm, fields={"classifier": "gap"})})
+    new = ablations.classifier_table({"gap": dict(arm, fields={"model.classifier": "gap"})})
+    assert new == ablations.classifier_table({"gap": dict(arm, fields={"classifier": "gap"})})
     assert "| GAP (`gap`) |" in new
 
 
-@pytest.mark.parametrize("study", list(studies.STUDIES))
+@pytest.mark.parametrize("study", list(ablations.STUDIES))
 def test_the_checked_in_tables_are_redrawn_from_their_json(study):
     """docs/ablations/<study>.json (written with the flat fields) still draws the table of its
     <study>.md."""
@@ -157,7 +159,7 @@ def test_the_checked_in_tables_are_redrawn_from_their_json(study):
     with open(os.path.join(folder, f"{study}.json")) as handle:
         summary = json.load(handle)
     with open(os.path.join(folder, f"{study}.md")) as handle:
-        assert studies.table(summary) in handle.read()
+        assert ablations.table(summary) in handle.read()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -193,8 +195,8 @@ def test_study_writes_the_report_plot_and_json(study):
     assert "batch 32" in report and "28x28 pixels" in report
     assert "Seeds: 1 (0)" in report and "all 100 images of `test`" in report
     assert "| R+ViT | `R+Ti/16` |" in report and f"| {arms['vit']['steps']} |" in report
-    assert studies.table(summary) in report  # the table is redrawn from the JSON alone
-    assert "python -m train.ablate --study=hybrid" in report and "--steps=2" in report
+    assert ablations.table(summary) in report  # the table is redrawn from the JSON alone
+    assert "python -m train.studies.ablate --study=hybrid" in report and "--steps=2" in report
     png = (out / "hybrid.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     assert not [name for name in os.listdir(out) if name.endswith((".tmp", ".partial"))]
@@ -279,7 +281,7 @@ def test_bad_flags_are_one_line_errors(fake_fmnist, tmp_path):
         if not any(flag.startswith("--out=") for flag in extra):
             args.append(f"--out={tmp_path / name}")
         processes[name] = subprocess.Popen(
-            [sys.executable, "-m", "train.ablate", *args, *extra], cwd=REPO,
+            [sys.executable, "-m", "train.studies.ablate", *args, *extra], cwd=REPO,
             env=fake_fmnist.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for name, process in processes.items():
         _, stderr = process.communicate(timeout=TIMEOUT)

@@ -1,4 +1,4 @@
-"""Faults of training checkpoints (train/checkpoints.py): damaged files, a lost index file,
+"""Faults of training checkpoints (train/tf_checkpoints.py): damaged files, a lost index file,
 leftovers of killed saves, a full disk, and read-only workers.
 
 Every test saves a few checkpoints of a tiny state shaped like the trainer's (a Keras model, its
@@ -25,9 +25,9 @@ import pytest
 import tensorflow as tf
 
 from keras_vit import fileio
-from train import checkpoints
-from train.checkpoints import (CheckpointMismatchError, CheckpointWriteError,
-                               NoReadableCheckpointError)
+from train import tf_checkpoints
+from train.tf_checkpoints import (CheckpointMismatchError, CheckpointWriteError,
+                                  NoReadableCheckpointError)
 
 DATA = "ckpt-{}.data-00000-of-00001"
 INDEX = "ckpt-{}.index"
@@ -71,7 +71,7 @@ def write_checkpoints(directory, steps=(1, 2, 3), max_to_keep=5):
     manager = tf.train.CheckpointManager(state.checkpoint, str(directory), max_to_keep=max_to_keep)
     for step in steps:
         state.fill(step)
-        checkpoints.save(manager, step)
+        tf_checkpoints.save(manager, step)
     return state, manager
 
 
@@ -136,13 +136,13 @@ def test_checkpoint_steps_are_newest_first_without_leftovers_or_corrupt(tmp_path
     (tmp_path / "ckpt-12_temp.index").write_bytes(b"x")
     (tmp_path / "corrupt").mkdir()
     (tmp_path / "corrupt" / INDEX.format(13)).write_bytes(b"x")
-    assert checkpoints.checkpoint_steps(str(tmp_path)) == [10, 2, 1]
-    assert checkpoints.checkpoint_steps(str(tmp_path / "missing")) == []
+    assert tf_checkpoints.checkpoint_steps(str(tmp_path)) == [10, 2, 1]
+    assert tf_checkpoints.checkpoint_steps(str(tmp_path / "missing")) == []
 
 
 def test_no_checkpoint_restores_nothing_and_creates_nothing(tmp_path):
     directory = tmp_path / "checkpoints"
-    assert checkpoints.restore_newest(State().checkpoint, str(directory)) is None
+    assert tf_checkpoints.restore_newest(State().checkpoint, str(directory)) is None
     assert not directory.exists()
 
 
@@ -150,9 +150,9 @@ def test_index_file_of_checkpoints_that_are_gone_is_removed_by_the_writer_only(t
     (tmp_path / "checkpoint").write_text(
         'model_checkpoint_path: "ckpt-3"\nall_model_checkpoint_paths: "ckpt-3"\n')
     before = snapshot(tmp_path)
-    assert checkpoints.restore_newest(State().checkpoint, str(tmp_path), writable=False) is None
+    assert tf_checkpoints.restore_newest(State().checkpoint, str(tmp_path), writable=False) is None
     assert snapshot(tmp_path) == before
-    assert checkpoints.restore_newest(State().checkpoint, str(tmp_path)) is None
+    assert tf_checkpoints.restore_newest(State().checkpoint, str(tmp_path)) is None
     assert names(tmp_path) == []
 
 
@@ -160,7 +160,7 @@ def test_intact_checkpoints_restore_the_newest_and_keep_the_index_file(tmp_path)
     write_checkpoints(tmp_path)
     before = snapshot(tmp_path)
     state = State()
-    assert checkpoints.restore_newest(state.checkpoint, str(tmp_path)) == 3
+    assert tf_checkpoints.restore_newest(state.checkpoint, str(tmp_path)) == 3
     state.assert_holds(3)
     assert snapshot(tmp_path) == before  # nothing to repair: the index file is not rewritten
 
@@ -180,7 +180,7 @@ def test_unreadable_newest_checkpoint_is_moved_aside_and_the_older_one_restored(
     state = State()
     state.fill(99.0)
     with caplog.at_level(logging.WARNING):
-        assert checkpoints.restore_newest(state.checkpoint, str(tmp_path)) == 2
+        assert tf_checkpoints.restore_newest(state.checkpoint, str(tmp_path)) == 2
     state.assert_holds(2)
 
     # One warning line names the checkpoint, the bad file and the reason.
@@ -199,7 +199,7 @@ def test_restore_that_fails_halfway_is_overwritten_by_the_older_checkpoint(tmp_p
     state, manager = write_checkpoints(tmp_path, steps=(1, 2))
     state.fill(3)
     state.checkpoint.save_counter.assign(SAVE_COUNTER_MARK - 1)  # the save adds one
-    checkpoints.save(manager, 3)
+    tf_checkpoints.save(manager, 3)
     data_file = tmp_path / DATA.format(3)
     mark = np.int64(SAVE_COUNTER_MARK).tobytes()
     assert data_file.read_bytes().count(mark) == 1
@@ -211,7 +211,7 @@ def test_restore_that_fails_halfway_is_overwritten_by_the_older_checkpoint(tmp_p
         restored.checkpoint.restore(str(tmp_path / "ckpt-3")).assert_existing_objects_matched()
     restored.assert_holds(3)  # the failed attempt did assign the variables
 
-    assert checkpoints.restore_newest(restored.checkpoint, str(tmp_path)) == 2
+    assert tf_checkpoints.restore_newest(restored.checkpoint, str(tmp_path)) == 2
     restored.assert_holds(2)
     assert names(tmp_path / "corrupt") == [DATA.format(3), INDEX.format(3)]
 
@@ -222,7 +222,7 @@ def test_no_readable_checkpoint_raises_and_moves_nothing(tmp_path):
     (tmp_path / INDEX.format(1)).write_bytes(b"garbage")
     before = snapshot(tmp_path)
     with pytest.raises(NoReadableCheckpointError) as error:
-        checkpoints.restore_newest(State().checkpoint, str(tmp_path))
+        tf_checkpoints.restore_newest(State().checkpoint, str(tmp_path))
     message = str(error.value)
     assert str(tmp_path) in message and "ckpt-2" in message and "ckpt-1" in message
     assert DATA.format(2) in message and INDEX.format(1) in message
@@ -233,7 +233,7 @@ def test_checkpoint_of_another_model_raises_without_moving_anything(tmp_path):
     write_checkpoints(tmp_path)
     before = snapshot(tmp_path)
     with pytest.raises(CheckpointMismatchError, match="ckpt-3 does not match"):
-        checkpoints.restore_newest(State(units=4).checkpoint, str(tmp_path))
+        tf_checkpoints.restore_newest(State(units=4).checkpoint, str(tmp_path))
     assert snapshot(tmp_path) == before
 
 
@@ -256,7 +256,7 @@ def test_lost_index_file_is_rebuilt_so_rotation_goes_on(tmp_path, fault):
     INDEX_FAULTS[fault](tmp_path / "checkpoint")
 
     state = State()
-    assert checkpoints.restore_newest(state.checkpoint, str(tmp_path)) == 3
+    assert tf_checkpoints.restore_newest(state.checkpoint, str(tmp_path)) == 3
     state.assert_holds(3)
     assert index_lists(tmp_path) == ("ckpt-3", ["ckpt-1", "ckpt-2", "ckpt-3"])
 
@@ -266,8 +266,8 @@ def test_lost_index_file_is_rebuilt_so_rotation_goes_on(tmp_path, fault):
     assert [os.path.basename(path) for path in manager.checkpoints] == [
         "ckpt-1", "ckpt-2", "ckpt-3"]
     for step in (4, 5):
-        checkpoints.save(manager, step)
-    assert checkpoints.checkpoint_steps(str(tmp_path)) == [5, 4, 3]
+        tf_checkpoints.save(manager, step)
+    assert tf_checkpoints.checkpoint_steps(str(tmp_path)) == [5, 4, 3]
     assert index_lists(tmp_path) == ("ckpt-5", ["ckpt-3", "ckpt-4", "ckpt-5"])
 
 
@@ -281,7 +281,7 @@ def test_index_file_that_cannot_be_rewritten_is_a_one_line_error(tmp_path, monke
 
     monkeypatch.setattr(fileio, "write_atomically", disk_full)
     with pytest.raises(CheckpointWriteError, match="No space left on device") as error:
-        checkpoints.restore_newest(State().checkpoint, str(tmp_path))
+        tf_checkpoints.restore_newest(State().checkpoint, str(tmp_path))
     assert str(tmp_path / "checkpoint") in str(error.value) and "\n" not in str(error.value)
     assert snapshot(tmp_path) == before
 
@@ -303,15 +303,15 @@ def test_save_removes_leftovers_of_killed_saves(tmp_path):
     (tmp_path / "checkpoint.partial-999-0123abcd").write_text("half")  # a killed repair_index
     (tmp_path / "corrupt").mkdir()
     (tmp_path / "corrupt" / "ckpt-0_temp").write_bytes(b"x")  # corrupt/ is not touched
-    assert checkpoints.checkpoint_steps(str(tmp_path)) == [1]
+    assert tf_checkpoints.checkpoint_steps(str(tmp_path)) == [1]
 
     state.fill(2)
-    assert checkpoints.save(manager, 2) == str(tmp_path / "ckpt-2")
+    assert tf_checkpoints.save(manager, 2) == str(tmp_path / "ckpt-2")
     assert names(tmp_path) == sorted(["checkpoint", "corrupt", DATA.format(1), INDEX.format(1),
                                       DATA.format(2), INDEX.format(2)])
     assert names(tmp_path / "corrupt") == ["ckpt-0_temp"]
     restored = State()
-    assert checkpoints.restore_newest(restored.checkpoint, str(tmp_path)) == 2
+    assert tf_checkpoints.restore_newest(restored.checkpoint, str(tmp_path)) == 2
     restored.assert_holds(2)
 
 
@@ -325,7 +325,7 @@ def assert_failed_save_left_no_trace(directory, error, before, reason):
     assert names(directory) == before  # the partial files of ckpt-4 are gone
     assert index_lists(directory) == ("ckpt-3", ["ckpt-1", "ckpt-2", "ckpt-3"])
     restored = State()
-    assert checkpoints.restore_newest(restored.checkpoint, str(directory)) == 3
+    assert tf_checkpoints.restore_newest(restored.checkpoint, str(directory)) == 3
     restored.assert_holds(3)
 
 
@@ -338,7 +338,7 @@ def test_disk_full_during_save_raises_one_line_and_keeps_earlier_checkpoints(tmp
     os.symlink("/dev/full", tmp_path / INDEX.format(4))
     state.fill(4)
     with pytest.raises(CheckpointWriteError) as error:
-        checkpoints.save(manager, 4)
+        tf_checkpoints.save(manager, 4)
     assert os.path.exists("/dev/full")  # the link was removed, not its target
     assert_failed_save_left_no_trace(tmp_path, error, before, "No space left on device")
 
@@ -346,7 +346,7 @@ def test_disk_full_during_save_raises_one_line_and_keeps_earlier_checkpoints(tmp
 FILE_SIZE_LIMITED_SAVE = textwrap.dedent("""
     import json, resource, signal, sys
     import tensorflow as tf
-    from train import checkpoints
+    from train import tf_checkpoints
     from test_checkpoint_faults import State
 
     state = State()
@@ -355,8 +355,8 @@ FILE_SIZE_LIMITED_SAVE = textwrap.dedent("""
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
     resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), resource.RLIM_INFINITY))
     try:
-        checkpoints.save(manager, 4)
-    except checkpoints.CheckpointWriteError as error:
+        tf_checkpoints.save(manager, 4)
+    except tf_checkpoints.CheckpointWriteError as error:
         print(json.dumps({"message": str(error), "cause": type(error.__cause__).__name__}))
 """)
 
@@ -378,7 +378,7 @@ def test_write_error_during_save_raises_one_line_and_keeps_earlier_checkpoints(t
     assert report["cause"] == "OutOfRangeError"
     assert names(tmp_path) == before
     restored = State()
-    assert checkpoints.restore_newest(restored.checkpoint, str(tmp_path)) == 3
+    assert tf_checkpoints.restore_newest(restored.checkpoint, str(tmp_path)) == 3
     restored.assert_holds(3)
 
 
@@ -395,7 +395,7 @@ def test_read_only_worker_restores_the_newest_readable_and_changes_nothing(tmp_p
 
     state = State()
     with caplog.at_level(logging.WARNING):
-        assert checkpoints.restore_newest(state.checkpoint, str(tmp_path), writable=False) == 2
+        assert tf_checkpoints.restore_newest(state.checkpoint, str(tmp_path), writable=False) == 2
     state.assert_holds(2)
     assert any(DATA.format(3) in text for text in warnings_text(caplog))
     assert snapshot(tmp_path) == before

@@ -163,10 +163,10 @@ def test_every_problem_is_reported_at_once():
 
 
 def test_trainer_check_config_uses_the_checks():
-    from train import trainer
+    from train import tf_engine
     with pytest.raises(ValueError, match=r"config\.keep_checkpoints=0"):
-        trainer.check_config(_config(keep_checkpoints=0), 1)
-    trainer.check_config(_config(), 2)
+        tf_engine.check_config(_config(keep_checkpoints=0), 1)
+    tf_engine.check_config(_config(), 2)
 
 
 def test_analyze_checks_only_what_it_reads():

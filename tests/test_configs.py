@@ -150,10 +150,11 @@ def test_no_dead_config_fields():
     """Every field is read somewhere in train/: a field nobody reads is a setting that silently
     does nothing. The model's fields all go to keras_vit.ViTConfig (config_checks.model_spec)."""
     text = ""
-    for name in os.listdir(os.path.join(REPO, "train")):
-        if name.endswith(".py"):
-            with open(os.path.join(REPO, "train", name)) as handle:
-                text += handle.read()
+    for root, _, names in os.walk(os.path.join(REPO, "train")):  # train/studies/ too
+        for name in names:
+            if name.endswith(".py"):
+                with open(os.path.join(root, name)) as handle:
+                    text += handle.read()
     used = set(re.findall(r"config\.(\w+)", text)) | set(re.findall(r'config\["(\w+)"\]', text))
     assert not set(common.get_config()) - used
 
@@ -186,8 +187,10 @@ def test_config_checks_copies_of_the_training_choices_are_equal():
     from train import config_checks
     assert config_checks.MPP_TARGETS == keras_vit.masked_patches.TARGETS
     assert config_checks.MPP_DOWNSCALED_CELLS == keras_vit.masked_patches.DOWNSCALED_CELLS
-    from train import objectives
+    from train import objectives, optimizers, schedules
     assert config_checks.OBJECTIVES == objectives.OBJECTIVES
+    assert config_checks.DECAYS == schedules.DECAYS
+    assert config_checks.RULES["optimizer"] == ("choice", optimizers.OPTIMIZERS)
 
 
 def _small(**model):
@@ -324,7 +327,7 @@ def test_config_json_in_the_flat_layout_is_read_with_config_model(tmp_path):
     """A config.json written before config.model held the model's fields (`"model": "Ti/16"`
     beside `"patch_size": 7`, ...; without the fields the spec added since) is read in today's
     layout: the same config resumes it, a changed model field is named as `model.<field>`, and
-    it builds the same model (as train.analyze and train.mpp_study build it)."""
+    it builds the same model (as train.analyze and train.studies.mpp build it)."""
     import json
     import ml_collections
     from train import config_checks, run_config

@@ -65,7 +65,7 @@ LANGUAGES = ("python", "bash")
 MAIN_JOB = "python -m train.main --config=configs/quickstart.py --workdir=/tmp/vit_quickstart"
 TEST_COMMAND = "python -m pytest -q tests"  # .ci/run runs exactly this
 README_MAX_LINES = 250  # a five-minute read
-MAPPED_FOLDERS = ("keras_vit", "train", "configs", "benchmarks", "tests")
+MAPPED_FOLDERS = ("keras_vit", "train", "train/studies", "configs", "benchmarks", "tests")
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~$-])/(tmp|models|data)/")
 _DIRECTIVE = re.compile(r"<!--\s*test:\s*([\w-]+)\s*(?::\s*(.*?))?\s*-->", re.DOTALL)
 

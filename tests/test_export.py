@@ -1,4 +1,4 @@
-"""Production export (keras_vit/export.py, train/export_run.py, train/export.py, Trainer.export).
+"""Production export (keras_vit/export.py, train/export.py, the export at the end of training).
 
 - SavedModel: TF Serving's `<base>/<version>/` layout, the two signatures as `saved_model_cli`
   shows them, versions, and that an interrupted export leaves nothing a server would load.
@@ -562,9 +562,9 @@ def test_cli_without_a_trained_model(fake_fmnist, tmp_path):
 
 
 def test_parse_tflite():
-    from train import export_run
-    assert export_run.parse_tflite("all") == ["float32", "float16", "dynamic", "int8"]
-    assert export_run.parse_tflite("none") == [] and export_run.parse_tflite("") == []
-    assert export_run.parse_tflite("int8, float16") == ["int8", "float16"]
+    from train import export
+    assert export.parse_tflite("all") == ["float32", "float16", "dynamic", "int8"]
+    assert export.parse_tflite("none") == [] and export.parse_tflite("") == []
+    assert export.parse_tflite("int8, float16") == ["int8", "float16"]
     with pytest.raises(ValueError):
-        export_run.parse_tflite("int4")
+        export.parse_tflite("int4")

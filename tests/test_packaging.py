@@ -1,6 +1,6 @@
 """What an installed package holds (setup.py): one top-level name, keras_vit, with the training
 tools as keras_vit.train, the shipped configs as keras_vit.configs, and console scripts; and how
-`--config` reads a bare config name (train/config_checks.py)."""
+`--config` reads a bare config name (train/config_flag.py)."""
 
 import configparser
 import importlib.util
@@ -12,41 +12,41 @@ import zipfile
 
 import pytest
 
-from train import config_checks
+from train import config_flag
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONSOLE_SCRIPTS = {
     "keras-vit-train": "keras_vit.train.main:run",
     "keras-vit-export": "keras_vit.train.export:run",
     "keras-vit-analyze": "keras_vit.train.analyze:run",
-    "keras-vit-ablate": "keras_vit.train.ablate:run",
-    "keras-vit-mpp-study": "keras_vit.train.mpp_study:run",
+    "keras-vit-ablate": "keras_vit.train.studies.ablate:run",
+    "keras-vit-mpp-study": "keras_vit.train.studies.mpp:run",
 }
 
 
 def test_a_bare_name_is_the_shipped_config():
-    assert config_checks.CONFIGS_PACKAGE == "configs"  # in a checkout; keras_vit.configs installed
-    path = config_checks.config_file("quickstart")
+    assert config_flag.CONFIGS_PACKAGE == "configs"  # in a checkout; keras_vit.configs installed
+    path = config_flag.config_file("quickstart")
     assert os.path.samefile(path, os.path.join(REPO, "configs", "quickstart.py"))
-    assert config_checks.load_config_module(path).get_config().dataset == "fashion_mnist_local"
-    assert "quickstart" in config_checks.shipped_config_names()
-    assert "common" not in config_checks.shipped_config_names()
+    assert config_flag.load_config_module(path).get_config().dataset == "fashion_mnist_local"
+    assert "quickstart" in config_flag.shipped_config_names()
+    assert "common" not in config_flag.shipped_config_names()
     # A path still works, and is the same module as the bare name.
-    assert (config_checks.load_config_module("configs/finetune.py")
-            is config_checks.load_config_module(config_checks.config_file("finetune")))
+    assert (config_flag.load_config_module("configs/finetune.py")
+            is config_flag.load_config_module(config_flag.config_file("finetune")))
 
 
 def test_an_unknown_config_name_lists_the_shipped_ones():
     with pytest.raises(ValueError, match="no shipped config named 'quikstart'; give one of "
                                          "ablation, finetune, .*quickstart, or a config file"):
-        config_checks.config_file("quikstart")
+        config_flag.config_file("quikstart")
 
 
 def test_a_copied_config_imports_the_shipped_common(tmp_path):
     """A user's edited copy of a shipped config, anywhere: its `from . import common` works."""
     copy = tmp_path / "my_experiment.py"
     shutil.copy(os.path.join(REPO, "configs", "quickstart.py"), copy)
-    config = config_checks.load_config_module(str(copy)).get_config()
+    config = config_flag.load_config_module(str(copy)).get_config()
     assert config.model.variant == "R+Ti/16"
 
 
@@ -56,6 +56,24 @@ def test_train_cannot_be_imported_under_both_names():
     spec = importlib.util.spec_from_file_location("keras_vit.train", init)
     with pytest.raises(ImportError, match="keras_vit.train is train imported again"):
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+@pytest.mark.parametrize("old, new, flags, error", [
+    ("train.ablate", "train.studies.ablate", ["--study=hybrid", "--steps=0"],
+     "Error: --steps=0 must be at least 1."),
+    ("train.mpp_study", "train.studies.mpp", ["--pretrain_workdir=run", "--seeds=0"],
+     "Error: --seeds=0 must be at least 1."),
+])
+def test_the_old_study_commands_still_run(old, new, flags, error, tmp_path):
+    """`python -m train.ablate` and `train.mpp_study` (the names before train/studies/) say
+    the new name in one line, then run the new command with the same flags."""
+    returncode, output = _run([sys.executable, "-m", old, *flags, f"--out={tmp_path}"],
+                              cwd=REPO)
+    assert returncode == 1, output
+    lines = output.splitlines()
+    assert lines[0] == (f"Warning: python -m {old} is deprecated; use python -m {new} (the same "
+                        "flags)."), output
+    assert error in lines, output
 
 
 def _run(command, cwd, **env):
@@ -82,6 +100,7 @@ def test_the_wheel_installs_only_keras_vit(tmp_path):
         top_level = {name.split("/")[0] for name in names}
         assert top_level == {"keras_vit", wheel.name.split("-py")[0] + ".dist-info"}
         assert "keras_vit/train/main.py" in names and "keras_vit/configs/common.py" in names
+        assert "keras_vit/train/studies/ablate.py" in names  # the subpackage of train/
         entry_points = configparser.ConfigParser()
         entry_points.read_string(archive.read(
             next(name for name in names if name.endswith(".dist-info/entry_points.txt")))
@@ -103,3 +122,9 @@ def test_the_wheel_installs_only_keras_vit(tmp_path):
                               PYTHONPATH=str(tmp_path / "site"))
     assert returncode == 1, output
     assert "Error: flag --config=nope: no shipped config named 'nope'; give one of " in output
+    # The studies' subpackage imports the driver's modules (keras_vit.train) from its place.
+    returncode, output = _run([sys.executable, "-m", "keras_vit.train.studies.ablate",
+                               "--study=hybrid", f"--out={tmp_path / 'study'}", "--steps=0"],
+                              cwd=outside, PYTHONPATH=str(tmp_path / "site"))
+    assert returncode == 1, output
+    assert "Error: --steps=0 must be at least 1." in output, output

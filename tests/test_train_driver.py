@@ -1,4 +1,4 @@
-"""The training driver end to end (train/main.py, train/trainer.py, train/metrics.py).
+"""The training driver end to end (train/main.py, train/tf_engine.py, train/metrics.py).
 
 The multi-replica, multi-worker, XLA and interruption runs are `python -m train.main`
 subprocesses (the CPU can only be split into logical devices before TensorFlow starts). They all
@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from train import objectives, trainer
+from train import objectives, tf_engine
 from train.metrics import MetricsWriter
 from train.preemption import RESUMABLE_EXIT_CODE
 from train.schedules import WarmupDecay
@@ -539,8 +539,8 @@ def test_masked_patch_prediction_learns_and_exports_its_encoder(runs, fake_fmnis
     for path in (os.path.join(export, "encoder.npz"), os.path.join(export, "model.keras")):
         config = tiny_config(fake_fmnist, model=dict(classifier="gap"), pretrained=path)
         with tempfile.TemporaryDirectory() as workdir:
-            model = trainer.Trainer(config, workdir,
-                                    tf.distribute.OneDeviceStrategy("/cpu:0")).model
+            model = tf_engine.Trainer(config, workdir,
+                                      tf.distribute.OneDeviceStrategy("/cpu:0")).model
         np.testing.assert_array_equal(model.get_layer("encoderblock_0").get_weights()[0],
                                       encoder.get_layer("encoderblock_0").get_weights()[0])
         assert not model.get_layer("head").get_weights()[0].any()
@@ -562,7 +562,7 @@ def test_step_is_gradient_descent_on_the_clipped_mean_gradient(fake_fmnist, clip
     batch = {"image": tf.constant(rng.uniform(-1, 1, (32, 28, 28, 3)), tf.float32),
              "label": tf.constant(rng.integers(0, 10, 32), tf.int32)}
     with tempfile.TemporaryDirectory() as workdir:
-        run = trainer.Trainer(config, workdir, tf.distribute.OneDeviceStrategy("/cpu:0"))
+        run = tf_engine.Trainer(config, workdir, tf.distribute.OneDeviceStrategy("/cpu:0"))
         model, variables = run.model, run.model.trainable_variables
         learning_rate = float(run.optimizer.learning_rate)
         before = [v.numpy() for v in variables]
@@ -597,12 +597,12 @@ def test_metrics_writer_drops_records_after_the_resumed_step(tmp_path):
 
 def test_check_config_rejects_bad_values(fake_fmnist):
     with pytest.raises(ValueError, match="optimizer"):
-        trainer.check_config(tiny_config(fake_fmnist, optimizer="lamb"), 1)
+        tf_engine.check_config(tiny_config(fake_fmnist, optimizer="lamb"), 1)
     with pytest.raises(ValueError, match="accum_steps"):
-        trainer.check_config(tiny_config(fake_fmnist, accum_steps=3), 2)  # 16 per replica
+        tf_engine.check_config(tiny_config(fake_fmnist, accum_steps=3), 2)  # 16 per replica
     with pytest.raises(ValueError, match="total_steps"):
-        trainer.check_config(tiny_config(fake_fmnist, total_steps=0), 1)
-    trainer.check_config(tiny_config(fake_fmnist, accum_steps=4), 2)
+        tf_engine.check_config(tiny_config(fake_fmnist, total_steps=0), 1)
+    tf_engine.check_config(tiny_config(fake_fmnist, accum_steps=4), 2)
 
 
 def test_adamw_decays_only_the_matrices(fake_fmnist):
@@ -611,7 +611,7 @@ def test_adamw_decays_only_the_matrices(fake_fmnist):
     config = tiny_config(fake_fmnist, optimizer="adamw", weight_decay=0.5, learning_rate=0.1,
                          warmup_steps=0)
     model = objectives.build_model(config, 10)
-    optimizer = trainer.build_optimizer(config)
+    optimizer = tf_engine.build_optimizer(config)
     before = [variable.numpy() for variable in model.trainable_variables]
     optimizer.apply([tf.zeros_like(v) for v in model.trainable_variables],
                     model.trainable_variables)
@@ -632,8 +632,8 @@ def test_folder_dataset_trains(tmp_path, fake_fmnist):
                          eval_batch_size=4, total_steps=2, steps_per_loop=1, eval_every_steps=2,
                          checkpoint_every_steps=2)
     workdir = str(tmp_path / "run")
-    metrics = trainer.train_and_evaluate(config, workdir,
-                                         tf.distribute.OneDeviceStrategy("/cpu:0"))
+    metrics = tf_engine.train_and_evaluate(config, workdir,
+                                           tf.distribute.OneDeviceStrategy("/cpu:0"))
     assert metrics is not None and 0.0 <= metrics["eval_accuracy"] <= 1.0
     records = read_metrics(workdir)
     assert [record["step"] for record in records if "loss" in record] == [1, 2]
@@ -647,8 +647,8 @@ def _tiny_run(fake_fmnist, workdir, **overrides):
     config = tiny_config(fake_fmnist, **dict(dict(total_steps=4, steps_per_loop=1,
                                                   warmup_steps=1, eval_every_steps=2,
                                                   checkpoint_every_steps=2), **overrides))
-    return trainer.train_and_evaluate(config, str(workdir),
-                                      tf.distribute.OneDeviceStrategy("/cpu:0"))
+    return tf_engine.train_and_evaluate(config, str(workdir),
+                                        tf.distribute.OneDeviceStrategy("/cpu:0"))
 
 
 def test_progress_lines_give_an_eta_from_the_loops_after_the_compiling_one(tmp_path,

@@ -173,7 +173,7 @@ def merged(values, overrides):
 
 def override_flags(values):
     """`--config.name=value` for each of `values`, `--config.model.name=value` for its model's."""
-    from train.config_checks import flat_fields
+    from train.config_flag import flat_fields
     return [f"--config.{name}={value}" for name, value in flat_fields(values).items()]
 
 

@@ -17,11 +17,11 @@ import time
 
 from absl import app, flags, logging
 
-from . import cli, config_checks
+from . import cli, config_checks, config_flag
 
-config_checks.define_config_flag("Config (a shipped name or file.py, [:arg]); default: the "
-                                 "workdir's config.json. Names the dataset, and the model and "
-                                 "weights when there is no --workdir.")
+config_flag.define_config_flag("Config (a shipped name or file.py, [:arg]); default: the "
+                               "workdir's config.json. Names the dataset, and the model and "
+                               "weights when there is no --workdir.")
 flags.DEFINE_string("workdir", None, "Training workdir holding export/model.keras.")
 flags.DEFINE_string("out", None, "Folder (local or gs://) for the PNG files and analysis.json.")
 flags.DEFINE_list("images", [], "Image files (PNG/JPEG/GIF/BMP) for the attention maps; "
@@ -45,7 +45,7 @@ def load_config(workdir):
 
     from . import run_config
 
-    config = config_checks.loaded_config(FLAGS)
+    config = config_flag.loaded_config(FLAGS)
     if config is None:
         saved = workdir and run_config.saved(workdir, fix="restore it, or give --config=FILE")
         if not saved:

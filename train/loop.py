@@ -1,7 +1,7 @@
 """What a training run decides, written once for both engines: when to step, log, evaluate,
 save, stop and export, and how a rerun resumes.
 
-An engine (`train.trainer.Trainer` on tf.distribute, `train.jax_engine.JaxEngine` on Keras'
+An engine (`train.tf_engine.Trainer` on tf.distribute, `train.jax_engine.JaxEngine` on Keras'
 JAX backend) does it on the devices. It offers:
 
     step, is_chief, eval_examples, objective, class_names, builder, config, workdir
@@ -138,7 +138,7 @@ def export(engine):
 
     import keras_vit
 
-    from . import export_run
+    from . import export as export_run  # `export` is this function
 
     workdir, directory = engine.workdir, run_files.export_dir(engine.workdir)
     path = run_files.model_file(workdir)

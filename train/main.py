@@ -15,13 +15,14 @@ import sys
 
 from absl import app, flags, logging
 
-from . import cli, config_checks
+from . import cli, config_checks, config_flag
+from .strategy import STRATEGIES
 
-# Missing files, syntax errors and bad file.py:arguments as one line (see config_checks).
-config_checks.define_config_flag("Experiment config: a shipped one by name (quickstart, "
-                                 "finetune, ...) or a file.py; [:arg] after either.")
+# Missing files, syntax errors and bad file.py:arguments as one line (see config_flag).
+config_flag.define_config_flag("Experiment config: a shipped one by name (quickstart, "
+                               "finetune, ...) or a file.py; [:arg] after either.")
 flags.DEFINE_string("workdir", None, "Directory (local or gs://) for checkpoints, logs, export.")
-flags.DEFINE_enum("strategy", "", ["", *config_checks.STRATEGIES],
+flags.DEFINE_enum("strategy", "", ["", *STRATEGIES],
                   "Distribution strategy; default: TPU if --tpu, else all GPUs, else CPU.")
 flags.DEFINE_string("tpu", "", "TPU name, grpc:// address, or 'local' on a TPU VM.")
 flags.DEFINE_integer("cpu_devices", 1, "Split the CPU into this many logical devices.")
@@ -38,7 +39,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     # Everything the user gave is checked before TensorFlow starts and any slow work.
-    config = config_checks.loaded_config(FLAGS)
+    config = config_flag.loaded_config(FLAGS)
     config_checks.check(config)  # the replica count is checked again once it is known
     if FLAGS.cpu_devices < 1:
         raise app.UsageError(f"--cpu_devices={FLAGS.cpu_devices} must be at least 1.")
@@ -96,7 +97,7 @@ def _train_on_tensorflow(config):
     if FLAGS.tpu and FLAGS.strategy not in ("", "tpu"):
         raise app.UsageError(f"--tpu={FLAGS.tpu} applies only to --strategy=tpu (or no "
                              f"--strategy), not --strategy={FLAGS.strategy}.")
-    from . import strategy as strategies  # imports TensorFlow (it starts later)
+    from . import strategy as strategies
 
     if strategies.is_chief_task():  # the others write nothing into the workdir
         config_checks.check_output_folder(FLAGS.workdir, "workdir")
@@ -110,14 +111,14 @@ def _train_on_tensorflow(config):
     strategy = strategies.make_strategy(FLAGS.strategy, FLAGS.tpu)
     import tensorflow as tf
 
-    from . import checkpoints, preemption, trainer
+    from . import preemption, tf_checkpoints, tf_engine
 
     _log_run(config)
     try:
-        trainer.train_and_evaluate(config, FLAGS.workdir, strategy)
+        tf_engine.train_and_evaluate(config, FLAGS.workdir, strategy)
     except preemption.Stopped:
         sys.exit(preemption.RESUMABLE_EXIT_CODE)
-    except (checkpoints.CheckpointWriteError, checkpoints.NoReadableCheckpointError) as error:
+    except (tf_checkpoints.CheckpointWriteError, tf_checkpoints.NoReadableCheckpointError) as error:
         cli.fail(error)
     except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
         if strategies.cluster_size() < 2:

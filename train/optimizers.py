@@ -1,11 +1,17 @@
-"""The optimizer of a run (`config.optimizer`), the same for both engines."""
+"""The optimizer of a run (`config.optimizer`), the same for both engines.
 
-import keras
+Keras is imported when an optimizer is built, not on import: train.config_checks reads
+`OPTIMIZERS` before anything loads Keras or TensorFlow.
+"""
 
-from . import schedules
+OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
 def build_optimizer(config):
+    import keras
+
+    from . import schedules
+
     schedule = schedules.WarmupDecay(config.learning_rate, config.warmup_steps,
                                      config.total_steps, config.decay)
     if config.optimizer == "sgd":

@@ -15,7 +15,8 @@ import json
 from keras_vit import fileio
 
 from . import run_files
-from .config_checks import flat_fields, model_spec, shipped_config
+from .config_checks import model_spec
+from .config_flag import flat_fields, shipped_config
 
 # What a rerun may change: how long to run and how to evaluate, save and export, where the same
 # data lives, and how the JAX engine lays the model over the devices; not what is trained.

@@ -3,10 +3,10 @@
     <workdir>/
         config.json              the run's config (train.run_config)
         metrics.jsonl            logged values (train.metrics), and tensorboard/
-        train.log                the output of a run that a study started (train.child_runs)
+        train.log                the output of a run that a study started (train.studies.child_runs)
         checkpoints/             the training state: ckpt-<step>.* files (TensorFlow engine,
-                                 train.checkpoints) or <step>/ folders (JAX engine, orbax)
-        export/                  written at the end of training (Trainer.export)
+                                 train.tf_checkpoints) or <step>/ folders (JAX engine, orbax)
+        export/                  written at the end of training (train.loop.export)
             model.keras          the final model (EMA weights if enabled)
             class_names.txt      a classifier's class names, one a line, in label order
             encoder.npz          a masked-patch-prediction run's encoder (original layout)

@@ -1,13 +1,18 @@
-"""tf.distribute set-up: TPU, mirrored GPUs (or split CPUs), multi-worker, or one device."""
+"""tf.distribute set-up: TPU, mirrored GPUs (or split CPUs), multi-worker, or one device.
+
+TensorFlow is imported by the functions that use it, not on import: train.main reads
+`STRATEGIES` for its `--strategy` flag, and `TF_CONFIG` (`cluster_size`, `is_chief_task`),
+before TensorFlow starts, and on the JAX engine without it.
+"""
 
 import json
 import os
 import socket
 
-import tensorflow as tf
 from absl import logging
 
-from .config_checks import STRATEGIES
+# The tf.distribute strategies of train.main's --strategy ("" picks one: see make_strategy).
+STRATEGIES = ("tpu", "mirrored", "multi_worker", "one_device")
 
 
 def split_cpu(num_devices):
@@ -15,6 +20,8 @@ def split_cpu(num_devices):
 
     This is how a CPU-only machine runs the multi-replica code paths (tests, laptops).
     """
+    import tensorflow as tf
+
     cpus = tf.config.list_physical_devices("CPU")
     try:
         tf.config.set_logical_device_configuration(
@@ -81,6 +88,8 @@ def make_strategy(name="", tpu=""):
     """Returns the strategy `name` (one of STRATEGIES); "" picks TPU if `tpu` is given, else
     multi-worker if `TF_CONFIG` names a cluster, else all local GPUs, else all local (logical)
     CPUs."""
+    import tensorflow as tf
+
     if not name:
         name = "tpu" if tpu else ("multi_worker" if cluster_size() > 1 else "")
     if name not in STRATEGIES + ("",):
@@ -123,6 +132,8 @@ def make_strategy(name="", tpu=""):
 
 
 def is_tpu(strategy):
+    import tensorflow as tf
+
     return isinstance(strategy, (tf.distribute.TPUStrategy,))
 
 

@@ -1,6 +1,7 @@
-"""Checkpoints that survive damage, killed saves and full disks.
+"""The TensorFlow engine's training checkpoints (train.tf_engine), made to survive damage, killed
+saves and full disks. (The original pre-trained `.npz` weights are keras_vit.checkpoint's.)
 
-The trainer saves `tf.train.Checkpoint(model=..., optimizer=..., ema=[...])` through a
+The engine saves `tf.train.Checkpoint(model=..., optimizer=..., ema=[...])` through a
 `tf.train.CheckpointManager`, which writes `ckpt-N.index`, `ckpt-N.data-?????-of-?????` and the
 index file `checkpoint` (the list of checkpoints, newest last). This module adds what the manager
 lacks:

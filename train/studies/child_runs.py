@@ -1,4 +1,4 @@
-"""Runs `python -m train.main` in a subprocess for the studies (train.ablate, train.mpp_study):
+"""Runs `python -m train.main` in a subprocess for the studies (train.studies.ablate and .mpp):
 each run in a fresh TensorFlow, its output in `workdir/train.log`, resumable."""
 
 import os
@@ -7,10 +7,12 @@ import signal
 import subprocess
 import sys
 
-from . import run_files
+from .. import run_files
 
-# Where the top-level package of this one lies (the checkout for `train`, site-packages for
-# `keras_vit.train`): the child imports this same package, under this same name.
+# The training tools' package (`train` in a checkout, `keras_vit.train` when installed), and
+# where its top-level package lies (the checkout, or site-packages): the child imports this same
+# package, under this same name.
+_DRIVER = __package__.rpartition(".")[0]
 _IMPORT_ROOT = os.path.dirname(os.path.dirname(
     os.path.abspath(sys.modules[__package__.split(".")[0]].__file__)))
 
@@ -20,7 +22,7 @@ def run_main(arguments, workdir):
     appended to `workdir/train.log`; returns `(exit status, log path)`. On Ctrl-C or SIGTERM
     the run is sent SIGTERM (it saves a checkpoint and stops) and the exception goes on."""
     os.makedirs(workdir, exist_ok=True)
-    command = [sys.executable, "-m", f"{__package__}.main", *arguments, f"--workdir={workdir}"]
+    command = [sys.executable, "-m", f"{_DRIVER}.main", *arguments, f"--workdir={workdir}"]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_IMPORT_ROOT, env.get("PYTHONPATH")]))
     log_path = run_files.log_file(workdir)
@@ -56,7 +58,7 @@ def train(arguments, workdir, total_steps):
 def final_accuracy(workdir, total_steps):
     """The accuracy of the run's final evaluation (at `total_steps`), or None if the run has
     not finished."""
-    from . import metrics
+    from .. import metrics
 
     for record in reversed(metrics.read_records(workdir)):
         if record["step"] == total_steps and "eval_accuracy" in record:

@@ -1,4 +1,4 @@
-"""The ablation studies of `python -m train.ablate` as data, and the markdown report of each.
+"""The ablation studies of `python -m train.studies.ablate` as data, and the report of each.
 
 A study is a few arms; an arm is the config fields in which it differs from the base config
 (configs/ablation.py), by their dotted names (`model.classifier`). Two studies do more than
@@ -6,7 +6,7 @@ train every arm at every seed: `classifier` first picks each arm's learning rate
 sweep scored on held-out training images, and `hybrid` gives the cheaper model more steps so
 that both arms train with the same FLOPs.
 
-The report is drawn from the summary that train.ablate keeps in `<out>/<study>.json` (see
+The report is drawn from the summary that train.studies.ablate keeps in `<out>/<study>.json` (see
 `report`), so it can be redrawn without training; summaries written before the model's fields
 moved into `config.model` name them flat (`classifier`), and are drawn the same (`arm_field`).
 """
@@ -120,7 +120,7 @@ def matched_steps(steps, forward_flops):
 
 
 # ----------------------------------------------------------------------------------------------
-# The report, from the summary train.ablate writes.
+# The report, from the summary train.studies.ablate writes.
 
 def accuracy_cell(accuracies):
     """Per-seed accuracies in [0, 1] as "mean ± std" in percent (sample std over seeds); one

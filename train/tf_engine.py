@@ -27,7 +27,7 @@ from absl import logging
 import keras_vit
 from keras_vit import fileio
 
-from . import checkpoints, config_checks, input_pipeline, loop, objectives, run_files
+from . import config_checks, input_pipeline, loop, objectives, run_files, tf_checkpoints
 from .optimizers import build_optimizer
 from .preemption import PreemptionWatcher
 from .strategy import is_chief, is_tpu
@@ -68,8 +68,8 @@ class Trainer:
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
                                               ema=self.ema)
         self.checkpoint_dir = run_files.checkpoint_dir(workdir)
-        restored = checkpoints.restore_newest(self.checkpoint, self.checkpoint_dir,
-                                              writable=self.is_chief)
+        restored = tf_checkpoints.restore_newest(self.checkpoint, self.checkpoint_dir,
+                                                 writable=self.is_chief)
         if restored is not None:
             logging.info("Resumed from %s at step %d.",
                          os.path.join(self.checkpoint_dir, f"ckpt-{restored}"), self.step)
@@ -248,7 +248,7 @@ class Trainer:
         if step == self.saved_step:
             return  # the same decision on every worker: they all save, or none does
         if self.is_chief:
-            checkpoints.save(self.manager, step)
+            tf_checkpoints.save(self.manager, step)
         else:  # into a local directory of its own, removed again
             with tempfile.TemporaryDirectory(prefix="keras_vit_ckpt_") as directory:
                 tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=1).save(
