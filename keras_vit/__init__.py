@@ -17,8 +17,8 @@ from keras_vit.builders import *  # noqa: F401,F403  (ViT_B16, ...: one per VARI
 from keras_vit.masked_patches import MaskedPatchPredictor
 from keras_vit.model import attention_model, vit
 from keras_vit.preprocessing import preprocess_inputs
-from keras_vit.spec import ViTConfig
-from keras_vit.variants import VARIANT_NAMES, parse_variant
+from keras_vit.spec import ViTConfig, parse_variant
+from keras_vit.variants import VARIANT_NAMES
 
 __version__ = "0.1.0"
 

@@ -192,6 +192,12 @@ class ViTConfig:
 FIELDS = tuple(field.name for field in dataclasses.fields(ViTConfig))
 
 
+def parse_variant(name):
+    """The `ViTConfig` of a variant name such as "B/16" or "R50+B/16" (its table fields,
+    224x224, 1000 classes): `ViTConfig.from_variant(name)`."""
+    return ViTConfig.from_variant(name)
+
+
 def _known(fields):
     unknown = sorted(set(fields) - set(FIELDS))
     if unknown:

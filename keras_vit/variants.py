@@ -2,7 +2,8 @@
 
 Variants are data: a transformer size from `TRANSFORMER_SIZES`, a patch size, for the hybrids a
 ResNet from `RESNET_STAGES`, and for Axial-ViT (paper appendix D.6) the "Axial-" prefix.
-`variant_table_row` decodes a name; `keras_vit.ViTConfig.from_variant` makes it a full spec.
+`variant_table_row` decodes a name; `keras_vit.ViTConfig.from_variant` (or `parse_variant`) makes
+it a full spec.
 Pure Python, like the spec: no Keras.
 """
 
@@ -138,11 +139,3 @@ def variant_table_row(name):
     return dict(name=name, patch_size=patch, hidden_size=hidden, mlp_dim=mlp, num_heads=heads,
                 num_layers=layers, dropout=UPSTREAM_DROPOUT.get(plain, 0.0),
                 resnet_units=resnet_units, axial=axial)
-
-
-def parse_variant(name):
-    """The `keras_vit.ViTConfig` of a variant name such as "B/16" or "R50+B/16" (its table
-    fields, 224x224, 1000 classes); `ViTConfig.from_variant(name)`."""
-    from keras_vit.spec import ViTConfig  # the spec reads this module's tables
-
-    return ViTConfig.from_variant(name)

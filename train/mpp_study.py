@@ -4,7 +4,13 @@ import sys
 
 from .studies import mpp
 
-if __name__ == "__main__":
+
+def run():
+    """What `python -m train.mpp_study` and the console scripts installed before the move run."""
     print("Warning: python -m train.mpp_study is deprecated; use python -m train.studies.mpp "
           "(the same flags).", file=sys.stderr, flush=True)
     mpp.run()
+
+
+if __name__ == "__main__":
+    run()

@@ -25,7 +25,6 @@ import tensorflow as tf
 from absl import logging
 
 import keras_vit
-from keras_vit import fileio
 
 from . import config_checks, input_pipeline, loop, objectives, run_files, tf_checkpoints
 from .optimizers import build_optimizer
