@@ -42,6 +42,11 @@ def _check_model(model):
         raise TypeError(f"model must be a keras.Model (as keras_vit builds), got "
                         f"{type(model).__name__} {str(model)[:80]!r}; the model comes first, "
                         "then the path.")
+    if keras.config.backend() != "tensorflow":  # the signatures decode with TensorFlow ops
+        raise RuntimeError(
+            f"The SavedModel and TFLite export run on Keras' TensorFlow backend, not "
+            f"{keras.config.backend()!r}: save the model (model.save('model.keras')) and export "
+            "it in a process started with KERAS_BACKEND=tensorflow.")
     return _image_size(model)
 
 
@@ -216,10 +221,10 @@ def export_saved_model(model, base_dir, class_names=None, version=None, top_k=DE
         version: integer version; default the next free one.
         top_k: number of top classes returned (capped at the number of classes).
     """
+    _check_model(model)  # first: on another backend, before TensorFlow is imported
     import keras
     import tensorflow as tf
 
-    _check_model(model)
     base_dir = check_directory(base_dir, "base_dir")
     outputs = model.output_shape[-1]
     if class_names is not None:

@@ -141,7 +141,12 @@ def test_save_npz_writes_the_spec_beside_the_file(tmp_path):
 
 
 def test_saved_model_carries_the_spec(tmp_path):
-    pytest.importorskip("tensorflow")
+    import keras
+
+    if keras.config.backend() != "tensorflow":
+        with pytest.raises(RuntimeError, match="KERAS_BACKEND=tensorflow"):
+            keras_vit.export.export_saved_model(keras_vit.vit("Ti/16", **TINY), str(tmp_path))
+        return
     model = keras_vit.vit("Ti/16", **TINY)
     folder = keras_vit.export.export_saved_model(model, str(tmp_path / "served"))
     with open(os.path.join(folder, keras_vit.export.SPEC_ASSET)) as handle:
