@@ -30,7 +30,7 @@ import numpy as np
 from absl import logging
 
 from . import input_pipeline, objectives, run_files, schedules
-from .loop import Stopped
+from .loop import Stopped, eval_results
 from .optimizers import build_optimizer
 
 BATCH_AXIS, MODEL_AXIS = "batch", "model"
@@ -227,15 +227,10 @@ class JaxEngine:
 
     def evaluate(self):
         """Top-1 accuracy (None without classes) and mean loss over the whole eval split."""
-        totals = np.zeros(4)
-        for local in self.data.eval.as_numpy_iterator():
-            sums = self._eval_step(self.state, self._global_batch(local))
-            totals += [_host(value) for value in sums]
-        correct, loss, count, examples = totals
-        if int(examples) != self.eval_examples:
-            raise RuntimeError(f"Evaluated {int(examples)} examples, expected "
-                               f"{self.eval_examples}.")
-        return (correct / count if self.objective.has_accuracy else None), loss / count
+        batches = (self._eval_step(self.state, self._global_batch(local))
+                   for local in self.data.eval.as_numpy_iterator())
+        return eval_results(([_host(value) for value in sums] for sums in batches),
+                            self.eval_examples, self.objective.has_accuracy)
 
     # Checkpoints.
 

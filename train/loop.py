@@ -109,6 +109,18 @@ def train(engine):
         watcher.close()
 
 
+def eval_results(batch_sums, expected_examples, has_accuracy):
+    """`(accuracy or None, mean loss)` from each eval batch's summed `(correct, loss, weight,
+    examples)`, after checking that every eval example was counted once."""
+    correct = loss = count = examples = 0.0
+    for sums in batch_sums:
+        correct, loss, count, examples = (total + float(value) for total, value in zip(
+            (correct, loss, count, examples), sums))
+    if int(examples) != expected_examples:
+        raise RuntimeError(f"Evaluated {int(examples)} examples, expected {expected_examples}.")
+    return (correct / count if has_accuracy else None), loss / count
+
+
 def evaluate_and_log(engine, writer, final=False):
     config = engine.config
     accuracy, eval_loss = engine.evaluate()

@@ -229,17 +229,12 @@ class Trainer:
         eval split (EMA weights if enabled): of the examples, or of their corrupted patches."""
         if self.ema:
             self.swap_ema()
-        correct = loss = count = examples = 0.0
-        for batch in self.data.eval:
-            sums = [float(value) for value in self.eval_step(batch)]
-            correct, loss, count, examples = (total + value for total, value in zip(
-                (correct, loss, count, examples), sums))
-        if self.ema:
-            self.swap_ema()
-        if int(examples) != self.data.eval_examples:
-            raise RuntimeError(f"Evaluated {int(examples)} examples, expected "
-                               f"{self.data.eval_examples}.")
-        return (correct / count if self.objective.has_accuracy else None), loss / count
+        try:
+            return loop.eval_results((self.eval_step(batch) for batch in self.data.eval),
+                                     self.eval_examples, self.objective.has_accuracy)
+        finally:
+            if self.ema:
+                self.swap_ema()
 
     def save(self):
         """Saves a checkpoint at the current step (on every worker; see the module doc)."""
