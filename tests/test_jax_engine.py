@@ -265,3 +265,10 @@ def test_both_engines_fine_tune_an_npz_to_the_same_losses(fake_fmnist, tmp_path)
     assert len(losses["jax"]) == len(losses["tensorflow"]) == 30
     assert max(abs(a - b) for a, b in zip(losses["jax"], losses["tensorflow"])) < 1e-3
     assert losses["jax"][-1] < losses["jax"][0]
+
+
+def test_a_model_axis_that_does_not_divide_the_widths_is_one_line(fake_fmnist, tmp_path):
+    result = run_jax(fake_fmnist, str(tmp_path / "run"), "--cpu_devices=3", check=False,
+                     model_parallel=3, batch_size=48, eval_batch_size=30)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "config.model_parallel=3 must divide the model's hidden_size (16)" in result.stderr

@@ -30,6 +30,7 @@ import numpy as np
 from absl import logging
 
 from . import input_pipeline, objectives, run_files, schedules
+from .config_checks import model_spec
 from .loop import Stopped, eval_results
 from .optimizers import build_optimizer
 
@@ -112,6 +113,11 @@ class JaxEngine:
         self.num_classes = label.num_classes
         self.class_names = list(label.names) if label.names else [
             str(index) for index in range(self.num_classes)]
+        spec = model_spec(config, self.num_classes)
+        for field in ("hidden_size", "mlp_dim"):  # the widths the model axis splits
+            if getattr(spec, field) % config.model_parallel:
+                raise ValueError(f"config.model_parallel={config.model_parallel} must divide "
+                                 f"the model's {field} ({getattr(spec, field)}).")
         self.objective = objectives.make(config, self.num_classes)
         self.model = self.objective.build()
         self.optimizer = build_optimizer(config)
