@@ -70,6 +70,21 @@ SHORT = dict(total_steps=12, steps_per_loop=4, checkpoint_every_steps=4, eval_ev
              eval_batch_size=20)  # 4 devices share every batch
 
 
+def wait_for_progress(process, text):
+    """Reads `process`'s log until a line holds `text`; returns what it read."""
+    lines = []
+    for line in process.stderr:
+        lines.append(line)
+        if text in line:
+            return "".join(lines)
+    raise AssertionError("".join(lines)[-3000:])
+
+
+# A run that SIGTERM stops long before its end (the tiny model runs ~900 steps a second).
+LONG = dict(total_steps=100_000, steps_per_loop=2, checkpoint_every_steps=100_000,
+            eval_every_steps=100_000, eval_batch_size=20)
+
+
 @pytest.fixture(scope="module")
 def short_runs(fake_fmnist, tmp_path_factory):
     """SHORT on one device, on 4 (data parallel) and on a 2x2 mesh, each run once for the
@@ -132,19 +147,14 @@ def test_the_engines_refuse_each_others_checkpoints(fake_fmnist, tmp_path):
 def test_sigterm_saves_a_checkpoint_and_exits_75(fake_fmnist, tmp_path):
     workdir = str(tmp_path / "run")
     process = subprocess.Popen(
-        jax_command(fake_fmnist, workdir, total_steps=400, steps_per_loop=2,
-                    checkpoint_every_steps=400, eval_every_steps=400),
-        cwd=REPO, env=dict(os.environ, KERAS_BACKEND="jax"), stderr=subprocess.PIPE,
-        text=True)
-    for line in process.stderr:  # the first progress line: the loop is running
-        if "step 2/400" in line:
-            break
-    time.sleep(1)
+        jax_command(fake_fmnist, workdir, **LONG), cwd=REPO,
+        env=dict(os.environ, KERAS_BACKEND="jax"), stderr=subprocess.PIPE, text=True)
+    wait_for_progress(process, f"step 2/{LONG['total_steps']}")
     process.send_signal(signal.SIGTERM)
     rest = process.stderr.read()
     assert process.wait(timeout=300) == 75, rest[-3000:]
     steps = [int(name) for name in os.listdir(os.path.join(workdir, "checkpoints"))]
-    assert len(steps) == 1 and 2 <= steps[0] < 400
+    assert len(steps) == 1 and 2 <= steps[0] < LONG["total_steps"]
     assert "rerun the same command to resume" in rest
 
 
@@ -195,29 +205,15 @@ def test_two_processes_train_the_weights_of_one_process_of_four_devices(fake_fmn
     assert os.listdir(os.path.join(workdir, "export", "saved_model")) == ["1"]  # one export
 
 
-def wait_for_progress(process, text):
-    """Reads `process`'s log until a line holds `text`; returns what it read."""
-    lines = []
-    for line in process.stderr:
-        lines.append(line)
-        if text in line:
-            return "".join(lines)
-    raise AssertionError("".join(lines)[-3000:])
-
-
-LONG = dict(total_steps=400, steps_per_loop=2, checkpoint_every_steps=400,
-            eval_every_steps=400, eval_batch_size=20)
-
-
 def test_sigterm_to_one_process_stops_both_at_one_checkpoint(fake_fmnist, tmp_path):
     workdir = str(tmp_path / "run")
     first, second = start_processes(fake_fmnist, workdir, **LONG)
-    wait_for_progress(second, "step 2/400")
+    wait_for_progress(second, f"step 2/{LONG['total_steps']}")
     second.send_signal(signal.SIGTERM)
     logs = [process.communicate(timeout=300)[1] for process in (first, second)]
     assert [first.returncode, second.returncode] == [75, 75], logs[0][-3000:]
     steps = [int(name) for name in os.listdir(os.path.join(workdir, "checkpoints"))]
-    assert len(steps) == 1 and 2 <= steps[0] < 400  # one common checkpoint
+    assert len(steps) == 1 and 2 <= steps[0] < LONG["total_steps"]  # one common checkpoint
     assert all("rerun the same command to resume" in log for log in logs)
 
 
