@@ -49,14 +49,14 @@ class Problem:
         return f"{shown}: {self.requirement}"
 
 
-def raise_problems(problems, what="ViT architecture"):
+def raise_problems(problems):
     """Raises one error naming every problem: a TypeError when all are wrong types, else a
     ValueError. Does nothing when `problems` is empty."""
     if not problems:
         return
     error = TypeError if all(p.error is TypeError for p in problems) else ValueError
     text = "; ".join(problem.describe() for problem in problems)
-    prefix = f"Invalid {what}: " if len(problems) > 1 else ""
+    prefix = "Invalid ViT architecture: " if len(problems) > 1 else ""
     raise error(prefix + text + ".")
 
 

@@ -99,7 +99,6 @@ class JaxEngine:
         run_files.refuse_other_engine(workdir, "jax")
         self.distribution = distribution or make_distribution(config.model_parallel)
         mesh = self.distribution.device_mesh
-        self.num_devices = int(np.prod(mesh.shape))
         self.batch_devices = mesh.shape[0]
         for field in ("batch_size", "eval_batch_size"):
             if config[field] % self.batch_devices:

@@ -16,6 +16,7 @@ Every process runs the same loop, so all take the same decisions at the same ste
 engines' collectives require it); only the chief writes the shared files.
 """
 
+import math
 import os
 import tempfile
 import time
@@ -78,7 +79,7 @@ def train(engine):
             loss, grad_norm = engine.train_steps(steps)
             elapsed = time.time() - loop_start
             step = engine.step
-            if not (loss == loss and abs(loss) != float("inf")):
+            if not math.isfinite(loss):
                 raise FloatingPointError(f"Loss is {loss} at step {step}; lower the learning "
                                          "rate or check the data.")
             images_per_second = steps * config.batch_size / elapsed
