@@ -17,6 +17,13 @@ from keras_vit import builders, variants
 from keras_vit.spec import FIELDS, ViTConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def python_output(code):
+    """What `code` prints in a new Python process, in the checkout."""
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                            text=True, check=True)
+    return result.stdout.strip()
+
+
 TINY = dict(image_size=32, patch_size=16, hidden_size=16, mlp_dim=32, num_heads=2,
             num_layers=1, num_classes=3)
 
@@ -90,9 +97,7 @@ def test_the_spec_module_imports_without_keras():
             "ViTConfig.from_variant('R50+B/16', image_size=384)\n"
             "print(sorted(m for m in ('keras', 'tensorflow', 'jax', 'numpy') "
             "if m in sys.modules))\n")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                            text=True, check=True)
-    assert result.stdout.strip() == "[]", result.stdout
+    assert python_output(code) == "[]"
 
 
 def test_vit_builds_a_spec_and_keeps_it():
@@ -172,6 +177,4 @@ def test_tool_modules_load_on_first_use():
             "before = [t for t in tools if 'keras_vit.' + t in sys.modules]\n"
             "keras_vit.checkpoint.save_npz\n"
             "print(before, 'keras_vit.checkpoint' in sys.modules)\n")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                            text=True, check=True)
-    assert result.stdout.strip().splitlines()[-1] == "[] True", result.stdout
+    assert python_output(code).splitlines()[-1] == "[] True"
