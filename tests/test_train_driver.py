@@ -279,8 +279,10 @@ def test_two_replicas_match_one_replica(runs, one, two):
         assert abs(train_one[step]["loss"] - train_two[step]["loss"]) <= 1e-5, step
         assert train_one[step]["learning_rate"] == pytest.approx(
             train_two[step]["learning_rate"], abs=1e-9)
+        # Relative: the stem's max-pool routes a gradient to one of two near-equal maxima,
+        # which summation order can flip (the losses still agree to 1e-5).
         assert train_one[step]["grad_norm"] == pytest.approx(train_two[step]["grad_norm"],
-                                                             abs=1e-4)
+                                                             rel=2e-4)
     assert sorted(eval_one) == sorted(eval_two) == [50, 100]
     for step in eval_one:
         assert eval_one[step]["eval_loss"] == pytest.approx(eval_two[step]["eval_loss"],

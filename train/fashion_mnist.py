@@ -43,7 +43,8 @@ def read_idx(path, magic):
 class FashionMnistLocal(tfds.core.GeneratorBasedBuilder):
     """Fashion-MNIST (Xiao et al., 2017) read from local files; no download."""
 
-    VERSION = tfds.core.Version("1.0.0")
+    VERSION = tfds.core.Version("1.1.0")
+    RELEASE_NOTES = {"1.1.0": "The driver prepares it as ArrayRecord (random access)."}
 
     def _info(self):
         return self.dataset_info_from_configs(

@@ -1,18 +1,18 @@
 """tf.data input for training and evaluation, from any TFDS dataset, a folder of images, or
 the offline Fashion-MNIST default.
 
-Train: shuffle (still encoded) -> decode -> inception crop -> flip -> resize -> [-1, 1], in a
-stream that is a pure function of (seed, step): augmentation uses stateless random ops keyed by
-the example's position in the stream, so a resumed run sees exactly the batches an
+Train: pick records (still encoded) -> decode -> inception crop -> flip -> resize -> [-1, 1], in
+a stream that is a pure function of (seed, step): augmentation uses stateless random ops keyed
+by the example's position in the stream, so a resumed run sees exactly the batches an
 uninterrupted one would. Eval: decode -> resize -> [-1, 1], padded with masked examples so every
 example is counted exactly once with static batch shapes.
 
 Several input pipelines (one per host of a multi-worker run or a TPU pod, one per replica on
-several CPU devices): every pipeline reads the same global stream of still-encoded records and
-keeps its own slice of each global batch before decoding. Sharding is by example, so it works for
-datasets with fewer files than hosts, and the batches do not depend on the number of hosts or
-replicas: 1 device, 2 replicas and 2 workers train on the same examples at every step. The price
-is that every pipeline reads (but does not decode) every record.
+several CPU devices): each reads only its own examples (train.records says how each storage
+format is read). Random-access storage (ArrayRecord, the offline default, image folders) keeps
+one global order, so 1 device, 2 replicas and 2 workers train on the same examples at every
+step; TFRecord datasets are read as one consecutive part per pipeline. Sharding is by record,
+not by file, so datasets with fewer files than hosts work.
 """
 
 import dataclasses
@@ -23,6 +23,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from keras_vit.preprocessing import decode_and_resize, decode_image, resize, scale_pixels
+from . import records
 from .config_checks import FOLDER_PREFIX
 
 DEFAULT_DATASET = "fashion_mnist_local"
@@ -65,7 +66,10 @@ def get_builder(config, for_training=True):
                 f"Unknown dataset {name!r}: use a TFDS name (e.g. cifar10, imagenet2012), "
                 f"'{FOLDER_PREFIX}/path/to/root' for a folder of images, or "
                 f"'{DEFAULT_DATASET}' (offline Fashion-MNIST).") from error
-        builder.download_and_prepare()
+        # The offline default is written as ArrayRecord, for random access (train.records);
+        # a dataset already prepared keeps the format it has.
+        builder.download_and_prepare(
+            file_format="array_record" if name == DEFAULT_DATASET else None)
     check_splits(builder, config, for_training)
     return builder
 
@@ -134,22 +138,10 @@ def check_splits(builder, config, for_training=True):
                          "fewer than one batch; lower batch_size.")
 
 
-def read_encoded(builder, split, autocache=True):
-    """All examples of a split, in order, with the image still encoded (decoded after the
-    shuffle).
-
-    `autocache=False` for a partial read (`.take(n)`): TFDS caches small datasets in memory
-    and warns when a cached read stops early.
-    """
-    read_config = tfds.ReadConfig(shuffle_seed=0, try_autocache=autocache)
-    return builder.as_dataset(split=split, shuffle_files=False, read_config=read_config,
-                              decoders={"image": tfds.decode.SkipDecoding()})
-
-
 def resized_examples(builder, split, size, count):
     """The first `count` examples of `split` as (float32 image in 0..255 resized to `size`
     (height, width), label), in order: for calibration and analysis, not training."""
-    examples = read_encoded(builder, split, autocache=False).take(count)
+    examples = records.Split(builder, split).read_range(0, count)
     return examples.map(
         lambda example: (decode_and_resize(example["image"], size), example["label"]),
         num_parallel_calls=tf.data.AUTOTUNE)
@@ -162,24 +154,29 @@ def labelled_batches(builder, split, size, count, batch_size=256):
     return examples.map(lambda image, label: (to_model_range(image), label)).batch(batch_size)
 
 
-def _count(dataset):
-    count = int(dataset.cardinality())
-    if count < 0:  # unknown: count the (still encoded) records once
-        count = int(dataset.reduce(0, lambda total, _: total + 1))
-    return count
+def host_range(size, num_hosts, host):
+    """Host `host`'s part of `size` records, `[start, stop)`: consecutive, sizes differing by
+    at most one."""
+    return host * size // num_hosts, (host + 1) * size // num_hosts
 
 
-def keep_pipeline_share(indexed, global_batch, input_context):
-    """Keeps this input pipeline's slice of each global batch of an `(index, example)` stream
-    whose index counts examples from a global batch boundary: with P pipelines, pipeline p
-    takes positions [p * global_batch / P, (p + 1) * global_batch / P) of every batch, the
+def share_positions(step, global_batch, num_hosts, host):
+    """The stream positions of host `host`'s slice of global batch `step`: with N hosts (input
+    pipelines) host p takes positions [p * B / N, (p + 1) * B / N) of each batch of B, the
     examples that a single pipeline would hand to the same replicas."""
-    pipelines = input_context.num_input_pipelines
-    if pipelines == 1:
-        return indexed
-    share = global_batch // pipelines
-    pipeline_id = input_context.input_pipeline_id
-    return indexed.filter(lambda index, _: index // share % pipelines == pipeline_id)
+    share = global_batch // num_hosts
+    return step * global_batch + host * share + tf.range(share, dtype=tf.int64)
+
+
+def shuffled_record(position, size, seed):
+    """The record at `position` (a scalar) of the endless stream over a random-access split of
+    `size` records: epoch after epoch, each a permutation of the split drawn from (seed, epoch)
+    by `tf.random.experimental.index_shuffle`, so any position is found without reading the ones
+    before it (a resume starts at once) and without knowing the number of hosts. (Scalar: the
+    op's Python wrapper pads a [n, 2] seed matrix along the wrong axis, TensorFlow 2.21.)"""
+    epoch, offset = position // size, position % size
+    return tf.random.experimental.index_shuffle(
+        offset, tf.stack([tf.constant(seed, tf.int64), epoch]), tf.constant(size - 1, tf.int64))
 
 
 def to_model_range(image, dtype=tf.float32):
@@ -239,39 +236,29 @@ def global_seed(config):
 def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patches=None):
     """Returns `fn(input_context)` for `strategy.distribute_datasets_from_function`.
 
-    The stream of examples is epoch after epoch, each shuffled with a seed derived from
-    (config.seed, epoch); the example at position i gets augmentation seed (config.seed, i)
+    The global stream is epoch after epoch of the train split; global batch s is its positions
+    [s * B, (s + 1) * B), and each input pipeline (host) reads only its slice of every batch
+    (see `share_positions`). The example at position i gets augmentation seed (config.seed, i)
     (and, given `num_patches`, its patch corruption for masked patch prediction from the same
-    seed). Starting at `start_step` skips at most one epoch of encoded records.
+    seed), so the stream is a pure function of (config.seed, step).
+
+    Random-access storage (ArrayRecord, image folders): each epoch is an index shuffle of the
+    whole split (`shuffled_record`); the hosts read nothing but their own examples, the batches
+    do not depend on the number of hosts, and starting at `start_step` costs nothing.
+    TFRecord: each host reads its own consecutive part of the split (`host_range`), shuffled
+    each epoch with a buffer of `config.shuffle_buffer` examples; the order then depends on the
+    number of hosts, and starting at `start_step` reads (without decoding) up to one epoch of
+    the host's part.
     """
+    split = records.Split(builder, config.train_split)
 
     def dataset_fn(input_context):
+        hosts, host = input_context.num_input_pipelines, input_context.input_pipeline_id
         per_replica = input_context.get_per_replica_batch_size(config.batch_size)
-        examples = read_encoded(builder, config.train_split)
-        epoch_size = _count(examples)
-        if epoch_size < config.batch_size:
-            raise ValueError(f"Split {config.train_split!r} has {epoch_size} examples, fewer "
-                             f"than one batch of {config.batch_size}.")
-        start = start_step * config.batch_size
-        first_epoch = start // epoch_size
+        stream = train_examples(split, config, start_step, hosts, host)
 
-        def one_epoch(epoch):
-            # The order depends on config.seed alone, not on the global seed of the caller
-            # (tf.random.set_seed), which tf.data pairs with the op seed; with a global seed of 0
-            # it even failed to build a shuffle of a tensor seed. The trainer's global seed, so
-            # the driver's order is the one of earlier runs.
-            tf.compat.v1.get_default_graph().seed = global_seed(config)
-            shuffled = examples.shuffle(min(config.shuffle_buffer, epoch_size),
-                                        seed=config.seed * 100_003 + epoch,
-                                        reshuffle_each_iteration=False)
-            return shuffled.enumerate(start=epoch * epoch_size)
-
-        stream = tf.data.Dataset.range(first_epoch, 2**62).flat_map(one_epoch)
-        stream = stream.skip(start - first_epoch * epoch_size)
-        stream = keep_pipeline_share(stream, config.batch_size, input_context)
-
-        def preprocess(index, example):
-            seed = tf.stack([tf.constant(config.seed, tf.int64), index])
+        def preprocess(position, example):
+            seed = tf.stack([tf.constant(config.seed, tf.int64), position])
             image = preprocess_train(example["image"], seed, config.image_size,
                                      config.crop_min_area, config.flip, dtype)
             return with_corruption({"image": image, "label": tf.cast(example["label"], tf.int32)},
@@ -284,24 +271,87 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patche
     return dataset_fn
 
 
+def train_positions(config, start_step, hosts, host):
+    """The global stream positions this host reads, from `start_step` on, one at a time."""
+    steps = tf.data.Dataset.range(start_step, 2**62)
+    return steps.map(lambda step: share_positions(step, config.batch_size, hosts, host)).unbatch()
+
+
+def train_examples(split, config, start_step, hosts, host):
+    """`(position, example)` of host `host` of `hosts` from global batch `start_step` on, the
+    image still encoded: what `train_dataset_fn` preprocesses (and `python -m train.input`
+    shows)."""
+    check_host_share(split, config.batch_size, hosts, host)
+    if split.random_access:
+        return _global_order(split, config, start_step, hosts, host)
+    return _host_order(split, config, start_step, hosts, host)
+
+
+def _global_order(split, config, start_step, hosts, host):
+    """`(position, example)` for this host's positions, read at random (`shuffled_record`)."""
+    positions = train_positions(config, start_step, hosts, host)
+    record_numbers = positions.map(lambda position: shuffled_record(position, split.size,
+                                                                    config.seed))
+    examples = split.read_at(record_numbers.batch(records.READ_CHUNK))
+    return tf.data.Dataset.zip(positions, examples)
+
+
+def _host_order(split, config, start_step, hosts, host):
+    """`(position, example)` for this host from its own part of a sequential split."""
+    start, stop = host_range(split.size, hosts, host)
+    part_size, share = stop - start, config.batch_size // hosts
+    first = start_step * share  # this host's first example, counted in its own stream
+    first_epoch = first // part_size
+
+    def one_epoch(epoch):
+        # The order depends on config.seed alone, not on the global seed of the caller
+        # (tf.random.set_seed), which tf.data pairs with the op seed; with a global seed of 0
+        # it even failed to build a shuffle of a tensor seed.
+        tf.compat.v1.get_default_graph().seed = global_seed(config)
+        examples = split.read_range(start, stop)
+        return examples.shuffle(min(config.shuffle_buffer, part_size),
+                                seed=(config.seed * 100_003 + epoch) * 1_009 + host,
+                                reshuffle_each_iteration=False)
+
+    stream = tf.data.Dataset.range(first_epoch, 2**62).flat_map(one_epoch)
+    stream = stream.skip(first - first_epoch * part_size)
+    positions = train_positions(config, start_step, hosts, host)
+    return tf.data.Dataset.zip(positions, stream)
+
+
+def check_host_share(split, global_batch, hosts, host):
+    """Raises ValueError unless `host` is one of `hosts` and its part of `split` holds at least
+    its share of one global batch."""
+    if not 0 <= host < hosts:
+        raise ValueError(f"Input host {host} does not exist: the hosts are 0 to {hosts - 1}.")
+    if global_batch % hosts:
+        raise ValueError(f"The global batch of {global_batch} does not divide over {hosts} "
+                         "hosts (input pipelines): make it a multiple of their number.")
+    start, stop = host_range(split.size, hosts, host)
+    if stop - start < global_batch // hosts:
+        raise ValueError(f"Split {split} has {split.size} examples, fewer than one global batch "
+                         f"of {global_batch} ({global_batch // hosts} on each of {hosts} hosts): "
+                         "lower batch_size or use a larger split.")
+
+
 def eval_dataset_fn(builder, config, dtype=tf.float32, num_patches=None):
-    """Returns `fn(input_context)`: every eval example once across all pipelines, padded with
-    `mask` 0 to whole global batches (given `num_patches`, with the same patch corruption at
-    every evaluation).
+    """Returns `fn(input_context)`: every eval example once across all pipelines (each reads a
+    consecutive part of the split, `host_range`), padded with `mask` 0 to whole global batches
+    (given `num_patches`, with the same patch corruption at every evaluation).
 
     All input pipelines yield the same number of batches, so replicas stay in step.
     """
-    total = builder.info.splits[config.eval_split].num_examples
+    split = records.Split(builder, config.eval_split)
 
     def dataset_fn(input_context):
+        hosts, host = input_context.num_input_pipelines, input_context.input_pipeline_id
         per_replica = input_context.get_per_replica_batch_size(config.eval_batch_size)
-        share = config.eval_batch_size // input_context.num_input_pipelines
-        steps = math.ceil(total / config.eval_batch_size)
-        examples = read_encoded(builder, config.eval_split).enumerate()
-        examples = keep_pipeline_share(examples, config.eval_batch_size, input_context)
+        share = config.eval_batch_size // hosts
+        steps = eval_steps(split.size, config.eval_batch_size, hosts)
+        examples = split.read_range(*host_range(split.size, hosts, host))
 
-        def preprocess(index, example):
-            seed = tf.stack([tf.constant(config.seed, tf.int64), index])
+        def preprocess(example):
+            seed = tf.stack([tf.constant(config.seed, tf.int64), example["id"]])
             return with_corruption(
                 {"image": preprocess_eval(example["image"], config.image_size, dtype),
                  "label": tf.cast(example["label"], tf.int32), "mask": tf.constant(1.0)},
@@ -318,6 +368,11 @@ def eval_dataset_fn(builder, config, dtype=tf.float32, num_patches=None):
         return examples.with_options(WITHOUT_AUTOTUNING)
 
     return dataset_fn
+
+
+def eval_steps(size, global_batch, hosts):
+    """Evaluation batches: enough for the largest host part of `size` examples."""
+    return math.ceil(math.ceil(size / hosts) / (global_batch // hosts))
 
 
 def _replicas_on_cpus(strategy):

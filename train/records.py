@@ -1,0 +1,131 @@
+"""One split of a dataset as numbered records: record i of a split is always the same example,
+read as `{"image": encoded bytes, "label": int64, "id": int64 record number}`.
+
+Three kinds of storage, and what each can do:
+- ArrayRecord files (TFDS datasets prepared with `file_format="array_record"`, the offline
+  default among them) and folders of images: random access, `read_at` any record numbers, so
+  each host reads only its own examples, in any order, starting anywhere.
+- TFRecord files (most TFDS datasets): sequential; `read_range` reads a run of records, opening
+  only the files that hold it (TFDS maps record ranges to files and offsets).
+"""
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+# How many record numbers one call into Python reads from ArrayRecord files: amortises the
+# call, small enough that the first batch of a run does not wait on a large read.
+READ_CHUNK = 64
+
+
+class Split:
+    """The records of `split` (any TFDS split expression, e.g. "train[:90%]") of `builder`.
+
+    `observe`, if given, maps every example as it is read (train.input counts reads with it).
+    """
+
+    def __init__(self, builder, split, observe=None):
+        self.builder, self.split, self.observe = builder, split, observe
+        splits = builder.info.splits
+        self.ranges = [  # (base split, first, last + 1); TFDS writes None for either end
+            (part.splitname, part.from_ or 0,
+             splits[part.splitname].num_examples if part.to is None else part.to)
+            for part in tfds.core.ReadInstruction.from_spec(split).to_absolute(splits)]
+        self.size = sum(stop - start for _, start, stop in self.ranges)
+        self.random_access = _is_folder(builder) or _is_array_record(builder)
+
+    def __repr__(self):
+        return f"{self.builder.name}:{self.split}"
+
+    def read_at(self, indices):
+        """The examples at the record numbers of `indices` (a dataset of int64 vectors), one
+        example per element, in the order given. Random-access storage only."""
+        if _is_folder(self.builder):
+            return self._observed(_folder_reader(self)(indices))
+        if _is_array_record(self.builder):
+            return self._observed(_array_record_reader(self)(indices))
+        raise ValueError(f"{self}: TFRecord files cannot be read at random; use read_range.")
+
+    def _observed(self, examples):
+        return examples.map(self.observe) if self.observe else examples
+
+    def read_range(self, start, stop):
+        """Records [start, stop) of the split, in order, as a dataset of examples."""
+        start, stop = max(0, start), min(stop, self.size)
+        if self.random_access:
+            chunks = tf.data.Dataset.range(start, max(start, stop)).batch(READ_CHUNK)
+            return self.read_at(chunks)
+        parts, offset = [], 0
+        for name, first, last in self.ranges:  # the slice of each base split within [start, stop)
+            lo, hi = max(start - offset, 0), min(stop - offset, last - first)
+            if lo < hi:
+                parts.append(f"{name}[{first + lo}:{first + hi}]")
+            offset += last - first
+        if not parts:
+            return _no_examples()
+        read_config = tfds.ReadConfig(try_autocache=False)
+        examples = self.builder.as_dataset(
+            split="+".join(parts), shuffle_files=False, read_config=read_config,
+            decoders={"image": tfds.decode.SkipDecoding()})
+        return self._observed(examples.enumerate(start).map(
+            lambda index, example: _example(example["image"], example["label"], index)))
+
+
+def _example(image, label, index):
+    return {"image": image, "label": tf.cast(label, tf.int64), "id": tf.cast(index, tf.int64)}
+
+
+def _no_examples():
+    return tf.data.Dataset.from_tensor_slices(
+        _example(tf.zeros([0], tf.string), tf.zeros([0], tf.int64), tf.zeros([0], tf.int64)))
+
+
+def _is_folder(builder):
+    return isinstance(builder, tfds.folder_dataset.ImageFolder)
+
+
+def _is_array_record(builder):
+    return builder.info.file_format == tfds.core.file_adapters.FileFormat.ARRAY_RECORD
+
+
+def _folder_reader(split):
+    """Record i of a folder split is its i-th image in ImageFolder's (fixed) order."""
+    examples = [example for name, start, stop in split.ranges
+                for example in split.builder._split_examples[name][start:stop]]
+    label_of = split.builder.info.features["label"].str2int
+    paths = tf.constant([example.image_path for example in examples] or [""])
+    labels = tf.constant([label_of(example.label) for example in examples] or [0], tf.int64)
+
+    def read(indices):
+        return indices.unbatch().map(
+            lambda index: _example(tf.io.read_file(tf.gather(paths, index)),
+                                   tf.gather(labels, index), index),
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+    return read
+
+
+def _array_record_reader(split):
+    """Reads serialized examples through TFDS' ArrayRecord data source (Python, one call per
+    chunk of record numbers) and parses them in TensorFlow, the image left encoded."""
+    source = split.builder.as_data_source(
+        split.split, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
+    features = split.builder.info.features
+
+    def serialized(indices):
+        return np.array(source.__getitems__(indices.tolist()), dtype=object)
+
+    def parse(index, record):
+        example = features.deserialize_example(record,
+                                               decoders={"image": tfds.decode.SkipDecoding()})
+        return _example(example["image"], example["label"], index)
+
+    def read(indices):
+        records = indices.map(
+            lambda chunk: (chunk, tf.ensure_shape(tf.numpy_function(serialized, [chunk],
+                                                                    tf.string), [None])),
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return records.unbatch().map(parse, num_parallel_calls=tf.data.AUTOTUNE,
+                                     deterministic=True)
+
+    return read
