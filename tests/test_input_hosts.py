@@ -23,13 +23,14 @@ STEPS_PER_EPOCH = NUM_TRAIN // 32
 
 @pytest.fixture(scope="module")
 def tfrecord_dir(fake_fmnist, tmp_path_factory):
-    """The fake Fashion-MNIST prepared as TFRecord files (the driver prepares ArrayRecord)."""
+    """The fake Fashion-MNIST prepared as 16 TFRecord files of 32 train examples (the driver
+    prepares ArrayRecord)."""
     data_dir = str(tmp_path_factory.mktemp("tfrecord"))
     previous = os.environ.get("FASHION_MNIST_DIR")
     os.environ["FASHION_MNIST_DIR"] = fake_fmnist.source
     try:
         tfds.builder("fashion_mnist_local", data_dir=data_dir).download_and_prepare(
-            file_format="tfrecord")
+            file_format="tfrecord", download_config=tfds.download.DownloadConfig(num_shards=16))
     finally:
         if previous is None:
             del os.environ["FASHION_MNIST_DIR"]
@@ -68,7 +69,8 @@ def test_random_access_resume_reads_no_more_than_a_fresh_start(fake_fmnist):
     config = tiny_config(fake_fmnist)
     _, fresh = shown(config, 2, 1, 0, 2)
     _, resumed = shown(config, 2, 1, 1_000_003, 2)  # 62,500 epochs in
-    assert resumed["records_read"] == fresh["records_read"]
+    # Equal but for read-ahead, which varies with timing.
+    assert 32 <= resumed["records_read"] <= fresh["records_read"] + records.READ_CHUNK
 
 
 @pytest.mark.parametrize("storage", ["array_record", "tfrecord", "folder"])
@@ -96,14 +98,15 @@ def test_every_example_once_per_epoch_across_hosts(fake_fmnist, tfrecord_dir, tm
 
 
 def test_tfrecord_resume_sees_the_batches_of_an_uninterrupted_run(fake_fmnist, tfrecord_dir):
+    # Each host's part: 8 files of 32; windows of 2 files (64 records), shuffled on their own.
     config = tiny_config(fake_fmnist, data_dir=tfrecord_dir, shuffle_buffer=64)
     uninterrupted, _ = shown(config, 2, 1, 0, 2 * STEPS_PER_EPOCH + 3)
-    for start in (5, STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH + 1):
+    _, fresh = shown(config, 2, 1, 0, 2)
+    for start in (5, STEPS_PER_EPOCH - 3, STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH + 1):
         resumed, counts = shown(config, 2, 1, start, 2)
         assert resumed == {step: uninterrupted[step] for step in (start, start + 1)}
-        # It reads (without decoding) the host's part of the epoch up to the position.
-        position = start * 16 % (NUM_TRAIN // 2)
-        assert counts["records_read"] >= position + 32
+        # It reads one window from its start, not the epoch up to the position.
+        assert counts["records_read"] <= 2 * fresh["records_read"], start
 
 
 def test_a_host_outside_the_host_count_and_a_split_too_small(fake_fmnist):

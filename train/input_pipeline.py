@@ -297,26 +297,58 @@ def _global_order(split, config, start_step, hosts, host):
 
 
 def _host_order(split, config, start_step, hosts, host):
-    """`(position, example)` for this host from its own part of a sequential split."""
+    """`(position, example)` for this host from its own consecutive part of a sequential
+    (TFRecord) split. Each epoch reads the part's file pieces in an order drawn from (seed,
+    epoch, host), in windows of about `config.shuffle_buffer` records (several pieces read in
+    turn), each shuffled on its own with a seed of its own. A start at any step reads its window
+    from the beginning: about one shuffle buffer, what a fresh start reads before its first
+    batch (more where one file holds more than a window)."""
     start, stop = host_range(split.size, hosts, host)
-    part_size, share = stop - start, config.batch_size // hosts
-    first = start_step * share  # this host's first example, counted in its own stream
-    first_epoch = first // part_size
+    pieces = split.pieces(start, stop)
+    count, part_size = len(pieces.takes), stop - start
+    per_window = max(1, min(count, round(config.shuffle_buffer / (part_size / count))))
+    windows = math.ceil(count / per_window)
+    seed = config.seed * 1_000_003 + host
+    first = start_step * (config.batch_size // hosts)  # counted in this host's own stream
+    first_epoch, offset = divmod(first, part_size)
 
-    def one_epoch(epoch):
+    def piece_order(epoch):
+        return tf.random.experimental.index_shuffle(
+            tf.range(count, dtype=tf.int64), tf.stack([tf.constant(seed, tf.int64), epoch]),
+            tf.constant(count - 1, tf.int64))
+
+    def window_ends(order):  # the cumulative record counts of the epoch's windows
+        sizes = tf.math.segment_sum(tf.gather(tf.constant(pieces.takes), order),
+                                    tf.range(count, dtype=tf.int64) // per_window)
+        return tf.cumsum(sizes)
+
+    def window(epoch, order, index):
+        chosen = order[index * per_window:(index + 1) * per_window]
+        examples = tf.data.Dataset.from_tensor_slices(chosen).interleave(
+            lambda piece: split.read_piece(pieces, piece), cycle_length=per_window,
+            block_length=1, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         # The order depends on config.seed alone, not on the global seed of the caller
         # (tf.random.set_seed), which tf.data pairs with the op seed; with a global seed of 0
         # it even failed to build a shuffle of a tensor seed.
         tf.compat.v1.get_default_graph().seed = global_seed(config)
-        examples = split.read_range(start, stop)
-        return examples.shuffle(min(config.shuffle_buffer, part_size),
-                                seed=(config.seed * 100_003 + epoch) * 1_009 + host,
-                                reshuffle_each_iteration=False)
+        return examples.shuffle(config.shuffle_buffer,
+                                seed=(seed * 100_003 + epoch) * windows + index)
 
-    stream = tf.data.Dataset.range(first_epoch, 2**62).flat_map(one_epoch)
-    stream = stream.skip(first - first_epoch * part_size)
+    def one_epoch(epoch, first_window):
+        order = piece_order(epoch)
+        return tf.data.Dataset.range(first_window, windows).flat_map(
+            lambda index: window(epoch, order, index))
+
+    # The window that holds the first position, and how far into it the position lies.
+    ends = window_ends(piece_order(tf.constant(first_epoch, tf.int64)))
+    first_window = tf.searchsorted(ends, tf.constant([offset], tf.int64), side="right",
+                                   out_type=tf.int64)[0]
+    skip = offset - tf.concat([[0], ends], 0)[first_window]
+    epochs = tf.data.Dataset.range(first_epoch, 2**62)
+    stream = epochs.flat_map(lambda epoch: one_epoch(
+        epoch, tf.where(epoch == first_epoch, first_window, tf.constant(0, tf.int64))))
     positions = train_positions(config, start_step, hosts, host)
-    return tf.data.Dataset.zip(positions, stream)
+    return tf.data.Dataset.zip(positions, stream.skip(skip))
 
 
 def check_host_share(split, global_batch, hosts, host):

@@ -5,9 +5,12 @@ Three kinds of storage, and what each can do:
 - ArrayRecord files (TFDS datasets prepared with `file_format="array_record"`, the offline
   default among them) and folders of images: random access, `read_at` any record numbers, so
   each host reads only its own examples, in any order, starting anywhere.
-- TFRecord files (most TFDS datasets): sequential; `read_range` reads a run of records, opening
-  only the files that hold it (TFDS maps record ranges to files and offsets).
+- TFRecord files (most TFDS datasets): sequential; `read_range` reads a run of records as
+  `pieces` of files (TFDS maps record ranges to files and offsets), opening only the files
+  that hold it.
 """
+
+import dataclasses
 
 import numpy as np
 import tensorflow as tf
@@ -55,29 +58,56 @@ class Split:
         if self.random_access:
             chunks = tf.data.Dataset.range(start, max(start, stop)).batch(READ_CHUNK)
             return self.read_at(chunks)
+        pieces = self.pieces(start, stop)
+        return tf.data.Dataset.range(len(pieces.takes)).flat_map(
+            lambda piece: self.read_piece(pieces, piece))
+
+    def pieces(self, start, stop):
+        """Records [start, stop) of TFRecord storage as pieces of files, in order: consecutive
+        records of one file each (whole files in the middle of a long range)."""
         parts, offset = [], 0
         for name, first, last in self.ranges:  # the slice of each base split within [start, stop)
-            lo, hi = max(start - offset, 0), min(stop - offset, last - first)
-            if lo < hi:
-                parts.append(f"{name}[{first + lo}:{first + hi}]")
+            low, high = max(start - offset, 0), min(stop - offset, last - first)
+            if low < high:
+                parts.append(f"{name}[{first + low}:{first + high}]")
             offset += last - first
-        if not parts:
-            return _no_examples()
-        read_config = tfds.ReadConfig(try_autocache=False)
-        examples = self.builder.as_dataset(
-            split="+".join(parts), shuffle_files=False, read_config=read_config,
-            decoders={"image": tfds.decode.SkipDecoding()})
-        return self._observed(examples.enumerate(start).map(
-            lambda index, example: _example(example["image"], example["label"], index)))
+        instructions = (self.builder.info.splits["+".join(parts)].file_instructions
+                        if parts else [])
+        takes = np.array([piece.take for piece in instructions], np.int64)
+        return Pieces(files=tf.constant([piece.filename for piece in instructions] or [""]),
+                      skips=tf.constant([piece.skip for piece in instructions] or [0], tf.int64),
+                      takes=takes, first_ids=start + np.cumsum(takes) - takes)
+
+    def read_piece(self, pieces, piece):
+        """The examples of piece `piece` (a scalar tensor) of `pieces`, in order."""
+        take = tf.gather(tf.constant(pieces.takes), piece)
+        serialized = tf.data.TFRecordDataset(tf.gather(pieces.files, piece)).skip(
+            tf.gather(pieces.skips, piece)).take(take)
+        first = tf.gather(tf.constant(pieces.first_ids), piece)
+        numbers = tf.data.Dataset.range(first, first + take)
+        return self._observed(tf.data.Dataset.zip(numbers, serialized).map(
+            self._parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True))
+
+    def _parse(self, index, record):
+        """A serialized tf.Example (TFDS' format in both file formats) to an example."""
+        example = self.builder.info.features.deserialize_example(
+            record, decoders={"image": tfds.decode.SkipDecoding()})
+        return _example(example["image"], example["label"], index)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pieces:
+    """Pieces of TFRecord files: piece i is records skips[i] to skips[i] + takes[i] - 1 of
+    files[i], whose record numbers in the split start at first_ids[i]."""
+
+    files: tf.Tensor  # string
+    skips: tf.Tensor  # int64
+    takes: np.ndarray  # int64
+    first_ids: np.ndarray  # int64
 
 
 def _example(image, label, index):
     return {"image": image, "label": tf.cast(label, tf.int64), "id": tf.cast(index, tf.int64)}
-
-
-def _no_examples():
-    return tf.data.Dataset.from_tensor_slices(
-        _example(tf.zeros([0], tf.string), tf.zeros([0], tf.int64), tf.zeros([0], tf.int64)))
 
 
 def _is_folder(builder):
@@ -110,22 +140,16 @@ def _array_record_reader(split):
     chunk of record numbers) and parses them in TensorFlow, the image left encoded."""
     source = split.builder.as_data_source(
         split.split, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
-    features = split.builder.info.features
 
     def serialized(indices):
         return np.array(source.__getitems__(indices.tolist()), dtype=object)
-
-    def parse(index, record):
-        example = features.deserialize_example(record,
-                                               decoders={"image": tfds.decode.SkipDecoding()})
-        return _example(example["image"], example["label"], index)
 
     def read(indices):
         records = indices.map(
             lambda chunk: (chunk, tf.ensure_shape(tf.numpy_function(serialized, [chunk],
                                                                     tf.string), [None])),
             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        return records.unbatch().map(parse, num_parallel_calls=tf.data.AUTOTUNE,
+        return records.unbatch().map(split._parse, num_parallel_calls=tf.data.AUTOTUNE,
                                      deterministic=True)
 
     return read
