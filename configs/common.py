@@ -46,7 +46,9 @@ def get_config():
     config.image_size = 224  # training and evaluation resolution (square)
     config.crop_min_area = 0.05  # inception crop: smallest fraction of the image kept
     config.flip = True  # random horizontal flips in training
-    config.shuffle_buffer = 50_000  # examples (still encoded) in the shuffle buffer
+    # TFRecord datasets: examples (still encoded) in each host's shuffle window; random-access
+    # storage (ArrayRecord, folders, the default) is shuffled whole, without a buffer.
+    config.shuffle_buffer = 50_000
 
     # Optimisation.
     config.batch_size = 512  # global batch, split evenly across replicas

@@ -15,7 +15,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from train import input as train_input
-from train import input_pipeline, records
+from train import input_order, input_pipeline, records
 from train_fixtures import NUM_TRAIN, REPO, tiny_config, write_image_folder
 
 STEPS_PER_EPOCH = NUM_TRAIN // 32
@@ -90,7 +90,7 @@ def test_every_example_once_per_epoch_across_hosts(fake_fmnist, tfrecord_dir, tm
         for step, step_ids in ids.items():
             epochs[step // steps].extend(step_ids)
         if storage == "tfrecord":  # each host reads its own consecutive part
-            start, stop = input_pipeline.host_range(size, hosts, host)
+            start, stop = input_order.host_range(size, hosts, host)
             assert all(start <= i < stop for step_ids in ids.values() for i in step_ids)
     for epoch in epochs:
         assert sorted(epoch) == list(range(size))
@@ -114,12 +114,12 @@ def test_a_host_outside_the_host_count_and_a_split_too_small(fake_fmnist):
     builder = input_pipeline.get_builder(config)
     split = records.Split(builder, "train[:40]")
     with pytest.raises(ValueError, match=r"Input host 4 does not exist: the hosts are 0 to 3"):
-        input_pipeline.check_host_share(split, 32, 4, 4)
+        input_order.check_host_share(split, 32, 4, 4)
     with pytest.raises(ValueError, match=r"does not divide over 3 hosts"):
-        input_pipeline.check_host_share(split, 32, 3, 0)
+        input_order.check_host_share(split, 32, 3, 0)
     with pytest.raises(ValueError, match=r"train\[:40\] has 40 examples, fewer than one global "
                                          r"batch of 64 \(16 on each of 4 hosts\)"):
-        input_pipeline.check_host_share(split, 64, 4, 3)
+        input_order.check_host_share(split, 64, 4, 3)
 
 
 def test_input_command(fake_fmnist, tmp_path):

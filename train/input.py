@@ -52,14 +52,14 @@ def read_counter():
 
 def host_batches(config, num_hosts, host, start_step, steps, builder=None):
     """Yields `{"step", "ids"}` for each of `steps` global steps from `start_step`, then the
-    read counts; the train stream is the driver's (train.input_pipeline.train_examples)."""
-    from . import input_pipeline, records
+    read counts; the train stream is the driver's (train.input_order.train_examples)."""
+    from . import input_order, input_pipeline, records
 
     builder = builder or input_pipeline.get_builder(config)
     observe, counts = read_counter()
     split = records.Split(builder, config.train_split, observe=observe)
     share = config.batch_size // num_hosts
-    stream = input_pipeline.train_examples(split, config, start_step, num_hosts, host)
+    stream = input_order.train_examples(split, config, start_step, num_hosts, host)
     batches = stream.map(lambda position, example: example["id"]).batch(share).take(steps)
     start = time.perf_counter()
     first_batch = None

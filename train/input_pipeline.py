@@ -16,14 +16,13 @@ not by file, so datasets with fewer files than hosts work.
 """
 
 import dataclasses
-import math
 import re
 
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from keras_vit.preprocessing import decode_and_resize, decode_image, resize, scale_pixels
-from . import records
+from . import input_order, records
 from .config_checks import FOLDER_PREFIX
 
 DEFAULT_DATASET = "fashion_mnist_local"
@@ -154,31 +153,6 @@ def labelled_batches(builder, split, size, count, batch_size=256):
     return examples.map(lambda image, label: (to_model_range(image), label)).batch(batch_size)
 
 
-def host_range(size, num_hosts, host):
-    """Host `host`'s part of `size` records, `[start, stop)`: consecutive, sizes differing by
-    at most one."""
-    return host * size // num_hosts, (host + 1) * size // num_hosts
-
-
-def share_positions(step, global_batch, num_hosts, host):
-    """The stream positions of host `host`'s slice of global batch `step`: with N hosts (input
-    pipelines) host p takes positions [p * B / N, (p + 1) * B / N) of each batch of B, the
-    examples that a single pipeline would hand to the same replicas."""
-    share = global_batch // num_hosts
-    return step * global_batch + host * share + tf.range(share, dtype=tf.int64)
-
-
-def shuffled_record(position, size, seed):
-    """The record at `position` (a scalar) of the endless stream over a random-access split of
-    `size` records: epoch after epoch, each a permutation of the split drawn from (seed, epoch)
-    by `tf.random.experimental.index_shuffle`, so any position is found without reading the ones
-    before it (a resume starts at once) and without knowing the number of hosts. (Scalar: the
-    op's Python wrapper pads a [n, 2] seed matrix along the wrong axis, TensorFlow 2.21.)"""
-    epoch, offset = position // size, position % size
-    return tf.random.experimental.index_shuffle(
-        offset, tf.stack([tf.constant(seed, tf.int64), epoch]), tf.constant(size - 1, tf.int64))
-
-
 def to_model_range(image, dtype=tf.float32):
     """uint8 or float pixels in [0, 255] to [-1, 1], as the original (static shape kept)."""
     image = tf.ensure_shape(image, (image.shape[0], image.shape[1], 3))
@@ -226,13 +200,6 @@ def with_corruption(example, seed, config, num_patches):
     return dict(example, corruption=corruption, source=source)
 
 
-def global_seed(config):
-    """The run's global random seed (`keras.utils.set_random_seed`), which the trainer sets and
-    the train stream builds its shuffles under: `config.seed + 1`, the seed of earlier runs (a
-    global seed of 0 once broke the stream's shuffles, which now set their own op seeds)."""
-    return config.seed + 1
-
-
 def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patches=None):
     """Returns `fn(input_context)` for `strategy.distribute_datasets_from_function`.
 
@@ -245,17 +212,16 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patche
     Random-access storage (ArrayRecord, image folders): each epoch is an index shuffle of the
     whole split (`shuffled_record`); the hosts read nothing but their own examples, the batches
     do not depend on the number of hosts, and starting at `start_step` costs nothing.
-    TFRecord: each host reads its own consecutive part of the split (`host_range`), shuffled
-    each epoch with a buffer of `config.shuffle_buffer` examples; the order then depends on the
-    number of hosts, and starting at `start_step` reads (without decoding) up to one epoch of
-    the host's part.
+    TFRecord: each host reads its own consecutive part of the split (`host_range`) in shuffled
+    windows of about `config.shuffle_buffer` examples (`_host_order`); the order then depends
+    on the number of hosts, and starting at `start_step` reads one window.
     """
     split = records.Split(builder, config.train_split)
 
     def dataset_fn(input_context):
         hosts, host = input_context.num_input_pipelines, input_context.input_pipeline_id
         per_replica = input_context.get_per_replica_batch_size(config.batch_size)
-        stream = train_examples(split, config, start_step, hosts, host)
+        stream = input_order.train_examples(split, config, start_step, hosts, host)
 
         def preprocess(position, example):
             seed = tf.stack([tf.constant(config.seed, tf.int64), position])
@@ -271,101 +237,6 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patche
     return dataset_fn
 
 
-def train_positions(config, start_step, hosts, host):
-    """The global stream positions this host reads, from `start_step` on, one at a time."""
-    steps = tf.data.Dataset.range(start_step, 2**62)
-    return steps.map(lambda step: share_positions(step, config.batch_size, hosts, host)).unbatch()
-
-
-def train_examples(split, config, start_step, hosts, host):
-    """`(position, example)` of host `host` of `hosts` from global batch `start_step` on, the
-    image still encoded: what `train_dataset_fn` preprocesses (and `python -m train.input`
-    shows)."""
-    check_host_share(split, config.batch_size, hosts, host)
-    if split.random_access:
-        return _global_order(split, config, start_step, hosts, host)
-    return _host_order(split, config, start_step, hosts, host)
-
-
-def _global_order(split, config, start_step, hosts, host):
-    """`(position, example)` for this host's positions, read at random (`shuffled_record`)."""
-    positions = train_positions(config, start_step, hosts, host)
-    record_numbers = positions.map(lambda position: shuffled_record(position, split.size,
-                                                                    config.seed))
-    examples = split.read_at(record_numbers.batch(records.READ_CHUNK))
-    return tf.data.Dataset.zip(positions, examples)
-
-
-def _host_order(split, config, start_step, hosts, host):
-    """`(position, example)` for this host from its own consecutive part of a sequential
-    (TFRecord) split. Each epoch reads the part's file pieces in an order drawn from (seed,
-    epoch, host), in windows of about `config.shuffle_buffer` records (several pieces read in
-    turn), each shuffled on its own with a seed of its own. A start at any step reads its window
-    from the beginning: about one shuffle buffer, what a fresh start reads before its first
-    batch (more where one file holds more than a window)."""
-    start, stop = host_range(split.size, hosts, host)
-    pieces = split.pieces(start, stop)
-    count, part_size = len(pieces.takes), stop - start
-    per_window = max(1, min(count, round(config.shuffle_buffer / (part_size / count))))
-    windows = math.ceil(count / per_window)
-    seed = config.seed * 1_000_003 + host
-    first = start_step * (config.batch_size // hosts)  # counted in this host's own stream
-    first_epoch, offset = divmod(first, part_size)
-
-    def piece_order(epoch):
-        return tf.random.experimental.index_shuffle(
-            tf.range(count, dtype=tf.int64), tf.stack([tf.constant(seed, tf.int64), epoch]),
-            tf.constant(count - 1, tf.int64))
-
-    def window_ends(order):  # the cumulative record counts of the epoch's windows
-        sizes = tf.math.segment_sum(tf.gather(tf.constant(pieces.takes), order),
-                                    tf.range(count, dtype=tf.int64) // per_window)
-        return tf.cumsum(sizes)
-
-    def window(epoch, order, index):
-        chosen = order[index * per_window:(index + 1) * per_window]
-        examples = tf.data.Dataset.from_tensor_slices(chosen).interleave(
-            lambda piece: split.read_piece(pieces, piece), cycle_length=per_window,
-            block_length=1, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        # The order depends on config.seed alone, not on the global seed of the caller
-        # (tf.random.set_seed), which tf.data pairs with the op seed; with a global seed of 0
-        # it even failed to build a shuffle of a tensor seed.
-        tf.compat.v1.get_default_graph().seed = global_seed(config)
-        return examples.shuffle(config.shuffle_buffer,
-                                seed=(seed * 100_003 + epoch) * windows + index)
-
-    def one_epoch(epoch, first_window):
-        order = piece_order(epoch)
-        return tf.data.Dataset.range(first_window, windows).flat_map(
-            lambda index: window(epoch, order, index))
-
-    # The window that holds the first position, and how far into it the position lies.
-    ends = window_ends(piece_order(tf.constant(first_epoch, tf.int64)))
-    first_window = tf.searchsorted(ends, tf.constant([offset], tf.int64), side="right",
-                                   out_type=tf.int64)[0]
-    skip = offset - tf.concat([[0], ends], 0)[first_window]
-    epochs = tf.data.Dataset.range(first_epoch, 2**62)
-    stream = epochs.flat_map(lambda epoch: one_epoch(
-        epoch, tf.where(epoch == first_epoch, first_window, tf.constant(0, tf.int64))))
-    positions = train_positions(config, start_step, hosts, host)
-    return tf.data.Dataset.zip(positions, stream.skip(skip))
-
-
-def check_host_share(split, global_batch, hosts, host):
-    """Raises ValueError unless `host` is one of `hosts` and its part of `split` holds at least
-    its share of one global batch."""
-    if not 0 <= host < hosts:
-        raise ValueError(f"Input host {host} does not exist: the hosts are 0 to {hosts - 1}.")
-    if global_batch % hosts:
-        raise ValueError(f"The global batch of {global_batch} does not divide over {hosts} "
-                         "hosts (input pipelines): make it a multiple of their number.")
-    start, stop = host_range(split.size, hosts, host)
-    if stop - start < global_batch // hosts:
-        raise ValueError(f"Split {split} has {split.size} examples, fewer than one global batch "
-                         f"of {global_batch} ({global_batch // hosts} on each of {hosts} hosts): "
-                         "lower batch_size or use a larger split.")
-
-
 def eval_dataset_fn(builder, config, dtype=tf.float32, num_patches=None):
     """Returns `fn(input_context)`: every eval example once across all pipelines (each reads a
     consecutive part of the split, `host_range`), padded with `mask` 0 to whole global batches
@@ -379,8 +250,8 @@ def eval_dataset_fn(builder, config, dtype=tf.float32, num_patches=None):
         hosts, host = input_context.num_input_pipelines, input_context.input_pipeline_id
         per_replica = input_context.get_per_replica_batch_size(config.eval_batch_size)
         share = config.eval_batch_size // hosts
-        steps = eval_steps(split.size, config.eval_batch_size, hosts)
-        examples = split.read_range(*host_range(split.size, hosts, host))
+        steps = input_order.eval_steps(split.size, config.eval_batch_size, hosts)
+        examples = split.read_range(*input_order.host_range(split.size, hosts, host))
 
         def preprocess(example):
             seed = tf.stack([tf.constant(config.seed, tf.int64), example["id"]])
@@ -400,11 +271,6 @@ def eval_dataset_fn(builder, config, dtype=tf.float32, num_patches=None):
         return examples.with_options(WITHOUT_AUTOTUNING)
 
     return dataset_fn
-
-
-def eval_steps(size, global_batch, hosts):
-    """Evaluation batches: enough for the largest host part of `size` examples."""
-    return math.ceil(math.ceil(size / hosts) / (global_batch // hosts))
 
 
 def _replicas_on_cpus(strategy):

@@ -29,7 +29,7 @@ import keras
 import numpy as np
 from absl import logging
 
-from . import input_pipeline, objectives, run_files, schedules
+from . import input_order, input_pipeline, objectives, run_files, schedules
 from .config_checks import model_spec
 from .loop import Stopped, eval_results
 from .optimizers import build_optimizer
@@ -105,7 +105,7 @@ class JaxEngine:
                 raise ValueError(f"config.{field}={config[field]} must be divisible by the "
                                  f"{self.batch_devices} devices of the batch axis.")
         keras.distribution.set_distribution(self.distribution)
-        keras.utils.set_random_seed(input_pipeline.global_seed(config))
+        keras.utils.set_random_seed(input_order.global_seed(config))
         self.is_chief = is_chief_process()
         self.builder = builder = input_pipeline.get_builder(config)
         label = builder.info.features["label"]
