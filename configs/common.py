@@ -46,9 +46,7 @@ def get_config():
     config.image_size = 224  # training and evaluation resolution (square)
     config.crop_min_area = 0.05  # inception crop: smallest fraction of the image kept
     config.flip = True  # random horizontal flips in training
-    # TFRecord datasets: examples (still encoded) in each host's shuffle window; random-access
-    # storage (ArrayRecord, folders, the default) is shuffled whole, without a buffer.
-    config.shuffle_buffer = 50_000
+    config.shuffle_buffer = 50_000  # TFRecord: examples in a host's shuffle window (docs/training.md)
 
     # Optimisation.
     config.batch_size = 512  # global batch, split evenly across replicas

@@ -4,8 +4,8 @@ every global batch and the eval split are divided among the hosts (input pipelin
 Global batch s is positions [s * B, (s + 1) * B) of the stream; host k of N reads positions
 [k * B / N, (k + 1) * B / N) of each batch (`share_positions`). On random-access storage the
 position picks its record through an index shuffle of the whole split (`shuffled_record`), the
-same for any N; on TFRecord each host reads its own consecutive part (`host_range`) in shuffled
-windows (`_host_order`). Either way a start at any step needs no pass over earlier positions.
+same for any N; on TFRecord each host reads its own consecutive part (`records.Split.part`) in
+shuffled windows (`_host_order`). Either way a start at any step needs no pass over earlier positions.
 """
 
 import math
@@ -13,12 +13,6 @@ import math
 import tensorflow as tf
 
 from . import records
-
-
-def host_range(size, num_hosts, host):
-    """Host `host`'s part of `size` records, `[start, stop)`: consecutive, sizes differing by
-    at most one."""
-    return host * size // num_hosts, (host + 1) * size // num_hosts
 
 
 def share_positions(step, global_batch, num_hosts, host):
@@ -79,7 +73,7 @@ def _host_order(split, config, start_step, hosts, host):
     turn), each shuffled on its own with a seed of its own. A start at any step reads its window
     from the beginning: about one shuffle buffer, what a fresh start reads before its first
     batch (more where one file holds more than a window)."""
-    start, stop = host_range(split.size, hosts, host)
+    start, stop = split.part(hosts, host)
     pieces = split.pieces(start, stop)
     count, part_size = len(pieces.takes), stop - start
     per_window = max(1, min(count, round(config.shuffle_buffer / (part_size / count))))
@@ -135,13 +129,15 @@ def check_host_share(split, global_batch, hosts, host):
     if global_batch % hosts:
         raise ValueError(f"The global batch of {global_batch} does not divide over {hosts} "
                          "hosts (input pipelines): make it a multiple of their number.")
-    start, stop = host_range(split.size, hosts, host)
+    start, stop = split.part(hosts, host)
     if stop - start < global_batch // hosts:
         raise ValueError(f"Split {split} has {split.size} examples, fewer than one global batch "
                          f"of {global_batch} ({global_batch // hosts} on each of {hosts} hosts): "
                          "lower batch_size or use a larger split.")
 
 
-def eval_steps(size, global_batch, hosts):
-    """Evaluation batches: enough for the largest host part of `size` examples."""
-    return math.ceil(math.ceil(size / hosts) / (global_batch // hosts))
+def eval_steps(split, global_batch, hosts):
+    """Evaluation batches: enough for the largest host part of `split`."""
+    bounds = split.part_bounds(hosts)
+    largest = max(high - low for low, high in zip(bounds, bounds[1:]))
+    return math.ceil(largest / (global_batch // hosts))

@@ -212,7 +212,7 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patche
     Random-access storage (ArrayRecord, image folders): each epoch is an index shuffle of the
     whole split (`shuffled_record`); the hosts read nothing but their own examples, the batches
     do not depend on the number of hosts, and starting at `start_step` costs nothing.
-    TFRecord: each host reads its own consecutive part of the split (`host_range`) in shuffled
+    TFRecord: each host reads its own consecutive part of the split (`records.Split.part`) in shuffled
     windows of about `config.shuffle_buffer` examples (`_host_order`); the order then depends
     on the number of hosts, and starting at `start_step` reads one window.
     """
@@ -239,7 +239,7 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patche
 
 def eval_dataset_fn(builder, config, dtype=tf.float32, num_patches=None):
     """Returns `fn(input_context)`: every eval example once across all pipelines (each reads a
-    consecutive part of the split, `host_range`), padded with `mask` 0 to whole global batches
+    consecutive part of the split, `records.Split.part`), padded with `mask` 0 to whole global batches
     (given `num_patches`, with the same patch corruption at every evaluation).
 
     All input pipelines yield the same number of batches, so replicas stay in step.
@@ -250,8 +250,8 @@ def eval_dataset_fn(builder, config, dtype=tf.float32, num_patches=None):
         hosts, host = input_context.num_input_pipelines, input_context.input_pipeline_id
         per_replica = input_context.get_per_replica_batch_size(config.eval_batch_size)
         share = config.eval_batch_size // hosts
-        steps = input_order.eval_steps(split.size, config.eval_batch_size, hosts)
-        examples = split.read_range(*input_order.host_range(split.size, hosts, host))
+        steps = input_order.eval_steps(split, config.eval_batch_size, hosts)
+        examples = split.read_range(*split.part(hosts, host))
 
         def preprocess(example):
             seed = tf.stack([tf.constant(config.seed, tf.int64), example["id"]])

@@ -11,6 +11,7 @@ Three kinds of storage, and what each can do:
 """
 
 import dataclasses
+import functools
 
 import numpy as np
 import tensorflow as tf
@@ -39,6 +40,29 @@ class Split:
 
     def __repr__(self):
         return f"{self.builder.name}:{self.split}"
+
+    def part(self, hosts, host):
+        """Host `host`'s consecutive part `[start, stop)` of the records when `hosts` read the
+        split between them (see `part_bounds`)."""
+        bounds = self.part_bounds(hosts)
+        return bounds[host], bounds[host + 1]
+
+    def part_bounds(self, hosts):
+        """Where each host's part starts, and the end: equal parts (sizes differing by at most
+        one), or on TFRecord storage with at least as many files as hosts, whole files (each
+        bound moved to the nearest file start), so that no host reads through another's records
+        to reach its own (a TFRecord file is read from its beginning)."""
+        bounds = [k * self.size // hosts for k in range(hosts + 1)]
+        if self.random_access:
+            return bounds
+        starts = self._file_starts
+        aligned = [int(starts[np.abs(starts - bound).argmin()]) for bound in bounds[:-1]]
+        aligned.append(self.size)
+        return aligned if all(low < high for low, high in zip(aligned, aligned[1:])) else bounds
+
+    @functools.cached_property
+    def _file_starts(self):
+        return self.pieces(0, self.size).first_ids
 
     def read_at(self, indices):
         """The examples at the record numbers of `indices` (a dataset of int64 vectors), one
