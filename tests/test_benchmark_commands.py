@@ -54,3 +54,23 @@ def test_export_latency_benchmark_times_a_variant_with_changed_fields():
                                         "TFLite dynamic", "TFLite int8"]
     # Ti/16's own float32 file is 22 MB; this one holds about 12k weights (0.05 MB).
     assert float(rows[1][2]) < 0.5, rows
+
+
+def test_input_scaling_benchmark_reads_about_one_share_per_host(tmp_path):
+    """`benchmarks/input_scaling.py` on 512 tiny JPEGs and 1 or 4 simulated hosts: it writes the
+    dataset in both formats and prints its three tables; 4 hosts together read far fewer than 4
+    copies of the records (before issue 27 every host read all of them)."""
+    command = [sys.executable, "benchmarks/input_scaling.py", "--records=512", "--image_size=32",
+               "--hosts=1,4", "--batch_size=64", "--host_batch=8", "--batches=1",
+               f"--data_dir={tmp_path}"]
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line.split(" | ") for line in result.stdout.splitlines() if line.startswith("| ")
+            and not line.startswith("| format")]
+    reads = {(row[0][2:], int(row[1])): float(row[2]) for row in rows[:4]}
+    assert sorted(reads) == [("array_record", 1), ("array_record", 4), ("tfrecord", 1),
+                             ("tfrecord", 4)], rows
+    assert all(1.0 <= amplification < 2.5 for amplification in reads.values()), reads
+    assert len(rows) == 4 + 6 + 4, rows  # first batches: 3 cases x 2 host counts
