@@ -1,4 +1,4 @@
-"""Input that scales with the hosts (issue 27): N simulated hosts share one epoch of a JPEG
+"""Input that scales with the hosts: N simulated hosts share one epoch of a JPEG
 dataset that the benchmark writes twice, as TFRecord and as ArrayRecord files.
 
     python benchmarks/input_scaling.py                 # 49,152 224px JPEGs, N = 1, 4, 16, 64
@@ -9,7 +9,8 @@ For each format and host count N, hosts 0 to N-1 run one after the other in this
   records all hosts read (train.input's read counter, what TFDS hands on) and the bytes this
   process read from files (/proc/self/io `rchar`, which also counts what a reader reads to skip
   records inside a TFRecord file), over the records and encoded image bytes the hosts consumed.
-  Before issue 27 every host read every record: N. It also checks that no example repeats;
+  When every host read every record (the input pipeline until each host read its share), it
+  was N. It also checks that no example repeats;
 - time to the first batch of host 0 (no decoding) at step 0 and at mid-epoch, with what it read;
 - images/s of host 0 with the training preprocessing (decode, inception crop, flip, resize to
   224px: train.input_pipeline.train_dataset_fn).
@@ -83,13 +84,16 @@ class SyntheticJpegs(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
 def prepared(args, file_format):
     """The dataset in `file_format`, written under --data_dir unless it is there already."""
-    data_dir = os.path.join(args.data_dir, f"{args.records}x{args.image_size}px", file_format)
+    data_dir = os.path.join(args.data_dir, f"{args.records}x{args.image_size}px_{args.files}files",
+                            file_format)
     builder = SyntheticJpegs(args.records, args.image_size, data_dir=data_dir,
                              file_format=file_format)
     if not builder.is_prepared():
         print(f"Writing {args.records} JPEGs as {file_format} to {data_dir}", flush=True)
         start = time.perf_counter()
-        builder.download_and_prepare(file_format=file_format)
+        builder.download_and_prepare(file_format=file_format,
+                                     download_config=tfds.download.DownloadConfig(
+                                         num_shards=args.files))
         print(f"  done in {time.perf_counter() - start:.0f} s", flush=True)
     return builder
 
@@ -176,6 +180,9 @@ def main():
     parser.add_argument("--image_size", type=int, default=224, help="Stored image side, px.")
     parser.add_argument("--data_dir", default=os.path.expanduser(
         "~/.cache/keras_vit/input_scaling"), help="Where the datasets are kept for reuse.")
+    parser.add_argument("--files", type=int, default=128,
+                        help="Files each format is written as (ImageNet in TFDS: 1,024 train "
+                        "files of about 1,250 records).")
     parser.add_argument("--hosts", default="1,4,16,64", help="Simulated host counts.")
     parser.add_argument("--batch_size", type=int, default=1024,
                         help="Global batch of the read tests (a multiple of every host count).")
@@ -195,11 +202,11 @@ def main():
     sizes = image_sizes(builders["tfrecord"])
     steps = len(sizes) // config.batch_size
     print(f"{len(sizes)} records of {args.image_size}px JPEG, {sizes.mean() / 1e3:.1f} KB on "
-          f"average ({sizes.sum() / 1e6:.0f} MB); global batch {config.batch_size}, {steps} "
+          f"average ({sizes.sum() / 1e6:.0f} MB) in {args.files} files; global batch {config.batch_size}, {steps} "
           f"steps an epoch ({steps * config.batch_size} records consumed); shuffle buffer "
           f"{config.shuffle_buffer}\n")
 
-    print("Read amplification, one epoch over all hosts (before issue 27: N)\n")
+    print("Read amplification, one epoch over all hosts (when every host read everything: N)\n")
     print("| format | hosts N | records read / consumed | bytes read / consumed | MB read "
           "| s, all hosts |\n|---|---:|---:|---:|---:|---:|")
     for file_format, builder in builders.items():
@@ -232,8 +239,7 @@ def main():
             config.batch_size = args.host_batch * hosts
             rate = images_per_second(builder, config, hosts, args.batches)
             print(f"| {file_format} | {hosts} | {rate:.0f} |", flush=True)
-    print(f"\nLoad average at the end {os.getloadavg()[0]:.1f}. For scale (issue 27's figure, "
-          "no source given): one TPU v4 chip consumes about 1,500-2,000 images/s for B/16.")
+    print(f"\nLoad average at the end {os.getloadavg()[0]:.1f}.")
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ def get_config():
     config.image_size = 224  # training and evaluation resolution (square)
     config.crop_min_area = 0.05  # inception crop: smallest fraction of the image kept
     config.flip = True  # random horizontal flips in training
-    config.shuffle_buffer = 50_000  # TFRecord: examples in a host's shuffle window (docs/training.md)
+    config.shuffle_buffer = 50_000  # TFRecord only: examples in a host's shuffle window
 
     # Optimisation.
     config.batch_size = 512  # global batch, split evenly across replicas

@@ -59,9 +59,9 @@ def test_export_latency_benchmark_times_a_variant_with_changed_fields():
 def test_input_scaling_benchmark_reads_about_one_share_per_host(tmp_path):
     """`benchmarks/input_scaling.py` on 512 tiny JPEGs and 1 or 4 simulated hosts: it writes the
     dataset in both formats and prints its three tables; 4 hosts together read far fewer than 4
-    copies of the records (before issue 27 every host read all of them)."""
+    copies of the records (when every host read all of them: 4)."""
     command = [sys.executable, "benchmarks/input_scaling.py", "--records=512", "--image_size=32",
-               "--hosts=1,4", "--batch_size=64", "--host_batch=8", "--batches=1",
+               "--files=8", "--hosts=1,4", "--batch_size=64", "--host_batch=8", "--batches=1",
                f"--data_dir={tmp_path}"]
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,

@@ -4,8 +4,9 @@ every global batch and the eval split are divided among the hosts (input pipelin
 Global batch s is positions [s * B, (s + 1) * B) of the stream; host k of N reads positions
 [k * B / N, (k + 1) * B / N) of each batch (`share_positions`). On random-access storage the
 position picks its record through an index shuffle of the whole split (`shuffled_record`), the
-same for any N; on TFRecord each host reads its own consecutive part (`records.Split.part`) in
-shuffled windows (`_host_order`). Either way a start at any step needs no pass over earlier positions.
+same for any N; on TFRecord each host reads its own consecutive part (`records.Split.part`)
+in shuffled windows (`_host_order`). Either way a start at any step needs no pass over
+earlier positions.
 """
 
 import math

@@ -212,9 +212,10 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patche
     Random-access storage (ArrayRecord, image folders): each epoch is an index shuffle of the
     whole split (`shuffled_record`); the hosts read nothing but their own examples, the batches
     do not depend on the number of hosts, and starting at `start_step` costs nothing.
-    TFRecord: each host reads its own consecutive part of the split (`records.Split.part`) in shuffled
-    windows of about `config.shuffle_buffer` examples (`_host_order`); the order then depends
-    on the number of hosts, and starting at `start_step` reads one window.
+    TFRecord: each host reads its own consecutive part of the split (`records.Split.part`) in
+    shuffled windows of about `config.shuffle_buffer` examples (`input_order._host_order`);
+    the order then depends on the number of hosts, and starting at `start_step` reads one
+    window.
     """
     split = records.Split(builder, config.train_split)
 
@@ -239,7 +240,8 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patche
 
 def eval_dataset_fn(builder, config, dtype=tf.float32, num_patches=None):
     """Returns `fn(input_context)`: every eval example once across all pipelines (each reads a
-    consecutive part of the split, `records.Split.part`), padded with `mask` 0 to whole global batches
+    consecutive part of the split, `records.Split.part`), padded with `mask` 0 to whole global
+    batches
     (given `num_patches`, with the same patch corruption at every evaluation).
 
     All input pipelines yield the same number of batches, so replicas stay in step.
