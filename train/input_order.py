@@ -3,7 +3,7 @@ every global batch and the eval split are divided among the hosts (input pipelin
 
 Global batch s is positions [s * B, (s + 1) * B) of the stream; host k of N reads positions
 [k * B / N, (k + 1) * B / N) of each batch (`share_positions`). On random-access storage the
-position picks its record through an index shuffle of the whole split (`shuffled_record`), the
+position picks its record through an index shuffle of the whole split (`shuffled_records`), the
 same for any N; on TFRecord each host reads its own consecutive part (`records.Split.part`)
 in shuffled windows (`_host_order`). Either way a start at any step needs no pass over
 earlier positions.
@@ -24,15 +24,20 @@ def share_positions(step, global_batch, num_hosts, host):
     return step * global_batch + host * share + tf.range(share, dtype=tf.int64)
 
 
-def shuffled_record(position, size, seed):
-    """The record at `position` (a scalar) of the endless stream over a random-access split of
-    `size` records: epoch after epoch, each a permutation of the split drawn from (seed, epoch)
-    by `tf.random.experimental.index_shuffle`, so any position is found without reading the ones
-    before it (a resume starts at once) and without knowing the number of hosts. (Scalar: the
-    op's Python wrapper pads a [n, 2] seed matrix along the wrong axis, TensorFlow 2.21.)"""
-    epoch, offset = position // size, position % size
-    return tf.random.experimental.index_shuffle(
-        offset, tf.stack([tf.constant(seed, tf.int64), epoch]), tf.constant(size - 1, tf.int64))
+def shuffled_records(positions, size, seed):
+    """The records at `positions` (a vector) of the endless stream over a random-access split
+    of `size` records: epoch after epoch, each a permutation of the split drawn from (seed,
+    epoch) by TensorFlow's index shuffle, so any position is found without reading the ones
+    before it (a resume starts at once) and without knowing the number of hosts.
+
+    The raw op of `tf.random.experimental.index_shuffle`, whose Python wrapper takes one seed
+    for all positions (or pads a seed per position along the wrong axis, TensorFlow 2.21):
+    each position needs its epoch's seed, padded as the wrapper pads one."""
+    epochs, offsets = positions // size, positions % size
+    fill = lambda value: tf.fill(tf.shape(positions), tf.constant(value, tf.int64))  # noqa: E731
+    seeds = tf.stack([fill(498247692), fill(seed), epochs], axis=1)
+    return tf.raw_ops.RandomIndexShuffle(index=offsets, seed=seeds, max_index=fill(size - 1),
+                                         rounds=4)
 
 
 def global_seed(config):
@@ -43,9 +48,9 @@ def global_seed(config):
 
 
 def train_positions(config, start_step, hosts, host):
-    """The global stream positions this host reads, from `start_step` on, one at a time."""
+    """The global stream positions this host reads, from `start_step` on: a vector a step."""
     steps = tf.data.Dataset.range(start_step, 2**62)
-    return steps.map(lambda step: share_positions(step, config.batch_size, hosts, host)).unbatch()
+    return steps.map(lambda step: share_positions(step, config.batch_size, hosts, host))
 
 
 def train_examples(split, config, start_step, hosts, host):
@@ -59,12 +64,12 @@ def train_examples(split, config, start_step, hosts, host):
 
 
 def _global_order(split, config, start_step, hosts, host):
-    """`(position, example)` for this host's positions, read at random (`shuffled_record`)."""
+    """`(position, example)` for this host's positions, read at random (`shuffled_records`)."""
     positions = train_positions(config, start_step, hosts, host)
-    record_numbers = positions.map(lambda position: shuffled_record(position, split.size,
-                                                                    config.seed))
-    examples = split.read_at(record_numbers.batch(records.READ_CHUNK))
-    return tf.data.Dataset.zip(positions, examples)
+    record_numbers = positions.map(
+        lambda step_positions: shuffled_records(step_positions, split.size, config.seed))
+    examples = split.read_at(record_numbers.unbatch().batch(records.READ_CHUNK))
+    return tf.data.Dataset.zip(positions.unbatch(), examples)
 
 
 def _host_order(split, config, start_step, hosts, host):
@@ -119,7 +124,7 @@ def _host_order(split, config, start_step, hosts, host):
     stream = epochs.flat_map(lambda epoch: one_epoch(
         epoch, tf.where(epoch == first_epoch, first_window, tf.constant(0, tf.int64))))
     positions = train_positions(config, start_step, hosts, host)
-    return tf.data.Dataset.zip(positions, stream.skip(skip))
+    return tf.data.Dataset.zip(positions.unbatch(), stream.skip(skip))
 
 
 def check_host_share(split, global_batch, hosts, host):

@@ -109,14 +109,19 @@ class Split:
             tf.gather(pieces.skips, piece)).take(take)
         first = tf.gather(tf.constant(pieces.first_ids), piece)
         numbers = tf.data.Dataset.range(first, first + take)
-        return self._observed(tf.data.Dataset.zip(numbers, serialized).map(
-            self._parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True))
+        chunks = tf.data.Dataset.zip(numbers, serialized).batch(READ_CHUNK)
+        return self._observed(chunks.map(self._parse_chunk, num_parallel_calls=tf.data.AUTOTUNE,
+                                         deterministic=True).unbatch())
 
-    def _parse(self, index, record):
-        """A serialized tf.Example (TFDS' format in both file formats) to an example."""
-        example = self.builder.info.features.deserialize_example(
-            record, decoders={"image": tfds.decode.SkipDecoding()})
-        return _example(example["image"], example["label"], index)
+    def _parse_chunk(self, numbers, records):
+        """Serialized tf.Examples (TFDS' format in both file formats) to examples, the image
+        left encoded. The driver reads an `image` and a `label` feature (TFDS' image
+        classification datasets); one `parse_example` for the chunk is twice as fast as TFDS'
+        parse of one example at a time."""
+        features = tf.io.parse_example(records, {
+            "image": tf.io.FixedLenFeature([], tf.string),
+            "label": tf.io.FixedLenFeature([], tf.int64)})
+        return _example(features["image"], features["label"], numbers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,20 +165,38 @@ def _folder_reader(split):
 
 
 def _array_record_reader(split):
-    """Reads serialized examples through TFDS' ArrayRecord data source (Python, one call per
-    chunk of record numbers) and parses them in TensorFlow, the image left encoded."""
-    source = split.builder.as_data_source(
-        split.split, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
+    """Reads a chunk of record numbers with array_record's reader, one call into Python per
+    chunk (TFDS' data source adds a thread pool and a Python step per record: half the speed
+    on the offline default), then parses them in TensorFlow, the image left encoded."""
+    from array_record.python import array_record_module
 
-    def serialized(indices):
-        return np.array(source.__getitems__(indices.tolist()), dtype=object)
+    pieces = split.builder.info.splits[split.split].file_instructions
+    starts = np.cumsum([0] + [piece.take for piece in pieces])  # first record number of each
+    readers = {}
+
+    def reader(index):  # opened once, on first use; reading is thread-safe
+        if index not in readers:
+            readers[index] = array_record_module.ArrayRecordReader(
+                pieces[index].filename, "readahead_buffer_size:0")
+        return readers[index]
+
+    def serialized(numbers):
+        found = np.empty(len(numbers), dtype=object)
+        files = np.searchsorted(starts, numbers, side="right") - 1
+        for index in np.unique(files):
+            chosen = np.flatnonzero(files == index)
+            positions = numbers[chosen] - starts[index] + pieces[index].skip
+            found[chosen] = reader(index).read(positions.tolist())
+        return found
 
     def read(indices):
-        records = indices.map(
-            lambda chunk: (chunk, tf.ensure_shape(tf.numpy_function(serialized, [chunk],
-                                                                    tf.string), [None])),
-            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        return records.unbatch().map(split._parse, num_parallel_calls=tf.data.AUTOTUNE,
-                                     deterministic=True)
+        def read_chunk(numbers):
+            records = tf.ensure_shape(tf.numpy_function(serialized, [numbers], tf.string),
+                                      [None])
+            return numbers, records
+
+        chunks = indices.map(read_chunk, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return chunks.map(split._parse_chunk, num_parallel_calls=tf.data.AUTOTUNE,
+                          deterministic=True).unbatch()
 
     return read
