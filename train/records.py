@@ -176,8 +176,10 @@ def _array_record_reader(split):
 
     def reader(index):  # opened once, on first use; reading is thread-safe
         if index not in readers:
+            # No read-ahead (the reads are at random), and no 1 MB read of the file's end on
+            # opening (each host opens every file): the index alone is read.
             readers[index] = array_record_module.ArrayRecordReader(
-                pieces[index].filename, "readahead_buffer_size:0")
+                pieces[index].filename, "readahead_buffer_size:0,footer_prefetch_bytes:0")
         return readers[index]
 
     def serialized(numbers):
