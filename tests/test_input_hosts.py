@@ -6,7 +6,6 @@ In-process on the tiny fake Fashion-MNIST (512 train examples, batch 32: 16 step
 through `train.input.host_batches`, the stream that `python -m train.input` prints.
 """
 
-import os
 import subprocess
 import sys
 
@@ -16,7 +15,8 @@ import tensorflow_datasets as tfds
 
 from train import input as train_input
 from train import input_order, input_pipeline, records
-from train_fixtures import NUM_TRAIN, REPO, tiny_config, write_image_folder
+from train_fixtures import (NUM_TRAIN, REPO, fashion_mnist_dir, tiny_config,
+                            write_image_folder)
 
 STEPS_PER_EPOCH = NUM_TRAIN // 32
 
@@ -26,16 +26,9 @@ def tfrecord_dir(fake_fmnist, tmp_path_factory):
     """The fake Fashion-MNIST prepared as 16 TFRecord files of 32 train examples (the driver
     prepares ArrayRecord)."""
     data_dir = str(tmp_path_factory.mktemp("tfrecord"))
-    previous = os.environ.get("FASHION_MNIST_DIR")
-    os.environ["FASHION_MNIST_DIR"] = fake_fmnist.source
-    try:
+    with fashion_mnist_dir(fake_fmnist.source):
         tfds.builder("fashion_mnist_local", data_dir=data_dir).download_and_prepare(
             file_format="tfrecord", download_config=tfds.download.DownloadConfig(num_shards=16))
-    finally:
-        if previous is None:
-            del os.environ["FASHION_MNIST_DIR"]
-        else:
-            os.environ["FASHION_MNIST_DIR"] = previous
     return data_dir
 
 

@@ -7,6 +7,7 @@ prepared once per test session as the TFDS dataset `fashion_mnist_local` in a te
 `data_dir` (`fake_fashion_mnist`).
 """
 
+import contextlib
 import gzip
 import json
 import os
@@ -132,21 +133,28 @@ class FakeData:
         return env
 
 
-def fake_fashion_mnist(root):
-    """Writes the fake Fashion-MNIST under `root` and prepares it as a TFDS dataset (the
-    `fake_fmnist` fixture of conftest.py does this once per test session)."""
-    data = FakeData(root)
-    write_fake_fashion_mnist(data.source)
+@contextlib.contextmanager
+def fashion_mnist_dir(folder):
+    """FASHION_MNIST_DIR is `folder` inside the block (the files a TFDS prepare reads)."""
     previous = os.environ.get("FASHION_MNIST_DIR")
-    os.environ["FASHION_MNIST_DIR"] = data.source
+    os.environ["FASHION_MNIST_DIR"] = folder
     try:
-        from train import input_pipeline
-        input_pipeline.get_builder(tiny_config(data))  # prepares it under data.data_dir
+        yield
     finally:
         if previous is None:
             del os.environ["FASHION_MNIST_DIR"]
         else:
             os.environ["FASHION_MNIST_DIR"] = previous
+
+
+def fake_fashion_mnist(root):
+    """Writes the fake Fashion-MNIST under `root` and prepares it as a TFDS dataset (the
+    `fake_fmnist` fixture of conftest.py does this once per test session)."""
+    data = FakeData(root)
+    write_fake_fashion_mnist(data.source)
+    with fashion_mnist_dir(data.source):
+        from train import input_pipeline
+        input_pipeline.get_builder(tiny_config(data))  # prepares it under data.data_dir
     return data
 
 
