@@ -95,10 +95,16 @@ def quiet_logs(verbose):
         handler.addFilter(_OursOrImportant())
 
 
-def fail(message, exit_code=1):
-    """Prints `Error: message` (one paragraph) to stderr and exits with `exit_code`."""
+def fail(message, exit_code=1, now=False):
+    """Prints `Error: message` (one paragraph) to stderr and exits with `exit_code`; `now`
+    skips the interpreter's exit handlers, for when a thread is stuck inside a C++ library
+    (JAX's would wait for processes that are gone, then abort with a stack dump)."""
     text = " ".join(str(message).split())  # one paragraph, whatever the message's layout
     print(f"Error: {text}", file=sys.stderr)
+    if now:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)
     sys.exit(exit_code)
 
 

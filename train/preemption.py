@@ -15,6 +15,8 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
+import traceback
 
 import tensorflow as tf
 from absl import logging
@@ -43,6 +45,7 @@ class PreemptionWatcher:
         if use_tf_handler is None:
             use_tf_handler = not is_tpu(strategy)
         if use_tf_handler:
+            _quiet_lost_peer_in_handler_threads()
             # The handler keeps its own run counter in a checkpoint of its own; the run's
             # checkpoints are written by `save`. A local directory that does not exist makes
             # the counter start at 0 on every worker, so their counts agree after any restart.
@@ -85,3 +88,25 @@ class PreemptionWatcher:
         self._handler = None
         if self._handler_dir:
             shutil.rmtree(self._handler_dir, ignore_errors=True)
+
+
+def _quiet_lost_peer_in_handler_threads():
+    """Drops the traceback that a thread of TensorFlow's preemption handler prints when a
+    multi-worker run loses a worker (UnavailableError from the coordination service): the
+    training loop fails on the same loss, and train.main says which worker in one paragraph.
+    Stays installed once set: the thread may fail after the watcher is closed."""
+    previous = threading.excepthook
+    if getattr(previous, "keras_vit_quiet", False):
+        return
+    lost = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError)
+
+    def hook(args):
+        frames = traceback.extract_tb(args.exc_traceback)
+        if (isinstance(args.exc_value, lost)
+                and any("failure_handling" in frame.filename for frame in frames)):
+            logging.debug("TensorFlow's preemption handler thread stopped: %s", args.exc_value)
+            return
+        previous(args)
+
+    hook.keras_vit_quiet = True
+    threading.excepthook = hook
