@@ -15,6 +15,7 @@ a terminal (a log file, CI), tqdm's progress bars. `--verbose` shows them all. A
 TF_CPP_MIN_LOG_LEVEL or TQDM_DISABLE in the environment always wins.
 """
 
+import errno
 import importlib.abc
 import importlib.util
 import logging
@@ -109,6 +110,10 @@ def fail(message, exit_code=1, now=False):
 
 
 def _message(error):
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC and error.filename:
+        return (f"No space left on the disk of {error.filename}: free some space there (or give "
+                "another folder) and run the same command again; a training run resumes from "
+                "its newest checkpoint.")
     text = str(error).strip()
     if isinstance(error, (AttributeError, KeyError)):
         # ml_collections quotes its message, escapes included: 'field'\nDid you mean ...
