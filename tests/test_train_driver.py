@@ -27,7 +27,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -845,3 +847,41 @@ def test_preemption_watcher_saves_once_then_stops(use_tf_handler):
         watcher.close()
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_tensorflows_preemption_handler_is_quiet_about_a_lost_worker(monkeypatch):
+    """What TensorFlow's preemption handler raises when a worker is lost (its watcher thread's
+    UnavailableError, its __del__ unable to join that thread) is dropped: train.main reports
+    the loss in one paragraph. The same errors from elsewhere still reach the hooks."""
+    from train import preemption
+
+    seen = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.exc_value))
+    monkeypatch.setattr(sys, "unraisablehook", lambda args: seen.append(args.exc_value))
+    preemption._quiet_lost_peer_in_handler_threads()
+    handler_code = {}  # a function whose frames name TensorFlow's failure_handling module
+    exec(compile("def fail(error):\n    raise error\n", "/site-packages/tensorflow/python/"
+                 "distribute/failure_handling/failure_handling.py", "exec"), handler_code)
+
+    def raised(error, where=handler_code["fail"]):
+        try:
+            where(error)
+        except Exception as caught:
+            return caught
+
+    def hook_args(error):
+        return types.SimpleNamespace(exc_type=type(error), exc_value=error, thread=None,
+                                     exc_traceback=error.__traceback__, err_msg=None,
+                                     object=None)
+
+    threading.excepthook(hook_args(raised(tf.errors.UnavailableError(None, None, "lost"))))
+    sys.unraisablehook(hook_args(raised(RuntimeError("cannot join current thread"))))
+    assert seen == []
+
+    def elsewhere(error):
+        raise error
+
+    ours = raised(tf.errors.UnavailableError(None, None, "ours"), where=elsewhere)
+    threading.excepthook(hook_args(ours))
+    sys.unraisablehook(hook_args(raised(ValueError("another"))))
+    assert [str(error) for error in seen] == ["ours", "another"]

@@ -14,6 +14,7 @@ client process driving every TPU host) watches for SIGTERM itself.
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import traceback
@@ -91,22 +92,32 @@ class PreemptionWatcher:
 
 
 def _quiet_lost_peer_in_handler_threads():
-    """Drops the traceback that a thread of TensorFlow's preemption handler prints when a
-    multi-worker run loses a worker (UnavailableError from the coordination service): the
+    """Drops what TensorFlow's preemption handler prints when a multi-worker run loses a
+    worker: its watcher thread's UnavailableError from the coordination service, and the
+    handler's `__del__` failing to join that thread (it can run in the thread itself). The
     training loop fails on the same loss, and train.main says which worker in one paragraph.
-    Stays installed once set: the thread may fail after the watcher is closed."""
-    previous = threading.excepthook
-    if getattr(previous, "keras_vit_quiet", False):
+    Installed once, for good: the thread may fail after the watcher is closed."""
+    previous_thread_hook, previous_unraisable_hook = threading.excepthook, sys.unraisablehook
+    if getattr(previous_thread_hook, "keras_vit_quiet", False):
         return
     lost = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError)
 
-    def hook(args):
-        frames = traceback.extract_tb(args.exc_traceback)
-        if (isinstance(args.exc_value, lost)
-                and any("failure_handling" in frame.filename for frame in frames)):
+    def in_handler(exc_traceback):
+        return any("failure_handling" in frame.filename
+                   for frame in traceback.extract_tb(exc_traceback))
+
+    def thread_hook(args):
+        if isinstance(args.exc_value, lost) and in_handler(args.exc_traceback):
             logging.debug("TensorFlow's preemption handler thread stopped: %s", args.exc_value)
             return
-        previous(args)
+        previous_thread_hook(args)
 
-    hook.keras_vit_quiet = True
-    threading.excepthook = hook
+    def unraisable_hook(args):
+        if (isinstance(args.exc_value, (RuntimeError, *lost))
+                and in_handler(args.exc_traceback)):
+            logging.debug("TensorFlow's preemption handler failed to stop: %s", args.exc_value)
+            return
+        previous_unraisable_hook(args)
+
+    thread_hook.keras_vit_quiet = True
+    threading.excepthook, sys.unraisablehook = thread_hook, unraisable_hook

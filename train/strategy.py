@@ -74,6 +74,8 @@ def cluster_task():
         raise ValueError(f"TF_CONFIG names a cluster but not this process's task: add "
                          f"{example}, N this worker's place in the cluster's list.")
     task_type, index = task.get("type"), task.get("index", 0)
+    if task_type == "evaluator" and task_type not in cluster:  # TensorFlow allows it unlisted
+        return cluster, task_type, index
     if task_type not in cluster:
         raise ValueError(f'TF_CONFIG\'s task "type" is {json.dumps(task_type)}, which is not a '
                          f"job of its cluster ({', '.join(map(json.dumps, cluster))}).")
