@@ -263,6 +263,15 @@ def position_embedding_similarity(model):
     position = _find_layer(model, vit_layers.AddPositionEmbs, "AddPositionEmbs")
     embeddings = position.embeddings()
     if embeddings is None:
+        relative = next((layer.relative_position for layer in model.layers
+                         if getattr(layer, "relative_position", None)), None)
+        if relative:  # the blocks' attention holds them: logits of offsets, not vectors
+            kind = {"1d": "relative", "2d": "relative_2d"}.get(relative, relative)
+            raise ValueError(
+                f"Model {model.name!r} has relative position embeddings "
+                f"(position_embedding={kind!r}): each block's attention adds logits for the "
+                "offset between two patches, so no patch has an embedding of its own to "
+                "compare. The similarity needs position_embedding='learned' or 'learned_2d'.")
         raise ValueError(f"Model {model.name!r} adds no position embeddings "
                          "(position_embedding='none'); there is nothing to compare.")
     grid = np.asarray(keras.ops.convert_to_numpy(embeddings), np.float64)[0]

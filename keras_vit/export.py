@@ -13,8 +13,10 @@ app would find it. Arguments are checked (ValueError or TypeError naming the arg
 any tracing or conversion.
 """
 
+import errno
 import json
 import os
+import re
 import tempfile
 import warnings
 
@@ -261,14 +263,42 @@ def export_saved_model(model, base_dir, class_names=None, version=None, top_k=DE
     archive.add_endpoint("serving_images", serve_images, input_signature=[
         tf.TensorSpec([None, None, None, 3], tf.float32, name="images")])
     # Written under a dot-name TF Serving ignores, renamed to the version once complete.
-    with fileio.atomic_directory(final) as temporary:
-        archive.write_out(temporary, verbose=False)
-        spec = getattr(model, "spec", None)
-        if spec is not None:  # SavedModel's place for files that the graph does not load
-            fileio.makedirs(os.path.join(temporary, os.path.dirname(SPEC_ASSET)))
-            with fileio.open_file(os.path.join(temporary, SPEC_ASSET), "w") as handle:
-                handle.write(json.dumps(spec.to_dict(), indent=2))
+    try:
+        with fileio.atomic_directory(final) as temporary:
+            archive.write_out(temporary, verbose=False)
+            spec = getattr(model, "spec", None)
+            if spec is not None:  # SavedModel's place for files that the graph does not load
+                fileio.makedirs(os.path.join(temporary, os.path.dirname(SPEC_ASSET)))
+                with fileio.open_file(os.path.join(temporary, SPEC_ASSET), "w") as handle:
+                    handle.write(json.dumps(spec.to_dict(), indent=2))
+    except _file_errors(tf) as error:  # a full disk, a lost permission, a bucket gone
+        raise _write_error(error, final) from error
     return final
+
+
+def _file_errors(tf):
+    """TensorFlow's errors for a file it cannot write (its C++ savers raise these)."""
+    return (tf.errors.ResourceExhaustedError, tf.errors.PermissionDeniedError,
+            tf.errors.NotFoundError, tf.errors.FailedPreconditionError,
+            tf.errors.UnavailableError, tf.errors.UnauthenticatedError, tf.errors.DataLossError,
+            OSError)
+
+
+def _write_error(error, path):
+    """An OSError naming `path` for an error writing it, without TensorFlow's internals:
+    "{{function_node __wrapped__SaveV2_dtypes_41_device_/job:localhost/...}} <temporary
+    file>; No space left on device [Op:SaveV2]" becomes "[Errno 28] No space left on device:
+    '<path>'" (the temporary files are gone by then)."""
+    if isinstance(error, OSError) and error.filename:
+        return error
+    text = re.sub(r"\{\{.*?\}\}|\[Op:[^\]]*\]", "",
+                  str(getattr(error, "message", None) or error)).strip()
+    reason = text.splitlines()[0].rsplit("; ", 1)[-1].strip() if text else ""
+    reason = reason or type(error).__name__
+    for code in (errno.ENOSPC, errno.EACCES, errno.EDQUOT, errno.EROFS):
+        if os.strerror(code).lower() in reason.lower():
+            return OSError(code, os.strerror(code), str(path))
+    return OSError(f"Cannot write {path}: {reason}. Nothing was left there.")
 
 
 def float32_copy(model):

@@ -88,7 +88,8 @@ def write_atomically(path, content):
     """Writes `content` (bytes or str) to `path` through a temporary file and a rename.
 
     On any error the temporary file is removed and the error raised; `path` keeps its previous
-    content (or stays absent)."""
+    content (or stays absent). An OSError that names no file (a write into a full disk: "[Errno
+    28] No space left on device") is raised again naming `path`."""
     temporary = _temporary_name(path)
     mode = "w" if isinstance(content, str) else "wb"
     try:
@@ -98,6 +99,11 @@ def write_atomically(path, content):
             _gfile().rename(temporary, path, overwrite=True)
         else:
             os.replace(temporary, path)
+    except OSError as error:
+        remove(temporary)
+        if error.filename is None and error.errno is not None:
+            raise OSError(error.errno, error.strerror, str(path)) from error
+        raise
     except BaseException:
         remove(temporary)
         raise

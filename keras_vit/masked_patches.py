@@ -28,6 +28,7 @@ seen through its neighbours' tokens, and the task is easier than for a plain ViT
 """
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_vit import layers as vit_layers
@@ -106,6 +107,39 @@ def corrupt_tokens(tokens, corruption, source, mask_embedding):
     return ops.where(corruption == MASKED, ops.cast(mask_embedding, tokens.dtype), tokens_out)
 
 
+_WHAT = {"corruption": f"the codes are {NOT_CORRUPTED} (not corrupted), {MASKED} (masked), "
+                       f"{REPLACED} (replaced by the patch at `source`) and {KEPT} (kept, "
+                       "still predicted)",
+         "source": "the index of the patch whose embedding replaces a replaced one, any "
+                   "patch's index elsewhere"}
+
+
+def _known_values(tensor):
+    """`tensor`'s values as numpy if they are known now (numpy input, or an eager call), else
+    None (while tracing or compiling: tf.function, jax.jit, XLA)."""
+    if isinstance(tensor, (np.ndarray, list, tuple)):
+        return np.asarray(tensor)
+    if isinstance(tensor, keras.KerasTensor):
+        return None
+    backend = keras.config.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        if tf.is_symbolic_tensor(tensor) or not hasattr(tensor, "numpy"):
+            return None
+        return tensor.numpy()
+    if backend == "jax":
+        import jax
+
+        if isinstance(tensor, jax.core.Tracer) or not getattr(tensor, "is_fully_addressable",
+                                                              True):
+            return None  # (a batch split over several processes: not on this host)
+        return np.asarray(tensor)
+    if backend == "torch":
+        return tensor.detach().cpu().numpy()
+    return None
+
+
 class MaskedPatchPredictor(keras.Model):
     """A ViT encoder with the masked-patch-prediction head, for self-supervised pre-training.
 
@@ -170,6 +204,7 @@ class MaskedPatchPredictor(keras.Model):
 
     def call(self, inputs, training=False):
         images, corruption, source = inputs["images"], inputs["corruption"], inputs["source"]
+        self._check_corruption(images, corruption, source)
         corruption = ops.cast(corruption, "int32")
         source = ops.cast(source, "int32")
         self.patch_embed.token_transform = lambda tokens: corrupt_tokens(
@@ -181,6 +216,44 @@ class MaskedPatchPredictor(keras.Model):
         tokens = ops.cast(tokens[:, self.num_prefix_tokens:], "float32")
         predictions = self.head(tokens)
         return ops.reshape(predictions, (-1, self.num_patches) + self.prediction_shape)
+
+    def _check_corruption(self, images, corruption, source):
+        """ValueError or TypeError for corruption inputs the model cannot apply (TensorFlow
+        would fail deep inside PatchEmbed with a raw SelectV2 or GatherV2 error, or, for an
+        unknown code, go on silently). Shapes and dtypes are checked on every call, tracing
+        included, at no cost; the values (codes, source indices) when they are known now:
+        numpy inputs and eager calls. Inside a compiled function (tf.function, jax.jit, XLA)
+        they are not: XLA has no runtime assertions, and a check would copy them to the host
+        every step. The training driver draws valid values (train/masking.py)."""
+        patches, prefix = self.num_patches, self.num_prefix_tokens
+        grid = f"{self.grid_size[0]}x{self.grid_size[1]}"
+        batch = images.shape[0] if len(images.shape) == 4 else None
+        for name, value in (("corruption", corruption), ("source", source)):
+            shape = tuple(value.shape) if hasattr(value, "shape") else np.shape(value)
+            dtype = keras.backend.standardize_dtype(
+                value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype)
+            if "int" not in dtype:
+                raise TypeError(f"{name} must hold integers ({_WHAT[name]}), got dtype {dtype}.")
+            if len(shape) != 2 or shape[1] not in (None, patches):
+                hint = (f" It has a slot for the class token: give the {patches} patches only."
+                        if len(shape) == 2 and prefix and shape[1] == patches + prefix else "")
+                raise ValueError(f"{name} must be [batch, {patches}], one entry per patch of "
+                                 f"the encoder's {grid} grid in row-major order ({_WHAT[name]}), "
+                                 f"got shape {shape}.{hint}")
+            if None not in (batch, shape[0]) and shape[0] != batch:
+                raise ValueError(f"{name} has {shape[0]} rows for a batch of {batch} images: "
+                                 "one row per image.")
+        codes, indices = _known_values(corruption), _known_values(source)
+        if codes is not None:
+            bad = np.setdiff1d(codes, [NOT_CORRUPTED, MASKED, REPLACED, KEPT])
+            if bad.size:
+                raise ValueError(f"corruption holds unknown codes {bad[:5].tolist()}: "
+                                 f"{_WHAT['corruption']}.")
+        if indices is not None:
+            bad = np.unique(indices[(indices < 0) | (indices >= patches)])
+            if bad.size:
+                raise ValueError(f"source holds patch indices {bad[:5].tolist()} outside 0.."
+                                 f"{patches - 1}: {_WHAT['source']}.")
 
     def targets(self, images):
         """The targets of every patch of `images` (see the module doc)."""

@@ -208,6 +208,13 @@ def test_position_similarity_learned_2d():
 def test_position_similarity_without_embeddings():
     with pytest.raises(ValueError, match="no position embeddings"):
         analysis.position_embedding_similarity(small_vit(position_embedding="none"))
+    # Relative ones are logits inside the attention: the message says so, with their kind.
+    for kind in ("relative", "relative_2d"):
+        with pytest.raises(ValueError) as error:
+            analysis.position_embedding_similarity(small_vit(position_embedding=kind))
+        message = str(error.value)
+        assert f"has relative position embeddings (position_embedding='{kind}')" in message
+        assert "'none'" not in message and "position_embedding='learned'" in message
 
 
 def test_embedding_filters_find_the_planted_direction():

@@ -6,6 +6,7 @@ traceback, and found before any slow work.
 subprocesses, one per class of error, run concurrently.
 """
 
+import json
 import math
 import os
 import subprocess
@@ -228,9 +229,44 @@ def _analyze_command(*args):
     return [sys.executable, "-m", "train.analyze", *args]
 
 
+# `python -m train.main ARGS` whose writes of metrics.jsonl fail as on a full disk (the write
+# raises ENOSPC, naming no file, as the kernel's error does).
+FULL_DISK_MAIN = """
+import errno, runpy
+from keras_vit import fileio
+
+real_open = fileio.open_file
+
+
+class Full:
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *args):
+        self.handle.close()
+
+    def write(self, content):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def open_file(path, mode="rb"):
+    handle = real_open(path, mode)
+    return Full(handle) if "metrics.jsonl" in str(path) and "w" in mode else handle
+
+
+fileio.open_file = open_file
+runpy.run_module("train.main", run_name="__main__")
+"""
+
+
 def _cases(data, root):
-    """name: (command, words expected in the error, workdir that must stay absent)."""
+    """name: (command, words expected in the error, workdir that must stay absent[, options:
+    `env`, more environment variables; `unseen`, words that must not be in the output])."""
     workdir = str(root / "run")
+    full_disk_workdir = str(root / "full_disk_run")
     a_file = root / "a_file"
     a_file.write_text("not a folder")
     empty = root / "empty_dataset"
@@ -275,7 +311,21 @@ def _cases(data, root):
             main_command(data, workdir, dataset=f"folder:{empty}", **folder),
             ["holds no images", str(empty)], workdir),
         "corrupt_jpeg": (main_command(data, workdir, dataset=f"folder:{corrupt}", **folder),
-                         ["cannot be decoded", str(bad_jpeg)], workdir),
+                         ["cannot be decoded", str(bad_jpeg)], workdir,
+                         dict(unseen=["Improper call to JPEG library", "Local rendezvous"])),
+        "unknown_field": (main_command(data, workdir, "--config.no_such_field=3"),
+                          ["--config.no_such_field=3", "has no field 'no_such_field'",
+                           "the nearest name is --config."], workdir),
+        "tf_config_index_out_of_range": (
+            main_command(data, workdir, "--strategy=multi_worker"),
+            ['TF_CONFIG\'s task "index" is 2', '2 "worker" tasks', "must be 0 to 1"], workdir,
+            dict(env={"TF_CONFIG": json.dumps({
+                "cluster": {"worker": ["localhost:2222", "localhost:2223"]},
+                "task": {"type": "worker", "index": 2}})})),
+        "disk_full_during_training": (  # a workdir of its own: it gets config.json
+            [sys.executable, "-c", FULL_DISK_MAIN, *main_command(data, full_disk_workdir)[3:]],
+            ["No space left on the disk of", os.path.join(full_disk_workdir, "metrics.jsonl"),
+             "run the same command again"], None),
         "analyze_missing_workdir": (
             _analyze_command(f"--workdir={root / 'nowhere'}", f"--out={root / 'plots'}"),
             ["--workdir=", "does not exist"], str(root / "plots")),
@@ -291,10 +341,12 @@ def _cases(data, root):
 
 def test_user_errors_are_one_line_without_traceback(fake_fmnist, tmp_path):
     cases = _cases(fake_fmnist, tmp_path)
-    processes = {name: subprocess.Popen(command, cwd=REPO, env=fake_fmnist.env(),
+    processes = {name: subprocess.Popen(command, cwd=REPO,
+                                        env=dict(fake_fmnist.env(), **options.get("env", {})),
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True)
-                 for name, (command, _, _) in cases.items()}
+                 for name, (command, _, _, *more) in cases.items()
+                 for options in [more[0] if more else {}]}
     failures = []
     for name, process in processes.items():
         try:
@@ -303,7 +355,8 @@ def test_user_errors_are_one_line_without_traceback(fake_fmnist, tmp_path):
             process.kill()
             stdout, stderr = process.communicate()
         output = stdout + stderr
-        _, words, absent = cases[name]
+        _, words, absent, *more = cases[name]
+        unseen = more[0].get("unseen", []) if more else []
         errors = [line for line in stderr.splitlines() if line.startswith("Error: ")]
         problems = []
         if process.returncode != 1:
@@ -313,6 +366,7 @@ def test_user_errors_are_one_line_without_traceback(fake_fmnist, tmp_path):
         if len(errors) != 1:
             problems.append(f"{len(errors)} 'Error:' lines")
         problems += [f"no {word!r}" for word in words if not any(word in e for e in errors)]
+        problems += [f"{word!r} shown" for word in unseen if word in output]
         if absent and os.path.exists(absent):
             problems.append(f"{absent} was created")
         if problems:

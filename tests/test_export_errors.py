@@ -215,6 +215,28 @@ def test_saved_model_base_dir_is_a_file(model, tmp_path, no_slow_work):
     assert sorted(os.listdir(tmp_path)) == ["vit"]
 
 
+def test_saved_model_into_a_full_disk_names_the_path(model, tmp_path, monkeypatch):
+    """A full disk ends the export with an OSError naming the version's path (TensorFlow's
+    error, as a 200 kB tmpfs gave it, names the SaveV2 op and a temporary file), and leaves
+    nothing behind."""
+    import keras
+
+    def full_disk(archive, path, **kwargs):
+        raise tf.errors.ResourceExhaustedError(None, None, (
+            "{{function_node __wrapped__SaveV2_dtypes_41_device_/job:localhost/replica:0/task:0/"
+            f"device:CPU:0}}}} {path}/variables/variables_temp/part-00000-of-00001.data-00000-"
+            "of-00001.tempstate12129988548427344929; No space left on device [Op:SaveV2]"))
+
+    # keras.export.ExportArchive() is a factory returning the backend's archive class.
+    monkeypatch.setattr(type(keras.export.ExportArchive()), "write_out", full_disk)
+    base = tmp_path / "vit"
+    with pytest.raises(OSError) as caught:
+        export.export_saved_model(model, str(base))
+    assert caught.value.errno == 28 and caught.value.filename == str(base / "1")
+    assert str(caught.value) == f"[Errno 28] No space left on device: '{base / '1'}'"
+    assert os.listdir(base) == []  # the partial export was removed
+
+
 @pytest.mark.parametrize("arguments, error_type, words", [
     pytest.param(dict(class_names="cat dog"), TypeError, ["class_names", "list of 7 names"],
                  id="class_names_a_string"),

@@ -36,8 +36,10 @@ def test_failed_write_keeps_the_previous_file_and_leaves_no_partial(tmp_path, mo
             raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(fileio, "open_file", lambda p, mode="rb": Broken(real_open(p, mode)))
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(OSError, match="No space") as error:
         fileio.write_atomically(path, "a much longer text")
+    # Named: the write's own error names no file ("[Errno 28] No space left on device").
+    assert error.value.errno == 28 and error.value.filename == path
     with open(path) as handle:
         assert handle.read() == "good"
     assert os.listdir(tmp_path) == ["a.txt"]

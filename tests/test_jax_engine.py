@@ -18,7 +18,8 @@ import pytest
 pytest.importorskip("jax")
 pytest.importorskip("orbax.checkpoint")
 
-from train_fixtures import REPO, flags, main_command, read_metrics  # noqa: E402
+from train_fixtures import (REPO, error_lines, flags, main_command,  # noqa: E402
+                            read_metrics, wait_for_progress, wait_then_exit)
 
 
 def jax_command(data, workdir, *extra, **overrides):
@@ -68,16 +69,6 @@ def assert_close(first, second, rtol=1e-4, atol=1e-5):
 # 12 steps of the tiny model, a checkpoint every 4 (kept: 4, 8, 12).
 SHORT = dict(total_steps=12, steps_per_loop=4, checkpoint_every_steps=4, eval_every_steps=12,
              eval_batch_size=20)  # 4 devices share every batch
-
-
-def wait_for_progress(process, text):
-    """Reads `process`'s log until a line holds `text`; returns what it read."""
-    lines = []
-    for line in process.stderr:
-        lines.append(line)
-        if text in line:
-            return "".join(lines)
-    raise AssertionError("".join(lines)[-3000:])
 
 
 # A run that SIGTERM stops long before its end (the tiny model runs ~900 steps a second).
@@ -226,12 +217,53 @@ def test_a_killed_process_ends_the_other_and_the_rerun_resumes(fake_fmnist, tmp_
     started = time.time()
     log = first.communicate(timeout=300)[1]
     assert first.returncode != 0 and time.time() - started < 60, log[-3000:]
-    assert "another task died" in log  # JAX's coordinator says why
+    # One paragraph (JAX's heartbeats find the loss; train/jax_stderr.py turns its C++ abort
+    # into the message), not JAX's FATAL line, C++ stack and Python thread dump.
+    errors = error_lines(log)
+    assert len(errors) == 1 and errors[0].startswith("Error: lost contact with "), log[-3000:]
+    assert "Start all 2 processes again with the same command" in errors[0]
+    for dump in ("Terminating process", "Check failure stack trace", "Fatal Python error",
+                 "Traceback"):
+        assert dump not in log, log[-3000:]
     saved = max(int(name) for name in os.listdir(os.path.join(workdir, "checkpoints")))
     again = start_processes(fake_fmnist, workdir, **{**run, "total_steps": saved + 4})
     logs = [process.communicate(timeout=600)[1] for process in again]
     assert [process.returncode for process in again] == [0, 0], logs[0][-3000:]
     assert f"at step {saved}" in logs[0]
+
+
+def test_a_process_whose_peers_never_start_gives_up_naming_them(fake_fmnist, tmp_path):
+    """Process 0 alone and process 1 alone of a two-process run: after --startup_timeout each
+    exits 1 naming the peer it waited for (JAX alone ends its wait with a C++ abort); SIGTERM
+    ends the wait at once, exit 75."""
+    addresses, processes = {}, {}
+    for name, process_id, timeout in (("coordinator", 0, 10), ("other", 1, 10),
+                                      ("sigterm", 0, 300)):
+        addresses[name] = f"localhost:{free_port()}"
+        processes[name] = subprocess.Popen(
+            jax_command(fake_fmnist, str(tmp_path / name),
+                        f"--coordinator_address={addresses[name]}", "--num_processes=2",
+                        f"--process_id={process_id}", f"--startup_timeout={timeout}"),
+            cwd=REPO, env=dict(os.environ, KERAS_BACKEND="jax"), stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True)
+    results = wait_then_exit(processes, {"sigterm": signal.SIGTERM})
+    expected = {
+        "coordinator": (1, f"Error: process 1 did not connect to this process's coordinator at "
+                           f"{addresses['coordinator']} within --startup_timeout=10 s. Check "
+                           "that all 2 processes were started with"),
+        "other": (1, f"Error: process 0 (the coordinator) at {addresses['other']} did not "
+                     "answer within --startup_timeout=10 s."),
+        "sigterm": (75, "Error: Stopped by SIGTERM while waiting for process 1, before "
+                        "training began"),
+    }
+    for name, (log, took) in results.items():
+        code, start = expected[name]
+        errors = error_lines(log)
+        assert processes[name].returncode == code, log[-3000:]
+        assert len(errors) == 1 and errors[0].startswith(start), log[-3000:]
+        assert took < (5 if name == "sigterm" else 10 + 5), (took, log[-3000:])
+        assert "Traceback" not in log and "Check failure" not in log
+        assert not (tmp_path / name).exists()  # nothing written
 
 
 def test_both_engines_fine_tune_an_npz_to_the_same_losses(fake_fmnist, tmp_path):

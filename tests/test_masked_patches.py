@@ -212,6 +212,47 @@ def test_corruption_changes_the_predictions_and_leaves_the_encoder_as_it_was():
     assert names <= {v.path for v in model.trainable_variables}
 
 
+@pytest.mark.parametrize("change,error,words", [
+    (dict(corruption=np.zeros((2, 17), np.int32), source=np.zeros((2, 17), np.int32)),
+     ValueError, ["corruption must be [batch, 16]", "4x4 grid", "got shape (2, 17)",
+                  "slot for the class token: give the 16 patches only"]),
+    (dict(source=np.full((2, 16), 16, np.int32)), ValueError,
+     ["source holds patch indices [16] outside 0..15"]),
+    (dict(source=np.full((2, 16), -1, np.int32)), ValueError, ["patch indices [-1]"]),
+    (dict(corruption=np.full((2, 16), 7, np.int32)), ValueError,
+     ["corruption holds unknown codes [7]", "0 (not corrupted), 1 (masked)"]),
+    (dict(corruption=np.zeros((2, 16), np.float32)), TypeError,
+     ["corruption must hold integers", "float32"]),
+    (dict(corruption=np.zeros((3, 16), np.int32)), ValueError,
+     ["corruption has 3 rows for a batch of 2 images"]),
+], ids=["class_token_slot", "source_too_large", "source_negative", "unknown_code", "floats",
+        "batch"])
+def test_corruption_inputs_are_checked(change, error, words):
+    encoder = keras_vit.vit("Ti/16", image_size=16, include_top=False, patch_size=4,
+                            hidden_size=8, mlp_dim=16, num_heads=2, num_layers=1)
+    model = mp.MaskedPatchPredictor(encoder)  # 16 patches and a class token
+    inputs = dict(_inputs(model), **change)
+    with pytest.raises(error) as caught:
+        model(inputs)
+    for word in words:
+        assert word in str(caught.value)
+    # Eager TensorFlow tensors are checked as numpy arrays are.
+    with pytest.raises(error):
+        model({name: tf.constant(value) for name, value in inputs.items()})
+
+
+def test_compiled_calls_check_shapes_not_values():
+    """Inside tf.function (and XLA) the values are unknown: shapes are still checked, values
+    are left to the caller (the training driver draws valid ones)."""
+    model = mp.MaskedPatchPredictor(_tiny_encoder())
+    inputs = _inputs(model)
+    call = tf.function(lambda corruption, source: model(
+        {"images": inputs["images"], "corruption": corruption, "source": source}))
+    assert call(inputs["corruption"], inputs["source"]).shape == (2, 16, 512)
+    with pytest.raises(ValueError, match="got shape"):
+        call(np.zeros((2, 17), np.int32), np.zeros((2, 17), np.int32))
+
+
 def test_a_class_token_model_predicts_from_its_patch_tokens_only():
     encoder = keras_vit.vit("Ti/16", image_size=16, include_top=False, patch_size=4,
                             hidden_size=8, mlp_dim=16, num_heads=2, num_layers=1)

@@ -10,8 +10,8 @@ time low on 2 cores:
 - `workers`: the same on 2 worker processes (TF_CONFIG on free localhost ports), exporting;
 - `kill`: as `one`, SIGKILLed after its first checkpoint, then rerun to the end;
 - `term`: as `one` but checkpointing every 50 steps, SIGTERMed before the first, then rerun;
-- `workers_kill`, `workers_term`: as `kill` and `term` on 2 workers; the signal goes to worker 1,
-  then both are started again;
+- `workers_kill`, `workers_term`: as `kill` and `term` on 2 workers; SIGKILL goes to worker 0
+  (the chief), SIGTERM to worker 1, then both are started again;
 - `xla`: one device with config.jit_compile (the whole step compiled); `xla2`: on 2 replicas
   (each replica's forward and backward pass compiled);
 - `mpp`, `mpp_two`, `mpp_kill`, `mpp_xla`: as `one`, `two`, `kill` and `xla`, pre-training by
@@ -27,7 +27,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -39,8 +41,9 @@ from train.preemption import RESUMABLE_EXIT_CODE
 from train.schedules import WarmupDecay
 from train.strategy import local_cluster
 from train_fixtures import (FLAT_LAYOUT_CONFIG_JSON, REPO, assert_same_values,
-                            checkpoint_values, latest_checkpoint_step, main_command, merged,
-                            read_metrics, tiny_config, write_image_folder)
+                            checkpoint_values, error_lines, latest_checkpoint_step, main_command,
+                            merged, read_metrics, tiny_config, wait_then_exit,
+                            write_image_folder)
 
 # SGD (not Adam, which hides gradient-scale errors) on a run that learns the fake task.
 RUN = dict(optimizer="sgd", learning_rate=0.1, model=dict(classifier="gap"), crop_min_area=1.0,
@@ -177,10 +180,13 @@ def _processes(run):
     return [member.process for member in members if getattr(member, "process", None)]
 
 
-# What to interrupt, with what, in which process (worker 1 of a cluster: not the chief).
+# What to interrupt, with what, and which worker of a cluster: SIGTERM goes to worker 1 (not
+# the chief), SIGKILL to worker 0 (the chief, which hosts TensorFlow's coordination service:
+# the harder loss for the survivor).
 INTERRUPTS = {"kill": signal.SIGKILL, "term": signal.SIGTERM,
               "workers_kill": signal.SIGKILL, "workers_term": signal.SIGTERM,
               "mpp_kill": signal.SIGKILL}
+INTERRUPTED_WORKER = {"workers_kill": 0, "workers_term": 1}
 
 
 def _ready_to_interrupt(name, workdir):
@@ -205,7 +211,7 @@ def _run_all(runs):
     while reruns and time.time() < deadline:
         for name in list(pending):
             run = runs[name]
-            target = _processes(run)[-1]
+            target = _processes(run)[INTERRUPTED_WORKER.get(name, 0)]
             if target.poll() is not None:
                 del pending[name]  # finished or failed on its own: the tests say which
                 continue
@@ -346,11 +352,16 @@ def test_two_workers_match_two_replicas(runs):
 def test_worker_killed_then_all_restarted_matches_uninterrupted(runs):
     run, reference = runs["workers_kill"], runs["workers"]
     reference.check()
-    assert run.at_signal is not None, f"never killed:\n{run.workers[1].logs[0][-4000:]}"
-    killed, survivor = run.workers[1], run.workers[0]
+    assert run.at_signal is not None, f"never killed:\n{run.workers[0].logs[0][-4000:]}"
+    killed, survivor = run.workers[0], run.workers[1]
     assert killed.returncodes[0] == -signal.SIGKILL
-    assert survivor.returncodes[0] == 1  # it lost its peer, and says what to do
-    assert "Error: lost contact with another worker" in survivor.logs[0]
+    # It lost its peer (on its own: _stop_orphans would have killed it after 30 s), says which
+    # and what to do, in one paragraph.
+    assert survivor.returncodes[0] == 1, survivor.logs[0][-4000:]
+    errors = error_lines(survivor.logs[0])
+    assert len(errors) == 1
+    assert errors[0].startswith("Error: lost contact with worker 0 (localhost:")
+    assert "Start all workers again with the same command" in errors[0]
     assert "Traceback" not in survivor.logs[0]
     stopped = run.after_stop["checkpoint"]
     assert INTERRUPT_AFTER <= stopped < RUN["total_steps"]
@@ -379,6 +390,35 @@ def test_sigterm_to_one_worker_stops_all_at_one_checkpoint(runs):
     _assert_no_duplicate_steps(run.metrics)
     _assert_same_training(run, reference)
     _only_the_chief_wrote(run)
+
+
+def test_a_worker_whose_peer_never_starts_gives_up_naming_it(fake_fmnist, tmp_path):
+    """Worker 0 of a two-worker TF_CONFIG whose worker 1 never starts: after --startup_timeout
+    it exits 1 naming worker 1's address (progress lines meanwhile); SIGTERM and Ctrl-C end
+    the wait at once (TensorFlow alone waits forever and ignores SIGTERM)."""
+    processes, peers = {}, {}
+    for name, timeout in (("timeout", 10), ("sigterm", 300), ("ctrl_c", 300)):
+        tf_config = local_cluster(2)[0]
+        peers[name] = json.loads(tf_config)["cluster"]["worker"][1]
+        processes[name] = subprocess.Popen(
+            main_command(fake_fmnist, str(tmp_path / name), "--strategy=multi_worker",
+                         f"--startup_timeout={timeout}"),
+            cwd=REPO, env=dict(fake_fmnist.env(), TF_CONFIG=tf_config),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    results = wait_then_exit(processes, {"sigterm": signal.SIGTERM, "ctrl_c": signal.SIGINT})
+    for name, (log, took) in results.items():
+        errors = error_lines(log)
+        assert len(errors) == 1 and "Traceback" not in log, log[-3000:]
+        assert not (tmp_path / name).exists()  # nothing written
+        if name == "timeout":
+            assert processes[name].returncode == 1 and took < 10 + 5, (took, log[-3000:])
+            assert errors[0].startswith(f"Error: worker 1 at {peers[name]} did not answer "
+                                        "within --startup_timeout=10 s. Check that every worker")
+        else:
+            code, words = (75, "SIGTERM") if name == "sigterm" else (130, "Ctrl-C")
+            assert processes[name].returncode == code and took < 5, (took, log[-3000:])
+            assert errors[0].startswith(f"Error: Stopped by {words} while waiting for worker 1 "
+                                        f"at {peers[name]}, before training began")
 
 
 # 2. XLA.
@@ -811,3 +851,41 @@ def test_preemption_watcher_saves_once_then_stops(use_tf_handler):
         watcher.close()
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_tensorflows_preemption_handler_is_quiet_about_a_lost_worker(monkeypatch):
+    """What TensorFlow's preemption handler raises when a worker is lost (its watcher thread's
+    UnavailableError, its __del__ unable to join that thread) is dropped: train.main reports
+    the loss in one paragraph. The same errors from elsewhere still reach the hooks."""
+    from train import preemption
+
+    seen = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.exc_value))
+    monkeypatch.setattr(sys, "unraisablehook", lambda args: seen.append(args.exc_value))
+    preemption._quiet_lost_peer_in_handler_threads()
+    handler_code = {}  # a function whose frames name TensorFlow's failure_handling module
+    exec(compile("def fail(error):\n    raise error\n", "/site-packages/tensorflow/python/"
+                 "distribute/failure_handling/failure_handling.py", "exec"), handler_code)
+
+    def raised(error, where=handler_code["fail"]):
+        try:
+            where(error)
+        except Exception as caught:
+            return caught
+
+    def hook_args(error):
+        return types.SimpleNamespace(exc_type=type(error), exc_value=error, thread=None,
+                                     exc_traceback=error.__traceback__, err_msg=None,
+                                     object=None)
+
+    threading.excepthook(hook_args(raised(tf.errors.UnavailableError(None, None, "lost"))))
+    sys.unraisablehook(hook_args(raised(RuntimeError("cannot join current thread"))))
+    assert seen == []
+
+    def elsewhere(error):
+        raise error
+
+    ours = raised(tf.errors.UnavailableError(None, None, "ours"), where=elsewhere)
+    threading.excepthook(hook_args(ours))
+    sys.unraisablehook(hook_args(raised(ValueError("another"))))
+    assert [str(error) for error in seen] == ["ours", "another"]

@@ -10,8 +10,10 @@ prepared once per test session as the TFDS dataset `fashion_mnist_local` in a te
 import contextlib
 import gzip
 import json
+import math
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -192,6 +194,46 @@ def flags(data, workdir, config="configs/quickstart.py", **overrides):
 
 def main_command(data, workdir, *extra, **overrides):
     return [sys.executable, "-m", "train.main", *flags(data, workdir, **overrides), *extra]
+
+
+def wait_for_progress(process, text):
+    """Reads `process`'s log (its stderr, a text pipe) until a line holds `text`; returns
+    what it read."""
+    lines = []
+    for line in process.stderr:
+        lines.append(line)
+        if text in line:
+            return "".join(lines)
+    raise AssertionError("".join(lines)[-3000:])
+
+
+def wait_then_exit(processes, signals, limit=120):
+    """For each of `processes` ({name: Popen}, stderr a text pipe) waiting for its peers at
+    start-up: reads its log until the first "Waiting for" line, then sends it `signals[name]`
+    if any; then waits (up to `limit` s) until all have exited. Returns {name: (its log, the
+    seconds from that line to its exit)}."""
+    logs, waited, ended = {}, {}, {}
+    for name, process in processes.items():
+        logs[name] = wait_for_progress(process, "Waiting for")
+        waited[name] = time.monotonic()
+        if name in signals:
+            process.send_signal(signals[name])
+    while len(ended) < len(processes) and time.monotonic() < min(waited.values()) + limit:
+        ended.update({name: time.monotonic() for name, process in processes.items()
+                      if name not in ended and process.poll() is not None})
+        time.sleep(0.1)
+    results = {}
+    for name, process in processes.items():
+        if name not in ended:
+            process.kill()
+        logs[name] += process.communicate(timeout=30)[1]
+        results[name] = logs[name], ended.get(name, math.inf) - waited[name]
+    return results
+
+
+def error_lines(log):
+    """The "Error: ..." paragraphs of a command's log."""
+    return [line for line in log.splitlines() if line.startswith("Error: ")]
 
 
 def read_metrics(workdir):

@@ -15,6 +15,7 @@ a terminal (a log file, CI), tqdm's progress bars. `--verbose` shows them all. A
 TF_CPP_MIN_LOG_LEVEL or TQDM_DISABLE in the environment always wins.
 """
 
+import errno
 import importlib.abc
 import importlib.util
 import logging
@@ -95,14 +96,24 @@ def quiet_logs(verbose):
         handler.addFilter(_OursOrImportant())
 
 
-def fail(message, exit_code=1):
-    """Prints `Error: message` (one paragraph) to stderr and exits with `exit_code`."""
+def fail(message, exit_code=1, now=False):
+    """Prints `Error: message` (one paragraph) to stderr and exits with `exit_code`; `now`
+    skips the interpreter's exit handlers, for when a thread is stuck inside a C++ library
+    (JAX's would wait for processes that are gone, then abort with a stack dump)."""
     text = " ".join(str(message).split())  # one paragraph, whatever the message's layout
     print(f"Error: {text}", file=sys.stderr)
+    if now:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)
     sys.exit(exit_code)
 
 
 def _message(error):
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC and error.filename:
+        return (f"No space left on the disk of {error.filename}: free some space there (or give "
+                "another folder) and run the same command again; a training run resumes from "
+                "its newest checkpoint.")
     text = str(error).strip()
     if isinstance(error, (AttributeError, KeyError)):
         # ml_collections quotes its message, escapes included: 'field'\nDid you mean ...

@@ -11,6 +11,7 @@ values may be is train.config_checks'.
 """
 
 import copy
+import difflib
 import importlib
 import importlib.util
 import os
@@ -115,23 +116,56 @@ def install_config_parser(flag):
 
 
 def _check_model_flags(flag, config, argv):
-    """Raises ValueError for an override in the layout before config.model held the model's
-    fields: `--config.model=B/16` or `--config.patch_size=2` (ml_collections would say that
-    'B/16' is no ConfigDict, or suggest batch_size)."""
+    """Raises ValueError for an override of a field the config does not have: in the layout
+    before config.model held the model's fields (`--config.model=B/16`, `--config.patch_size=2`:
+    ml_collections would say that 'B/16' is no ConfigDict, or suggest batch_size), a misspelt
+    name (ml_collections says only "--config: no_such_field"), or a field under a value."""
     model = config.get("model") if hasattr(config, "get") else None
-    if not hasattr(model, "keys"):
+    if not hasattr(config, "keys"):
         return
     for arg in argv[1:]:
-        match = re.match(rf"^--?{re.escape(flag)}\.(\w+)(?:=(.*))?$", arg)
+        match = re.match(rf"^--?{re.escape(flag)}\.([\w.]+?)(?:=(.*))?$", arg)
         if match is None:
             continue
-        name, value = match.group(1), match.group(2) or "VALUE"
-        if name == "model":
+        path, value = match.group(1), match.group(2) or "VALUE"
+        name = path.split(".")[0]
+        if hasattr(model, "keys") and name == "model" and path == "model":
             raise ValueError(f"--{flag}.model={value}: {MODEL_FIELDS_MOVED}; give the variant as "
                              f"--{flag}.model.variant={value}")
-        if name in model and name not in config:
+        if hasattr(model, "keys") and name in model and name not in config:
             raise ValueError(f"--{flag}.{name}={value}: the model's fields are in config.model; "
                              f"use --{flag}.model.{name}={value}")
+        _check_field_path(flag, config, path, value)
+
+
+def _check_field_path(flag, config, path, value):
+    """ValueError unless each part of the dotted `path` is a field of the (nested) config,
+    suggesting the nearest field name."""
+    node, walked = config, []
+    for name in path.split("."):
+        if not hasattr(node, "keys"):
+            raise ValueError(f"--{flag}.{path}={value}: config.{'.'.join(walked)} is a value, "
+                             "not a group of fields.")
+        if name not in node:
+            where = f"config.{'.'.join(walked)}" if walked else "the config"
+            fields = flat_fields(config)
+            nearest = _nearest(".".join(walked + [name]), fields)
+            raise ValueError(f"--{flag}.{path}={value}: {where} has no field {name!r} (the "
+                             f"nearest name is --{flag}.{nearest}; configs/common.py documents "
+                             "every field)")
+        node, walked = node[name], walked + [name]
+
+
+def _nearest(path, fields):
+    """The field of `fields` (dotted names) nearest to `path`: compared whole, and by its last
+    part (so `patch_sise` finds `model.patch_size`)."""
+    leaf = path.rsplit(".", 1)[-1]
+
+    def closeness(field):
+        return max(difflib.SequenceMatcher(None, path, field).ratio(),
+                   difflib.SequenceMatcher(None, leaf, field.rsplit(".", 1)[-1]).ratio())
+
+    return max(fields, key=closeness)
 
 
 def loaded_config(flag_values, name="config"):

@@ -165,8 +165,9 @@ def export_model(model, workdir, class_names=None, tflite_kinds=(), representati
     files `model_<kind>.tflite`. Returns {name: path}."""
     from keras_vit import export
 
-    paths = {"saved_model": export.export_saved_model(
-        model, export_dir or run_files.saved_model_dir(workdir), class_names=class_names)}
+    with native_output.dropped():  # a failed save's C++ warnings: the error names the path
+        paths = {"saved_model": export.export_saved_model(
+            model, export_dir or run_files.saved_model_dir(workdir), class_names=class_names)}
     for kind in tflite_kinds:
         path = run_files.tflite_file(workdir, kind)
         with native_output.dropped():

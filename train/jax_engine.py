@@ -22,14 +22,17 @@ The loop (train.loop) decides when; this module does it on every device of every
 
 import contextlib
 import os
+import re
 import signal
+import threading
+import time
 
 import jax
 import keras
 import numpy as np
 from absl import logging
 
-from . import input_order, input_pipeline, objectives, run_files, schedules
+from . import input_order, input_pipeline, objectives, run_files, schedules, startup
 from .config_checks import model_spec
 from .loop import Stopped, eval_results
 from .optimizers import build_optimizer
@@ -48,24 +51,94 @@ MODEL_PARALLEL_LAYOUT = {
 
 
 def initialize(cpu_devices=1, coordinator_address="", num_processes=1, process_id=0,
-               startup_timeout=300, heartbeat_timeout=30):
+               startup_timeout=startup.DEFAULT_TIMEOUT, heartbeat_timeout=30,
+               guard_stderr=False):
     """Sets up JAX before its first use: `cpu_devices` logical CPU devices, and with
-    `num_processes` > 1 the connection to the other processes through the coordinator (on a
-    TPU VM slice JAX finds them by itself: give no address). JAX's own timeouts bound the wait
-    for the others (`initialization_timeout`) and end every process when one stops answering
-    (heartbeats, `heartbeat_timeout` seconds: JAX's default is 100)."""
+    `num_processes` > 1 the connection to the other processes through the coordinator at
+    `coordinator_address` (process 0 hosts it).
+
+    The wait for the others ends after `startup_timeout` seconds, or on SIGTERM or Ctrl-C, with
+    a one-paragraph message and exit (see `_connect`). Once connected, JAX's heartbeats end
+    every process within `heartbeat_timeout` seconds of one that stops answering (JAX's
+    default is 100); `guard_stderr` turns JAX's C++ abort then into one paragraph
+    (train/jax_stderr.py). On a TPU VM slice JAX finds the other hosts by itself (give no
+    address), and its own `initialization_timeout` bounds the wait."""
     if cpu_devices > 1:
         jax.config.update("jax_num_cpu_devices", cpu_devices)
-    timeouts = dict(initialization_timeout=startup_timeout,
-                    heartbeat_timeout_seconds=heartbeat_timeout)
     if coordinator_address or num_processes > 1:
-        jax.distributed.initialize(coordinator_address or None, num_processes, process_id,
-                                   **timeouts)
+        if guard_stderr:
+            from . import jax_stderr
+
+            jax_stderr.guard(coordinator_address, num_processes, process_id)
+        _connect(coordinator_address, num_processes, process_id, startup_timeout,
+                 heartbeat_timeout)
         return
     try:  # a Cloud TPU VM slice (or another cluster JAX detects) names its hosts itself
-        jax.distributed.initialize(**timeouts)
+        jax.distributed.initialize(initialization_timeout=startup_timeout,
+                                   heartbeat_timeout_seconds=heartbeat_timeout)
     except ValueError:  # "coordinator_address should be defined": one process on its own
         pass
+
+
+# JAX's own start-up timeout, a backstop this much later than ours: when it expires, JAX ends
+# the process with a C++ abort instead of a message.
+JAX_TIMEOUT_MARGIN = 60
+
+
+def _connect(address, num_processes, process_id, startup_timeout, heartbeat_timeout):
+    """`jax.distributed.initialize` in a thread, waited for by `startup.wait_for`: JAX's
+    connect cannot be interrupted from Python and ends a timeout with a C++ abort, so the main
+    thread keeps the deadline, the progress lines and the signals. A process other than 0
+    first waits for the coordinator's port to answer, to say which peer it waits for."""
+    from . import cli
+
+    started = time.monotonic()
+    check = (f"Check that all {num_processes} processes were started with "
+             f"--coordinator_address={address} --num_processes={num_processes} and each its own "
+             f"--process_id (0 to {num_processes - 1}), and that {address} is process 0's "
+             "address and reachable from here (no firewall in between).")
+    outcome = []
+
+    def connect():
+        try:
+            jax.distributed.initialize(
+                address, num_processes, process_id, heartbeat_timeout_seconds=heartbeat_timeout,
+                initialization_timeout=startup_timeout + JAX_TIMEOUT_MARGIN)
+        except Exception as error:  # handed to the main thread
+            outcome.append(error)
+
+    try:
+        if process_id != 0:
+            coordinator = [f"process 0 (the coordinator) at {address}"]
+            startup.wait_for(lambda: [] if startup.answers(address) else coordinator,
+                             startup_timeout, check, started=started)
+        thread = threading.Thread(target=connect, name="jax-distributed-initialize", daemon=True)
+        thread.start()
+        if process_id == 0:
+            others = ("process 1" if num_processes == 2
+                      else f"processes 1 to {num_processes - 1} (one or more of them)")
+            verb = f"connect to this process's coordinator at {address}"
+        else:
+            others, verb = "the other processes", f"connect to the coordinator at {address}"
+        startup.wait_for(lambda: [others] if thread.is_alive() else [], startup_timeout, check,
+                         verb=verb, started=started)
+    except startup.StartupFailed as failure:
+        # The connecting thread is inside JAX's C++ code: leave without the exit handlers.
+        cli.fail(failure, failure.exit_code, now=True)
+    if outcome:
+        raise outcome[0]
+
+
+_LOST_PEER = re.compile(r"Gloo|Connection reset|Connection refused|Socket closed|UNAVAILABLE|"
+                        r"heartbeat|coordination service", re.IGNORECASE)
+
+
+def lost_peer(error):
+    """Whether `error`, raised in a run of several processes, is a collective or the
+    coordination service failing because another process is gone (gloo says "Connection
+    reset by peer"; JAX's runtime "UNAVAILABLE")."""
+    return (isinstance(error, (RuntimeError, ValueError))  # JaxRuntimeError is a RuntimeError
+            and bool(_LOST_PEER.search(str(error))))
 
 
 def is_chief_process():

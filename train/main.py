@@ -12,10 +12,11 @@ same command to resume); anything else is a failure.
 """
 
 import sys
+import traceback
 
 from absl import app, flags, logging
 
-from . import cli, config_checks, config_flag
+from . import cli, config_checks, config_flag, startup
 from .strategy import STRATEGIES
 
 # Missing files, syntax errors and bad file.py:arguments as one line (see config_flag).
@@ -30,6 +31,9 @@ flags.DEFINE_string("coordinator_address", "", "JAX: HOST:PORT of process 0 of a
                     "processes on CPU or GPU machines (a TPU slice finds its hosts itself).")
 flags.DEFINE_integer("num_processes", 1, "JAX: processes of the run, with --coordinator_address.")
 flags.DEFINE_integer("process_id", 0, "JAX: this process's index, 0 to --num_processes - 1.")
+flags.DEFINE_integer("startup_timeout", startup.DEFAULT_TIMEOUT,
+                     "Seconds a process of a multi-worker (TF_CONFIG) or multi-process (JAX) run "
+                     "waits for the others to start before it gives up, naming them.")
 flags.declare_key_flag("verbose")  # defined in train/cli.py; listed by --help
 flags.mark_flags_as_required(["config", "workdir"])
 FLAGS = flags.FLAGS
@@ -43,6 +47,9 @@ def main(argv):
     config_checks.check(config)  # the replica count is checked again once it is known
     if FLAGS.cpu_devices < 1:
         raise app.UsageError(f"--cpu_devices={FLAGS.cpu_devices} must be at least 1.")
+    if FLAGS.startup_timeout < 1:
+        raise app.UsageError(f"--startup_timeout={FLAGS.startup_timeout} must be at least 1 "
+                             "(seconds).")
     import keras
 
     if keras.config.backend() == "jax":
@@ -74,10 +81,18 @@ def _train_on_jax(config):
     if FLAGS.num_processes > 1 and not FLAGS.coordinator_address:
         raise app.UsageError("--num_processes > 1 needs --coordinator_address=HOST:PORT of "
                              "process 0.")
+    if FLAGS.coordinator_address:
+        try:
+            startup.split_address(FLAGS.coordinator_address)
+        except ValueError:
+            raise app.UsageError(f"--coordinator_address={FLAGS.coordinator_address} must be "
+                                 "HOST:PORT, process 0's address and a free port.") from None
     from . import jax_engine, loop
 
+    several = FLAGS.num_processes > 1
     jax_engine.initialize(FLAGS.cpu_devices, FLAGS.coordinator_address, FLAGS.num_processes,
-                          FLAGS.process_id)
+                          FLAGS.process_id, FLAGS.startup_timeout,
+                          guard_stderr=several and not FLAGS.verbose)
     if jax_engine.is_chief_process():  # the others write nothing into the workdir
         config_checks.check_output_folder(FLAGS.workdir, "workdir")
     _log_run(config)
@@ -86,6 +101,17 @@ def _train_on_jax(config):
                                 FLAGS.workdir)
     except loop.Stopped:
         sys.exit(loop.RESUMABLE_EXIT_CODE)
+    except Exception as error:
+        if not (several and jax_engine.lost_peer(error)):
+            raise
+        if FLAGS.verbose:
+            traceback.print_exc()
+        reason = " ".join(str(error).split(". ")[0].split())
+        # At once: the interpreter's exit would shut JAX's client down, which waits for the
+        # lost process and ends in a C++ abort.
+        cli.fail(f"lost contact with another process of this run ({reason}). Start all "
+                 f"{FLAGS.num_processes} processes again with the same command: the run "
+                 "resumes from the newest checkpoint.", now=True)
 
 
 def _train_on_tensorflow(config):
@@ -108,7 +134,10 @@ def _train_on_tensorflow(config):
             raise app.UsageError("--cpu_devices does not apply to multi-worker runs: each "
                                  "worker uses its GPUs, or one CPU device.")
         strategies.split_cpu(FLAGS.cpu_devices)
-    strategy = strategies.make_strategy(FLAGS.strategy, FLAGS.tpu)
+    try:
+        strategy = strategies.make_strategy(FLAGS.strategy, FLAGS.tpu, FLAGS.startup_timeout)
+    except startup.StartupFailed as failure:
+        cli.fail(failure, failure.exit_code)
     import tensorflow as tf
 
     from . import preemption, tf_checkpoints, tf_engine
@@ -123,9 +152,10 @@ def _train_on_tensorflow(config):
     except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
         if strategies.cluster_size() < 2:
             raise
-        cli.fail(f"lost contact with another worker ({type(error).__name__}). Start all "
-                 "workers again with the same command: the run resumes from the newest "
-                 "checkpoint.")
+        lost = strategies.lost_task(error) or "another worker"
+        cli.fail(f"lost contact with {lost} ({type(error).__name__}): it stopped, or the "
+                 "network between them failed. Start all workers again with the same command: "
+                 "the run resumes from the newest checkpoint.")
 
 
 def run():

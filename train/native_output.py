@@ -9,12 +9,20 @@ import tempfile
 
 # While its libraries load (tensorflow/tensorflow#100442): absl's banner and C++ INFO lines; on a
 # machine without an NVIDIA driver, the error of its first device listing (train.cli lists them
-# then). On every TFLite conversion: routine warnings and "fully_quantize: ...".
+# then). On every TFLite conversion: routine warnings and "fully_quantize: ...". When a file
+# does not decode or a SavedModel cannot be written, the op's own lines (libjpeg's "Improper
+# call to JPEG library in state 201", the failed SaveV2 op's warnings): the error that follows
+# names the file and the reason.
 NO_NVIDIA_DRIVER = not os.path.exists("/dev/nvidiactl")
 _NOISE = re.compile(r"WARNING: All log messages before absl::InitializeLog"
                     r"|I\d{4} [\d:.]+\s+\d+ [\w-]+\.(cc|h):\d+\] "  # C++ INFO, not ours (.py)
                     r"|W\d{4} .*\] (Ignored output_format|Ignored drop_control_dependency"
                     r"|Skipping runtime version metadata)|fully_quantize: "
+                    r"|Improper call to JPEG library in state \d+"
+                    r"|W\d{4} .*\] Local rendezvous is aborting with status: INVALID_ARGUMENT: "
+                    r"(jpeg::Uncompress failed|Input is empty|Unknown image file format)"
+                    r"|W\d{4} .*\] (OP_REQUIRES failed at save_restore_v2_ops\.cc:\d+ : |Local "
+                    r"rendezvous is aborting with status: )[A-Z_]+: .*\.tempstate\d+; "
                     + (r"|E\d{4} .*\] failed call to cuInit" if NO_NVIDIA_DRIVER else ""))
 
 

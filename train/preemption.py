@@ -14,7 +14,10 @@ client process driving every TPU host) watches for SIGTERM itself.
 import os
 import shutil
 import signal
+import sys
 import tempfile
+import threading
+import traceback
 
 import tensorflow as tf
 from absl import logging
@@ -43,6 +46,7 @@ class PreemptionWatcher:
         if use_tf_handler is None:
             use_tf_handler = not is_tpu(strategy)
         if use_tf_handler:
+            _quiet_lost_peer_in_handler_threads()
             # The handler keeps its own run counter in a checkpoint of its own; the run's
             # checkpoints are written by `save`. A local directory that does not exist makes
             # the counter start at 0 on every worker, so their counts agree after any restart.
@@ -85,3 +89,35 @@ class PreemptionWatcher:
         self._handler = None
         if self._handler_dir:
             shutil.rmtree(self._handler_dir, ignore_errors=True)
+
+
+def _quiet_lost_peer_in_handler_threads():
+    """Drops what TensorFlow's preemption handler prints when a multi-worker run loses a
+    worker: its watcher thread's UnavailableError from the coordination service, and the
+    handler's `__del__` failing to join that thread (it can run in the thread itself). The
+    training loop fails on the same loss, and train.main says which worker in one paragraph.
+    Installed once, for good: the thread may fail after the watcher is closed."""
+    previous_thread_hook, previous_unraisable_hook = threading.excepthook, sys.unraisablehook
+    if getattr(previous_thread_hook, "keras_vit_quiet", False):
+        return
+    lost = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError)
+
+    def in_handler(exc_traceback):
+        return any("failure_handling" in frame.filename
+                   for frame in traceback.extract_tb(exc_traceback))
+
+    def thread_hook(args):
+        if isinstance(args.exc_value, lost) and in_handler(args.exc_traceback):
+            logging.debug("TensorFlow's preemption handler thread stopped: %s", args.exc_value)
+            return
+        previous_thread_hook(args)
+
+    def unraisable_hook(args):
+        if (isinstance(args.exc_value, (RuntimeError, *lost))
+                and in_handler(args.exc_traceback)):
+            logging.debug("TensorFlow's preemption handler failed to stop: %s", args.exc_value)
+            return
+        previous_unraisable_hook(args)
+
+    thread_hook.keras_vit_quiet = True
+    threading.excepthook, sys.unraisablehook = thread_hook, unraisable_hook

@@ -7,9 +7,14 @@ before TensorFlow starts, and on the JAX engine without it.
 
 import json
 import os
+import re
 import socket
+import threading
+import time
 
 from absl import logging
+
+from . import startup
 
 # The tf.distribute strategies of train.main's --strategy ("" picks one: see make_strategy).
 STRATEGIES = ("tpu", "mirrored", "multi_worker", "one_device")
@@ -46,14 +51,50 @@ def cluster_size():
     return sum(len(tasks) for tasks in (_tf_config().get("cluster") or {}).values())
 
 
+# The tasks MultiWorkerMirroredStrategy connects (an "evaluator" task runs on its own).
+COORDINATED_JOBS = ("chief", "worker")
+
+
+def cluster_task():
+    """`(cluster, task type, task index)` of `TF_CONFIG`, checked here so that a mistake is
+    one message naming TF_CONFIG's field (TensorFlow says "The `task_id` 2 exceeds the maximum
+    id of worker."); None without a cluster."""
+    spec = _tf_config()
+    cluster = spec.get("cluster") or {}
+    if not cluster:
+        return None
+    if not isinstance(cluster, dict) or not all(
+            isinstance(tasks, list) and tasks for tasks in cluster.values()):
+        raise ValueError('TF_CONFIG\'s "cluster" must map each job to a list of host:port '
+                         'addresses, e.g. {"worker": ["host1:port", "host2:port"]}; got '
+                         f"{json.dumps(cluster)}.")
+    example = '"task": {"type": "worker", "index": N}'
+    task = spec.get("task") or {}
+    if not isinstance(task, dict) or not task:
+        raise ValueError(f"TF_CONFIG names a cluster but not this process's task: add "
+                         f"{example}, N this worker's place in the cluster's list.")
+    task_type, index = task.get("type"), task.get("index", 0)
+    if task_type == "evaluator" and task_type not in cluster:  # TensorFlow allows it unlisted
+        return cluster, task_type, index
+    if task_type not in cluster:
+        raise ValueError(f'TF_CONFIG\'s task "type" is {json.dumps(task_type)}, which is not a '
+                         f"job of its cluster ({', '.join(map(json.dumps, cluster))}).")
+    count = len(cluster[task_type])
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
+        places = "0" if count == 1 else f"0 to {count - 1}"
+        raise ValueError(f'TF_CONFIG\'s task "index" is {json.dumps(index)}, but its cluster has '
+                         f'{count} "{task_type}" task{"s" if count > 1 else ""}: the index must '
+                         f"be {places}, this process's place in that list.")
+    return cluster, task_type, index
+
+
 def is_chief_task():
     """Whether `TF_CONFIG` makes this process the chief (see `is_chief`), before any strategy
     exists; always true without a cluster."""
-    spec = _tf_config()
-    cluster, task = spec.get("cluster") or {}, spec.get("task") or {}
-    if not cluster or not task:
+    checked = cluster_task()
+    if checked is None:
         return True
-    return _chief_rule(cluster, task.get("type"), int(task.get("index", 0)))
+    return _chief_rule(*checked)
 
 
 def _chief_rule(cluster, task_type, task_id):
@@ -61,6 +102,13 @@ def _chief_rule(cluster, task_type, task_id):
     if "chief" in cluster:
         return task_type == "chief"
     return task_type == "worker" and task_id == 0
+
+
+def task_name(job, index):
+    """"worker 1 (host:port)": how messages name a task of `TF_CONFIG`'s cluster."""
+    checked = cluster_task()
+    address = checked[0][job][index] if checked and index < len(checked[0].get(job, ())) else None
+    return f"{job} {index}" + (f" ({address})" if address else "")
 
 
 _PORTS_GIVEN = set()  # by local_cluster in this process: never handed out twice
@@ -84,10 +132,11 @@ def local_cluster(num_workers):
             for index in range(num_workers)]
 
 
-def make_strategy(name="", tpu=""):
+def make_strategy(name="", tpu="", startup_timeout=startup.DEFAULT_TIMEOUT):
     """Returns the strategy `name` (one of STRATEGIES); "" picks TPU if `tpu` is given, else
     multi-worker if `TF_CONFIG` names a cluster, else all local GPUs, else all local (logical)
-    CPUs."""
+    CPUs. A multi-worker strategy waits up to `startup_timeout` seconds for the other workers
+    (raising `startup.StartupFailed`)."""
     import tensorflow as tf
 
     if not name:
@@ -100,7 +149,7 @@ def make_strategy(name="", tpu=""):
             raise ValueError("--strategy=multi_worker needs TF_CONFIG on every worker, e.g. "
                              '{"cluster": {"worker": ["host1:port", "host2:port"]}, '
                              '"task": {"type": "worker", "index": 0}}.')
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()  # cluster from TF_CONFIG
+        strategy = _multi_worker_strategy(startup_timeout)
     elif name == "tpu":
         if not tpu:
             raise ValueError("--strategy=tpu needs --tpu: a TPU name, a grpc:// address, "
@@ -129,6 +178,50 @@ def make_strategy(name="", tpu=""):
             strategy = tf.distribute.OneDeviceStrategy((gpus or cpus)[0].name)
     logging.info("Strategy %s with %d replicas.", name, strategy.num_replicas_in_sync)
     return strategy
+
+
+def _multi_worker_strategy(startup_timeout):
+    """MultiWorkerMirroredStrategy, once every other worker of TF_CONFIG answers (see
+    train/startup.py for why it is not TensorFlow's own wait)."""
+    import tensorflow as tf
+
+    cluster, task_type, index = cluster_task()
+    started = time.monotonic()
+    if task_type in COORDINATED_JOBS:
+        peers = {f"{job} {i}": address for job in COORDINATED_JOBS
+                 for i, address in enumerate(cluster.get(job, ()))
+                 if (job, i) != (task_type, index)}
+        startup.wait_for_tf_workers(cluster[task_type][index], peers, startup_timeout)
+    # Every worker answered; TensorFlow now connects them, in C++ and with no time limit. If a
+    # worker stops meanwhile, this timer ends the wait (SIGTERM cannot: TensorFlow's handler
+    # takes it).
+    left = max(startup_timeout - (time.monotonic() - started), 0) + 10
+    timer = threading.Timer(left, _connect_timed_out, (startup_timeout,))
+    timer.daemon = True
+    timer.start()
+    try:
+        return tf.distribute.MultiWorkerMirroredStrategy()  # the cluster from TF_CONFIG
+    finally:
+        timer.cancel()
+
+
+def _connect_timed_out(startup_timeout):
+    from . import cli
+
+    cli.fail(f"TensorFlow did not connect the workers of TF_CONFIG within --startup_timeout="
+             f"{startup_timeout} s, although all of them answered at first: one of them has "
+             "probably stopped. Start all workers again with the same command.", now=True)
+
+
+def lost_task(error):
+    """The task of TF_CONFIG's cluster that TensorFlow's error `error` names as the remote end
+    it lost ("worker 1 (host:port)"), or None."""
+    checked = cluster_task()
+    own = checked[1:] if checked else None
+    for job, index in re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)", str(error)):
+        if (job, int(index)) != own:
+            return task_name(job, int(index))
+    return None
 
 
 def is_tpu(strategy):
