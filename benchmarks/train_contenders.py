@@ -1,14 +1,14 @@
-"""The contenders of benchmarks/train_step.py on one Keras backend, timed in one process.
+"""The contenders of benchmarks/train_step.py on one Keras backend, in a process of its own.
 
-    KERAS_BACKEND=jax python benchmarks/train_contenders.py --spec='{"cases": ["B/16"], ...}'
+    KERAS_BACKEND=jax python benchmarks/train_contenders.py
 
-measures every case of the spec (keys as `child_spec` of train_step.py writes them) on the
-backend Keras runs on and prints one line, RESULT_PREFIX and then JSON: the versions, the matmul
-peak of this backend's library in each compute dtype, and per case its training FLOPs per image
-and each contender's images/s. benchmarks/train_step.py runs it once per backend (the backend is
-fixed per process) and prints the table; on TensorFlow it also imports the contenders from here.
+serves benchmarks/train_step.py, which starts one such process per backend (the backend is fixed
+per process) and interleaves their timed runs: it sends one JSON request a line on stdin
+(`serve` lists them) and reads each reply, a line of REPLY_PREFIX and JSON, on stdout; only one
+process works at a time. On TensorFlow, train_step.py's `--quickstart` also imports the
+contenders from here.
 
-A case is a variant name (that plain ViT or hybrid at the spec's image size and batch, AdamW with
+A case is a variant name (that plain ViT or hybrid at the requested image size and batch, AdamW with
 global-norm clipping at 1.0, 10 classes) or `quickstart`: configs/quickstart.py as the main job
 runs it (its model, image size, batch and optimizer). The contenders train on one synthetic batch:
 - TensorFlow: the driver's loop (`Trainer.train_loop`, `steps` steps in one host call) without
@@ -40,7 +40,7 @@ from keras_vit import flops, resnet  # noqa: E402
 from train import objectives  # noqa: E402
 from train.config_checks import model_spec  # noqa: E402
 
-RESULT_PREFIX = "train_contenders result: "
+REPLY_PREFIX = "train_contenders reply: "
 NUM_CLASSES = 10
 LEARNING_RATE, WEIGHT_DECAY, CLIP_NORM = 1e-3, 1e-4, 1.0
 
@@ -220,27 +220,39 @@ def contenders(config, batch, workdir):
     return found
 
 
-def interleaved_rates(runs, steps, batch_size, repeats):
-    """Images/s of each contender: the median of `repeats` interleaved timed runs, after one
-    untimed run each of at least 2 steps (the JAX engine compiles its step again on the second
-    call, once the state carries the step's output shardings). Every run returns its loss as a
-    float, which waits for the device to finish its steps. On JAX a timed run that compiles
-    anything is an error: it would not be the steady state."""
-    compiles = jax_compile_counter()
+def warm_up(runs, steps):
+    """One untimed run of each contender, of at least 2 steps: it compiles (the JAX engine
+    compiles its step again on the second call, once the state carries the step's output
+    shardings)."""
     for name, run in runs.items():
         print(f"compiling and warming up: {name}", file=sys.stderr, flush=True)
         loss = run(max(steps, 2))
         if not np.isfinite(loss):
             raise RuntimeError(f"{name}: the loss is {loss} on the warm-up steps.")
+
+
+def timed_run(name, run, steps, compiles):
+    """Seconds of one run of `steps` steps. Every run returns its loss as a float, which waits
+    for the device to finish them. On JAX a run that compiles is an error (not the steady
+    state); `compiles` is `jax_compile_counter()`'s list."""
+    compiled = len(compiles)
+    start = time.perf_counter()
+    run(steps)
+    seconds = time.perf_counter() - start
+    if len(compiles) > compiled:
+        raise RuntimeError(f"{name}: XLA compiled during a timed run.")
+    return seconds
+
+
+def interleaved_rates(runs, steps, batch_size, repeats):
+    """Images/s of each contender: the median of `repeats` interleaved timed runs (each repeat
+    times every contender once), after `warm_up`."""
+    compiles = jax_compile_counter()
+    warm_up(runs, steps)
     times = {name: [] for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
-            compiled = len(compiles)
-            start = time.perf_counter()
-            run(steps)
-            times[name].append(time.perf_counter() - start)
-            if len(compiles) > compiled:
-                raise RuntimeError(f"{name}: XLA compiled during a timed run.")
+            times[name].append(timed_run(name, run, steps, compiles))
     return {name: steps * batch_size / statistics.median(seconds)
             for name, seconds in times.items()}
 
@@ -269,40 +281,60 @@ def versions():
     return found
 
 
-def measure(spec):
-    """Everything the spec asks of this backend, as one JSON-ready dict."""
+def serve(requests, reply):
+    """Answers the parent's requests (dicts) with `reply(dict)` until they end:
+
+        hello                      -> backend, versions (once the imports are done)
+        peaks {dtypes, peak_size}  -> the 4096^3 matmul peak by compute dtype
+        setup {case, policy, image_size, batch_size, steps}
+                                   -> the case's contenders, built and warmed up: their names,
+                                      the model's variant, size, batch and training FLOPs
+        time {name, steps}         -> seconds of one run of that contender
+    """
     backend = keras.config.backend()
-    library = "jax" if backend == "jax" else "tensorflow"
-    compute_dtypes = sorted({keras.mixed_precision.Policy(p).compute_dtype
-                             for p in spec["policies"]})
-    result = {"backend": backend, "versions": versions(),
-              "peaks": {dtype: machine.matmul_peak(dtype, size=spec["peak_size"],
-                                                   library=library)
-                        for dtype in compute_dtypes},
-              "cases": []}
-    for case in spec["cases"]:
-        for policy in spec["policies"]:
-            config = case_config(case, spec["image_size"], spec["batch_size"], policy)
-            batch = synthetic_batch(config.batch_size, config.image_size)
-            with tempfile.TemporaryDirectory() as workdir:
-                runs = contenders(config, batch, workdir)
-                rates = interleaved_rates(runs, spec["steps"][case], config.batch_size,
-                                          spec["repeats"])
-            result["cases"].append({
-                "case": case, "policy": policy, "variant": config.model.variant,
-                "image_size": config.image_size, "batch_size": config.batch_size,
-                "steps": spec["steps"][case],
-                "compute_dtype": keras.mixed_precision.Policy(policy).compute_dtype,
-                "training_flops": training_flops(config), "rates": rates})
-    return result
+    compiles = jax_compile_counter()
+    runs = {}
+    with tempfile.TemporaryDirectory() as workdir:
+        for number, request in enumerate(requests):
+            op = request["op"]
+            if op == "hello":
+                reply({"backend": backend, "versions": versions()})
+            elif op == "peaks":
+                library = "jax" if backend == "jax" else "tensorflow"
+                reply({dtype: machine.matmul_peak(dtype, size=request["peak_size"],
+                                                  library=library)
+                       for dtype in request["dtypes"]})
+            elif op == "setup":
+                runs = None
+                keras.backend.clear_session()  # the previous case's models
+                config = case_config(request["case"], request["image_size"],
+                                     request["batch_size"], request["policy"])
+                batch = synthetic_batch(config.batch_size, config.image_size)
+                runs = contenders(config, batch, os.path.join(workdir, str(number)))
+                warm_up(runs, request["steps"])
+                reply({"names": list(runs), "variant": config.model.variant,
+                       "image_size": config.image_size, "batch_size": config.batch_size,
+                       "compute_dtype": keras.mixed_precision.Policy(
+                           config.dtype_policy).compute_dtype,
+                       "training_flops": training_flops(config)})
+            elif op == "time":
+                name = request["name"]
+                reply({"seconds": timed_run(name, runs[name], request["steps"], compiles)})
+            else:
+                raise ValueError(f"Unknown request {request!r}.")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--spec", required=True, help="JSON: what to measure")
-    spec = json.loads(parser.parse_args().spec)
-    result = measure(spec)
-    print(RESULT_PREFIX + json.dumps(result), flush=True)
+    parser.parse_args()
+    protocol = sys.stdout  # the replies; anything a library prints goes to stderr
+    sys.stdout = sys.stderr
+
+    def reply(message):
+        protocol.write(REPLY_PREFIX + json.dumps(message) + "\n")
+        protocol.flush()
+
+    serve((json.loads(line) for line in sys.stdin), reply)
 
 
 if __name__ == "__main__":

@@ -6,20 +6,22 @@ against Keras' own `fit` and `train_on_batch` on the same architecture, on each 
 
 A case is a `--variant` at `--image_size` and `--batch_size` (AdamW, global-norm clipping at 1.0,
 10 classes), or `quickstart`: configs/quickstart.py as the main job runs it (its model, 32px,
-batch 128, its optimizer). Every contender trains the case on one synthetic batch (contenders
-and the peer, keras-hub's `ViTImageClassifier` or keras_vit's own model for hybrids, in
-benchmarks/train_contenders.py). The Keras backend is fixed per process, so each `--backend`
-runs in its own child process (train_contenders.py), one after the other; within a process the
-contenders are interleaved (each repeat times every contender once), and the table gives the
-median of `--repeats` timed runs of `--steps` optimizer steps each, after one untimed run that
-compiles. Ratios across backends compare processes run back to back, not interleaved runs.
+batch 128, its optimizer). Every contender trains the case on one synthetic batch; the
+contenders, and the peer under Keras' loops (keras-hub's `ViTImageClassifier`, or keras_vit's own
+model for hybrids), are in benchmarks/train_contenders.py. The Keras backend is fixed per
+process, so each `--backend` runs in a process of its own; both stay up and this script
+interleaves their timed runs (each repeat times every contender of every backend once, one
+process working at a time), so that a slower moment of a shared machine does not fall on one
+backend only. The table gives the median of `--repeats` timed runs of `--steps` optimizer steps
+each, after one untimed run that compiles.
 
 FLOPs: `keras_vit.flops.training_flops`, 3x the forward pass's (2 per multiply-add; the backward
 pass as twice the forward; elementwise ops and the optimizer update not counted), the same count
 for every contender of a case. The matmul peak is measured in each child by its own library
 (`machine.matmul_peak`, a 4096^3 matmul in the policy's compute dtype, TensorFlow's and XLA's
-CPU kernels differ): "% of peak" divides by the higher of the backends' peaks (the machine's best
-measured), "% of own peak" by the contender's backend's.
+CPU kernels differ), at the start and at the end, the higher kept: "% of peak" divides by the
+higher of the backends' peaks (the machine's best measured), "% of own peak" by the contender's
+backend's.
 
     python benchmarks/train_step.py --quickstart
 
@@ -33,6 +35,7 @@ import argparse
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -42,32 +45,77 @@ import machine  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHILD = os.path.join(HERE, "train_contenders.py")
-RESULT_PREFIX = "train_contenders result: "  # train_contenders.RESULT_PREFIX (no Keras here)
+REPLY_PREFIX = "train_contenders reply: "  # train_contenders.REPLY_PREFIX (no Keras here)
 BACKENDS = ("tensorflow", "jax")
 BASELINE = ("tensorflow", "keras_vit driver loop, XLA off")
 QUICKSTART_STEPS = 100  # the main job's steps_per_loop
 
 
-def child_spec(args):
-    """What every child measures, as JSON-ready data."""
-    cases = args.variant or ["S/16"]
-    return {"cases": cases, "policies": args.dtype or ["float32"],
-            "image_size": args.image_size, "batch_size": args.batch_size,
-            "steps": {case: args.steps or (QUICKSTART_STEPS if case == "quickstart" else 3)
-                      for case in cases},
-            "repeats": args.repeats, "peak_size": 4096}
+class Child:
+    """A train_contenders.py process on `backend`, answering one request at a time."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.process = subprocess.Popen(  # its stderr (progress, logs) shows
+            [sys.executable, CHILD], env=dict(os.environ, KERAS_BACKEND=backend),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def ask(self, op, **request):
+        self.process.stdin.write(json.dumps(dict(request, op=op)) + "\n")
+        self.process.stdin.flush()
+        for line in self.process.stdout:
+            if line.startswith(REPLY_PREFIX):
+                return json.loads(line[len(REPLY_PREFIX):])
+            sys.stderr.write(line)  # printed by a library, not a reply
+        raise RuntimeError(f"The {self.backend} process ended (exit status "
+                           f"{self.process.wait()}) before answering {op!r}; see above.")
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait()
 
 
-def run_child(backend, spec):
-    """train_contenders.py's result on `backend`, from a process of its own."""
-    env = dict(os.environ, KERAS_BACKEND=backend)
-    result = subprocess.run([sys.executable, CHILD, "--spec=" + json.dumps(spec)], env=env,
-                            stdout=subprocess.PIPE, text=True)  # stderr: its progress, shown
-    lines = [line for line in result.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
-    if result.returncode or not lines:
-        raise RuntimeError(f"The {backend} measurement failed (exit status "
-                           f"{result.returncode}); its output is above.\n{result.stdout[-2000:]}")
-    return json.loads(lines[-1][len(RESULT_PREFIX):])
+def measure(backends, cases, policies, image_size, batch_size, steps, repeats):
+    """Each backend's results: its peaks and versions, and per case and policy its
+    contenders' images/s, every repeat timing every contender of every backend once."""
+    children = [Child(backend) for backend in backends]
+    try:
+        dtypes = sorted({"bfloat16" if "bfloat16" in policy else
+                         "float16" if "float16" in policy else "float32" for policy in policies})
+        results = [dict(child.ask("hello"), cases=[]) for child in children]
+        measure_peaks(children, results, dtypes)  # once every child has started
+
+        for case in cases:
+            case_steps = steps or (QUICKSTART_STEPS if case == "quickstart" else 3)
+            for policy in policies:
+                setups = [child.ask("setup", case=case, policy=policy, image_size=image_size,
+                                    batch_size=batch_size, steps=case_steps)
+                          for child in children]
+                times = [{name: [] for name in setup["names"]} for setup in setups]
+                for _ in range(repeats):
+                    for child, child_times in zip(children, times):
+                        for name, seconds in child_times.items():
+                            seconds.append(child.ask("time", name=name,
+                                                     steps=case_steps)["seconds"])
+                for result, setup, child_times in zip(results, setups, times):
+                    rates = {name: case_steps * setup["batch_size"] / statistics.median(seconds)
+                             for name, seconds in child_times.items()}
+                    result["cases"].append(dict(setup, case=case, policy=policy,
+                                                steps=case_steps, rates=rates))
+        measure_peaks(children, results, dtypes)
+        return results
+    finally:
+        for child in children:
+            child.close()
+
+
+def measure_peaks(children, results, dtypes):
+    """Each backend's matmul peak: the highest of its measurements (at the start and at the
+    end), as other work on a shared machine only ever lowers it."""
+    for child, result in zip(children, results):
+        peaks = child.ask("peaks", dtypes=dtypes, peak_size=4096)
+        result["peaks"] = {dtype: max(peak, result.get("peaks", {}).get(dtype, 0.0))
+                           for dtype, peak in peaks.items()}
 
 
 def machine_peaks(results):
@@ -122,8 +170,8 @@ def print_table(results, repeats):
     peaks = ", ".join(
         f"{dtype} " + ", ".join(f"{r['backend']} {r['peaks'][dtype] / 1e9:.0f}" for r in results)
         for dtype in sorted(machine_peaks(results)))
-    print(f"CPU: {machine.cpu_name()}, {os.cpu_count()} cores; measured 4096^3 matmul peak "
-          f"GFLOP/s: {peaks}")
+    print(f"CPU: {machine.cpu_name()}, {os.cpu_count()} cores; 4096^3 matmul peak GFLOP/s (the "
+          f"higher of two measurements): {peaks}")
     versions = {}
     for result in results:
         versions.update(result["versions"])
@@ -131,13 +179,15 @@ def print_table(results, repeats):
           + ("" if "keras-hub" in versions else "; keras-hub not installed (`pip install "
              "keras-hub`)"))
     print("\n".join(describe_cases(results)))
-    print(f"Median of {repeats} timed runs. Each backend ran in its own process, one after the "
-          f"other ({', then '.join(r['backend'] for r in results)}), its contenders interleaved: "
-          "ratios across backends compare separate processes. FLOPs: 3x the forward pass "
-          "(keras_vit.flops.training_flops); % of peak: of the highest matmul peak measured, "
-          "% of own peak: of the contender's backend's.\n")
+    print(f"Median of {repeats} timed runs. Each backend runs in a process of its own "
+          f"({', '.join(r['backend'] for r in results)}); every repeat times each contender of "
+          "each process once, one process working at a time. FLOPs: 3x the forward pass "
+          "(keras_vit.flops.training_flops); % of peak: of the highest matmul peak measured in "
+          "the compute dtype, % of own peak: of the contender's backend's.\n")
+    baseline = ("TF driver (XLA off)" if any(r["backend"] == BASELINE[0] for r in results)
+                else "first row")
     print("| model | dtype policy | backend | trainer | images/s | % of peak | % of own peak "
-          "| vs TF driver (XLA off) |")
+          f"| vs {baseline} |")
     print("|---|---|---|---|---|---|---|---|")
     for case, policy, backend, name, rate, fraction, own, ratio in table_rows(results):
         print(f"| {case} | {policy} | {backend} | {name} | {rate:.2f} | {100 * fraction:.1f}% | "
@@ -195,8 +245,9 @@ def main():
         return
     backends = args.backend or [backend for backend in BACKENDS
                                 if backend != "jax" or importlib.util.find_spec("jax")]
-    spec = child_spec(args)
-    print_table([run_child(backend, spec) for backend in backends], args.repeats)
+    results = measure(backends, args.variant or ["S/16"], args.dtype or ["float32"],
+                      args.image_size, args.batch_size, args.steps, args.repeats)
+    print_table(results, args.repeats)
 
 
 if __name__ == "__main__":
