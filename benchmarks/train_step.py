@@ -19,9 +19,9 @@ FLOPs: `keras_vit.flops.training_flops`, 3x the forward pass's (2 per multiply-a
 pass as twice the forward; elementwise ops and the optimizer update not counted), the same count
 for every contender of a case. The matmul peak is measured in each child by its own library
 (`machine.matmul_peak`, a 4096^3 matmul in the policy's compute dtype, TensorFlow's and XLA's
-CPU kernels differ), at the start and at the end, the higher kept: "% of peak" divides by the
-higher of the backends' peaks (the machine's best measured), "% of own peak" by the contender's
-backend's.
+CPU kernels differ), at the start and after every repeat, the highest kept: "% of peak" divides by
+the higher of the backends' peaks (the machine's best measured), "% of own peak" by the
+contender's backend's. The header gives the 1-minute load average at the start and the end.
 
     python benchmarks/train_step.py --quickstart
 
@@ -97,12 +97,12 @@ def measure(backends, cases, policies, image_size, batch_size, steps, repeats):
                         for name, seconds in child_times.items():
                             seconds.append(child.ask("time", name=name,
                                                      steps=case_steps)["seconds"])
+                    measure_peaks(children, results, dtypes)
                 for result, setup, child_times in zip(results, setups, times):
                     rates = {name: case_steps * setup["batch_size"] / statistics.median(seconds)
                              for name, seconds in child_times.items()}
                     result["cases"].append(dict(setup, case=case, policy=policy,
                                                 steps=case_steps, rates=rates))
-        measure_peaks(children, results, dtypes)
         return results
     finally:
         for child in children:
@@ -110,12 +110,13 @@ def measure(backends, cases, policies, image_size, batch_size, steps, repeats):
 
 
 def measure_peaks(children, results, dtypes):
-    """Each backend's matmul peak: the highest of its measurements (at the start and at the
-    end), as other work on a shared machine only ever lowers it."""
+    """Each backend's matmul peak: the highest of its measurements (at the start and after
+    every repeat), as other work on a shared machine only ever lowers it."""
     for child, result in zip(children, results):
         peaks = child.ask("peaks", dtypes=dtypes, peak_size=4096)
         result["peaks"] = {dtype: max(peak, result.get("peaks", {}).get(dtype, 0.0))
                            for dtype, peak in peaks.items()}
+        result["peak_samples"] = result.get("peak_samples", 0) + 1
 
 
 def machine_peaks(results):
@@ -166,12 +167,13 @@ def describe_cases(results):
     return lines
 
 
-def print_table(results, repeats):
+def print_table(results, repeats, load):
     peaks = ", ".join(
         f"{dtype} " + ", ".join(f"{r['backend']} {r['peaks'][dtype] / 1e9:.0f}" for r in results)
         for dtype in sorted(machine_peaks(results)))
     print(f"CPU: {machine.cpu_name()}, {os.cpu_count()} cores; 4096^3 matmul peak GFLOP/s (the "
-          f"higher of two measurements): {peaks}")
+          f"highest of {results[0]['peak_samples']} measurements): {peaks}; load average "
+          f"(1 min) {load[0]:.1f} at the start, {load[1]:.1f} at the end")
     versions = {}
     for result in results:
         versions.update(result["versions"])
@@ -245,9 +247,11 @@ def main():
         return
     backends = args.backend or [backend for backend in BACKENDS
                                 if backend != "jax" or importlib.util.find_spec("jax")]
+    load = [os.getloadavg()[0]]  # other work on the machine slows every contender
     results = measure(backends, args.variant or ["S/16"], args.dtype or ["float32"],
                       args.image_size, args.batch_size, args.steps, args.repeats)
-    print_table(results, args.repeats)
+    load.append(os.getloadavg()[0])
+    print_table(results, args.repeats, load)
 
 
 if __name__ == "__main__":
