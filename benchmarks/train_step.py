@@ -12,8 +12,8 @@ model for hybrids), are in benchmarks/train_contenders.py. The Keras backend is 
 process, so each `--backend` runs in a process of its own; both stay up and this script
 interleaves their timed runs (each repeat times every contender of every backend once, one
 process working at a time), so that a slower moment of a shared machine does not fall on one
-backend only. The table gives the median of `--repeats` timed runs of `--steps` optimizer steps
-each, after one untimed run that compiles.
+backend only. The table gives the fastest of `--repeats` timed runs of `--steps` optimizer steps
+each (other work on a shared machine only slows a run), after one untimed run that compiles.
 
 FLOPs: `keras_vit.flops.training_flops`, 3x the forward pass's (2 per multiply-add; the backward
 pass as twice the forward; elementwise ops and the optimizer update not counted), the same count
@@ -35,7 +35,6 @@ import argparse
 import importlib.util
 import json
 import os
-import statistics
 import subprocess
 import sys
 
@@ -99,7 +98,7 @@ def measure(backends, cases, policies, image_size, batch_size, steps, repeats):
                                                      steps=case_steps)["seconds"])
                     measure_peaks(children, results, dtypes)
                 for result, setup, child_times in zip(results, setups, times):
-                    rates = {name: case_steps * setup["batch_size"] / statistics.median(seconds)
+                    rates = {name: case_steps * setup["batch_size"] / min(seconds)
                              for name, seconds in child_times.items()}
                     result["cases"].append(dict(setup, case=case, policy=policy,
                                                 steps=case_steps, rates=rates))
@@ -181,7 +180,7 @@ def print_table(results, repeats, load):
           + ("" if "keras-hub" in versions else "; keras-hub not installed (`pip install "
              "keras-hub`)"))
     print("\n".join(describe_cases(results)))
-    print(f"Median of {repeats} timed runs. Each backend runs in a process of its own "
+    print(f"Fastest of {repeats} timed runs. Each backend runs in a process of its own "
           f"({', '.join(r['backend'] for r in results)}); every repeat times each contender of "
           "each process once, one process working at a time. FLOPs: 3x the forward pass "
           "(keras_vit.flops.training_flops); % of peak: of the highest matmul peak measured in "
