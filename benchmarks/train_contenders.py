@@ -232,16 +232,17 @@ def warm_up(runs, steps):
 
 
 def timed_run(name, run, steps, compiles):
-    """Seconds of one run of `steps` steps. Every run returns its loss as a float, which waits
-    for the device to finish them. On JAX a run that compiles is an error (not the steady
-    state); `compiles` is `jax_compile_counter()`'s list."""
+    """Seconds of one run of `steps` steps, and the CPU seconds this process spent in it (all
+    its threads: below cores x seconds when other work takes cores). Every run returns its loss
+    as a float, which waits for the device to finish them. On JAX a run that compiles is an
+    error (not the steady state); `compiles` is `jax_compile_counter()`'s list."""
     compiled = len(compiles)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     run(steps)
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     if len(compiles) > compiled:
         raise RuntimeError(f"{name}: XLA compiled during a timed run.")
-    return seconds
+    return seconds, cpu_seconds
 
 
 def interleaved_rates(runs, steps, batch_size, repeats):
@@ -252,7 +253,7 @@ def interleaved_rates(runs, steps, batch_size, repeats):
     times = {name: [] for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
-            times[name].append(timed_run(name, run, steps, compiles))
+            times[name].append(timed_run(name, run, steps, compiles)[0])
     return {name: steps * batch_size / statistics.median(seconds)
             for name, seconds in times.items()}
 
@@ -289,7 +290,7 @@ def serve(requests, reply):
         setup {case, policy, image_size, batch_size, steps}
                                    -> the case's contenders, built and warmed up: their names,
                                       the model's variant, size, batch and training FLOPs
-        time {name, steps}         -> seconds of one run of that contender
+        time {name, steps}         -> seconds of one run of that contender, and its CPU seconds
     """
     backend = keras.config.backend()
     compiles = jax_compile_counter()
@@ -319,7 +320,8 @@ def serve(requests, reply):
                        "training_flops": training_flops(config)})
             elif op == "time":
                 name = request["name"]
-                reply({"seconds": timed_run(name, runs[name], request["steps"], compiles)})
+                seconds, cpu_seconds = timed_run(name, runs[name], request["steps"], compiles)
+                reply({"seconds": seconds, "cpu_seconds": cpu_seconds})
             else:
                 raise ValueError(f"Unknown request {request!r}.")
 

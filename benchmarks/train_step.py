@@ -21,7 +21,8 @@ for every contender of a case. The matmul peak is measured in each child by its 
 (`machine.matmul_peak`, a 4096^3 matmul in the policy's compute dtype, TensorFlow's and XLA's
 CPU kernels differ), at the start and after every repeat, the highest kept: "% of peak" divides by
 the higher of the backends' peaks (the machine's best measured), "% of own peak" by the
-contender's backend's. The header gives the 1-minute load average at the start and the end.
+contender's backend's. The header gives the 1-minute load average at the start and the end, and
+"cores used" each fastest run's CPU seconds per second: what other work left it, or the step used.
 
     python benchmarks/train_step.py --quickstart
 
@@ -93,15 +94,18 @@ def measure(backends, cases, policies, image_size, batch_size, steps, repeats):
                 times = [{name: [] for name in setup["names"]} for setup in setups]
                 for _ in range(repeats):
                     for child, child_times in zip(children, times):
-                        for name, seconds in child_times.items():
-                            seconds.append(child.ask("time", name=name,
-                                                     steps=case_steps)["seconds"])
+                        for name, runs in child_times.items():
+                            reply = child.ask("time", name=name, steps=case_steps)
+                            runs.append((reply["seconds"], reply["cpu_seconds"]))
                     measure_peaks(children, results, dtypes)
                 for result, setup, child_times in zip(results, setups, times):
-                    rates = {name: case_steps * setup["batch_size"] / min(seconds)
-                             for name, seconds in child_times.items()}
+                    fastest = {name: min(runs) for name, runs in child_times.items()}
+                    rates = {name: case_steps * setup["batch_size"] / seconds
+                             for name, (seconds, _) in fastest.items()}
+                    cores = {name: cpu_seconds / seconds
+                             for name, (seconds, cpu_seconds) in fastest.items()}
                     result["cases"].append(dict(setup, case=case, policy=policy,
-                                                steps=case_steps, rates=rates))
+                                                steps=case_steps, rates=rates, cores=cores))
         return results
     finally:
         for child in children:
@@ -184,15 +188,20 @@ def print_table(results, repeats, load):
           f"({', '.join(r['backend'] for r in results)}); every repeat times each contender of "
           "each process once, one process working at a time. FLOPs: 3x the forward pass "
           "(keras_vit.flops.training_flops); % of peak: of the highest matmul peak measured in "
-          "the compute dtype, % of own peak: of the contender's backend's.\n")
+          "the compute dtype, % of own peak: of the contender's backend's; cores used: CPU "
+          f"seconds per second of the fastest run (below {os.cpu_count()} when other work took "
+          "cores, or the step left some idle).\n")
     baseline = ("TF driver (XLA off)" if any(r["backend"] == BASELINE[0] for r in results)
                 else "first row")
+    cores = {(case["case"], case["policy"], result["backend"], name): used
+             for result in results for case in result["cases"]
+             for name, used in case["cores"].items()}
     print("| model | dtype policy | backend | trainer | images/s | % of peak | % of own peak "
-          f"| vs {baseline} |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"| vs {baseline} | cores used |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for case, policy, backend, name, rate, fraction, own, ratio in table_rows(results):
         print(f"| {case} | {policy} | {backend} | {name} | {rate:.2f} | {100 * fraction:.1f}% | "
-              f"{100 * own:.1f}% | {ratio:.2f}x |")
+              f"{100 * own:.1f}% | {ratio:.2f}x | {cores[case, policy, backend, name]:.2f} |")
 
 
 def measure_quickstart(steps, repeats):
