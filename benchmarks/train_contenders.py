@@ -222,8 +222,8 @@ def contenders(config, batch, workdir):
 
 def warm_up(runs, steps):
     """One untimed run of each contender, of at least 2 steps: it compiles (the JAX engine
-    compiles its step again on the second call, once the state carries the step's output
-    shardings)."""
+    compiled its step again on its second call at commit 40f09e0, once the state carried the
+    step's output shardings)."""
     for name, run in runs.items():
         print(f"compiling and warming up: {name}", file=sys.stderr, flush=True)
         loss = run(max(steps, 2))

@@ -76,15 +76,15 @@ class Child:
 
 
 def measure(backends, cases, policies, image_size, batch_size, steps, repeats):
-    """Each backend's results: its peaks and versions, and per case and policy its
-    contenders' images/s, every repeat timing every contender of every backend once."""
+    """Each backend's results: its versions and peaks, and per case and policy its
+    contenders' images/s and cores used in their fastest run, every repeat timing every
+    contender of every backend once."""
     children = [Child(backend) for backend in backends]
     try:
         dtypes = sorted({"bfloat16" if "bfloat16" in policy else
                          "float16" if "float16" in policy else "float32" for policy in policies})
         results = [dict(child.ask("hello"), cases=[]) for child in children]
         measure_peaks(children, results, dtypes)  # once every child has started
-
         for case in cases:
             case_steps = steps or (QUICKSTART_STEPS if case == "quickstart" else 3)
             for policy in policies:
