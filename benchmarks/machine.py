@@ -17,17 +17,30 @@ def cpu_name():
     return "unknown CPU"
 
 
-def matmul_peak(compute_dtype="float32", size=4096, repeats=5):
-    """FLOP/s of a `size`^3 TensorFlow matmul in `compute_dtype`, median of `repeats`."""
-    import tensorflow as tf
+def matmul_peak(compute_dtype="float32", size=4096, repeats=5, library="tensorflow"):
+    """FLOP/s of a `size`^3 matmul in `compute_dtype`, median of `repeats`, by TensorFlow or by
+    JAX (`library="jax"`: XLA's CPU matmul, which the JAX contenders' steps run on)."""
+    if library == "jax":
+        import jax
 
-    a = tf.cast(tf.random.normal((size, size), dtype=tf.float32), compute_dtype)
-    matmul = tf.function(lambda x: tf.matmul(x, x))
-    matmul(a).numpy()
+        a = jax.random.normal(jax.random.key(0), (size, size)).astype(compute_dtype)
+        matmul = jax.jit(lambda x: x @ x)
+
+        def run():
+            matmul(a).block_until_ready()
+    else:
+        import tensorflow as tf
+
+        a = tf.cast(tf.random.normal((size, size), dtype=tf.float32), compute_dtype)
+        matmul = tf.function(lambda x: tf.matmul(x, x))
+
+        def run():
+            matmul(a).numpy()
+    run()  # compiles
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        matmul(a).numpy()
+        run()
         times.append(time.perf_counter() - start)
     return 2 * size**3 / statistics.median(times)
 

@@ -1,176 +1,229 @@
-"""Training throughput: the driver's own step (train.tf_engine.Trainer's loop) against keras-hub's
-ViT of the same configuration trained with `model.fit` and with `train_on_batch`.
+"""Training throughput: keras_vit's two engines (the TensorFlow driver's loop and the JAX engine)
+against Keras' own `fit` and `train_on_batch` on the same architecture, on each backend.
 
-    python benchmarks/train_step.py --variant=S/16 --variant=B/16 --image_size=224 \
-        --dtype=float32 --dtype=mixed_bfloat16
+    python benchmarks/train_step.py --variant=quickstart --variant=B/16 --image_size=224 \
+        --batch_size=8 --repeats=3
 
-Every contender trains the same architecture (a class-token ViT with a 10-class head) on the
-same synthetic batch, with AdamW and global-norm clipping at 1.0, in one process. Runs are
-interleaved (each repeat times every contender once) and the table gives the median of
-`--repeats` timed runs of `--steps` optimizer steps each, after one untimed run that compiles.
-The driver is timed as `train.main` runs it: `Trainer.train_loop` over `--steps` steps in one
-host call, with and without XLA (`config.jit_compile`). keras-hub is timed with Keras'
-defaults (`jit_compile="auto"`, which is off on a CPU-only TensorFlow) and with XLA.
-Needs `pip install keras-hub` and the Fashion-MNIST files the main job uses (the trainer reads
-its label names; the timed batches are synthetic).
+A case is a `--variant` at `--image_size` and `--batch_size` (AdamW, global-norm clipping at 1.0,
+10 classes), or `quickstart`: configs/quickstart.py as the main job runs it (its model, 32px,
+batch 128, its optimizer). Every contender trains the case on one synthetic batch; the
+contenders, and the peer under Keras' loops (keras-hub's `ViTImageClassifier`, or keras_vit's own
+model for hybrids), are in benchmarks/train_contenders.py. The Keras backend is fixed per
+process, so each `--backend` runs in a process of its own; both stay up and this script
+interleaves their timed runs (each repeat times every contender of every backend once, one
+process working at a time), so that a slower moment of a shared machine does not fall on one
+backend only. The table gives the fastest of `--repeats` timed runs of `--steps` optimizer steps
+each (other work on a shared machine only slows a run), after one untimed run that compiles.
+
+FLOPs: `keras_vit.flops.training_flops`, 3x the forward pass's (2 per multiply-add; the backward
+pass as twice the forward; elementwise ops and the optimizer update not counted), the same count
+for every contender of a case. The matmul peak is measured in each child by its own library
+(`machine.matmul_peak`, a 4096^3 matmul in the policy's compute dtype, TensorFlow's and XLA's
+CPU kernels differ), at the start and after every repeat, the highest kept: "% of peak" divides by
+the higher of the backends' peaks (the machine's best measured), "% of own peak" by the
+contender's backend's. The header gives the 1-minute load average at the start and the end, and
+"cores used" each fastest run's CPU seconds per second: what other work left it, or the step used.
 
     python benchmarks/train_step.py --quickstart
 
-times the driver's loop on the main job's model and batch (configs/quickstart.py, XLA), with the
-ResNet stem's max-pool gradient as keras_vit computes it and as XLA does for `ops.max_pool`.
+times the TensorFlow driver's loop on the main job's model and batch (configs/quickstart.py, XLA)
+with the ResNet stem's max-pool gradient as keras_vit computes it and as XLA does for
+`ops.max_pool`. Both modes need the Fashion-MNIST files the main job uses (the engines read their
+label names; the timed batches are synthetic); keras-hub (`pip install keras-hub`) for its rows.
 """
 
 import argparse
+import importlib.util
+import json
 import os
-import statistics
+import subprocess
 import sys
-import tempfile
-import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import keras_vit  # noqa: E402
 import machine  # noqa: E402
-from configs import common, quickstart  # noqa: E402
-from keras_vit import resnet  # noqa: E402
-from train import tf_engine  # noqa: E402
 
-NUM_CLASSES = 10
-LEARNING_RATE, WEIGHT_DECAY, CLIP_NORM = 1e-3, 1e-4, 1.0
-
-
-def driver_contender(variant, image_size, batch_size, policy, jit_compile, batch, workdir):
-    """A function that runs `steps` of the driver's compiled loop on `batch`."""
-    config = common.get_config()
-    config.model.variant, config.image_size = variant, image_size
-    config.dataset = "fashion_mnist_local"  # the trainer reads its label names only
-    config.batch_size = config.eval_batch_size = batch_size
-    config.optimizer, config.learning_rate = "adamw", LEARNING_RATE
-    config.weight_decay, config.grad_clip_norm = WEIGHT_DECAY, CLIP_NORM
-    config.warmup_steps, config.total_steps = 0, 1_000_000
-    config.dtype_policy, config.jit_compile = policy, jit_compile
-    trainer = tf_engine.Trainer(config, workdir, tf.distribute.get_strategy())
-    iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
-
-    def run(steps):
-        loss, _ = trainer.train_loop(iterator, tf.constant(steps))
-        return float(loss)
-
-    return run
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHILD = os.path.join(HERE, "train_contenders.py")
+REPLY_PREFIX = "train_contenders reply: "  # train_contenders.REPLY_PREFIX (no Keras here)
+BACKENDS = ("tensorflow", "jax")
+BASELINE = ("tensorflow", "keras_vit driver loop, XLA off")
+QUICKSTART_STEPS = 100  # the main job's steps_per_loop
 
 
-def quickstart_contender(custom_pool_gradient, batch, workdir):
-    """The driver's loop on the main job's config; without `custom_pool_gradient` the stem
-    pools with `ops.max_pool`, whose gradient XLA computes (select-and-scatter)."""
-    config = quickstart.get_config()
-    config.warmup_steps, config.total_steps = 0, 1_000_000
-    trainer = tf_engine.Trainer(config, workdir, tf.distribute.get_strategy())
-    iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
+class Child:
+    """A train_contenders.py process on `backend`, answering one request at a time."""
 
-    def plain_pool(x):
-        return keras.ops.max_pool(x, pool_size=3, strides=2, padding="same")
+    def __init__(self, backend):
+        self.backend = backend
+        self.process = subprocess.Popen(  # its stderr (progress, logs) shows
+            [sys.executable, CHILD], env=dict(os.environ, KERAS_BACKEND=backend),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
-    def run(steps):
-        pool = resnet.max_pool_3x3_stride_2  # read when the loop is traced, in the first run
-        if not custom_pool_gradient:
-            resnet.max_pool_3x3_stride_2 = plain_pool
-        try:
-            loss, _ = trainer.train_loop(iterator, tf.constant(steps))
-        finally:
-            resnet.max_pool_3x3_stride_2 = pool
-        return float(loss)
+    def ask(self, op, **request):
+        self.process.stdin.write(json.dumps(dict(request, op=op)) + "\n")
+        self.process.stdin.flush()
+        for line in self.process.stdout:
+            if line.startswith(REPLY_PREFIX):
+                return json.loads(line[len(REPLY_PREFIX):])
+            sys.stderr.write(line)  # printed by a library, not a reply
+        raise RuntimeError(f"The {self.backend} process ended (exit status "
+                           f"{self.process.wait()}) before answering {op!r}; see above.")
 
-    return run
-
-
-def keras_hub_classifier(variant, image_size, policy):
-    import keras_hub
-
-    spec = keras_vit.ViTConfig.from_variant(variant, image_size=image_size)
-    backbone = keras_hub.models.ViTBackbone(
-        image_shape=(*spec.image_size, 3), patch_size=spec.patch_size,
-        num_layers=spec.num_layers, num_heads=spec.num_heads,
-        hidden_dim=spec.hidden_size, mlp_dim=spec.mlp_dim, dtype=policy)
-    return keras_hub.models.ViTImageClassifier(backbone, num_classes=NUM_CLASSES, dtype=policy)
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait()
 
 
-def keras_hub_contender(variant, image_size, policy, jit_compile, how, batch):
-    """A function that runs `steps` of keras-hub's ViT with `fit` or `train_on_batch`."""
-    model = keras_hub_classifier(variant, image_size, policy)
-    model.compile(
-        optimizer=keras.optimizers.AdamW(LEARNING_RATE, weight_decay=WEIGHT_DECAY,
-                                         global_clipnorm=CLIP_NORM),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        jit_compile=jit_compile)
-    images, labels = batch["image"], batch["label"]
-    dataset = tf.data.Dataset.from_tensors((images, labels)).repeat()
-
-    def run(steps):
-        if how == "fit":
-            history = model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0,
-                                shuffle=False)
-            return history.history["loss"][-1]
-        for _ in range(steps):
-            loss = model.train_on_batch(images, labels)
-        return float(np.ravel(loss)[0])
-
-    return run
-
-
-def synthetic_batch(batch_size, image_size):
-    rng = np.random.default_rng(0)
-    return {"image": tf.constant(rng.uniform(-1, 1, (batch_size, image_size, image_size, 3)),
-                                 tf.float32),
-            "label": tf.constant(rng.integers(0, NUM_CLASSES, batch_size), tf.int32)}
-
-
-def measure(variant, image_size, batch_size, policy, steps, repeats, with_peer):
-    batch = synthetic_batch(batch_size, image_size)
-    contenders = {}
-    with tempfile.TemporaryDirectory() as workdir:
-        for jit in (False, True):
-            name = f"keras_vit driver loop, XLA {'on' if jit else 'off'}"
-            contenders[name] = driver_contender(variant, image_size, batch_size, policy, jit,
-                                                batch, os.path.join(workdir, str(jit)))
-        if with_peer:
-            for how, jit in (("fit", "auto"), ("fit", True), ("train_on_batch", "auto")):
-                name = f"keras-hub {how}, jit_compile={jit}"
-                contenders[name] = keras_hub_contender(variant, image_size, policy, jit, how,
-                                                       batch)
-        return interleaved_rates(contenders, steps, batch_size, repeats)
+def measure(backends, cases, policies, image_size, batch_size, steps, repeats):
+    """Each backend's results: its versions and peaks, and per case and policy its
+    contenders' images/s and cores used in their fastest run, every repeat timing every
+    contender of every backend once."""
+    children = [Child(backend) for backend in backends]
+    try:
+        dtypes = sorted({"bfloat16" if "bfloat16" in policy else
+                         "float16" if "float16" in policy else "float32" for policy in policies})
+        results = [dict(child.ask("hello"), cases=[]) for child in children]
+        measure_peaks(children, results, dtypes)  # once every child has started
+        for case in cases:
+            case_steps = steps or (QUICKSTART_STEPS if case == "quickstart" else 3)
+            for policy in policies:
+                setups = [child.ask("setup", case=case, policy=policy, image_size=image_size,
+                                    batch_size=batch_size, steps=case_steps)
+                          for child in children]
+                times = [{name: [] for name in setup["names"]} for setup in setups]
+                for _ in range(repeats):
+                    for child, child_times in zip(children, times):
+                        for name, runs in child_times.items():
+                            reply = child.ask("time", name=name, steps=case_steps)
+                            runs.append((reply["seconds"], reply["cpu_seconds"]))
+                    measure_peaks(children, results, dtypes)
+                for result, setup, child_times in zip(results, setups, times):
+                    fastest = {name: min(runs) for name, runs in child_times.items()}
+                    rates = {name: case_steps * setup["batch_size"] / seconds
+                             for name, (seconds, _) in fastest.items()}
+                    cores = {name: cpu_seconds / seconds
+                             for name, (seconds, cpu_seconds) in fastest.items()}
+                    result["cases"].append(dict(setup, case=case, policy=policy,
+                                                steps=case_steps, rates=rates, cores=cores))
+        return results
+    finally:
+        for child in children:
+            child.close()
 
 
-def interleaved_rates(contenders, steps, batch_size, repeats):
-    """Images/s of each contender: the median of `repeats` interleaved timed runs."""
-    for name, run in contenders.items():  # compile and warm up
-        loss = run(steps)
-        if not np.isfinite(loss):
-            raise RuntimeError(f"{name}: the loss is {loss} on the warm-up steps.")
-    times = {name: [] for name in contenders}
-    for _ in range(repeats):
-        for name, run in contenders.items():
-            start = time.perf_counter()
-            run(steps)
-            times[name].append(time.perf_counter() - start)
-    return {name: steps * batch_size / statistics.median(seconds)
-            for name, seconds in times.items()}
+def measure_peaks(children, results, dtypes):
+    """Each backend's matmul peak: the highest of its measurements (at the start and after
+    every repeat), as other work on a shared machine only ever lowers it."""
+    for child, result in zip(children, results):
+        peaks = child.ask("peaks", dtypes=dtypes, peak_size=4096)
+        result["peaks"] = {dtype: max(peak, result.get("peaks", {}).get(dtype, 0.0))
+                           for dtype, peak in peaks.items()}
+        result["peak_samples"] = result.get("peak_samples", 0) + 1
+
+
+def machine_peaks(results):
+    """The highest matmul peak any backend measured, by compute dtype."""
+    peaks = {}
+    for result in results:
+        for dtype, peak in result["peaks"].items():
+            peaks[dtype] = max(peak, peaks.get(dtype, 0.0))
+    return peaks
+
+
+def table_rows(results):
+    """One row per case, policy, backend and contender: `(case, policy, backend, name, images/s,
+    fraction of the machine's peak, fraction of its backend's peak, ratio to the baseline)`.
+    The baseline is the TensorFlow driver's loop without XLA, else the case's first row."""
+    peaks = machine_peaks(results)
+    measured = {}  # (case, policy) -> [(backend, case result, name, rate)]
+    for result in results:
+        for case in result["cases"]:
+            for name, rate in case["rates"].items():
+                measured.setdefault((case["case"], case["policy"]), []).append(
+                    (result, case, name, rate))
+    rows = []
+    for (case_name, policy), found in measured.items():
+        rates = {(result["backend"], name): rate for result, _, name, rate in found}
+        baseline = rates.get(BASELINE, found[0][3])
+        for result, case, name, rate in found:
+            achieved = rate * case["training_flops"]
+            dtype = case["compute_dtype"]
+            rows.append((case_name, policy, result["backend"], name, rate,
+                         achieved / peaks[dtype], achieved / result["peaks"][dtype],
+                         rate / baseline))
+    return rows
+
+
+def describe_cases(results):
+    """One line per case: what it trains and its FLOPs per image."""
+    lines, seen = [], set()
+    for case in results[0]["cases"]:
+        if case["case"] in seen:
+            continue
+        seen.add(case["case"])
+        what = ("configs/quickstart.py, " if case["case"] == "quickstart" else "") + (
+            f"{case['variant']} at {case['image_size']}px, batch {case['batch_size']}, "
+            f"{case['steps']} steps per run")
+        lines.append(f"- {case['case']}: {what}; training FLOPs per image "
+                     f"{case['training_flops'] / 1e9:.4g} G")
+    return lines
+
+
+def print_table(results, repeats, load):
+    peaks = ", ".join(
+        f"{dtype} " + ", ".join(f"{r['backend']} {r['peaks'][dtype] / 1e9:.0f}" for r in results)
+        for dtype in sorted(machine_peaks(results)))
+    print(f"CPU: {machine.cpu_name()}, {os.cpu_count()} cores; 4096^3 matmul peak GFLOP/s (the "
+          f"highest of {results[0]['peak_samples']} measurements): {peaks}; load average "
+          f"(1 min) {load[0]:.1f} at the start, {load[1]:.1f} at the end")
+    versions = {}
+    for result in results:
+        versions.update(result["versions"])
+    print(", ".join(f"{name} {version}" for name, version in versions.items())
+          + ("" if "keras-hub" in versions else "; keras-hub not installed (`pip install "
+             "keras-hub`)"))
+    print("\n".join(describe_cases(results)))
+    print(f"Fastest of {repeats} timed runs. Each backend runs in a process of its own "
+          f"({', '.join(r['backend'] for r in results)}); every repeat times each contender of "
+          "each process once, one process working at a time. FLOPs: 3x the forward pass "
+          "(keras_vit.flops.training_flops); % of peak: of the highest matmul peak measured in "
+          "the compute dtype, % of own peak: of the contender's backend's; cores used: CPU "
+          f"seconds per second of the fastest run (below {os.cpu_count()} when other work took "
+          "cores, or the step left some idle).\n")
+    baseline = ("TF driver (XLA off)" if any(r["backend"] == BASELINE[0] for r in results)
+                else "first row")
+    cores = {(case["case"], case["policy"], result["backend"], name): used
+             for result in results for case in result["cases"]
+             for name, used in case["cores"].items()}
+    print("| model | dtype policy | backend | trainer | images/s | % of peak | % of own peak "
+          f"| vs {baseline} | cores used |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for case, policy, backend, name, rate, fraction, own, ratio in table_rows(results):
+        print(f"| {case} | {policy} | {backend} | {name} | {rate:.2f} | {100 * fraction:.1f}% | "
+              f"{100 * own:.1f}% | {ratio:.2f}x | {cores[case, policy, backend, name]:.2f} |")
 
 
 def measure_quickstart(steps, repeats):
-    config = quickstart.get_config()
-    batch = synthetic_batch(config.batch_size, config.image_size)
+    """The stem pool-gradient table, in this process, on TensorFlow."""
+    os.environ["KERAS_BACKEND"] = "tensorflow"
+    import tempfile
+
+    import keras
+    import tensorflow as tf
+
+    import train_contenders as contenders
+
+    config = contenders.case_config("quickstart", None, None, "float32")
+    batch = contenders.synthetic_batch(config.batch_size, config.image_size)
+    print(machine.describe(["float32"]))
     with tempfile.TemporaryDirectory() as workdir:
-        contenders = {}
+        runs = {}
         for custom, name in ((True, "keras_vit's (first maximum, 9 strided views)"),
                              (False, "XLA's (select-and-scatter)")):
-            contenders[name] = quickstart_contender(custom, batch,
-                                                    os.path.join(workdir, str(custom)))
-        rates = interleaved_rates(contenders, steps, config.batch_size, repeats)
+            runs[name] = contenders.quickstart_contender(custom, batch,
+                                                         os.path.join(workdir, str(custom)))
+        rates = contenders.interleaved_rates(runs, steps, config.batch_size, repeats)
     print(f"configs/quickstart.py: {config.model.variant} at {config.image_size}px, batch "
           f"{config.batch_size}, XLA {'on' if config.jit_compile else 'off'}; {steps} steps per "
           f"run, median of {repeats}; TF {tf.__version__}, Keras {keras.__version__}\n")
@@ -183,41 +236,30 @@ def measure_quickstart(steps, repeats):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--variant", action="append", help="repeat for several (default S/16)")
+    parser.add_argument("--variant", action="append",
+                        help="repeat for several (default S/16); `quickstart`: the main job's")
     parser.add_argument("--dtype", action="append", help="dtype policies (default float32)")
     parser.add_argument("--image_size", type=int, default=224)
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--steps", type=int,
-                        help="optimizer steps per timed run (default 3; 100 with --quickstart)")
+                        help=f"optimizer steps per timed run (default 3; {QUICKSTART_STEPS} for "
+                             "the quickstart)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--backend", action="append", choices=BACKENDS,
+                        help="repeat for both (default: both, jax when installed)")
     parser.add_argument("--quickstart", action="store_true",
-                        help="time the main job's model and batch instead")
+                        help="time the stem's max-pool gradients on the main job's model instead")
     args = parser.parse_args()
     if args.quickstart:
-        print(machine.describe(["float32"]))
-        measure_quickstart(args.steps or 100, args.repeats)
+        measure_quickstart(args.steps or QUICKSTART_STEPS, args.repeats)
         return
-    args.steps = args.steps or 3
-    try:
-        import keras_hub
-        with_peer = True
-        peer = f"keras-hub {keras_hub.__version__}"
-    except ImportError:
-        with_peer, peer = False, "keras-hub not installed (`pip install keras-hub`)"
-    policies = args.dtype or ["float32"]
-    print(machine.describe([keras.mixed_precision.Policy(p).compute_dtype for p in policies]))
-    print(f"{args.image_size}px, batch {args.batch_size}, {args.steps} steps per run, median of "
-          f"{args.repeats}; TF {tf.__version__}, Keras {keras.__version__}, {peer}\n")
-    print("| variant | dtype policy | trainer | images/s | vs keras_vit (XLA off) |")
-    print("|---|---|---|---|---|")
-    for variant in args.variant or ["S/16"]:
-        for policy in policies:
-            rates = measure(variant, args.image_size, args.batch_size, policy, args.steps,
-                            args.repeats, with_peer)
-            baseline = next(iter(rates.values()))
-            for name, rate in rates.items():
-                print(f"| {variant} | {policy} | {name} | {rate:.2f} | {rate / baseline:.2f}x |",
-                      flush=True)
+    backends = args.backend or [backend for backend in BACKENDS
+                                if backend != "jax" or importlib.util.find_spec("jax")]
+    load = [os.getloadavg()[0]]  # other work on the machine slows every contender
+    results = measure(backends, args.variant or ["S/16"], args.dtype or ["float32"],
+                      args.image_size, args.batch_size, args.steps, args.repeats)
+    load.append(os.getloadavg()[0])
+    print_table(results, args.repeats, load)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
 """A benchmark script starts as the README gives it: from the repository root, reading a config
 file the way the driver does (shipped configs import `from . import common`)."""
 
+import importlib.util
 import os
 import subprocess
 import sys
+
+import pytest
 
 from train_fixtures import REPO
 
@@ -35,6 +38,33 @@ def test_train_step_benchmark_times_the_quickstart_model(fake_fmnist):
     assert [row.split(" | ")[0] for row in rows] == [
         "| keras_vit's (first maximum, 9 strided views)", "| XLA's (select-and-scatter)"]
     assert rows[1].endswith("| 1.00x |")
+
+
+def test_train_step_table_divides_by_the_highest_peak_of_the_compute_dtype():
+    """benchmarks/train_step.py's rows from its two children's results: "% of peak" is images/s
+    x training FLOPs over the higher backend's matmul peak in the policy's compute dtype (not
+    float32's), "% of own peak" over the row's backend's, and the ratio is to the TensorFlow
+    driver without XLA wherever its row is."""
+    spec = importlib.util.spec_from_file_location(
+        "train_step", os.path.join(REPO, "benchmarks", "train_step.py"))
+    train_step = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_step)  # (imports no Keras: the children do)
+
+    def result(backend, bfloat16_peak, rates):
+        case = {"case": "B/16", "policy": "mixed_bfloat16", "compute_dtype": "bfloat16",
+                "training_flops": 100e9, "rates": rates}
+        return {"backend": backend, "peaks": {"bfloat16": bfloat16_peak, "float32": 1e15},
+                "cases": [case]}
+
+    rows = train_step.table_rows([
+        result("tensorflow", 1000e9, {"keras-hub fit": 4.0, "keras_vit driver loop, XLA off": 2.0}),
+        result("jax", 500e9, {"keras_vit JAX engine": 3.0})])
+    expected = [("tensorflow", "keras-hub fit", 4.0, 0.4, 0.4, 2.0),
+                ("tensorflow", "keras_vit driver loop, XLA off", 2.0, 0.2, 0.2, 1.0),
+                ("jax", "keras_vit JAX engine", 3.0, 0.3, 0.6, 1.5)]
+    assert [row[:2] for row in rows] == [("B/16", "mixed_bfloat16")] * 3
+    assert [row[2:4] for row in rows] == [row[:2] for row in expected]
+    assert [row[4:] for row in rows] == [pytest.approx(row[2:]) for row in expected]
 
 
 def test_export_latency_benchmark_times_a_variant_with_changed_fields():
