@@ -237,7 +237,7 @@ def test_a_process_whose_peers_never_start_gives_up_naming_them(fake_fmnist, tmp
     exits 1 naming the peer it waited for (JAX alone ends its wait with a C++ abort); SIGTERM
     ends the wait at once, exit 75."""
     addresses, processes = {}, {}
-    for name, process_id, timeout in (("coordinator", 0, 10), ("other", 1, 10),
+    for name, process_id, timeout in (("coordinator", 0, 5), ("other", 1, 5),
                                       ("sigterm", 0, 300)):
         addresses[name] = f"localhost:{free_port()}"
         processes[name] = subprocess.Popen(
@@ -249,10 +249,10 @@ def test_a_process_whose_peers_never_start_gives_up_naming_them(fake_fmnist, tmp
     results = wait_then_exit(processes, {"sigterm": signal.SIGTERM})
     expected = {
         "coordinator": (1, f"Error: process 1 did not connect to this process's coordinator at "
-                           f"{addresses['coordinator']} within --startup_timeout=10 s. Check "
+                           f"{addresses['coordinator']} within --startup_timeout=5 s. Check "
                            "that all 2 processes were started with"),
         "other": (1, f"Error: process 0 (the coordinator) at {addresses['other']} did not "
-                     "answer within --startup_timeout=10 s."),
+                     "answer within --startup_timeout=5 s."),
         "sigterm": (75, "Error: Stopped by SIGTERM while waiting for process 1, before "
                         "training began"),
     }
@@ -261,7 +261,7 @@ def test_a_process_whose_peers_never_start_gives_up_naming_them(fake_fmnist, tmp
         errors = error_lines(log)
         assert processes[name].returncode == code, log[-3000:]
         assert len(errors) == 1 and errors[0].startswith(start), log[-3000:]
-        assert took < (5 if name == "sigterm" else 10 + 5), (took, log[-3000:])
+        assert took < 5 + (0 if name == "sigterm" else 5), (took, log[-3000:])
         assert "Traceback" not in log and "Check failure" not in log
         assert not (tmp_path / name).exists()  # nothing written
 

@@ -114,7 +114,10 @@ def _connect(address, num_processes, process_id, startup_timeout, heartbeat_time
                              startup_timeout, check, started=started)
         thread = threading.Thread(target=connect, name="jax-distributed-initialize", daemon=True)
         thread.start()
-        if process_id == 0:
+        thread.join(1.0)  # connected by then when all are up: no "Waiting for" line
+        if num_processes == 1:
+            others, verb = "JAX's coordinator", f"start at {address}"
+        elif process_id == 0:
             others = ("process 1" if num_processes == 2
                       else f"processes 1 to {num_processes - 1} (one or more of them)")
             verb = f"connect to this process's coordinator at {address}"

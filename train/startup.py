@@ -2,9 +2,10 @@
 
 Every process of a multi-worker (TensorFlow) or multi-process (JAX) run waits for the others
 before it trains. `wait_for` bounds that wait by `--startup_timeout`, logs what it is waiting
-for every `PROGRESS_EVERY` seconds ("Waiting for worker 1 at host:port, 20 s of 300 s"), and
-ends at once on SIGTERM or Ctrl-C. Whatever ends the wait raises `StartupFailed`, whose message
-names the peers that did not answer and what to check; train.main prints it as one paragraph.
+for every `PROGRESS_EVERY` seconds ("Waiting for worker 1 at host:port to answer, 20 s of 300
+s"), and ends within a second on SIGTERM or Ctrl-C. Whatever ends the wait raises
+`StartupFailed`, whose message names the peers that did not answer and what to check;
+train.main prints it as one paragraph.
 
 Why not the engines' own deadlines:
 - TensorFlow: `MultiWorkerMirroredStrategy()` waits in C++ with no time limit ("Waiting for the
