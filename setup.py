@@ -8,6 +8,11 @@ from setuptools import find_packages, setup
 here = Path(__file__).parent
 version = re.search(r'__version__ = "([^"]+)"', (here / "keras_vit" / "__init__.py").read_text())[1]
 
+TENSORFLOW = "tensorflow>=2.19,<2.22"
+# The training driver's tools, whichever engine: flags, configs, datasets, logs.
+TRAIN_TOOLS = ["absl-py", "ml-collections", "tensorflow-datasets", "importlib_resources",
+               "tensorboard"]
+
 setup(
     name="keras_vit",
     version=version,
@@ -29,21 +34,22 @@ setup(
         "keras-vit-mpp-study = keras_vit.train.studies.mpp:run",
     ]},
     python_requires=">=3.10",
+    # The model runs on every Keras backend; TensorFlow comes with the paths that need it (the
+    # tf.distribute driver, export, serving), so a JAX machine installs none (".[jax]").
     install_requires=[
-        "tensorflow>=2.19,<2.22",
         "keras>=3.10",
         "numpy",
     ],
     extras_require={
-        "train": ["absl-py", "ml-collections", "tensorflow-datasets", "importlib_resources",
-                  "tensorboard"],
-        "serving": ["ai-edge-litert", "tensorflow-serving-api"],
+        "tensorflow": [TENSORFLOW],
+        "train": [TENSORFLOW, *TRAIN_TOOLS],
+        "serving": [TENSORFLOW, "ai-edge-litert", "tensorflow-serving-api"],
         "analysis": ["matplotlib"],
-        # The JAX engine (KERAS_BACKEND=jax python -m train.main ...); on a TPU VM add
-        # "jax[tpu]".
-        "jax": ["jax", "orbax-checkpoint"],
-        "test": ["pytest", "matplotlib", "absl-py", "ml-collections", "tensorflow-datasets",
-                 "importlib_resources", "tensorboard"],
+        # The JAX engine, without TensorFlow: KERAS_BACKEND=jax python -m train.main ... reads
+        # ArrayRecord datasets and the offline default through Grain. On a TPU VM add
+        # "jax[tpu]"; with ".[train]" too it also reads TFRecord datasets and image folders.
+        "jax": ["jax", "orbax-checkpoint", "grain", "array_record", "pillow", *TRAIN_TOOLS],
+        "test": ["pytest", "matplotlib", *TRAIN_TOOLS],
         "benchmark": ["keras-hub"],
     },
     license="Apache-2.0",

@@ -13,7 +13,8 @@ For each format and host count N, hosts 0 to N-1 run one after the other in this
   was N. It also checks that no example repeats;
 - time to the first batch of host 0 (no decoding) at step 0 and at mid-epoch, with what it read;
 - images/s of host 0 with the training preprocessing (decode, inception crop, flip, resize to
-  224px: train.input_pipeline.train_dataset_fn).
+  224px) through tf.data (train.input_pipeline.train_dataset_fn) and, on ArrayRecord, through
+  Grain without TensorFlow (train.grain_input.train_batches).
 Counts taken when a host stops include what its pipeline had read ahead (in a run, the next
 batches). The files are read from the page cache, and wall-clock figures depend on what else
 the machine runs (the load average is printed); the record and byte counts do not.
@@ -37,7 +38,7 @@ from PIL import Image  # noqa: E402
 from configs import common  # noqa: E402
 from machine import cpu_name  # noqa: E402
 from train import input as train_input  # noqa: E402
-from train import input_pipeline, records  # noqa: E402
+from train import grain_input, input_pipeline, records  # noqa: E402
 
 FORMATS = ("tfrecord", "array_record")
 
@@ -154,19 +155,24 @@ def first_batches(builder, config, hosts, steps_per_epoch, repeats=3):
     return rows
 
 
-def images_per_second(builder, config, hosts, batches, repeats=3):
-    """Host 0 of `hosts` with the full training preprocessing, after 3 batches of warm-up:
-    the median of `repeats` timings of `batches` batches."""
-    context = tf.distribute.InputContext(num_input_pipelines=hosts, input_pipeline_id=0,
-                                         num_replicas_in_sync=hosts)
-    iterator = iter(input_pipeline.train_dataset_fn(builder, config)(context))
+def images_per_second(builder, config, hosts, batches, pipeline="tf.data", repeats=3):
+    """Host 0 of `hosts` with the full training preprocessing through `pipeline` ("tf.data"
+    or "grain"), after 3 batches of warm-up: the median of `repeats` timings of `batches`
+    batches."""
+    if pipeline == "grain":
+        source = grain_input.ArrayRecords(builder, "train")
+        iterator = iter(grain_input.train_batches(source, config, 0, hosts, 0))
+    else:
+        context = tf.distribute.InputContext(num_input_pipelines=hosts, input_pipeline_id=0,
+                                             num_replicas_in_sync=hosts)
+        iterator = iter(input_pipeline.train_dataset_fn(builder, config)(context))
     for _ in range(3):
         next(iterator)
     rates = []
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(batches):
-            next(iterator)["image"].numpy()
+            np.asarray(next(iterator)["image"])
         rates.append(batches * config.batch_size // hosts / (time.perf_counter() - start))
     return statistics.median(rates)
 
@@ -231,12 +237,14 @@ def main():
 
     print(f"\nImages/s of host 0 with decode + inception crop + flip + resize to "
           f"{config.image_size}px, {args.host_batch} per host batch\n")
-    print("| format | hosts N | images/s per host |\n|---|---:|---:|")
-    for file_format, builder in builders.items():
+    print("| format | pipeline | hosts N | images/s per host |\n|---|---|---:|---:|")
+    runs = [(file_format, "tf.data") for file_format in FORMATS] + [("array_record", "grain")]
+    for file_format, pipeline in runs:
         for hosts in sorted({host_counts[0], host_counts[-1]}):
             config.batch_size = args.host_batch * hosts
-            rate = images_per_second(builder, config, hosts, args.batches)
-            print(f"| {file_format} | {hosts} | {rate:.0f} |", flush=True)
+            rate = images_per_second(builders[file_format], config, hosts, args.batches,
+                                     pipeline)
+            print(f"| {file_format} | {pipeline} | {hosts} | {rate:.0f} |", flush=True)
     print(f"\nLoad average at the end {os.getloadavg()[0]:.1f}.")
 
 

@@ -47,6 +47,7 @@ def get_config():
     config.crop_min_area = 0.05  # inception crop: smallest fraction of the image kept
     config.flip = True  # random horizontal flips in training
     config.shuffle_buffer = 50_000  # TFRecord only: examples in a host's shuffle window
+    config.input_pipeline = "auto"  # "tf.data", "grain" (JAX only, no TensorFlow) or "auto"
 
     # Optimisation.
     config.batch_size = 512  # global batch, split evenly across replicas

@@ -268,7 +268,8 @@ def test_a_process_whose_peers_never_start_gives_up_naming_them(fake_fmnist, tmp
 
 def test_both_engines_fine_tune_an_npz_to_the_same_losses(fake_fmnist, tmp_path):
     """From the same original-layout encoder (its head zero-initialised, as the paper
-    fine-tunes) and the same stream, TensorFlow and JAX log the same loss at every step."""
+    fine-tunes) and the same stream (tf.data on both), TensorFlow and JAX log the same loss at
+    every step."""
     import keras
 
     import keras_vit
@@ -280,7 +281,8 @@ def test_both_engines_fine_tune_an_npz_to_the_same_losses(fake_fmnist, tmp_path)
     weights = str(tmp_path / "encoder.npz")
     keras_vit.checkpoint.save_npz(encoder, weights)
     run = dict(total_steps=30, steps_per_loop=1, eval_every_steps=30,
-               checkpoint_every_steps=30, warmup_steps=5, pretrained=weights)
+               checkpoint_every_steps=30, warmup_steps=5, pretrained=weights,
+               input_pipeline="tf.data")
     losses = {}
     for backend in ("tensorflow", "jax"):
         workdir = str(tmp_path / backend)

@@ -68,6 +68,14 @@ if not native_output.verbose_in(sys.argv):
         os.environ.setdefault("TQDM_DISABLE", "1")  # \x1b[A: garbage in a log file
 
 
+def tensorflow_installed():
+    """Whether TensorFlow can be imported, found without importing it."""
+    try:
+        return importlib.util.find_spec("tensorflow") is not None
+    except (ImportError, ValueError):  # an import hook that refuses it, or None in sys.modules
+        return False
+
+
 def _package_folder(name):
     spec = importlib.util.find_spec(name)  # finds the package without importing it
     return os.path.dirname(os.path.abspath(spec.origin)) + os.sep

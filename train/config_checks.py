@@ -58,6 +58,7 @@ RULES = {
     "data_dir": ("optional_str", None),
     "train_split": ("str", None),
     "eval_split": ("str", None),
+    "input_pipeline": ("choice", ("auto", "tf.data", "grain")),
     "image_size": ("int", (1, None)),  # and a whole number of patches: by the spec
     "crop_min_area": ("float_above", (0.0, 1.0, True)),
     "flip": ("bool", None),

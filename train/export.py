@@ -189,10 +189,10 @@ def export_in_tensorflow(workdir, tflite_kinds):
 
     command = [sys.executable, "-m", f"{__package__}.export", f"--workdir={workdir}",
                f"--tflite={','.join(tflite_kinds) or 'none'}"]
-    if importlib.util.find_spec("tensorflow") is None:
+    if not cli.tensorflow_installed():
         logging.warning("The SavedModel and TFLite export need TensorFlow, which is not "
-                        "installed; where it is, run: KERAS_BACKEND=tensorflow %s",
-                        " ".join(command[1:]).replace(sys.executable, "python"))
+                        "installed; where it is, run: KERAS_BACKEND=tensorflow python %s",
+                        " ".join(command[1:]))
         return
     environment = dict(os.environ, KERAS_BACKEND="tensorflow")
     if subprocess.run(command, env=environment).returncode:

@@ -4,7 +4,8 @@
         --start_step=1000 --steps=3
 
 prints one JSON line per step, `{"step": s, "ids": [...]}` (an example's id is its record
-number in the train split), then `{"records_read": ..., "bytes_read": ..., "examples": ...,
+number in the train split), through the input pipeline the engine of KERAS_BACKEND uses
+(`config.input_pipeline`: KERAS_BACKEND=jax shows the Grain pipeline's), then `{"records_read": ..., "bytes_read": ..., "examples": ...,
 "seconds_to_first_batch": ...}`: what this host's reader fetched (encoded image bytes, read-ahead
 included) against what it handed on. On random-access storage (ArrayRecord, the offline
 default, image folders) the hosts' ids at a step together are the 1-host batch, and each host
@@ -29,7 +30,7 @@ flags.declare_key_flag("verbose")  # defined in train/cli.py
 FLAGS = flags.FLAGS
 
 FIELDS = ("dataset", "data_dir", "train_split", "eval_split", "batch_size", "seed",
-          "shuffle_buffer")
+          "shuffle_buffer", "input_pipeline")
 
 
 def read_counter():
@@ -52,22 +53,43 @@ def read_counter():
 
 def host_batches(config, num_hosts, host, start_step, steps, builder=None):
     """Yields `{"step", "ids"}` for each of `steps` global steps from `start_step`, then the
-    read counts; the train stream is the driver's (train.input_order.train_examples)."""
+    read counts; the train stream is the driver's: through `config.input_pipeline` as the
+    engine of KERAS_BACKEND chooses it (train.grain_input.choose), Grain's
+    (train.grain_input.train_batches) or tf.data's (train.input_order.train_examples)."""
+    import keras
+
+    from . import grain_input
+
+    engine = "jax" if keras.config.backend() == "jax" else "tensorflow"
+    if grain_input.choose(config, engine) == "grain":
+        source = grain_input.Counted(grain_input.open_split(config, "train_split"))
+        batches = (batch["id"] for batch in grain_input.train_batches(
+            source, config, start_step, num_hosts, host))
+        counts = lambda: {"records_read": source.records_read,  # noqa: E731
+                          "bytes_read": source.bytes_read}
+    else:
+        batches, counts = _tf_data_ids(config, num_hosts, host, start_step, builder)
+    start = time.perf_counter()
+    first_batch = None
+    for step, ids in zip(range(start_step, start_step + steps), batches):
+        first_batch = first_batch or time.perf_counter() - start
+        yield {"step": step, "ids": ids.tolist()}
+    yield {**counts(), "examples": steps * (config.batch_size // num_hosts),
+           "seconds_to_first_batch": round(first_batch or 0.0, 3)}
+
+
+def _tf_data_ids(config, num_hosts, host, start_step, builder):
+    """(the ids of each batch, a function returning the read counts) through tf.data."""
     from . import input_order, input_pipeline, records
 
     builder = builder or input_pipeline.get_builder(config)
     observe, counts = read_counter()
     split = records.Split(builder, config.train_split, observe=observe)
-    share = config.batch_size // num_hosts
     stream = input_order.train_examples(split, config, start_step, num_hosts, host)
-    batches = stream.map(lambda position, example: example["id"]).batch(share).take(steps)
-    start = time.perf_counter()
-    first_batch = None
-    for step, ids in enumerate(batches.as_numpy_iterator(), start_step):
-        first_batch = first_batch or time.perf_counter() - start
-        yield {"step": step, "ids": ids.tolist()}
-    yield {**{name: int(value.numpy()) for name, value in counts.items()},
-           "examples": steps * share, "seconds_to_first_batch": round(first_batch or 0.0, 3)}
+    batches = stream.map(lambda position, example: example["id"]).batch(
+        config.batch_size // num_hosts)
+    return batches.as_numpy_iterator(), lambda: {name: int(value.numpy())
+                                                 for name, value in counts.items()}
 
 
 def main(argv):

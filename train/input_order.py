@@ -13,15 +13,15 @@ import math
 
 import tensorflow as tf
 
-from . import records
+from . import input_plan, records
 
 
 def share_positions(step, global_batch, num_hosts, host):
     """The stream positions of host `host`'s slice of global batch `step`: with N hosts (input
     pipelines) host p takes positions [p * B / N, (p + 1) * B / N) of each batch of B, the
     examples that a single pipeline would hand to the same replicas."""
-    share = global_batch // num_hosts
-    return step * global_batch + host * share + tf.range(share, dtype=tf.int64)
+    first = input_plan.first_position(step, global_batch, num_hosts, host)
+    return first + tf.range(global_batch // num_hosts, dtype=tf.int64)
 
 
 def shuffled_records(positions, size, seed):
@@ -38,13 +38,6 @@ def shuffled_records(positions, size, seed):
     seeds = tf.stack([fill(498247692), fill(seed), epochs], axis=1)
     return tf.raw_ops.RandomIndexShuffle(index=offsets, seed=seeds, max_index=fill(size - 1),
                                          rounds=4)
-
-
-def global_seed(config):
-    """The run's global random seed (`keras.utils.set_random_seed`), which the trainer sets and
-    the train stream builds its shuffles under: `config.seed + 1`, the seed of earlier runs (a
-    global seed of 0 once broke the stream's shuffles, which now set their own op seeds)."""
-    return config.seed + 1
 
 
 def train_positions(config, start_step, hosts, host):
@@ -106,7 +99,7 @@ def _host_order(split, config, start_step, hosts, host):
         # The order depends on config.seed alone, not on the global seed of the caller
         # (tf.random.set_seed), which tf.data pairs with the op seed; with a global seed of 0
         # it even failed to build a shuffle of a tensor seed.
-        tf.compat.v1.get_default_graph().seed = global_seed(config)
+        tf.compat.v1.get_default_graph().seed = input_plan.global_seed(config)
         return examples.shuffle(config.shuffle_buffer,
                                 seed=(seed * 100_003 + epoch) * windows + index)
 
@@ -129,21 +122,11 @@ def _host_order(split, config, start_step, hosts, host):
 
 def check_host_share(split, global_batch, hosts, host):
     """Raises ValueError unless `host` is one of `hosts` and its part of `split` holds at least
-    its share of one global batch."""
-    if not 0 <= host < hosts:
-        raise ValueError(f"Input host {host} does not exist: the hosts are 0 to {hosts - 1}.")
-    if global_batch % hosts:
-        raise ValueError(f"The global batch of {global_batch} does not divide over {hosts} "
-                         "hosts (input pipelines): make it a multiple of their number.")
-    start, stop = split.part(hosts, host)
-    if stop - start < global_batch // hosts:
-        raise ValueError(f"Split {split} has {split.size} examples, fewer than one global batch "
-                         f"of {global_batch} ({global_batch // hosts} on each of {hosts} hosts): "
-                         "lower batch_size or use a larger split.")
+    its share of one global batch (see `input_plan.check_host_share`)."""
+    input_plan.check_host_share(split, split.size, split.part_bounds(hosts), global_batch, hosts,
+                                host)
 
 
 def eval_steps(split, global_batch, hosts):
     """Evaluation batches: enough for the largest host part of `split`."""
-    bounds = split.part_bounds(hosts)
-    largest = max(high - low for low, high in zip(bounds, bounds[1:]))
-    return math.ceil(largest / (global_batch // hosts))
+    return input_plan.eval_steps(split.part_bounds(hosts), global_batch, hosts)

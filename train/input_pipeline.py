@@ -321,21 +321,32 @@ def get_datasets(config, strategy, start_step=0, dtype=tf.float32, builder=None,
     )
 
 
-def get_process_datasets(config, num_processes, process_index, start_step=0, dtype=tf.float32,
-                         builder=None, num_patches=None):
-    """This process's train and eval datasets, for an engine that feeds its own devices (JAX):
-    batches of its share of every global batch, `batch_size / num_processes` examples (the
-    examples that tf.distribute gives the same process's replicas)."""
-    for field in ("batch_size", "eval_batch_size"):
-        if config[field] % num_processes:
-            raise ValueError(f"config.{field}={config[field]} is not divisible by the "
-                             f"{num_processes} processes.")
+def process_input(config, num_processes, process_index, builder=None):
+    """This process's input for an engine that feeds its own devices (JAX), as
+    `grain_input.ProcessInput`: NumPy batches of its share of every global batch,
+    `batch_size / num_processes` examples (the examples that tf.distribute gives the same
+    process's replicas)."""
+    from .grain_input import ProcessInput
+
     builder = builder or get_builder(config)
     context = tf.distribute.InputContext(num_input_pipelines=num_processes,
                                          input_pipeline_id=process_index,
                                          num_replicas_in_sync=num_processes)
-    return Datasets(
-        train=train_dataset_fn(builder, config, start_step, dtype, num_patches)(context),
-        eval=eval_dataset_fn(builder, config, dtype, num_patches)(context),
+    label = builder.info.features["label"]
+    evaluation = {}  # built once: each evaluation is a new pass
+
+    def train(start_step, num_patches=None):
+        dataset_fn = train_dataset_fn(builder, config, start_step, num_patches=num_patches)
+        return dataset_fn(context).as_numpy_iterator()
+
+    def evaluate(num_patches=None):
+        if "dataset" not in evaluation:
+            evaluation["dataset"] = eval_dataset_fn(builder, config,
+                                                    num_patches=num_patches)(context)
+        return evaluation["dataset"].as_numpy_iterator()
+
+    return ProcessInput(
+        class_names=list(label.names) if label.names else [
+            str(index) for index in range(label.num_classes)],
         eval_examples=builder.info.splits[config.eval_split].num_examples,
-    )
+        train=train, eval=evaluate)

@@ -11,9 +11,10 @@ The loop (train.loop) decides when; this module does it on every device of every
   the global batch through `keras.StatelessScope` (the objective is the one the TensorFlow engine
   uses, in `keras.ops`), its gradient, clipping and the update. XLA's partitioner places the
   collectives; nothing here names a device.
-- Each process reads its own share of every global batch (the same tf.data pipelines as the
-  TensorFlow engine, one per process) and hands it over with
-  `jax.make_array_from_process_local_data`.
+- Each process reads its own share of every global batch and hands it over with
+  `jax.make_array_from_process_local_data`: through Grain without TensorFlow
+  (train.grain_input) where it can read the data, else through the TensorFlow engine's tf.data
+  pipelines (`config.input_pipeline`).
 - Checkpoints are orbax-checkpoint directories, `workdir/checkpoints/<step>/`: every process
   writes its shards, orbax renames a finished save into place (a kill leaves the previous one
   readable), and a restore reshards onto the current mesh, so a run saved on 4 devices resumes
@@ -32,7 +33,7 @@ import keras
 import numpy as np
 from absl import logging
 
-from . import input_order, input_pipeline, objectives, run_files, schedules, startup
+from . import input_plan, objectives, run_files, schedules, startup
 from .config_checks import model_spec
 from .loop import Stopped, eval_results
 from .optimizers import build_optimizer
@@ -172,7 +173,6 @@ class JaxEngine:
         import orbax.checkpoint as ocp
 
         self.config, self.workdir = config, workdir
-        run_files.refuse_other_engine(workdir, "jax")
         self.distribution = distribution or make_distribution(config.model_parallel)
         mesh = self.distribution.device_mesh
         self.batch_devices = mesh.shape[0]
@@ -181,13 +181,11 @@ class JaxEngine:
                 raise ValueError(f"config.{field}={config[field]} must be divisible by the "
                                  f"{self.batch_devices} devices of the batch axis.")
         keras.distribution.set_distribution(self.distribution)
-        keras.utils.set_random_seed(input_order.global_seed(config))
+        keras.utils.set_random_seed(input_plan.global_seed(config))
         self.is_chief = is_chief_process()
-        self.builder = builder = input_pipeline.get_builder(config)
-        label = builder.info.features["label"]
-        self.num_classes = label.num_classes
-        self.class_names = list(label.names) if label.names else [
-            str(index) for index in range(self.num_classes)]
+        self.input = _process_input(config)
+        self.class_names = self.input.class_names
+        self.num_classes = len(self.class_names)
         spec = model_spec(config, self.num_classes)
         for field in ("hidden_size", "mlp_dim"):  # the widths the model axis splits
             if getattr(spec, field) % config.model_parallel:
@@ -210,11 +208,8 @@ class JaxEngine:
         self.saved_step = self._restore_newest()
         if self.saved_step is None and config.pretrained:
             self._load_pretrained()
-        self.data = input_pipeline.get_process_datasets(
-            config, jax.process_count(), jax.process_index(), start_step=self.step,
-            builder=builder, num_patches=self.objective.num_patches)
-        self.eval_examples = self.data.eval_examples
-        self._train_iterator = iter(self.data.train)
+        self.eval_examples = self.input.eval_examples
+        self._train_iterator = self.input.train(self.step, self.objective.num_patches)
         self._train_step = jax.jit(self._step, donate_argnums=0)
         self._eval_step = jax.jit(self._eval_sums)
 
@@ -292,7 +287,7 @@ class JaxEngine:
     def _global_batch(self, local):
         return {name: jax.make_array_from_process_local_data(self.batch_sharding,
                                                              np.asarray(value))
-                for name, value in local.items()}
+                for name, value in local.items() if name != "id"}  # ids: for train.input
 
     # Evaluation.
 
@@ -309,7 +304,7 @@ class JaxEngine:
     def evaluate(self):
         """Top-1 accuracy (None without classes) and mean loss over the whole eval split."""
         batches = (self._eval_step(self.state, self._global_batch(local))
-                   for local in self.data.eval.as_numpy_iterator())
+                   for local in self.input.eval(self.objective.num_patches))
         return eval_results(([_host(value) for value in sums] for sums in batches),
                             self.eval_examples, self.objective.has_accuracy)
 
@@ -414,6 +409,18 @@ class SigtermWatcher:
 
     def close(self):
         signal.signal(signal.SIGTERM, self._previous)
+
+
+def _process_input(config):
+    """This process's input through `config.input_pipeline` (chosen by
+    `grain_input.choose`)."""
+    if config.input_pipeline == "grain":
+        from . import grain_input
+
+        return grain_input.process_input(config, jax.process_count(), jax.process_index())
+    from . import input_pipeline
+
+    return input_pipeline.process_input(config, jax.process_count(), jax.process_index())
 
 
 def _micro_batches(batch, accum_steps, batch_devices):

@@ -3,8 +3,6 @@
 
 import json
 
-import tensorflow as tf
-
 from keras_vit import fileio
 from . import run_files
 
@@ -27,15 +25,18 @@ class MetricsWriter:
             return
         self.records = [record for record in read_records(workdir)
                         if record.get("step", 0) <= resume_step]
-        self.summary = tf.summary.create_file_writer(run_files.tensorboard_dir(workdir))
+        # TensorBoard's own writer, not tf.summary: a JAX run may have no TensorFlow. (Its file
+        # access goes through TensorFlow's gfile where TensorFlow is installed: gs:// paths.)
+        from tensorboard.summary import Writer
+
+        self.summary = Writer(run_files.tensorboard_dir(workdir))
 
     def write(self, step, **values):
         if not self.active:
             return
         values = {name: float(value) for name, value in values.items()}
-        with self.summary.as_default(step=step):
-            for name, value in values.items():
-                tf.summary.scalar(name, value)
+        for name, value in values.items():
+            self.summary.add_scalar(name, value, step=int(step))
         self.summary.flush()
         record = {"step": int(step), **values}
         self.records = [old for old in self.records if old.keys() != record.keys()

@@ -17,6 +17,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from . import input_plan
+
 # How many record numbers one call into Python reads from ArrayRecord files: amortises the
 # call, small enough that the first batch of a run does not wait on a large read.
 READ_CHUNK = 64
@@ -52,7 +54,7 @@ class Split:
         one), or on TFRecord storage with at least as many files as hosts, whole files (each
         bound moved to the nearest file start), so that no host reads through another's records
         to reach its own (a TFRecord file is read from its beginning)."""
-        bounds = [k * self.size // hosts for k in range(hosts + 1)]
+        bounds = input_plan.equal_bounds(self.size, hosts)
         if self.random_access:
             return bounds
         starts = self._file_starts

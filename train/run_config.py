@@ -25,6 +25,11 @@ MAY_CHANGE_ON_RESUME = ("total_steps", "steps_per_loop", "eval_every_steps",
                         "jit_compile", "export", "data_dir", "model_parallel")
 
 
+# Fields added to configs/common.py whose default does something else than the code did before
+# them, with the value a saved run without the field had.
+OLDER_RUNS = {"input_pipeline": "tf.data"}
+
+
 class ConfigMismatchError(ValueError):
     """The config of a rerun differs from the saved run's where it must not."""
 
@@ -94,10 +99,12 @@ def differences(config, workdir, may_change=MAY_CHANGE_ON_RESUME):
         return []
     # A field added to configs/common.py (or to the spec) after the run started is missing from
     # its config.json. New fields default to what the code did before them (position_embedding
-    # "learned" at the "stem", ...), so the saved run had the default.
-    defaults = flat_fields(_as_json(shipped_config("common").get_config()))
+    # "learned" at the "stem", ...), so the saved run had the default (or, for a few, OLDER_RUNS).
+    defaults = {**flat_fields(_as_json(shipped_config("common").get_config())), **OLDER_RUNS}
     previous = flat_fields(_resolved_model(_nested({**defaults, **flat_fields(previous)})))
     current = flat_fields(_resolved_model(_as_json(config)))
+    if current.get("input_pipeline") == "auto":  # "auto" resumes with the saved run's choice
+        current["input_pipeline"] = previous.get("input_pipeline")
     return [(name, previous.get(name), current.get(name))
             for name in sorted(set(previous) | set(current))
             if name not in may_change and previous.get(name) != current.get(name)]

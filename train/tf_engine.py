@@ -26,7 +26,7 @@ from absl import logging
 
 import keras_vit
 
-from . import (config_checks, input_order, input_pipeline, loop, objectives, run_files,
+from . import (config_checks, input_pipeline, input_plan, loop, objectives, run_files,
                tf_checkpoints)
 from .optimizers import build_optimizer
 from .preemption import PreemptionWatcher
@@ -46,9 +46,8 @@ class Trainer:
 
     def __init__(self, config, workdir, strategy):
         check_config(config, strategy.num_replicas_in_sync)
-        run_files.refuse_other_engine(workdir, "tensorflow")
         self.config, self.workdir, self.strategy = config, workdir, strategy
-        keras.utils.set_random_seed(input_order.global_seed(config))
+        keras.utils.set_random_seed(input_plan.global_seed(config))
         self.input_dtype = (tf.bfloat16 if is_tpu(strategy) and "bfloat16" in config.dtype_policy
                             else tf.float32)
         self.builder = builder = input_pipeline.get_builder(config)

@@ -1,0 +1,372 @@
+"""Input without TensorFlow, for the JAX engine on machines that have JAX and no TensorFlow:
+Grain over TFDS datasets stored as ArrayRecord (`file_format="array_record"`) and over the
+offline default's arrays, decoded with Pillow and augmented in NumPy.
+
+The stream keeps the contract of the tf.data pipeline (train.input_pipeline): global batch s is
+positions [s * B, (s + 1) * B) and each host reads only its share (train.input_plan); position p
+is record `index_shuffle(p mod n)` of a permutation drawn for epoch p // n (Grain's
+`MapDataset.shuffle`, reseeded each epoch), the same for any number of hosts, and a start at any
+step reads nothing before it. The augmentation of position p is drawn from NumPy's Philox
+generator keyed by (config.seed, p). So the stream is a pure function of (seed, step), as on
+tf.data, but not the same draws as TensorFlow's: a run keeps the pipeline it started with
+(`config.input_pipeline`).
+
+Record ids: the record number in the split, as train.records numbers them for ArrayRecord
+datasets; for the offline default, the image's index in its IDX file.
+"""
+
+import dataclasses
+import functools
+import io
+from typing import Callable
+
+import numpy as np
+
+from keras_vit.preprocessing import scale_pixels
+from . import input_plan
+from .config_checks import FOLDER_PREFIX
+
+DEFAULT_DATASET = "fashion_mnist_local"
+
+
+def choose(config, engine, saved=None):
+    """The input pipeline of a run on `engine` ("jax" or "tensorflow"): `config.input_pipeline`,
+    where "auto" is the saved run's (`saved`: its config.json as a dict, None for a new run)
+    or, for a new run, "grain" where Grain can read the data for this engine, else "tf.data".
+    Raises ValueError when the pipeline asked for cannot be used, saying why and what to do."""
+    from . import cli, run_config
+
+    asked = config.input_pipeline
+    if asked == "auto" and saved is not None:
+        asked = saved.get("input_pipeline", run_config.OLDER_RUNS["input_pipeline"])
+    problem = unavailable(config, engine)
+    if asked == "auto":
+        asked = "tf.data" if problem else "grain"
+    if asked == "grain" and problem:
+        raise ValueError(f"config.input_pipeline='grain' cannot be used: {problem}. Use "
+                         "--config.input_pipeline=tf.data.")
+    if asked == "tf.data" and not cli.tensorflow_installed():
+        raise ValueError(
+            "config.input_pipeline='tf.data' needs TensorFlow, which is not installed: "
+            + (f"pip install tensorflow ({problem})." if problem else
+               "pip install tensorflow, or use --config.input_pipeline=grain."))
+    return asked
+
+
+def unavailable(config, engine):
+    """Why Grain cannot read `config`'s data for `engine` ("jax" or "tensorflow"), or "" when
+    it can."""
+    if engine != "jax":
+        return "the Grain pipeline feeds the JAX engine (KERAS_BACKEND=jax)"
+    if config.objective != "classification":
+        return (f"config.objective={config.objective!r} draws its patch corruption with "
+                "TensorFlow ops (train.masking)")
+    if config.dataset.startswith(FOLDER_PREFIX):
+        return "a folder of images is listed and checked with TensorFlow (TFDS' ImageFolder)"
+    if config.dataset == DEFAULT_DATASET:
+        return ""
+    file_format = _file_format(config)
+    if file_format == "array_record":
+        return ""
+    if file_format is None:
+        return (f"dataset {config.dataset!r} is not prepared in "
+                f"{config.data_dir or 'TFDS data_dir'}, and TFDS prepares datasets with "
+                "TensorFlow: prepare it where TensorFlow is installed, as ArrayRecord "
+                f"(`tfds build {config.dataset} --file_format=array_record`)")
+    return (f"dataset {config.dataset!r} is stored as {file_format}, which only TensorFlow "
+            f"reads (and not at random): prepare it as ArrayRecord (`tfds build "
+            f"{config.dataset} --file_format=array_record`)")
+
+
+def _file_format(config):
+    """The file format of the prepared TFDS dataset `config.dataset`; None if not prepared."""
+    import tensorflow_datasets as tfds
+
+    try:
+        builder = tfds.builder(config.dataset, data_dir=config.data_dir)
+    except Exception:  # an unknown name: the tf.data pipeline says so, listing the choices
+        return None
+    return builder.info.file_format.value if builder.is_prepared() else None
+
+
+# ----------------------------------------------------------------------------------------------
+# Sources: record i of a split as (image: encoded bytes or uint8 array, label, i).
+
+
+class OfflineArrays:
+    """The offline default's `split` (any TFDS split expression) read from its IDX files:
+    record i of "train" is image i of train-images-idx3-ubyte.gz."""
+
+    def __init__(self, split):
+        import tensorflow_datasets as tfds
+
+        from . import fashion_mnist
+
+        self.class_names = list(fashion_mnist.CLASS_NAMES)
+        folder = fashion_mnist.source_dir()
+        arrays = {}
+        for name, (images, labels) in fashion_mnist._FILES.items():
+            arrays[name] = (
+                fashion_mnist.read_idx(f"{folder}/{images}", fashion_mnist._IMAGE_MAGIC),
+                fashion_mnist.read_idx(f"{folder}/{labels}", fashion_mnist._LABEL_MAGIC))
+        sizes = {name: _SplitSize(len(images)) for name, (images, _) in arrays.items()}
+        parts = tfds.core.ReadInstruction.from_spec(split).to_absolute(sizes)
+        self.images = np.concatenate([arrays[part.splitname][0][part.from_:part.to]
+                                      for part in parts])[..., None]
+        self.labels = np.concatenate([arrays[part.splitname][1][part.from_:part.to]
+                                      for part in parts]).astype(np.int64)
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, index):
+        return self.images[index], int(self.labels[index]), index
+
+
+@dataclasses.dataclass
+class _SplitSize:  # what TFDS' ReadInstruction.to_absolute reads of a split
+    num_examples: int
+
+
+class ArrayRecords:
+    """`split` of a TFDS dataset (`builder`) prepared as ArrayRecord, through TFDS' data
+    source (no TensorFlow): the image left encoded."""
+
+    def __init__(self, builder, split):
+        import tensorflow_datasets as tfds
+
+        self.class_names = list(builder.info.features["label"].names)
+        self.records = builder.as_data_source(
+            split, decoders={"image": tfds.decode.SkipDecoding()})
+
+    def __len__(self):
+        return len(self.records)
+
+    def __getitem__(self, index):
+        record = self.records[index]
+        return record["image"], int(record["label"]), index
+
+
+def open_split(config, field):
+    """The source of the split `config[field]` (train_split or eval_split) of
+    `config.dataset`; raises ValueError when the split is missing or empty."""
+    split = config[field]
+    try:
+        if config.dataset == DEFAULT_DATASET:
+            source = OfflineArrays(split)
+        else:
+            import tensorflow_datasets as tfds
+
+            source = ArrayRecords(tfds.builder(config.dataset, data_dir=config.data_dir), split)
+    except (KeyError, ValueError, AssertionError) as error:
+        raise ValueError(f"config.{field}={split!r}: dataset {config.dataset!r} has no such "
+                         f"split ({error}).") from error
+    if not len(source):
+        raise ValueError(f"config.{field}={split!r}: the split of dataset {config.dataset!r} "
+                         "has no examples.")
+    return source
+
+
+@dataclasses.dataclass
+class ProcessInput:
+    """What the JAX engine reads in one process: the classes, and the process's share of every
+    train and eval batch as NumPy dicts. (train.input_pipeline makes the same from tf.data.)"""
+
+    class_names: list
+    eval_examples: int
+    train: Callable  # train(start_step, num_patches) -> endless iterator of batches
+    eval: Callable  # eval(num_patches) -> the eval batches, one pass
+
+
+def process_input(config, hosts, host):
+    """`ProcessInput` of host `host` of `hosts` through Grain."""
+    train_source = open_split(config, "train_split")
+    eval_source = open_split(config, "eval_split")
+
+    def train(start_step, num_patches=None):
+        assert num_patches is None  # masked patch prediction: unavailable() says why
+        return iter(train_batches(train_source, config, start_step, hosts, host))
+
+    def evaluate(num_patches=None):
+        assert num_patches is None
+        return eval_batches(eval_source, config, hosts, host)
+
+    return ProcessInput(class_names=train_source.class_names, eval_examples=len(eval_source),
+                        train=train, eval=evaluate)
+
+
+class Counted:
+    """A source that counts the records and image bytes read through it (train.input)."""
+
+    def __init__(self, source):
+        self.source, self.records_read, self.bytes_read = source, 0, 0
+
+    def __len__(self):
+        return len(self.source)
+
+    def __getitem__(self, index):
+        image, label, index = self.source[index]
+        self.records_read += 1
+        self.bytes_read += len(image) if isinstance(image, bytes) else image.nbytes
+        return image, label, index
+
+
+# ----------------------------------------------------------------------------------------------
+# Preprocessing: the NumPy counterparts of train.input_pipeline's preprocess_train and
+# preprocess_eval (tests compare them).
+
+
+def decode(image, record=None):
+    """Encoded bytes (PNG, JPEG, ...) or a uint8 array to uint8 RGB [height, width, 3], as
+    `keras_vit.preprocessing.decode_image` (grayscale repeated, alpha dropped; JPEG pixels may
+    differ by a few levels, Pillow's decoder against TensorFlow's). Bytes that are not an image
+    are a ValueError naming `record`."""
+    if isinstance(image, bytes):
+        from PIL import Image
+
+        try:
+            with Image.open(io.BytesIO(image)) as opened:
+                image = np.asarray(opened.convert("RGB"))
+        except (OSError, ValueError) as error:  # PIL.UnidentifiedImageError is an OSError
+            raise ValueError(f"Record {record} is not a readable image ({error}): remove it "
+                             "from the dataset or replace it.") from None
+    if image.ndim == 2:
+        image = image[..., None]
+    return np.broadcast_to(image, image.shape[:2] + (3,)) if image.shape[-1] == 1 else image[..., :3]
+
+
+@functools.lru_cache(maxsize=1024)
+def _bilinear_weights(size_in, size_out):
+    """The [size_out, size_in] matrix of TensorFlow's bilinear resize along one axis (half-pixel
+    centres, no antialiasing: `tf.image.resize(method="bilinear")`)."""
+    centres = (np.arange(size_out) + 0.5) * (size_in / size_out) - 0.5
+    low = np.floor(centres)
+    fraction = centres - low
+    low_index = np.clip(low, 0, size_in - 1).astype(int)
+    high_index = np.clip(low + 1, 0, size_in - 1).astype(int)
+    weights = np.zeros((size_out, size_in), np.float32)
+    np.add.at(weights, (np.arange(size_out), low_index), 1 - fraction)
+    np.add.at(weights, (np.arange(size_out), high_index), fraction)
+    return weights
+
+
+def resize(images, size):
+    """uint8 or float [..., height, width, 3] (one image or a batch) to float32 [..., size[0],
+    size[1], 3], still in 0..255, as `keras_vit.preprocessing.resize`."""
+    height, width = images.shape[-3:-1]
+    rows = _bilinear_weights(height, size[0])
+    columns = _bilinear_weights(width, size[1])
+    pixels = images.astype(np.float32).reshape(images.shape[:-3] + (height, width * 3))
+    pixels = (rows @ pixels).reshape(images.shape[:-3] + (size[0], width, 3))
+    return (np.swapaxes(pixels, -1, -2) @ columns.T).swapaxes(-1, -2)
+
+
+def inception_crop(image, rng, min_area):
+    """A random crop of area in [min_area, 1] of the image and aspect ratio 3/4 to 4/3, ten
+    tries, else the whole image: the sampling `tf.image.sample_distorted_bounding_box` does."""
+    height, width = image.shape[:2]
+    for _ in range(10):
+        area = rng.uniform(min_area, 1.0) * height * width
+        aspect = rng.uniform(3 / 4, 4 / 3)
+        crop_height = int(round(np.sqrt(area / aspect)))
+        crop_width = int(round(crop_height * aspect))
+        if 0 < crop_height <= height and 0 < crop_width <= width:
+            top = rng.integers(0, height - crop_height + 1)
+            left = rng.integers(0, width - crop_width + 1)
+            return image[top:top + crop_height, left:left + crop_width]
+    return image
+
+
+def preprocess_train(images, positions, config, records=None):
+    """A batch of encoded images (or arrays) to float32 [batch, size, size, 3] in [-1, 1]:
+    decode, inception crop, resize to config.image_size, flip, each drawn from (config.seed,
+    the image's stream position). `records` (their record numbers) name a bad image."""
+    crops, flips = [], np.zeros(len(positions), bool)
+    records = records or [None] * len(positions)
+    for index, (image, position) in enumerate(zip(images, positions)):
+        image = decode(image, records[index])
+        if config.crop_min_area < 1.0 or config.flip:
+            rng = np.random.Generator(np.random.Philox(key=[config.seed, position]))
+            image = inception_crop(image, rng, config.crop_min_area)
+            flips[index] = config.flip and rng.random() < 0.5
+        crops.append(image)
+    resized = _resize_all(crops, config.image_size)
+    resized[flips] = resized[flips, :, ::-1]
+    return scale_pixels(resized)
+
+
+def preprocess_eval(images, image_size, records=None):
+    """A batch of encoded images (or arrays) decoded, resized and scaled to [-1, 1]:
+    `input_pipeline.preprocess_eval`. `records` (their record numbers) name a bad image."""
+    records = records or [None] * len(images)
+    return scale_pixels(_resize_all([decode(image, record)
+                                     for image, record in zip(images, records)], image_size))
+
+
+def _resize_all(images, image_size):
+    size = (image_size, image_size)
+    if not images:
+        return np.zeros((0,) + size + (3,), np.float32)
+    if len({image.shape for image in images}) == 1:  # one product for the whole batch
+        return resize(np.stack(images), size)
+    return np.stack([resize(image, size) for image in images])
+
+
+# ----------------------------------------------------------------------------------------------
+# The streams.
+
+
+def read_options(threads):
+    import grain
+
+    # The decoding and the NumPy resize release the GIL.
+    return grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads)
+
+
+def train_batches(source, config, start_step, hosts, host, threads=4):
+    """This host's share of every global batch from `start_step` on, as NumPy
+    `{"image", "label", "id"}` batches of batch_size / hosts, endless. A batch is made in one
+    thread, `threads` of them at a time."""
+    import grain
+
+    bounds = input_plan.equal_bounds(len(source), hosts)
+    input_plan.check_host_share(config.train_split, len(source), bounds, config.batch_size,
+                                hosts, host)
+    share = config.batch_size // hosts
+    shuffled = grain.MapDataset.source(source).shuffle(seed=config.seed % 2**32).repeat()
+
+    def batch(step):
+        first = input_plan.first_position(step, config.batch_size, hosts, host)
+        positions = range(first, first + share)
+        images, labels, ids = zip(*(shuffled[position] for position in positions))
+        return {"image": preprocess_train(images, positions, config, ids),
+                "label": np.array(labels, np.int32), "id": np.array(ids, np.int64)}
+
+    steps = grain.MapDataset.range(start_step, 2**62).map(batch)
+    return steps.to_iter_dataset(read_options(threads))
+
+
+def eval_batches(source, config, hosts, host, threads=4):
+    """This host's part of the eval split, once, in order, as NumPy `{"image", "label", "mask",
+    "id"}` batches of eval_batch_size / hosts, padded with `mask` 0 so that every host yields
+    the same number of batches (every example counted once, static shapes)."""
+    import grain
+
+    bounds = input_plan.equal_bounds(len(source), hosts)
+    share = config.eval_batch_size // hosts
+    start, stop = bounds[host], bounds[host + 1]
+
+    def batch(step):
+        first = start + step * share
+        records = [source[index] for index in range(first, min(first + share, stop))]
+        padding = share - len(records)
+        images = preprocess_eval([image for image, _, _ in records], config.image_size,
+                                 [record for _, _, record in records])
+        blank = np.zeros((padding,) + images.shape[1:], np.float32)
+        return {"image": np.concatenate([images, blank]),
+                "label": np.array([label for _, label, _ in records] + [0] * padding, np.int32),
+                "mask": np.array([1.0] * len(records) + [0.0] * padding, np.float32),
+                "id": np.array([record for _, _, record in records] + [-1] * padding, np.int64)}
+
+    steps = input_plan.eval_steps(bounds, config.eval_batch_size, hosts)
+    return grain.MapDataset.range(0, steps).map(batch).to_iter_dataset(read_options(threads))
