@@ -48,7 +48,8 @@ setup(
         # The JAX engine, without TensorFlow: KERAS_BACKEND=jax python -m train.main ... reads
         # ArrayRecord datasets and the offline default through Grain. On a TPU VM add
         # "jax[tpu]"; with ".[train]" too it also reads TFRecord datasets and image folders.
-        "jax": ["jax", "orbax-checkpoint", "grain", "array_record", "pillow", *TRAIN_TOOLS],
+        "jax": ["jax", "orbax-checkpoint", "grain", "array_record", "pillow", "threadpoolctl",
+                *TRAIN_TOOLS],
         "test": ["pytest", "matplotlib", *TRAIN_TOOLS],
         "benchmark": ["keras-hub"],
     },

@@ -22,7 +22,6 @@ from typing import Callable
 
 import numpy as np
 
-from keras_vit.preprocessing import scale_pixels
 from . import input_plan
 from .config_checks import FOLDER_PREFIX
 
@@ -250,15 +249,20 @@ def _bilinear_weights(size_in, size_out):
     return weights
 
 
-def resize(images, size):
+def resize(images, size, out=None):
     """uint8 or float [..., height, width, 3] (one image or a batch) to float32 [..., size[0],
-    size[1], 3], still in 0..255, as `keras_vit.preprocessing.resize`."""
-    height, width = images.shape[-3:-1]
+    size[1], 3] (into `out` if given), still in 0..255, as `keras_vit.preprocessing.resize`:
+    two matrix products, along the width, then along the height."""
+    *batch, height, width, _ = images.shape
     rows = _bilinear_weights(height, size[0])
     columns = _bilinear_weights(width, size[1])
-    pixels = images.astype(np.float32).reshape(images.shape[:-3] + (height, width * 3))
-    pixels = (rows @ pixels).reshape(images.shape[:-3] + (size[0], width, 3))
-    return (np.swapaxes(pixels, -1, -2) @ columns.T).swapaxes(-1, -2)
+    pixels = np.swapaxes(images, -1, -2).astype(np.float32)  # [..., height, 3, width]
+    pixels = (pixels.reshape(-1, width) @ columns.T).reshape(*batch, height, 3 * size[1])
+    pixels = (rows @ pixels).reshape(*batch, size[0], 3, size[1])
+    if out is None:
+        return np.ascontiguousarray(np.swapaxes(pixels, -1, -2))
+    out[...] = np.swapaxes(pixels, -1, -2)
+    return out
 
 
 def inception_crop(image, rng, min_area):
@@ -281,35 +285,47 @@ def preprocess_train(images, positions, config, records=None):
     """A batch of encoded images (or arrays) to float32 [batch, size, size, 3] in [-1, 1]:
     decode, inception crop, resize to config.image_size, flip, each drawn from (config.seed,
     the image's stream position). `records` (their record numbers) name a bad image."""
-    crops, flips = [], np.zeros(len(positions), bool)
     records = records or [None] * len(positions)
-    for index, (image, position) in enumerate(zip(images, positions)):
-        image = decode(image, records[index])
+    crops, flips = [], []
+    for image, position, record in zip(images, positions, records):
+        image = decode(image, record)
         if config.crop_min_area < 1.0 or config.flip:
             rng = np.random.Generator(np.random.Philox(key=[config.seed, position]))
             image = inception_crop(image, rng, config.crop_min_area)
-            flips[index] = config.flip and rng.random() < 0.5
+            flips.append(config.flip and rng.random() < 0.5)
         crops.append(image)
-    resized = _resize_all(crops, config.image_size)
-    resized[flips] = resized[flips, :, ::-1]
-    return scale_pixels(resized)
+    batch = _resized(crops, config.image_size)
+    for index in np.flatnonzero(flips):
+        batch[index] = batch[index, :, ::-1]
+    return _scaled(batch)
 
 
 def preprocess_eval(images, image_size, records=None):
     """A batch of encoded images (or arrays) decoded, resized and scaled to [-1, 1]:
     `input_pipeline.preprocess_eval`. `records` (their record numbers) name a bad image."""
     records = records or [None] * len(images)
-    return scale_pixels(_resize_all([decode(image, record)
-                                     for image, record in zip(images, records)], image_size))
+    return _scaled(_resized([decode(image, record) for image, record in zip(images, records)],
+                            image_size))
 
 
-def _resize_all(images, image_size):
+def _resized(images, image_size):
+    """`images` resized into one float32 batch: one product for the whole batch where they
+    have one shape (the offline default's), else one each."""
     size = (image_size, image_size)
-    if not images:
-        return np.zeros((0,) + size + (3,), np.float32)
-    if len({image.shape for image in images}) == 1:  # one product for the whole batch
-        return resize(np.stack(images), size)
-    return np.stack([resize(image, size) for image in images])
+    batch = np.empty((len(images),) + size + (3,), np.float32)
+    if images and len({image.shape for image in images}) == 1:
+        resize(np.stack(images), size, out=batch)
+    else:
+        for index, image in enumerate(images):
+            resize(image, size, out=batch[index])
+    return batch
+
+
+def _scaled(pixels):
+    """`keras_vit.preprocessing.scale_pixels` of float32 `pixels`, in place (the same float32
+    operations: a batch of 224px images is 38 MB, and a copy costs as much as the resize)."""
+    np.subtract(pixels, 127.5, out=pixels)
+    return np.multiply(pixels, np.float32(1 / 127.5), out=pixels)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -317,9 +333,14 @@ def _resize_all(images, image_size):
 
 
 def read_options(threads):
+    """Grain's options for `threads` threads, each making a whole batch. The decoding and the
+    resizing release the GIL; NumPy's BLAS is limited to one thread of its own per caller for
+    the rest of the process (these threads are the parallelism: with BLAS's own threads as well,
+    4 threads on 2 cores ran 224px batches 3x slower)."""
     import grain
+    from threadpoolctl import threadpool_limits
 
-    # The decoding and the NumPy resize release the GIL.
+    threadpool_limits(1, user_api="blas")
     return grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads)
 
 
