@@ -3,6 +3,7 @@ dataset that the benchmark writes twice, as TFRecord and as ArrayRecord files.
 
     python benchmarks/input_scaling.py                 # 49,152 224px JPEGs, N = 1, 4, 16, 64
     python benchmarks/input_scaling.py --records=5000 --hosts=1,8
+    python benchmarks/input_scaling.py --tables=speed --hosts=1   # images/s only
 
 For each format and host count N, hosts 0 to N-1 run one after the other in this process:
 - read amplification over one epoch (`steps = records // batch_size` global batches): the
@@ -14,7 +15,8 @@ For each format and host count N, hosts 0 to N-1 run one after the other in this
 - time to the first batch of host 0 (no decoding) at step 0 and at mid-epoch, with what it read;
 - images/s of host 0 with the training preprocessing (decode, inception crop, flip, resize to
   224px) through tf.data (train.input_pipeline.train_dataset_fn) and, on ArrayRecord, through
-  Grain without TensorFlow (train.grain_input.train_batches).
+  Grain without TensorFlow (train.grain_input.train_batches); and the same for the quickstart
+  (the offline default, 28px resized to 32, batch 128).
 Counts taken when a host stops include what its pipeline had read ahead (in a run, the next
 batches). The files are read from the page cache, and wall-clock figures depend on what else
 the machine runs (the load average is printed); the record and byte counts do not.
@@ -35,7 +37,7 @@ import tensorflow as tf  # noqa: E402
 import tensorflow_datasets as tfds  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from configs import common  # noqa: E402
+from configs import common, quickstart  # noqa: E402
 from machine import cpu_name  # noqa: E402
 from train import input as train_input  # noqa: E402
 from train import grain_input, input_pipeline, records  # noqa: E402
@@ -158,13 +160,15 @@ def first_batches(builder, config, hosts, steps_per_epoch, repeats=3):
 def images_per_second(builder, config, hosts, batches, pipeline="tf.data", repeats=3):
     """Host 0 of `hosts` with the full training preprocessing through `pipeline` ("tf.data"
     or "grain"), after 3 batches of warm-up: the median of `repeats` timings of `batches`
-    batches."""
+    batches. `builder` None: config.dataset's (Grain: its source)."""
     if pipeline == "grain":
-        source = grain_input.ArrayRecords(builder, "train")
+        source = (grain_input.open_split(config, "train_split") if builder is None
+                  else grain_input.ArrayRecords(builder, "train"))
         iterator = iter(grain_input.train_batches(source, config, 0, hosts, 0))
     else:
         context = tf.distribute.InputContext(num_input_pipelines=hosts, input_pipeline_id=0,
                                              num_replicas_in_sync=hosts)
+        builder = builder or input_pipeline.get_builder(config)
         iterator = iter(input_pipeline.train_dataset_fn(builder, config)(context))
     for _ in range(3):
         next(iterator)
@@ -175,6 +179,57 @@ def images_per_second(builder, config, hosts, batches, pipeline="tf.data", repea
             np.asarray(next(iterator)["image"])
         rates.append(batches * config.batch_size // hosts / (time.perf_counter() - start))
     return statistics.median(rates)
+
+
+def read_amplification(builders, config, host_counts, sizes):
+    print("Read amplification, one epoch over all hosts (when every host read everything: N)\n")
+    print("| format | hosts N | records read / consumed | bytes read / consumed | MB read "
+          "| s, all hosts |\n|---|---:|---:|---:|---:|---:|")
+    for file_format, builder in builders.items():
+        for hosts in host_counts:
+            by_records, by_bytes, read_bytes, seconds = epoch_reads(builder, config, hosts, sizes)
+            print(f"| {file_format} | {hosts} | {by_records:.3f} | {by_bytes:.3f} | "
+                  f"{read_bytes / 1e6:.0f} | {seconds:.1f} |", flush=True)
+
+
+def first_batch_times(builders, config, host_counts, args, steps, records_count):
+    print("\nTime to host 0's first batch (encoded, no decoding), fresh and mid-epoch (median "
+          "of 3); TFRecord also with a shuffle buffer of a tenth of the split\n")
+    print("| format | shuffle buffer | hosts N | step 0: s | records | MB | step S: s | records "
+          "| MB | time ratio |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    cases = [(file_format, args.shuffle_buffer) for file_format in FORMATS]
+    cases.insert(1, ("tfrecord", records_count // 10))
+    for file_format, config.shuffle_buffer in cases:
+        for hosts in sorted({host_counts[0], host_counts[-1]}):
+            (_, fresh, fresh_records, fresh_mb), (mid, resumed, mid_records, mid_mb) = (
+                first_batches(builders[file_format], config, hosts, steps))
+            buffer = config.shuffle_buffer if file_format == "tfrecord" else "-"
+            print(f"| {file_format} | {buffer} | {hosts} | {fresh:.2f} | {fresh_records} | "
+                  f"{fresh_mb:.1f} | {resumed:.2f} (S={mid}) | {mid_records} | {mid_mb:.1f} | "
+                  f"{resumed / fresh:.2f} |", flush=True)
+    config.shuffle_buffer = args.shuffle_buffer
+
+
+def speed(builders, config, host_counts, args):
+    print(f"\nImages/s of host 0 with decode + inception crop + flip + resize to "
+          f"{config.image_size}px, {args.host_batch} per host batch\n")
+    print("| format | pipeline | hosts N | images/s per host |\n|---|---|---:|---:|")
+    runs = [(file_format, "tf.data") for file_format in FORMATS] + [("array_record", "grain")]
+    for file_format, pipeline in runs:
+        for hosts in sorted({host_counts[0], host_counts[-1]}):
+            config.batch_size = args.host_batch * hosts
+            rate = images_per_second(builders[file_format], config, hosts, args.batches,
+                                     pipeline)
+            print(f"| {file_format} | {pipeline} | {hosts} | {rate:.0f} |", flush=True)
+
+
+def quickstart_speed(args):
+    print("\nImages/s of the quickstart's input (the offline default: 28px resized to 32, batch "
+          "128), one host\n\n| pipeline | images/s |\n|---|---:|")
+    config = quickstart.get_config()
+    for pipeline in ("tf.data", "grain"):
+        rate = images_per_second(None, config, 1, 5 * args.batches, pipeline)
+        print(f"| {pipeline} | {rate:.0f} |", flush=True)
 
 
 def main():
@@ -195,7 +250,12 @@ def main():
     parser.add_argument("--host_batch", type=int, default=64,
                         help="Per-host batch of the images/s test.")
     parser.add_argument("--batches", type=int, default=20, help="Batches timed for images/s.")
+    parser.add_argument("--tables", default="reads,first,speed,quickstart",
+                        help="Which tables: reads (amplification), first (time to the first "
+                        "batch), speed (images/s), quickstart (images/s on the offline "
+                        "default, which needs its files).")
     args = parser.parse_args()
+    tables = set(args.tables.split(","))
     host_counts = [int(count) for count in args.hosts.split(",")]
     tfds.disable_progress_bar()
     config = common.get_config()
@@ -206,45 +266,18 @@ def main():
     sizes = image_sizes(builders["tfrecord"])
     steps = len(sizes) // config.batch_size
     print(f"{len(sizes)} records of {args.image_size}px JPEG, {sizes.mean() / 1e3:.1f} KB on "
-          f"average ({sizes.sum() / 1e6:.0f} MB) in {args.files} files; global batch {config.batch_size}, {steps} "
-          f"steps an epoch ({steps * config.batch_size} records consumed); shuffle buffer "
-          f"{config.shuffle_buffer}\n")
+          f"average ({sizes.sum() / 1e6:.0f} MB) in {args.files} files; global batch "
+          f"{config.batch_size}, {steps} steps an epoch ({steps * config.batch_size} records "
+          f"consumed); shuffle buffer {config.shuffle_buffer}\n")
 
-    print("Read amplification, one epoch over all hosts (when every host read everything: N)\n")
-    print("| format | hosts N | records read / consumed | bytes read / consumed | MB read "
-          "| s, all hosts |\n|---|---:|---:|---:|---:|---:|")
-    for file_format, builder in builders.items():
-        for hosts in host_counts:
-            by_records, by_bytes, read_bytes, seconds = epoch_reads(builder, config, hosts, sizes)
-            print(f"| {file_format} | {hosts} | {by_records:.3f} | {by_bytes:.3f} | "
-                  f"{read_bytes / 1e6:.0f} | {seconds:.1f} |", flush=True)
-
-    print("\nTime to host 0's first batch (encoded, no decoding), fresh and mid-epoch (median "
-          "of 3); TFRecord also with a shuffle buffer of a tenth of the split\n")
-    print("| format | shuffle buffer | hosts N | step 0: s | records | MB | step S: s | records "
-          "| MB | time ratio |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    cases = [(file_format, args.shuffle_buffer) for file_format in FORMATS]
-    cases.insert(1, ("tfrecord", len(sizes) // 10))
-    for file_format, config.shuffle_buffer in cases:
-        for hosts in sorted({host_counts[0], host_counts[-1]}):
-            (_, fresh, fresh_records, fresh_mb), (mid, resumed, mid_records, mid_mb) = (
-                first_batches(builders[file_format], config, hosts, steps))
-            buffer = config.shuffle_buffer if file_format == "tfrecord" else "-"
-            print(f"| {file_format} | {buffer} | {hosts} | {fresh:.2f} | {fresh_records} | "
-                  f"{fresh_mb:.1f} | {resumed:.2f} (S={mid}) | {mid_records} | {mid_mb:.1f} | "
-                  f"{resumed / fresh:.2f} |", flush=True)
-    config.shuffle_buffer = args.shuffle_buffer
-
-    print(f"\nImages/s of host 0 with decode + inception crop + flip + resize to "
-          f"{config.image_size}px, {args.host_batch} per host batch\n")
-    print("| format | pipeline | hosts N | images/s per host |\n|---|---|---:|---:|")
-    runs = [(file_format, "tf.data") for file_format in FORMATS] + [("array_record", "grain")]
-    for file_format, pipeline in runs:
-        for hosts in sorted({host_counts[0], host_counts[-1]}):
-            config.batch_size = args.host_batch * hosts
-            rate = images_per_second(builders[file_format], config, hosts, args.batches,
-                                     pipeline)
-            print(f"| {file_format} | {pipeline} | {hosts} | {rate:.0f} |", flush=True)
+    if "reads" in tables:
+        read_amplification(builders, config, host_counts, sizes)
+    if "first" in tables:
+        first_batch_times(builders, config, host_counts, args, steps, len(sizes))
+    if "speed" in tables:
+        speed(builders, config, host_counts, args)
+    if "quickstart" in tables:
+        quickstart_speed(args)
     print(f"\nLoad average at the end {os.getloadavg()[0]:.1f}.")
 
 

@@ -210,6 +210,12 @@ def test_bad_hosts_and_small_splits_are_one_line_errors(fake):
         grain_input.open_split(tiny_config(fake, train_split="nope"), "train_split")
 
 
+def test_missing_offline_files_say_how_to_install_them(fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("FASHION_MNIST_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"apt-get install dataset-fashion-mnist"):
+        grain_input.open_split(tiny_config(fake), "train_split")
+
+
 # --- Which pipeline a run takes.
 
 

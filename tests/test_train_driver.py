@@ -324,7 +324,8 @@ def _only_the_chief_wrote(cluster):
     assert [name for name in os.listdir(workdir) if "tmp" in name or "temp" in name] == []
     assert glob.glob(os.path.join(workdir, "**", "*temp*"), recursive=True) == []
     events = glob.glob(os.path.join(workdir, "tensorboard", "events.out.tfevents.*"))
-    writers = {int(os.path.basename(path).split(".")[-3]) for path in events}
+    # events.out.tfevents.<time>.<host>.<pid>.<counter>
+    writers = {int(os.path.basename(path).split(".")[-2]) for path in events}
     assert writers and writers <= set(cluster.workers[0].pids), (writers, cluster.workers[0].pids)
 
 

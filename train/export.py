@@ -184,7 +184,6 @@ def export_in_tensorflow(workdir, tflite_kinds):
     `model.keras` exported by `train.export` in a TensorFlow process, serving the same
     signatures as a TensorFlow run's export. Without TensorFlow, a warning says the command
     to run where it is installed."""
-    import importlib.util
     import subprocess
 
     command = [sys.executable, "-m", f"{__package__}.export", f"--workdir={workdir}",

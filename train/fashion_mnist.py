@@ -19,6 +19,7 @@ _FILES = {
     "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
 }
 _IMAGE_MAGIC, _LABEL_MAGIC = 2051, 2049
+SPLITS = tuple(_FILES)
 
 
 def source_dir():
@@ -58,22 +59,29 @@ class FashionMnistLocal(tfds.core.GeneratorBasedBuilder):
 
     def _split_generators(self, dl_manager):
         del dl_manager  # nothing to download
-        folder = source_dir()
-        missing = [name for files in _FILES.values() for name in files
-                   if not os.path.exists(os.path.join(folder, name))]
-        if missing:
-            raise FileNotFoundError(
-                f"Fashion-MNIST files {missing} are not in {folder}. Install them with "
-                "`sudo apt-get install dataset-fashion-mnist` (Debian/Ubuntu), or set "
-                "FASHION_MNIST_DIR to a folder holding the four .gz files.")
-        return {split: self._generate_examples(*(os.path.join(folder, f) for f in files))
-                for split, files in _FILES.items()}
+        return {split: self._generate_examples(split) for split in SPLITS}
 
-    def _generate_examples(self, images_path, labels_path):
-        images = read_idx(images_path, _IMAGE_MAGIC)
-        labels = read_idx(labels_path, _LABEL_MAGIC)
-        if len(images) != len(labels):
-            raise ValueError(f"{images_path} has {len(images)} images but {labels_path} "
-                             f"has {len(labels)} labels.")
+    def _generate_examples(self, split):
+        images, labels = read_split(split)
         for index, (image, label) in enumerate(zip(images, labels)):
             yield index, {"image": image[..., None], "label": int(label)}
+
+
+def read_split(split):
+    """`(images uint8 [n, 28, 28], labels uint8 [n])` of "train" or "test" from the files in
+    `source_dir()`; a missing file is a FileNotFoundError that says how to install them."""
+    folder = source_dir()
+    missing = [name for files in _FILES.values() for name in files
+               if not os.path.exists(os.path.join(folder, name))]
+    if missing:
+        raise FileNotFoundError(
+            f"Fashion-MNIST files {missing} are not in {folder}. Install them with "
+            "`sudo apt-get install dataset-fashion-mnist` (Debian/Ubuntu), or set "
+            "FASHION_MNIST_DIR to a folder holding the four .gz files.")
+    images_path, labels_path = (os.path.join(folder, name) for name in _FILES[split])
+    images = read_idx(images_path, _IMAGE_MAGIC)
+    labels = read_idx(labels_path, _LABEL_MAGIC)
+    if len(images) != len(labels):
+        raise ValueError(f"{images_path} has {len(images)} images but {labels_path} "
+                         f"has {len(labels)} labels.")
+    return images, labels

@@ -102,12 +102,7 @@ class OfflineArrays:
         from . import fashion_mnist
 
         self.class_names = list(fashion_mnist.CLASS_NAMES)
-        folder = fashion_mnist.source_dir()
-        arrays = {}
-        for name, (images, labels) in fashion_mnist._FILES.items():
-            arrays[name] = (
-                fashion_mnist.read_idx(f"{folder}/{images}", fashion_mnist._IMAGE_MAGIC),
-                fashion_mnist.read_idx(f"{folder}/{labels}", fashion_mnist._LABEL_MAGIC))
+        arrays = {name: fashion_mnist.read_split(name) for name in fashion_mnist.SPLITS}
         sizes = {name: _SplitSize(len(images)) for name, (images, _) in arrays.items()}
         parts = tfds.core.ReadInstruction.from_spec(split).to_absolute(sizes)
         self.images = np.concatenate([arrays[part.splitname][0][part.from_:part.to]
@@ -134,7 +129,8 @@ class ArrayRecords:
     def __init__(self, builder, split):
         import tensorflow_datasets as tfds
 
-        self.class_names = list(builder.info.features["label"].names)
+        label = builder.info.features["label"]
+        self.class_names = list(label.names) or [str(index) for index in range(label.num_classes)]
         self.records = builder.as_data_source(
             split, decoders={"image": tfds.decode.SkipDecoding()})
 
@@ -231,7 +227,9 @@ def decode(image, record=None):
                              "from the dataset or replace it.") from None
     if image.ndim == 2:
         image = image[..., None]
-    return np.broadcast_to(image, image.shape[:2] + (3,)) if image.shape[-1] == 1 else image[..., :3]
+    if image.shape[-1] == 1:
+        return np.broadcast_to(image, image.shape[:2] + (3,))
+    return image[..., :3]
 
 
 @functools.lru_cache(maxsize=1024)

@@ -213,8 +213,9 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patche
     seed), so the stream is a pure function of (config.seed, step).
 
     Random-access storage (ArrayRecord, image folders): each epoch is an index shuffle of the
-    whole split (`input_order.shuffled_records`); the hosts read nothing but their own examples, the batches
-    do not depend on the number of hosts, and starting at `start_step` costs nothing.
+    whole split (`input_order.shuffled_records`); the hosts read nothing but their own
+    examples, the batches do not depend on the number of hosts, and starting at `start_step`
+    costs nothing.
     TFRecord: each host reads its own consecutive part of the split (`records.Split.part`) in
     shuffled windows of about `config.shuffle_buffer` examples (`input_order._host_order`);
     the order then depends on the number of hosts, and starting at `start_step` reads one
