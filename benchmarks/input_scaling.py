@@ -32,6 +32,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from absl import flags  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tensorflow_datasets as tfds  # noqa: E402
@@ -157,14 +158,15 @@ def first_batches(builder, config, hosts, steps_per_epoch, repeats=3):
     return rows
 
 
-def images_per_second(builder, config, hosts, batches, pipeline="tf.data", repeats=3):
+def images_per_second(builder, config, hosts, batches, pipeline="tf.data", workers=0,
+                      repeats=3):
     """Host 0 of `hosts` with the full training preprocessing through `pipeline` ("tf.data"
-    or "grain"), after 3 batches of warm-up: the median of `repeats` timings of `batches`
-    batches. `builder` None: config.dataset's (Grain: its source)."""
+    or "grain", with `workers` processes), after 3 batches of warm-up: the median of `repeats`
+    timings of `batches` batches. `builder` None: config.dataset's (Grain: its source)."""
     if pipeline == "grain":
         source = (grain_input.open_split(config, "train_split") if builder is None
                   else grain_input.ArrayRecords(builder, "train"))
-        iterator = iter(grain_input.train_batches(source, config, 0, hosts, 0))
+        iterator = iter(grain_input.train_batches(source, config, 0, hosts, 0, workers=workers))
     else:
         context = tf.distribute.InputContext(num_input_pipelines=hosts, input_pipeline_id=0,
                                              num_replicas_in_sync=hosts)
@@ -178,6 +180,8 @@ def images_per_second(builder, config, hosts, batches, pipeline="tf.data", repea
         for _ in range(batches):
             np.asarray(next(iterator)["image"])
         rates.append(batches * config.batch_size // hosts / (time.perf_counter() - start))
+    if hasattr(iterator, "close"):  # Grain's worker processes
+        iterator.close()
     return statistics.median(rates)
 
 
@@ -214,13 +218,15 @@ def speed(builders, config, host_counts, args):
     print(f"\nImages/s of host 0 with decode + inception crop + flip + resize to "
           f"{config.image_size}px, {args.host_batch} per host batch\n")
     print("| format | pipeline | hosts N | images/s per host |\n|---|---|---:|---:|")
-    runs = [(file_format, "tf.data") for file_format in FORMATS] + [("array_record", "grain")]
-    for file_format, pipeline in runs:
+    runs = [(file_format, "tf.data", 0) for file_format in FORMATS] + [
+        ("array_record", "grain", int(workers)) for workers in args.grain_workers.split(",")]
+    for file_format, pipeline, workers in runs:
         for hosts in sorted({host_counts[0], host_counts[-1]}):
             config.batch_size = args.host_batch * hosts
             rate = images_per_second(builders[file_format], config, hosts, args.batches,
-                                     pipeline)
-            print(f"| {file_format} | {pipeline} | {hosts} | {rate:.0f} |", flush=True)
+                                     pipeline, workers)
+            name = f"{pipeline}, {workers} worker processes" if workers else pipeline
+            print(f"| {file_format} | {name} | {hosts} | {rate:.0f} |", flush=True)
 
 
 def quickstart_speed(args):
@@ -250,11 +256,14 @@ def main():
     parser.add_argument("--host_batch", type=int, default=64,
                         help="Per-host batch of the images/s test.")
     parser.add_argument("--batches", type=int, default=20, help="Batches timed for images/s.")
+    parser.add_argument("--grain_workers", default="0,2",
+                        help="config.input_workers of the Grain rows of the images/s table.")
     parser.add_argument("--tables", default="reads,first,speed,quickstart",
                         help="Which tables: reads (amplification), first (time to the first "
                         "batch), speed (images/s), quickstart (images/s on the offline "
                         "default, which needs its files).")
     args = parser.parse_args()
+    flags.FLAGS.mark_as_parsed()  # Grain's worker processes read its absl flags
     tables = set(args.tables.split(","))
     host_counts = [int(count) for count in args.hosts.split(",")]
     tfds.disable_progress_bar()

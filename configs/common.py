@@ -48,6 +48,7 @@ def get_config():
     config.flip = True  # random horizontal flips in training
     config.shuffle_buffer = 50_000  # TFRecord only: examples in a host's shuffle window
     config.input_pipeline = "auto"  # "tf.data", "grain" (JAX only, no TensorFlow) or "auto"
+    config.input_workers = 0  # Grain: processes making batches (0: threads of this process)
 
     # Optimisation.
     config.batch_size = 512  # global batch, split evenly across replicas

@@ -92,7 +92,7 @@ def test_input_scaling_benchmark_reads_about_one_share_per_host(tmp_path):
     copies of the records (when every host read all of them: 4)."""
     command = [sys.executable, "benchmarks/input_scaling.py", "--records=512", "--image_size=32",
                "--files=8", "--hosts=1,4", "--batch_size=64", "--host_batch=8", "--batches=1",
-               f"--data_dir={tmp_path}", "--tables=reads,first,speed"]
+               f"--data_dir={tmp_path}", "--tables=reads,first,speed", "--grain_workers=0"]
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=300)

@@ -150,6 +150,24 @@ def test_a_start_at_any_step_continues_the_same_stream(fake):
             np.testing.assert_array_equal(batch[name], expected[name], err_msg=f"{step} {name}")
 
 
+def test_worker_processes_make_the_same_batches(fake):
+    """config.input_workers: the batches made in 2 processes (Grain's mp_prefetch) are the ones
+    made in threads, in the same order."""
+    from absl import flags
+    if not flags.FLAGS.is_parsed():  # Grain reads its flags in the worker processes
+        flags.FLAGS.mark_as_parsed()
+    config = tiny_config(fake, crop_min_area=0.5, flip=True)
+    source = grain_input.open_split(config, "train_split")
+    threads = grain_input.train_batches(source, config, 5, 2, 1)
+    processes = iter(grain_input.train_batches(source, config, 5, 2, 1, workers=2))
+    try:
+        for (_, expected), batch in zip(zip(range(6), threads), processes):
+            for name in ("image", "label", "id"):
+                np.testing.assert_array_equal(batch[name], expected[name])
+    finally:
+        processes.close()
+
+
 def test_a_host_reads_only_its_share(fake):
     config = tiny_config(fake)
     for hosts in (1, 4):

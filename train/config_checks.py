@@ -59,6 +59,7 @@ RULES = {
     "train_split": ("str", None),
     "eval_split": ("str", None),
     "input_pipeline": ("choice", ("auto", "tf.data", "grain")),
+    "input_workers": ("int", (0, None)),
     "image_size": ("int", (1, None)),  # and a whole number of patches: by the spec
     "crop_min_area": ("float_above", (0.0, 1.0, True)),
     "flip": ("bool", None),

@@ -44,6 +44,9 @@ def choose(config, engine, saved=None):
     if asked == "grain" and problem:
         raise ValueError(f"config.input_pipeline='grain' cannot be used: {problem}. Use "
                          "--config.input_pipeline=tf.data.")
+    if asked == "tf.data" and config.input_workers:
+        raise ValueError(f"config.input_workers={config.input_workers} is for the Grain "
+                         "pipeline; tf.data runs its own threads: leave it 0.")
     if asked == "tf.data" and not cli.tensorflow_installed():
         raise ValueError(
             "config.input_pipeline='tf.data' needs TensorFlow, which is not installed: "
@@ -124,15 +127,27 @@ class _SplitSize:  # what TFDS' ReadInstruction.to_absolute reads of a split
 
 class ArrayRecords:
     """`split` of a TFDS dataset (`builder`) prepared as ArrayRecord, through TFDS' data
-    source (no TensorFlow): the image left encoded."""
+    source (no TensorFlow): the image left encoded. Pickled as its folder and split, and opened
+    again (Grain's worker processes)."""
 
     def __init__(self, builder, split):
-        import tensorflow_datasets as tfds
-
         label = builder.info.features["label"]
         self.class_names = list(label.names) or [str(index) for index in range(label.num_classes)]
-        self.records = builder.as_data_source(
-            split, decoders={"image": tfds.decode.SkipDecoding()})
+        self.directory, self.split = str(builder.data_dir), split
+        self._open()
+
+    def _open(self):
+        import tensorflow_datasets as tfds
+
+        self.records = tfds.builder_from_directory(self.directory).as_data_source(
+            self.split, decoders={"image": tfds.decode.SkipDecoding()})
+
+    def __getstate__(self):
+        return {name: value for name, value in self.__dict__.items() if name != "records"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._open()
 
     def __len__(self):
         return len(self.records)
@@ -180,11 +195,17 @@ def process_input(config, hosts, host):
 
     def train(start_step, num_patches=None):
         assert num_patches is None  # masked patch prediction: unavailable() says why
-        return iter(train_batches(train_source, config, start_step, hosts, host))
+        return iter(train_batches(train_source, config, start_step, hosts, host,
+                                  workers=config.input_workers))
 
     def evaluate(num_patches=None):
         assert num_patches is None
-        return eval_batches(eval_source, config, hosts, host)
+        batches = iter(eval_batches(eval_source, config, hosts, host,
+                                    workers=config.input_workers))
+        try:
+            yield from batches
+        finally:  # its worker processes and their shared memory
+            batches.close()
 
     return ProcessInput(class_names=train_source.class_names, eval_examples=len(eval_source),
                         train=train, eval=evaluate)
@@ -330,62 +351,96 @@ def _scaled(pixels):
 # The streams.
 
 
-def read_options(threads):
-    """Grain's options for `threads` threads, each making a whole batch. The decoding and the
-    resizing release the GIL; NumPy's BLAS is limited to one thread of its own per caller for
-    the rest of the process (these threads are the parallelism: with BLAS's own threads as well,
-    4 threads on 2 cores ran 224px batches 3x slower)."""
-    import grain
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(1, user_api="blas")
-    return grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads)
-
-
-def train_batches(source, config, start_step, hosts, host, threads=4):
+def train_batches(source, config, start_step, hosts, host, threads=4, workers=0):
     """This host's share of every global batch from `start_step` on, as NumPy
     `{"image", "label", "id"}` batches of batch_size / hosts, endless. A batch is made in one
-    thread, `threads` of them at a time."""
+    thread, `threads` of them at a time, in this process or in each of `workers` processes."""
     import grain
 
-    bounds = input_plan.equal_bounds(len(source), hosts)
-    input_plan.check_host_share(config.train_split, len(source), bounds, config.batch_size,
+    input_plan.check_host_share(config.train_split, len(source),
+                                input_plan.equal_bounds(len(source), hosts), config.batch_size,
                                 hosts, host)
-    share = config.batch_size // hosts
-    shuffled = grain.MapDataset.source(source).shuffle(seed=config.seed % 2**32).repeat()
-
-    def batch(step):
-        first = input_plan.first_position(step, config.batch_size, hosts, host)
-        positions = range(first, first + share)
-        images, labels, ids = zip(*(shuffled[position] for position in positions))
-        return {"image": preprocess_train(images, positions, config, ids),
-                "label": np.array(labels, np.int32), "id": np.array(ids, np.int64)}
-
-    steps = grain.MapDataset.range(start_step, 2**62).map(batch)
-    return steps.to_iter_dataset(read_options(threads))
+    steps = grain.MapDataset.range(start_step, 2**62).map(TrainBatch(source, config, hosts, host))
+    return _made_by(steps, threads, workers)
 
 
-def eval_batches(source, config, hosts, host, threads=4):
+def eval_batches(source, config, hosts, host, threads=4, workers=0):
     """This host's part of the eval split, once, in order, as NumPy `{"image", "label", "mask",
     "id"}` batches of eval_batch_size / hosts, padded with `mask` 0 so that every host yields
     the same number of batches (every example counted once, static shapes)."""
     import grain
 
     bounds = input_plan.equal_bounds(len(source), hosts)
-    share = config.eval_batch_size // hosts
-    start, stop = bounds[host], bounds[host + 1]
+    steps = input_plan.eval_steps(bounds, config.eval_batch_size, hosts)
+    batches = grain.MapDataset.range(0, steps).map(EvalBatch(source, config, hosts, host))
+    return _made_by(batches, threads, workers)
 
-    def batch(step):
-        first = start + step * share
-        records = [source[index] for index in range(first, min(first + share, stop))]
-        padding = share - len(records)
-        images = preprocess_eval([image for image, _, _ in records], config.image_size,
+
+def _made_by(batches, threads, workers):
+    """`batches` (a MapDataset) read in order by `threads` threads, in this process or in
+    each of `workers` worker processes (Grain's `mp_prefetch`)."""
+    import grain
+
+    _one_blas_thread()
+    batches = batches.to_iter_dataset(
+        grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads))
+    if workers:
+        batches = batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+    return batches
+
+
+def _one_blas_thread():
+    """NumPy's BLAS limited to one thread of its own per caller, for the rest of the process:
+    the pipeline's threads are the parallelism (with BLAS's threads as well, 4 threads on 2
+    cores made 224px batches 3x slower). The decoding and the resizing release the GIL."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1, user_api="blas")
+
+
+class TrainBatch:
+    """Host `host`'s share of global batch `step` (Grain's `map` calls it; pickled into its
+    worker processes)."""
+
+    def __init__(self, source, config, hosts, host):
+        self.source, self.config, self.hosts, self.host = source, config, hosts, host
+        self.shuffled = None
+
+    def __getstate__(self):
+        return dict(self.__dict__, shuffled=None)
+
+    def __call__(self, step):
+        import grain
+
+        config = self.config
+        if self.shuffled is None:  # once in each process
+            _one_blas_thread()
+            self.shuffled = grain.MapDataset.source(self.source).shuffle(
+                seed=config.seed % 2**32).repeat()
+        first = input_plan.first_position(step, config.batch_size, self.hosts, self.host)
+        positions = range(first, first + config.batch_size // self.hosts)
+        images, labels, ids = zip(*(self.shuffled[position] for position in positions))
+        return {"image": preprocess_train(images, positions, config, ids),
+                "label": np.array(labels, np.int32), "id": np.array(ids, np.int64)}
+
+
+class EvalBatch:
+    """Batch `step` of host `host`'s part of the eval split, padded (as `TrainBatch`)."""
+
+    def __init__(self, source, config, hosts, host):
+        self.source, self.config = source, config
+        self.bounds = input_plan.equal_bounds(len(source), hosts)[host:host + 2]
+        self.share = config.eval_batch_size // hosts
+
+    def __call__(self, step):
+        start, stop = self.bounds
+        first = start + step * self.share
+        records = [self.source[index] for index in range(first, min(first + self.share, stop))]
+        padding = self.share - len(records)
+        images = preprocess_eval([image for image, _, _ in records], self.config.image_size,
                                  [record for _, _, record in records])
         blank = np.zeros((padding,) + images.shape[1:], np.float32)
         return {"image": np.concatenate([images, blank]),
                 "label": np.array([label for _, label, _ in records] + [0] * padding, np.int32),
                 "mask": np.array([1.0] * len(records) + [0.0] * padding, np.float32),
                 "id": np.array([record for _, _, record in records] + [-1] * padding, np.int64)}
-
-    steps = input_plan.eval_steps(bounds, config.eval_batch_size, hosts)
-    return grain.MapDataset.range(0, steps).map(batch).to_iter_dataset(read_options(threads))

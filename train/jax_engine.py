@@ -349,6 +349,10 @@ class JaxEngine:
         self.state = self._initial_state()
 
     def close(self):
+        """Ends the input's worker processes (their shared memory freed) and the checkpoint
+        manager's threads."""
+        if hasattr(self._train_iterator, "close"):  # Grain's; tf.data's has none
+            self._train_iterator.close()
         self.checkpoints.close()
 
     # Stopping.

@@ -11,6 +11,7 @@ JAX backend) does it on the devices. It offers:
     save()                                            # a checkpoint at the current step
     preemption_watcher(save) -> .check(), .close()    # SIGTERM: save together, then stop
     exported_weights() -> context manager             # the model holds the weights to export
+    close()                                           # releases input workers, saving threads
 
 Every process runs the same loop, so all take the same decisions at the same steps (the
 engines' collectives require it); only the chief writes the shared files.
@@ -63,6 +64,7 @@ def train_and_evaluate(engine_factory, config, workdir):
     metrics = train(engine)
     if config.export:
         export(engine)  # every process: an engine may need them all to gather the weights
+    engine.close()
     return metrics
 
 

@@ -19,10 +19,11 @@ from .config_checks import model_spec
 from .config_flag import flat_fields, shipped_config
 
 # What a rerun may change: how long to run and how to evaluate, save and export, where the same
-# data lives, and how the JAX engine lays the model over the devices; not what is trained.
+# data lives, how the JAX engine lays the model over the devices and how many processes make its
+# batches; not what is trained.
 MAY_CHANGE_ON_RESUME = ("total_steps", "steps_per_loop", "eval_every_steps",
                         "checkpoint_every_steps", "keep_checkpoints", "eval_batch_size",
-                        "jit_compile", "export", "data_dir", "model_parallel")
+                        "jit_compile", "export", "data_dir", "model_parallel", "input_workers")
 
 
 # Fields added to configs/common.py whose default does something else than the code did before

@@ -252,6 +252,9 @@ class Trainer:
     def preemption_watcher(self, save):
         return PreemptionWatcher(self.strategy, save)
 
+    def close(self):
+        """Nothing to release: tf.data and the checkpoint manager end with the process."""
+
 
 def train_and_evaluate(config, workdir, strategy):
     """Trains (or resumes) per `config` in `workdir` and exports at the end if asked.
