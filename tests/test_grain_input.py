@@ -283,10 +283,11 @@ runpy.run_module("train.main", run_name="__main__")
 
 def test_the_jax_engine_trains_resumes_and_evaluates_without_tensorflow(fake, tmp_path):
     """Grain feeds the JAX engine with TensorFlow unimportable; resumed from its checkpoint of
-    step 8, the run ends with the weights it ended with uninterrupted."""
+    step 8, the run ends with the weights it ended with uninterrupted. (And the step compiles
+    once: its first call takes the state laid out as it returns it.)"""
     run = dict(total_steps=12, steps_per_loop=4, checkpoint_every_steps=4, eval_every_steps=12,
                crop_min_area=0.5, flip=True, export=True)
-    env = dict(fake.env(), KERAS_BACKEND="jax")
+    env = dict(fake.env(), KERAS_BACKEND="jax", JAX_LOG_COMPILES="1")
 
     def train(workdir, **overrides):
         command = [sys.executable, "-c", WITHOUT_TENSORFLOW,
@@ -299,6 +300,7 @@ def test_the_jax_engine_trains_resumes_and_evaluates_without_tensorflow(fake, tm
     whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
     log = train(whole)
     assert "Final (step 12): eval accuracy" in log and "need TensorFlow" in log  # the export
+    assert log.count("Finished XLA compilation of jit(_step)") == 1
     shutil.copytree(whole, parts)
     for newer in ("checkpoints/12", "export"):
         shutil.rmtree(os.path.join(parts, newer))

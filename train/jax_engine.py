@@ -217,12 +217,20 @@ class JaxEngine:
 
     def _initial_state(self):
         trainable = [v.value for v in self.model.trainable_variables]
-        return {
+        state = {
             "trainable": trainable,
             "non_trainable": [v.value for v in self.model.non_trainable_variables],
             "optimizer": [v.value for v in self.optimizer.variables],
             "ema": list(trainable) if self.config.ema_decay else [],
         }
+        # Arrays Keras left without a layout (on one device, or the optimizer's counters)
+        # replicated over the mesh, as the step returns them: the step then compiles once,
+        # not again on its second call.
+        replicated = jax.sharding.NamedSharding(self.distribution.device_mesh.backend_mesh,
+                                                jax.sharding.PartitionSpec())
+        return jax.tree.map(
+            lambda array: array if isinstance(array.sharding, jax.sharding.NamedSharding)
+            else jax.device_put(array, replicated), state)
 
     def learning_rate(self):
         return float(self.schedule(self.step))
