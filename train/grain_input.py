@@ -18,7 +18,6 @@ datasets; for the offline default, the image's index in its IDX file.
 import dataclasses
 import functools
 import io
-from typing import Callable
 
 import numpy as np
 
@@ -177,19 +176,8 @@ def open_split(config, field):
     return source
 
 
-@dataclasses.dataclass
-class ProcessInput:
-    """What the JAX engine reads in one process: the classes, and the process's share of every
-    train and eval batch as NumPy dicts. (train.input_pipeline makes the same from tf.data.)"""
-
-    class_names: list
-    eval_examples: int
-    train: Callable  # train(start_step, num_patches) -> endless iterator of batches
-    eval: Callable  # eval(num_patches) -> the eval batches, one pass
-
-
 def process_input(config, hosts, host):
-    """`ProcessInput` of host `host` of `hosts` through Grain."""
+    """`input_plan.ProcessInput` of host `host` of `hosts` through Grain."""
     train_source = open_split(config, "train_split")
     eval_source = open_split(config, "eval_split")
 
@@ -207,8 +195,8 @@ def process_input(config, hosts, host):
         finally:  # its worker processes and their shared memory
             batches.close()
 
-    return ProcessInput(class_names=train_source.class_names, eval_examples=len(eval_source),
-                        train=train, eval=evaluate)
+    return input_plan.ProcessInput(class_names=train_source.class_names,
+                                   eval_examples=len(eval_source), train=train, eval=evaluate)
 
 
 class Counted:

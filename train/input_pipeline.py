@@ -22,7 +22,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from keras_vit.preprocessing import decode_and_resize, decode_image, resize, scale_pixels
-from . import input_order, records
+from . import input_order, input_plan, records
 from .config_checks import FOLDER_PREFIX
 
 DEFAULT_DATASET = "fashion_mnist_local"
@@ -324,11 +324,9 @@ def get_datasets(config, strategy, start_step=0, dtype=tf.float32, builder=None,
 
 def process_input(config, num_processes, process_index, builder=None):
     """This process's input for an engine that feeds its own devices (JAX), as
-    `grain_input.ProcessInput`: NumPy batches of its share of every global batch,
+    `input_plan.ProcessInput`: NumPy batches of its share of every global batch,
     `batch_size / num_processes` examples (the examples that tf.distribute gives the same
     process's replicas)."""
-    from .grain_input import ProcessInput
-
     builder = builder or get_builder(config)
     context = tf.distribute.InputContext(num_input_pipelines=num_processes,
                                          input_pipeline_id=process_index,
@@ -346,7 +344,7 @@ def process_input(config, num_processes, process_index, builder=None):
                                                     num_patches=num_patches)(context)
         return evaluation["dataset"].as_numpy_iterator()
 
-    return ProcessInput(
+    return input_plan.ProcessInput(
         class_names=list(label.names) if label.names else [
             str(index) for index in range(label.num_classes)],
         eval_examples=builder.info.splits[config.eval_split].num_examples,

@@ -1,13 +1,15 @@
 """Which stream positions and records each host reads, in plain Python: the arithmetic that the
 tf.data pipeline (train.input_order) and the TensorFlow-free Grain pipeline (train.grain_input)
-share.
+share, and what either hands the JAX engine (`ProcessInput`).
 
 Global batch s is positions [s * B, (s + 1) * B) of the training stream; host k of N reads
 positions [s * B + k * B / N, s * B + (k + 1) * B / N), the examples that a single pipeline
 would hand to the same devices. Evaluation: host k reads its own consecutive part of the split.
 """
 
+import dataclasses
 import math
+from typing import Callable
 
 
 def global_seed(config):
@@ -48,3 +50,15 @@ def check_host_share(split_name, size, bounds, global_batch, hosts, host):
         raise ValueError(f"Split {split_name} has {size} examples, fewer than one global batch "
                          f"of {global_batch} ({global_batch // hosts} on each of {hosts} hosts): "
                          "lower batch_size or use a larger split.")
+
+
+@dataclasses.dataclass
+class ProcessInput:
+    """What the JAX engine reads in one process, from either pipeline
+    (`grain_input.process_input`, `input_pipeline.process_input`): the classes, and the
+    process's share of every train and eval batch as NumPy dicts."""
+
+    class_names: list
+    eval_examples: int
+    train: Callable  # train(start_step, num_patches) -> endless iterator of batches
+    eval: Callable  # eval(num_patches) -> the eval batches, one pass
