@@ -224,7 +224,7 @@ def test_bad_hosts_and_small_splits_are_one_line_errors(fake):
         grain_input.train_batches(source, config, 0, 3, 0)
     with pytest.raises(ValueError, match="fewer than one global batch"):
         grain_input.train_batches(source, tiny_config(fake, batch_size=1024), 0, 1, 0)
-    with pytest.raises(ValueError, match=r"config.train_split='nope'.*no such split"):
+    with pytest.raises(ValueError, match=r"config.train_split='nope'.*Unknown split"):
         grain_input.open_split(tiny_config(fake, train_split="nope"), "train_split")
 
 

@@ -31,9 +31,11 @@ DECAYS = ("cosine", "linear")  # train.schedules.DECAYS
 OBJECTIVES = ("classification", "masked_patch_prediction")  # train.objectives.OBJECTIVES
 MPP_TARGETS = ("mean_color", "downscaled_color", "pixels")  # keras_vit.masked_patches.TARGETS
 MPP_DOWNSCALED_CELLS = 4  # keras_vit.masked_patches.DOWNSCALED_CELLS
-# A folder dataset's prefix: `folder:/path/to/root`. train.input_pipeline (which loads
-# TensorFlow and TFDS on import) reads it from here.
+# A folder dataset's prefix: `folder:/path/to/root`, and the offline default's TFDS name
+# (train/fashion_mnist.py). Both input pipelines read them from here (train.input_pipeline
+# loads TensorFlow on import, train.grain_input must not).
 FOLDER_PREFIX = "folder:"
+DEFAULT_DATASET = "fashion_mnist_local"
 
 # The checks' own: float32 everywhere, or bfloat16 compute with float32 weights (TPU, CPUs with
 # AMX). No float16: the loop has no loss scaling, so float16 gradients would underflow.

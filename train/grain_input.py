@@ -22,9 +22,7 @@ import io
 import numpy as np
 
 from . import input_plan
-from .config_checks import FOLDER_PREFIX
-
-DEFAULT_DATASET = "fashion_mnist_local"
+from .config_checks import DEFAULT_DATASET, FOLDER_PREFIX
 
 
 def choose(config, engine, saved=None):
@@ -167,9 +165,9 @@ def open_split(config, field):
             import tensorflow_datasets as tfds
 
             source = ArrayRecords(tfds.builder(config.dataset, data_dir=config.data_dir), split)
-    except (KeyError, ValueError, AssertionError) as error:
-        raise ValueError(f"config.{field}={split!r}: dataset {config.dataset!r} has no such "
-                         f"split ({error}).") from error
+    except (KeyError, ValueError, AssertionError) as error:  # TFDS' words for a bad split
+        raise ValueError(f"config.{field}={split!r} of dataset {config.dataset!r}: "
+                         f"{error}".rstrip(".") + ".") from error
     if not len(source):
         raise ValueError(f"config.{field}={split!r}: the split of dataset {config.dataset!r} "
                          "has no examples.")

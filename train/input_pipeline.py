@@ -23,9 +23,8 @@ import tensorflow_datasets as tfds
 
 from keras_vit.preprocessing import decode_and_resize, decode_image, resize, scale_pixels
 from . import input_order, input_plan, records
-from .config_checks import FOLDER_PREFIX
+from .config_checks import DEFAULT_DATASET, FOLDER_PREFIX
 
-DEFAULT_DATASET = "fashion_mnist_local"
 
 # tf.data's autotuning thread sleeps up to a minute between rounds, and deleting an iterator
 # that a tf.function consumed can wait for it to wake (TensorFlow 2.21): at the end of the main
