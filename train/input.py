@@ -8,10 +8,10 @@ number in the train split), through the input pipeline the engine of KERAS_BACKE
 (`config.input_pipeline`: KERAS_BACKEND=jax shows the Grain pipeline's), then
 `{"records_read": ..., "bytes_read": ..., "examples": ..., "seconds_to_first_batch": ...}`:
 what this host's reader fetched (encoded image bytes, read-ahead included) against what it
-handed on. On random-access storage (ArrayRecord, the offline
-default, image folders) the hosts' ids at a step together are the 1-host batch, and each host
-reads about 1/num_hosts of the records; on TFRecord each host reads a consecutive part of the
-split. Nothing is decoded, so it is fast on any dataset.
+handed on. On random-access storage (ArrayRecord, the offline default, image folders) the hosts'
+ids at a step together are the 1-host batch, and each host reads about 1/num_hosts of the
+records; on TFRecord each host reads a consecutive part of the split. tf.data decodes nothing
+here, so it is fast on any dataset; Grain makes its batches whole.
 """
 
 import json
