@@ -153,9 +153,9 @@ def test_a_start_at_any_step_continues_the_same_stream(fake):
 def test_worker_processes_make_the_same_batches(fake):
     """config.input_workers: the batches made in 2 processes (Grain's mp_prefetch) are the ones
     made in threads, in the same order."""
-    from absl import flags
-    if not flags.FLAGS.is_parsed():  # Grain reads its flags in the worker processes
-        flags.FLAGS.mark_as_parsed()
+    from absl import flags as absl_flags
+    if not absl_flags.FLAGS.is_parsed():  # Grain reads its flags in the worker processes
+        absl_flags.FLAGS.mark_as_parsed()
     config = tiny_config(fake, crop_min_area=0.5, flip=True)
     source = grain_input.open_split(config, "train_split")
     threads = grain_input.train_batches(source, config, 5, 2, 1)
