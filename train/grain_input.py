@@ -35,16 +35,17 @@ def choose(config, engine, saved=None):
     asked = config.input_pipeline
     if asked == "auto" and saved is not None:
         asked = saved.get("input_pipeline", run_config.OLDER_RUNS["input_pipeline"])
-    problem = unavailable(config, engine)
-    if asked == "auto":
+    if asked != "tf.data":  # "grain" or a new run's "auto": can Grain read the data?
+        problem = unavailable(config, engine)
+        if asked == "grain" and problem:
+            raise ValueError(f"config.input_pipeline='grain' cannot be used: {problem}. Use "
+                             "--config.input_pipeline=tf.data.")
         asked = "tf.data" if problem else "grain"
-    if asked == "grain" and problem:
-        raise ValueError(f"config.input_pipeline='grain' cannot be used: {problem}. Use "
-                         "--config.input_pipeline=tf.data.")
     if asked == "tf.data" and config.input_workers:
         raise ValueError(f"config.input_workers={config.input_workers} is for the Grain "
                          "pipeline; tf.data runs its own threads: leave it 0.")
     if asked == "tf.data" and not cli.tensorflow_installed():
+        problem = unavailable(config, engine)
         raise ValueError(
             "config.input_pipeline='tf.data' needs TensorFlow, which is not installed: "
             + (f"pip install tensorflow ({problem})." if problem else
@@ -128,8 +129,7 @@ class ArrayRecords:
     again (Grain's worker processes)."""
 
     def __init__(self, builder, split):
-        label = builder.info.features["label"]
-        self.class_names = list(label.names) or [str(index) for index in range(label.num_classes)]
+        self.class_names = input_plan.class_names(builder.info.features["label"])
         self.directory, self.split = str(builder.data_dir), split
         self._open()
 

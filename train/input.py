@@ -57,12 +57,9 @@ def host_batches(config, num_hosts, host, start_step, steps, builder=None):
     read counts; the train stream is the driver's: through `config.input_pipeline` as the
     engine of KERAS_BACKEND chooses it (train.grain_input.choose), Grain's
     (train.grain_input.train_batches) or tf.data's (train.input_order.train_examples)."""
-    import keras
+    from . import grain_input, run_files
 
-    from . import grain_input
-
-    engine = "jax" if keras.config.backend() == "jax" else "tensorflow"
-    if grain_input.choose(config, engine) == "grain":
+    if grain_input.choose(config, run_files.current_engine()) == "grain":
         source = grain_input.Counted(grain_input.open_split(config, "train_split"))
         batches = (batch["id"] for batch in grain_input.train_batches(
             source, config, start_step, num_hosts, host))

@@ -16,6 +16,7 @@ not by file, so datasets with fewer files than hosts work.
 """
 
 import dataclasses
+import functools
 import re
 
 import tensorflow as tf
@@ -330,21 +331,19 @@ def process_input(config, num_processes, process_index, builder=None):
     context = tf.distribute.InputContext(num_input_pipelines=num_processes,
                                          input_pipeline_id=process_index,
                                          num_replicas_in_sync=num_processes)
-    label = builder.info.features["label"]
-    evaluation = {}  # built once: each evaluation is a new pass
 
     def train(start_step, num_patches=None):
         dataset_fn = train_dataset_fn(builder, config, start_step, num_patches=num_patches)
         return dataset_fn(context).as_numpy_iterator()
 
+    @functools.cache  # built once: each evaluation is a new pass over it
+    def eval_dataset(num_patches):
+        return eval_dataset_fn(builder, config, num_patches=num_patches)(context)
+
     def evaluate(num_patches=None):
-        if "dataset" not in evaluation:
-            evaluation["dataset"] = eval_dataset_fn(builder, config,
-                                                    num_patches=num_patches)(context)
-        return evaluation["dataset"].as_numpy_iterator()
+        return eval_dataset(num_patches).as_numpy_iterator()
 
     return input_plan.ProcessInput(
-        class_names=list(label.names) if label.names else [
-            str(index) for index in range(label.num_classes)],
+        class_names=input_plan.class_names(builder.info.features["label"]),
         eval_examples=builder.info.splits[config.eval_split].num_examples,
         train=train, eval=evaluate)

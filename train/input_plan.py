@@ -20,6 +20,11 @@ def global_seed(config):
     return config.seed + 1
 
 
+def class_names(label):
+    """The class names of a TFDS `ClassLabel` feature; its indices as names where it has none."""
+    return list(label.names) or [str(index) for index in range(label.num_classes)]
+
+
 def first_position(step, global_batch, hosts, host):
     """The first stream position of host `host`'s share of global batch `step`."""
     return step * global_batch + host * (global_batch // hosts)

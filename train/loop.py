@@ -49,11 +49,9 @@ def train_and_evaluate(engine_factory, config, workdir):
     Raises `run_config.ConfigMismatchError` before anything is written when `workdir` holds a
     run with another config, and `train.preemption.Stopped` when stopped by SIGTERM.
     """
-    import keras
-
     from . import grain_input
 
-    engine_name = "jax" if keras.config.backend() == "jax" else "tensorflow"
+    engine_name = run_files.current_engine()
     run_files.refuse_other_engine(workdir, engine_name)
     config.input_pipeline = grain_input.choose(config, engine_name, run_config.saved(workdir))
     run_config.check_resume(config, workdir)

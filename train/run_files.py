@@ -52,6 +52,13 @@ def checkpoint_engine(workdir):
     return None
 
 
+def current_engine():
+    """The engine of this process's Keras backend: "jax" on JAX, else "tensorflow"."""
+    import keras
+
+    return "jax" if keras.config.backend() == "jax" else "tensorflow"
+
+
 def refuse_other_engine(workdir, engine):
     """Raises ValueError when `workdir` holds checkpoints of the engine other than `engine`:
     a resume must never silently start over."""

@@ -51,10 +51,8 @@ class Trainer:
         self.input_dtype = (tf.bfloat16 if is_tpu(strategy) and "bfloat16" in config.dtype_policy
                             else tf.float32)
         self.builder = builder = input_pipeline.get_builder(config)
-        label = builder.info.features["label"]
-        self.num_classes = label.num_classes
-        self.class_names = list(label.names) if label.names else [
-            str(index) for index in range(self.num_classes)]
+        self.class_names = input_plan.class_names(builder.info.features["label"])
+        self.num_classes = len(self.class_names)
         self.objective = objectives.make(config, self.num_classes)
         with strategy.scope():
             self.model = self.objective.build()
