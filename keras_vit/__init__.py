@@ -7,7 +7,8 @@
 
 `import keras_vit` loads the architecture spec, the layers and the model (and registers the
 layers for `keras.models.load_model`); the tools load on first use (PEP 562): `analysis`,
-`checkpoint`, `export`, `fileio`, `flops`, `plotting`, `pretrained`, `serving`.
+`checkpoint`, `export`, `fileio`, `flops`, `plotting`, `pretrained`, `resample`,
+`serving`.
 """
 
 import importlib
@@ -15,7 +16,8 @@ import importlib
 from keras_vit import layers, masked_patches, resnet  # noqa: F401  (registered for loading)
 from keras_vit.builders import *  # noqa: F401,F403  (ViT_B16, ...: one per VARIANT_NAMES)
 from keras_vit.masked_patches import MaskedPatchPredictor
-from keras_vit.model import attention_model, vit
+from keras_vit.intermediates import attention_model, features
+from keras_vit.model import vit
 from keras_vit.preprocessing import preprocess_inputs
 from keras_vit.spec import ViTConfig, parse_variant
 from keras_vit.variants import VARIANT_NAMES
@@ -23,7 +25,7 @@ from keras_vit.variants import VARIANT_NAMES
 __version__ = "0.1.0"
 
 _LAZY_MODULES = ("analysis", "checkpoint", "export", "fileio", "flops", "plotting", "pretrained",
-                 "serving")
+                 "resample", "serving")
 
 
 def __getattr__(name):

@@ -22,7 +22,8 @@ import numpy as np
 
 from keras_vit import layers as vit_layers
 from keras_vit import resnet
-from keras_vit.model import attention_model
+from keras_vit.intermediates import attention_model
+from keras_vit.model import check_image_size
 
 DEFAULT_SHOTS = (1, 5, 10, 25)
 # Between the best two of 2^-10..2^14 (2^6 and 2^8, mean over k = 1, 5, 10, 25) measured on
@@ -42,9 +43,18 @@ class TokenLayout:
     pixel_pitch: tuple
 
 
-def token_layout(model):
-    """The `TokenLayout` of a model built by `keras_vit.vit()` (or loaded from `.keras`)."""
+def token_layout(model, image_size=None):
+    """The `TokenLayout` of a model built by `keras_vit.vit()` (or loaded from `.keras`), for
+    images of its size or, for a model of any image size, of `image_size` (height, width;
+    default the size its position embeddings were trained for, `spec.image_size`)."""
     position = _find_layer(model, vit_layers.AddPositionEmbs, "AddPositionEmbs")
+    spec = getattr(model, "spec", None)
+    if spec is not None and spec.dynamic_image_size:
+        image_size = tuple(int(side) for side in (image_size or spec.image_size))
+        stride = spec.total_stride
+        grid = tuple(-(-side // stride) for side in image_size)  # padded to whole patches
+        pitch = (float(stride), float(stride))
+        return TokenLayout(grid, position.num_prefix_tokens, image_size, pitch)
     image_size = tuple(model.input_shape[1:3])
     grid = position.grid_size
     pitch = tuple(size / cells for size, cells in zip(image_size, grid))
@@ -122,7 +132,8 @@ def attention_rollout(model, images, batch_size=8):
 
     Returns `[N, rows, columns]`, one map per image over the patch grid, each summing to 1.
     """
-    layout = token_layout(model)
+    images = check_images(model, images)
+    layout = token_layout(model, images.shape[1:3])
     maps = [rollout_from_attention(weights, layout.grid, layout.num_prefix_tokens)
             for weights in _attention_batches(model, images, batch_size)]
     return np.concatenate(maps, axis=0)
@@ -142,9 +153,12 @@ def check_images(model, images):
     """Returns `images` as float32 after checking they are what `model` takes."""
     images = np.asarray(images)
     expected = tuple(model.input_shape[1:])
-    if images.ndim != 4 or images.shape[1:] != expected or not len(images):
+    if images.ndim != 4 or not len(images) or any(
+            want is not None and got != want for got, want in zip(images.shape[1:], expected)):
+        shown = ", ".join("any" if want is None else str(want) for want in expected)
         raise ValueError(f"images have shape {images.shape}; model {model.name!r} takes "
-                         f"[N, {', '.join(map(str, expected))}].")
+                         f"[N, {shown}].")
+    check_image_size(model, images)
     if images.dtype == np.uint8 or float(np.abs(images).max()) > 1.0 + 1e-3:
         raise ValueError("images must be scaled to [-1, 1] as the model takes them; got values "
                          f"up to {float(np.abs(images).max()):g} ({images.dtype}). Use "
@@ -240,7 +254,8 @@ def attention_distance_from_attention(attentions, grid, pixel_pitch=(1.0, 1.0),
 def mean_attention_distance(model, images, batch_size=8):
     """The paper's mean attention distance (figure 7, right): `[layers, heads]` in pixels of
     the input image, averaged over `images` (the paper used 128)."""
-    layout = token_layout(model)
+    images = check_images(model, images)
+    layout = token_layout(model, images.shape[1:3])
     distances = patch_center_distances(layout.grid, layout.pixel_pitch)
     tokens = layout.num_prefix_tokens + distances.shape[0]
     totals, count = 0.0, 0

@@ -22,6 +22,8 @@ import numpy as np
 
 from keras_vit import fileio
 from keras_vit import layers as vit_layers
+from keras_vit import resample
+from keras_vit.resample import resize_position_embeddings  # noqa: F401  (its public home)
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +31,9 @@ _TRANSFORMER_LAYERS = ("posembed_", "encoderblock_", "encoder_norm")
 _HEAD_KEYS = ("head/kernel", "head/bias")
 _PRE_LOGITS_KEYS = ("pre_logits/kernel", "pre_logits/bias")
 _PROJECTIONS = ("query", "key", "value", "out")  # stored per head: (D, heads, D / heads)
+# Weights whose first axis is a grid axis (learned_2d), or the offsets along one (relative).
+_GRID_TABLES = ("row_embedding", "column_embedding")
+_OFFSET_TABLES = ("offset_embedding", "row_offset_embedding", "column_offset_embedding")
 # A block's layers as the current vit_jax code names them (Flax Linen numbers each class on its
 # own) -> as the released files do (one counter per block, in call order). vit_jax's
 # checkpoint.load reads both (flax.training.checkpoints.convert_pre_linen); so does load_npz.
@@ -197,63 +202,39 @@ def _nonfinite_keys(arrays):
                   and not np.all(np.isfinite(value)))
 
 
-def resize_position_embeddings(embeddings, new_grid, old_grid=None, num_prefix_tokens=1):
-    """Resizes learned position embeddings to a new patch grid, as the original does.
-
-    The prefix rows (the class token's) are kept as they are; the grid rows are reshaped to
-    `(old_rows, old_columns, D)` and resized with bilinear interpolation that keeps the
-    corners ("align corners": a 2-wide grid resized to 3 gives weights [0, 0.5, 1]).
-
-    Args:
-        embeddings: array `[1, prefix + old_rows * old_columns, D]` (or without the leading 1).
-        new_grid: `(rows, columns)` of the target grid.
-        old_grid: `(rows, columns)` of the source grid; None assumes a square grid.
-        num_prefix_tokens: rows before the grid (1 for a class token, 0 for a GAP model).
-
-    Returns:
-        A float array `[1, prefix + rows * columns, D]` of the input's dtype.
-    """
-    embeddings = np.asarray(embeddings)
-    squeezed = embeddings.ndim == 2
-    if squeezed:
-        embeddings = embeddings[None]
-    if embeddings.ndim != 3 or embeddings.shape[0] != 1:
-        raise ValueError(f"Expected embeddings of shape [1, tokens, D], got {embeddings.shape}.")
-    prefix, grid = embeddings[0, :num_prefix_tokens], embeddings[0, num_prefix_tokens:]
-    if old_grid is None:
-        side = int(round(np.sqrt(len(grid))))
-        if side * side != len(grid):
-            raise ValueError(
-                f"{len(grid)} grid positions do not form a square grid; pass old_grid.")
-        old_grid = (side, side)
-    old_rows, old_columns = old_grid
-    if old_rows * old_columns != len(grid):
-        raise ValueError(f"old_grid {old_grid} does not hold the {len(grid)} grid positions.")
-    rows, columns = new_grid
-    grid = grid.reshape(old_rows, old_columns, -1).astype(np.float64)
-    grid = _interpolate_axis(grid, rows, axis=0)
-    grid = _interpolate_axis(grid, columns, axis=1)
-    resized = np.concatenate([prefix, grid.reshape(rows * columns, -1).astype(embeddings.dtype)])
-    return resized if squeezed else resized[None]
+def _resizable(key, value, shape):
+    """Whether `value` is a weight of another grid (or patch size) that `_resized` maps to
+    `shape`: same rank, and the same sizes on every axis but the grid's."""
+    name = key.rsplit("/", 1)[-1]
+    if key == "embedding/kernel":
+        return value.ndim == 4 and value.shape[2:] == shape[2:]
+    if name == "pos_embedding" or name in _GRID_TABLES + _OFFSET_TABLES:
+        return value.ndim == len(shape) and value.shape[1:] == shape[1:] or name == "pos_embedding"
+    return False
 
 
-def _interpolate_axis(array, size, axis):
-    """Linear interpolation along one axis with aligned corners."""
-    old = array.shape[axis]
-    if old == size:
-        return array
-    if old == 1 or size == 1:
-        positions = np.zeros(size)
-    else:
-        positions = np.arange(size) * (old - 1) / (size - 1)
-    low = np.floor(positions).astype(int)
-    high = np.minimum(low + 1, old - 1)
-    weight = positions - low
-    shape = [1] * array.ndim
-    shape[axis] = size
-    weight = weight.reshape(shape)
-    return (np.take(array, low, axis=axis) * (1 - weight)
-            + np.take(array, high, axis=axis) * weight)
+def _resized(key, value, shape, position, file_prefix):
+    """`value` resampled to `shape`: see `load_npz`. Raises ValueError naming the problem."""
+    name = key.rsplit("/", 1)[-1]
+    interpolation = position.interpolation
+    if key == "embedding/kernel":
+        return resample.resize_patch_embedding(value, shape[:2])
+    if name == "pos_embedding":
+        if file_prefix != position.num_prefix_tokens:
+            raise ValueError(f"the file has {file_prefix} class-token rows, the model "
+                             f"{position.num_prefix_tokens} (classifier 'token' vs 'gap')")
+        return resize_position_embeddings(value, position.grid_size,
+                                          num_prefix_tokens=file_prefix,
+                                          interpolation=interpolation)
+    if name in _GRID_TABLES:
+        return resample.resample_axis(value.astype(np.float64), shape[0], 0,
+                                      interpolation).astype(value.dtype)
+    has_prefix_row = position.num_prefix_tokens > 0  # relative tables: offsets (+ prefix row)
+    old_offsets, new_offsets = (size - has_prefix_row for size in (value.shape[0], shape[0]))
+    if old_offsets % 2 == 0 or new_offsets % 2 == 0:
+        raise ValueError(f"file {value.shape}, model {shape}: not tables of 2n - 1 offsets")
+    return resample.resize_offset_table(value.astype(np.float64), (new_offsets + 1) // 2,
+                                        has_prefix_row, interpolation).astype(value.dtype)
 
 
 def _position_layer(model):
@@ -267,11 +248,14 @@ def load_npz(model, path, *, strict=True, new_head=False, allow_nonfinite=False)
     """Loads an original `.npz` checkpoint into a model built by `keras_vit`.
 
     The file may name the encoder blocks' layers as the released files do or as the current
-    vit_jax code does (see `_LINEN_BLOCK_NAMES`). Position embeddings are resized when the
-    model's patch grid differs from the file's. The head is zero-initialised (the paper's
-    transfer recipe) when the file has none, when its number of classes differs from the
-    model's, or when `new_head=True`. A `pre_logits` layer in the file is used when the model
-    has one and dropped otherwise.
+    vit_jax code does (see `_LINEN_BLOCK_NAMES`). Weights of another grid are resampled to the
+    model's (see `keras_vit.resample`): position embeddings when the model's patch grid differs
+    from the file's (a square grid is assumed for the file's; learned_2d tables and relative
+    position tables too), with the model's `position_embedding_interpolation`, and the
+    patch-embedding kernel of another patch size with FlexiViT's pseudo-inverse resize. The
+    head is zero-initialised (the paper's transfer recipe) when the file has none, when its
+    number of classes differs from the model's, or when `new_head=True`. A `pre_logits` layer
+    in the file is used when the model has one and dropped otherwise.
 
     Args:
         model: a model from `keras_vit.vit()` or a named builder.
@@ -330,15 +314,9 @@ def load_npz(model, path, *, strict=True, new_head=False, allow_nonfinite=False)
             report["missing"].append(key)
             continue
         used.add(key)
-        if key.endswith("pos_embedding") and value.shape != shape and position is not None:
-            if file_prefix != position.num_prefix_tokens:
-                report["mismatched"].append(
-                    f"{key}: the file has {file_prefix} class-token rows, the model "
-                    f"{position.num_prefix_tokens} (classifier 'token' vs 'gap')")
-                continue
+        if value.shape != shape and position is not None and _resizable(key, value, shape):
             try:
-                value = resize_position_embeddings(value, position.grid_size,
-                                                   num_prefix_tokens=file_prefix)
+                value = _resized(key, value, shape, position, file_prefix)
             except ValueError as error:
                 report["mismatched"].append(f"{key}: {error}")
                 continue
@@ -366,7 +344,8 @@ def load_npz(model, path, *, strict=True, new_head=False, allow_nonfinite=False)
     for variable, value in assignments:
         variable.assign(value.astype(variable.dtype))
     if report["resized"]:
-        logger.info("Resized position embeddings to the %s grid.", position.grid_size)
+        logger.info("Resampled %s to the model's %s grid.", ", ".join(report["resized"]),
+                    position.grid_size)
     if report["new_head"]:
         logger.info("Started a new zero-initialised head (%s).", ", ".join(report["new_head"]))
     return report

@@ -29,7 +29,17 @@ DEFAULT_TOP_K = 5
 SPEC_ASSET = "assets.extra/keras_vit_spec.json"  # the model's ViTConfig, in a SavedModel
 
 
+def _dynamic_spec(model):
+    """The spec of a model of any image size, else None."""
+    spec = getattr(model, "spec", None)
+    return spec if spec is not None and spec.dynamic_image_size else None
+
+
 def _image_size(model):
+    """The size images are resized to: the model's input, or for a model of any size the size
+    of its position embeddings' grid (`image_size`)."""
+    if _dynamic_spec(model) is not None:
+        return _dynamic_spec(model).image_size
     shape = model.input_shape
     if len(shape) != 4 or shape[-1] != 3 or None in shape[1:3]:
         raise ValueError(f"Expected a model of images [batch, height, width, 3], got input "
@@ -153,6 +163,23 @@ def _checked_images(images):
         return tf.identity(images)
 
 
+def _checked_sides(images, spec):
+    """`images` once a model of any size can cut them into patches: sides that are multiples
+    of a patch (any, with padding); else INVALID_ARGUMENT saying so."""
+    import tensorflow as tf
+
+    stride = spec.total_stride
+    if spec.dynamic_image_pad:  # any size: padded to whole patches
+        return images
+    sides = tf.shape(images)[1:3]
+    check = tf.debugging.Assert(
+        tf.reduce_all(sides % stride == 0),
+        [f"serving_images takes image sides that are multiples of {stride} pixels (the "
+         "model's patches); got height and width", sides], summarize=4, name="check_sides")
+    with tf.control_dependencies([check]):
+        return tf.identity(images)
+
+
 def _checked_bytes(image_bytes):
     import tensorflow as tf
 
@@ -196,6 +223,9 @@ def _serving_functions(model, class_names, top_k):
         return predict(pixels)
 
     def serve_images(images):
+        spec = _dynamic_spec(model)
+        if spec is not None:  # a model of any size runs at the size it is sent
+            return predict(_checked_sides(_checked_images(images), spec))
         return predict(resize(_checked_images(images), (height, width)))
 
     return serve_bytes, serve_images
@@ -206,7 +236,9 @@ def export_saved_model(model, base_dir, class_names=None, version=None, top_k=DE
 
     Signatures:
         serving_default: `image_bytes` string [N] of JPEG/PNG/GIF/BMP files.
-        serving_images: `images` float32 [N, H, W, 3] in 0..255, any H and W.
+        serving_images: `images` float32 [N, H, W, 3] in 0..255, any H and W: resized to the
+            model's size, or for a model built with `dynamic_image_size=True` run at the size
+            sent (sides multiples of its pixels per patch, any size with padding).
     Outputs: `logits`, `probabilities`, `top_k_indices`, `top_k_probabilities` and, with
     `class_names`, `top_k_names`. A model built by keras_vit also leaves its `ViTConfig` as
     JSON in `SPEC_ASSET` (`assets.extra/`, which loaders and TF Serving ignore).

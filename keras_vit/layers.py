@@ -11,6 +11,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_vit import resample
 from keras_vit.spec import CLASSIFIERS, LAYER_NORM_EPSILON
 
 
@@ -31,6 +32,20 @@ def _attention_output_spec(layer, x, return_attention_scores):
     return output, scores
 
 
+def grid_sides(grid):
+    """`(rows, columns)` of a patch grid `[batch, rows, columns, D]` (what `PatchEmbed` returns
+    with `flatten=False`): Python ints where the shape is static, scalar tensors where the
+    graph learns them only when it runs (a SavedModel of any image size)."""
+    static = grid.shape[1:3]
+    dynamic = ops.shape(grid)
+    return tuple(int(side) if isinstance(side, (int, np.integer)) else dynamic[axis + 1]
+                 for axis, side in enumerate(static))
+
+
+def _is_static(sides, expected):
+    return all(isinstance(side, int) for side in sides) and tuple(sides) == tuple(expected)
+
+
 def _check_rank(layer, shape, rank, what):
     if len(shape) != rank:
         raise ValueError(
@@ -48,16 +63,20 @@ class PatchEmbed(keras.layers.Layer):
     Args:
         patch_size: side of the square patches in pixels.
         hidden_size: width D of each token.
+        flatten: True returns the tokens as a sequence; False keeps them as the patch grid
+            (what models of any image size pass on, so that later layers know the grid).
         **kwargs: base `Layer` arguments (`name`, `dtype`, ...).
 
     Input: images `[batch, height, width, channels]`, height and width multiples of
-    `patch_size`. Output: tokens `[batch, (height // p) * (width // p), hidden_size]`, row major.
+    `patch_size`. Output: tokens `[batch, (height // p) * (width // p), hidden_size]`, row major
+    (`[batch, height // p, width // p, hidden_size]` with `flatten=False`).
     """
 
-    def __init__(self, patch_size, hidden_size, **kwargs):
+    def __init__(self, patch_size, hidden_size, flatten=True, **kwargs):
         super().__init__(**kwargs)
         self.patch_size = int(patch_size)
         self.hidden_size = int(hidden_size)
+        self.flatten = bool(flatten)
         # While a MaskedPatchPredictor runs the model: a function applied to the tokens (it
         # corrupts some of them), then forgotten.
         self.token_transform = None
@@ -90,22 +109,56 @@ class PatchEmbed(keras.layers.Layer):
             )
         patches = ops.conv(images, self.kernel, strides=self.patch_size, padding="valid")
         patches = ops.add(patches, self.bias)  # a BiasAdd that fuses with the conv on TF
-        batch = ops.shape(patches)[0]
-        tokens = ops.reshape(patches, (batch, -1, self.hidden_size))
-        if self.token_transform is not None:
-            tokens = self.token_transform(tokens)
-        return tokens
+        if self.flatten or self.token_transform is not None:
+            tokens = ops.reshape(patches, (ops.shape(patches)[0], -1, self.hidden_size))
+            if self.token_transform is not None:
+                tokens = self.token_transform(tokens)
+            if self.flatten:
+                return tokens
+            return ops.reshape(tokens, ops.shape(patches))
+        return patches
 
     def compute_output_shape(self, input_shape):
         batch, height, width, _ = input_shape
-        tokens = None
-        if height is not None and width is not None:
-            tokens = (height // self.patch_size) * (width // self.patch_size)
+        rows, columns = (None if side is None else side // self.patch_size
+                         for side in (height, width))
+        if not self.flatten:
+            return (batch, rows, columns, self.hidden_size)
+        tokens = None if rows is None or columns is None else rows * columns
         return (batch, tokens, self.hidden_size)
 
     def get_config(self):
         return {**super().get_config(), "patch_size": self.patch_size,
-                "hidden_size": self.hidden_size}
+                "hidden_size": self.hidden_size, "flatten": self.flatten}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class PadToMultiple(keras.layers.Layer):
+    """Pads images at the bottom and right with zeros to a multiple of `multiple` pixels, so
+    that a model of any image size takes sizes its patches do not divide (timm's
+    `dynamic_img_pad`). Zeros are mid-grey in [-1, 1] pixels.
+
+    Args:
+        multiple: pixels per token along each side (the patch size times a hybrid's stride).
+    """
+
+    def __init__(self, multiple, **kwargs):
+        super().__init__(**kwargs)
+        self.multiple = int(multiple)
+
+    def call(self, images):
+        shape = ops.shape(images)
+        pads = [(-shape[axis]) % self.multiple for axis in (1, 2)]
+        return ops.pad(images, ((0, 0), (0, pads[0]), (0, pads[1]), (0, 0)))
+
+    def compute_output_shape(self, input_shape):
+        batch, height, width, channels = input_shape
+        height, width = (None if side is None else -(-side // self.multiple) * self.multiple
+                         for side in (height, width))
+        return (batch, height, width, channels)
+
+    def get_config(self):
+        return {**super().get_config(), "multiple": self.multiple}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -151,10 +204,17 @@ class AddPositionEmbs(keras.layers.Layer):
             "learned_2d": learned row and column embeddings of size D/2 each, concatenated
                 (`row_embedding`, `column_embedding`), plus `prefix_embedding` for prefix tokens;
             "none": nothing is added.
+        interpolation: how the embeddings are resampled for another grid, "bilinear" (the
+            original code's) or "bicubic" (timm's); see `keras_vit.resample`.
         **kwargs: base `Layer` arguments.
+
+    `call(tokens, grid=None)`: with `grid`, the patch grid `[batch, rows, columns, D]` of these
+    tokens, the embeddings are resampled from `grid_size` to its size at call time (a model of
+    any image size); without it the tokens must be of `grid_size`.
     """
 
-    def __init__(self, grid_size, num_prefix_tokens=1, kind="learned", **kwargs):
+    def __init__(self, grid_size, num_prefix_tokens=1, kind="learned",
+                 interpolation="bilinear", **kwargs):
         super().__init__(**kwargs)
         if kind not in POSITION_EMBEDDINGS:
             raise ValueError(
@@ -163,6 +223,7 @@ class AddPositionEmbs(keras.layers.Layer):
         self.grid_size = tuple(int(g) for g in grid_size)
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.kind = kind
+        self.interpolation = resample.check_interpolation(interpolation)
 
     @property
     def num_tokens(self):
@@ -188,36 +249,55 @@ class AddPositionEmbs(keras.layers.Layer):
                     name="prefix_embedding", shape=(self.num_prefix_tokens, hidden),
                     initializer=init)
 
-    def embeddings(self):
-        """The `[1, tokens, D]` embeddings this layer adds (zeros for "none")."""
-        if self.kind == "learned":
-            return self.pos_embedding
+    def embeddings(self, sides=None):
+        """The `[1, tokens, D]` embeddings this layer adds (None for "none"), for its own grid
+        or resampled to `sides` = (rows, columns)."""
         if self.kind == "none":
             return None
-        rows, columns = self.grid_size
+        sides = self.grid_size if sides is None else sides
+        same = _is_static(sides, self.grid_size)
+        rows, columns = sides
+        prefix = self.num_prefix_tokens
+        if self.kind == "learned":
+            if same:
+                return self.pos_embedding
+            grid = ops.reshape(self.pos_embedding[0, prefix:], self.grid_size + (-1,))
+            grid = resample.resample_grid(grid, sides, self.interpolation, xp=ops)
+            grid = ops.reshape(grid, (rows * columns, grid.shape[-1]))
+            return ops.concatenate([self.pos_embedding[0, :prefix], grid], axis=0)[None]
+        row_table, column_table = self.row_embedding, self.column_embedding
+        if not same:
+            row_table = resample.resample_axis(row_table, rows, 0, self.interpolation, xp=ops)
+            column_table = resample.resample_axis(column_table, columns, 0, self.interpolation,
+                                                  xp=ops)
         half = self.row_embedding.shape[-1]
-        row = ops.broadcast_to(self.row_embedding[:, None, :], (rows, columns, half))
-        column = ops.broadcast_to(self.column_embedding[None, :, :], (rows, columns, half))
+        row = ops.broadcast_to(row_table[:, None, :], (rows, columns, half))
+        column = ops.broadcast_to(column_table[None, :, :], (rows, columns, half))
         grid = ops.reshape(ops.concatenate([row, column], axis=-1), (rows * columns, 2 * half))
-        if self.num_prefix_tokens:
+        if prefix:
             grid = ops.concatenate([self.prefix_embedding, grid], axis=0)
         return grid[None]
 
-    def call(self, tokens):
-        if tokens.shape[1] is not None and tokens.shape[1] != self.num_tokens:
+    def call(self, tokens, grid=None):
+        if grid is None and tokens.shape[1] is not None and tokens.shape[1] != self.num_tokens:
             raise ValueError(
                 f"Position embeddings were built for {self.num_tokens} tokens "
                 f"({self.num_prefix_tokens} prefix + {self.grid_size[0]}x{self.grid_size[1]} "
-                f"grid) but got {tokens.shape[1]}. Build the model for this image size."
+                f"grid) but got {tokens.shape[1]}. Build the model for this image size, or "
+                "with dynamic_image_size=True."
             )
-        embeddings = self.embeddings()
+        embeddings = self.embeddings(None if grid is None else grid_sides(grid))
         if embeddings is None:
             return tokens
         return tokens + ops.cast(embeddings, tokens.dtype)
 
+    def compute_output_spec(self, tokens, grid=None):
+        return keras.KerasTensor(tokens.shape, dtype=self.compute_dtype)
+
     def get_config(self):
         return {**super().get_config(), "grid_size": self.grid_size,
-                "num_prefix_tokens": self.num_prefix_tokens, "kind": self.kind}
+                "num_prefix_tokens": self.num_prefix_tokens, "kind": self.kind,
+                "interpolation": self.interpolation}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -316,7 +396,12 @@ class RelativePositionBias(keras.layers.Layer):
         num_prefix_tokens: tokens before the grid (1 with a class token, else 0).
         kind: "1d" (one table of `2 * rows * columns - 1` offsets) or "2d" (tables of
             `2 * rows - 1` row offsets and `2 * columns - 1` column offsets).
+        interpolation: how the tables are resampled along their offsets for another grid
+            ("bilinear" or "bicubic", see `keras_vit.resample`); the prefix row is kept.
         **kwargs: base `Layer` arguments.
+
+    `call(queries, grid=None)`: with `grid`, the patch grid `[batch, rows, columns, D]`, the
+    offsets are those of its size (a model of any image size).
 
     Input: queries `[batch, heads, tokens, head_dim]`. Output: logits
     `[batch, heads, tokens, tokens]`. Weights: `offset_embedding` ("1d"), or
@@ -324,7 +409,8 @@ class RelativePositionBias(keras.layers.Layer):
     `[offsets (+1 with prefix tokens), heads, head_dim]`.
     """
 
-    def __init__(self, grid_size, num_heads, num_prefix_tokens=1, kind="1d", **kwargs):
+    def __init__(self, grid_size, num_heads, num_prefix_tokens=1, kind="1d",
+                 interpolation="bilinear", **kwargs):
         super().__init__(**kwargs)
         if kind not in RELATIVE_POSITIONS:
             raise ValueError(f"Unknown relative position kind {kind!r}; expected one of "
@@ -333,28 +419,32 @@ class RelativePositionBias(keras.layers.Layer):
         self.num_heads = int(num_heads)
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.kind = kind
+        self.interpolation = resample.check_interpolation(interpolation)
 
     @property
     def num_tokens(self):
         return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
 
-    def _axes(self):
-        """(weight name, coordinate of every patch along the axis, positions on the axis)."""
-        rows, columns = self.grid_size
-        row, column = np.divmod(np.arange(rows * columns), columns)
+    def _axes(self, sides, xp=np):
+        """(coordinate of every patch along each axis, positions on the axis), for a grid of
+        `sides` = (rows, columns), in `xp` (NumPy, or `keras.ops` for sides known at run time).
+        """
+        rows, columns = sides
+        index = xp.arange(rows * columns)
         if self.kind == "1d":
-            return [("offset_embedding", np.arange(rows * columns), rows * columns)]
-        return [("row_offset_embedding", row, rows),
-                ("column_offset_embedding", column, columns)]
+            return [(index, rows * columns)]
+        return [(index // columns, rows), (index % columns, columns)]
 
-    def offset_indices(self):
+    def offset_indices(self, sides=None, xp=np):
         """Per axis, `[tokens, tokens]` rows into its table: `c_q - c_k + n - 1` between
         patches, and the last row, `2n - 1`, for pairs with a prefix token."""
         indices = []
-        for _, coordinate, positions in self._axes():
+        prefix = self.num_prefix_tokens
+        for coordinate, positions in self._axes(sides or self.grid_size, xp):
             index = coordinate[:, None] - coordinate[None, :] + positions - 1
-            index = np.pad(index, (self.num_prefix_tokens, 0), constant_values=2 * positions - 1)
-            indices.append(index.astype("int32"))
+            index = xp.pad(index, ((prefix, 0), (prefix, 0)),
+                           constant_values=2 * positions - 1)
+            indices.append(xp.cast(index, "int32") if xp is ops else index.astype("int32"))
         return indices
 
     def build(self, queries_shape):
@@ -368,34 +458,48 @@ class RelativePositionBias(keras.layers.Layer):
         head_dim = queries_shape[-1]
         init = keras.initializers.RandomNormal(stddev=0.02)
         extra = int(self.num_prefix_tokens > 0)
+        names = (["offset_embedding"] if self.kind == "1d"
+                 else ["row_offset_embedding", "column_offset_embedding"])
         self.tables = [
             self.add_weight(name=name, shape=(2 * positions - 1 + extra, self.num_heads,
                                               head_dim), initializer=init)
-            for name, _, positions in self._axes()
+            for name, (_, positions) in zip(names, self._axes(self.grid_size))
         ]
 
-    def call(self, queries):
-        batch, tokens = ops.shape(queries)[0], self.num_tokens
+    def call(self, queries, grid=None):
+        sides = self.grid_size if grid is None else grid_sides(grid)
+        # Constant indices for the grid of the weights (or any static grid); computed in the
+        # graph only where the grid is known when it runs.
+        static = all(isinstance(side, int) for side in sides)
+        xp = np if static else ops
+        tables = [ops.cast(table, queries.dtype) for table in self.tables]
+        if not _is_static(sides, self.grid_size):
+            tables = [resample.resize_offset_table(table, positions, self.num_prefix_tokens > 0,
+                                                   self.interpolation, xp=ops)
+                      for table, (_, positions) in zip(tables, self._axes(sides, xp))]
+        batch = ops.shape(queries)[0]
+        tokens = self.num_prefix_tokens + sides[0] * sides[1]
         bias = None
-        for table, index in zip(self.tables, self.offset_indices()):
-            size = table.shape[0]
-            keys = ops.transpose(ops.cast(table, queries.dtype), (1, 2, 0))  # [heads, dim, size]
+        for table, index in zip(tables, self.offset_indices(sides, xp)):
+            size = table.shape[0] if table.shape[0] is not None else ops.shape(table)[0]
+            keys = ops.transpose(table, (1, 2, 0))  # [heads, dim, size]
             logits = ops.matmul(queries, keys)  # [batch, heads, tokens, size]: every offset
             # Pick, for query q and key k, the logit of their offset: one gather on the
-            # flattened (query, offset) axis with constant indices q * size + index[q, k].
+            # flattened (query, offset) axis with indices q * size + index[q, k].
             logits = ops.reshape(logits, (batch, self.num_heads, tokens * size))
-            flat = index + np.arange(tokens, dtype="int32")[:, None] * size
+            flat = index + xp.arange(tokens, dtype="int32")[:, None] * size
             picked = ops.take(logits, flat, axis=2)
             bias = picked if bias is None else bias + picked
         return bias
 
-    def compute_output_shape(self, queries_shape):
-        return (queries_shape[0], self.num_heads, self.num_tokens, self.num_tokens)
+    def compute_output_shape(self, queries_shape, grid_shape=None):
+        tokens = self.num_tokens if grid_shape is None else queries_shape[2]
+        return (queries_shape[0], self.num_heads, tokens, tokens)
 
     def get_config(self):
         return {**super().get_config(), "grid_size": self.grid_size,
                 "num_heads": self.num_heads, "num_prefix_tokens": self.num_prefix_tokens,
-                "kind": self.kind}
+                "kind": self.kind, "interpolation": self.interpolation}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -413,14 +517,16 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             D.4) from a `RelativePositionBias` sub-layer named `relative_position`.
         grid_size: `(rows, columns)` of the patch grid; needed with `relative_position`.
         num_prefix_tokens: tokens before the grid; used with `relative_position`.
+        interpolation: how the relative tables are resampled for another grid.
         **kwargs: base `Layer` arguments.
 
-    `call(x, training, return_attention_scores=False)` returns `[batch, tokens, D]`, and with
-    `return_attention_scores=True` also the weights `[batch, heads, tokens, tokens]`.
+    `call(x, training, return_attention_scores=False, grid=None)` returns `[batch, tokens, D]`,
+    and with `return_attention_scores=True` also the weights `[batch, heads, tokens, tokens]`;
+    `grid` (the patch grid of these tokens) tells relative positions the grid at call time.
     """
 
     def __init__(self, num_heads, dropout=0.0, relative_position=None, grid_size=None,
-                 num_prefix_tokens=0, **kwargs):
+                 num_prefix_tokens=0, interpolation="bilinear", **kwargs):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
         self.dropout = float(dropout)
@@ -430,6 +536,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         self.relative_position = relative_position
         self.grid_size = None if grid_size is None else tuple(int(g) for g in grid_size)
         self.num_prefix_tokens = int(num_prefix_tokens)
+        self.interpolation = resample.check_interpolation(interpolation)
 
     def build(self, input_shape):
         _check_rank(self, input_shape, 3, "tokens [batch, tokens, hidden]")
@@ -455,10 +562,11 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         if self.relative_position is not None:
             self.relative = RelativePositionBias(
                 self.grid_size, self.num_heads, self.num_prefix_tokens,
-                kind=self.relative_position, name="relative_position", dtype=self.dtype_policy)
+                kind=self.relative_position, interpolation=self.interpolation,
+                name="relative_position", dtype=self.dtype_policy)
             self.relative.build((input_shape[0], self.num_heads, input_shape[1], self.head_dim))
 
-    def call(self, x, training=False, return_attention_scores=False):
+    def call(self, x, training=False, return_attention_scores=False, grid=None):
         batch, tokens, hidden = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
         heads, head_dim = self.num_heads, self.head_dim
         # One (D, 3D) matmul on 2-D rows instead of three, with the 1/sqrt(head_dim) scale of
@@ -476,7 +584,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         query, key, value = ops.unstack(qkv, 3, axis=0)
         logits = ops.matmul(query, ops.transpose(key, (0, 1, 3, 2)))
         if self.relative is not None:  # the (scaled) queries against the offset embeddings
-            logits = logits + self.relative(query)
+            logits = logits + self.relative(query, grid=grid)
         # Softmax in the compute dtype, as the original. TensorFlow's CPU kernel accumulates
         # bfloat16 in float32: its output equals a float32 softmax rounded to bfloat16.
         weights = ops.softmax(logits, axis=-1)
@@ -487,13 +595,14 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             return output, weights
         return output
 
-    def compute_output_spec(self, x, training=False, return_attention_scores=False):
+    def compute_output_spec(self, x, training=False, return_attention_scores=False, grid=None):
         return _attention_output_spec(self, x, return_attention_scores)
 
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "dropout": self.dropout,
                 "relative_position": self.relative_position, "grid_size": self.grid_size,
-                "num_prefix_tokens": self.num_prefix_tokens}
+                "num_prefix_tokens": self.num_prefix_tokens,
+                "interpolation": self.interpolation}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -572,18 +681,20 @@ class EncoderBlock(keras.layers.Layer):
         drop_path_rate: stochastic-depth rate of this block.
         approximate_gelu: tanh-approximate GELU (the original) when True, exact when False.
         layer_norm_epsilon: of the two LayerNorms (the original's 1e-6).
-        relative_position, grid_size, num_prefix_tokens: relative position logits in the
-            attention, see `MultiHeadSelfAttention` (None: none, the original).
+        relative_position, grid_size, num_prefix_tokens, interpolation: relative position
+            logits in the attention, see `MultiHeadSelfAttention` (None: none, the original).
         **kwargs: base `Layer` arguments.
 
-    `call(x, training, return_attention_scores=False)`: with `return_attention_scores=True`
-    returns `(x, attention_weights)` with weights `[batch, heads, tokens, tokens]`.
+    `call(x, training, return_attention_scores=False, grid=None)`: with
+    `return_attention_scores=True` returns `(x, attention_weights)` with weights
+    `[batch, heads, tokens, tokens]`. `grid`, the patch grid `[batch, rows, columns, D]` of the
+    tokens, gives relative positions (and Axial-ViT) the grid at call time.
     """
 
     def __init__(self, num_heads, mlp_dim, dropout=0.0, attention_dropout=0.0,
                  drop_path_rate=0.0, approximate_gelu=True, relative_position=None,
                  grid_size=None, num_prefix_tokens=0, layer_norm_epsilon=LAYER_NORM_EPSILON,
-                 **kwargs):
+                 interpolation="bilinear", **kwargs):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
@@ -595,6 +706,7 @@ class EncoderBlock(keras.layers.Layer):
         self.relative_position = relative_position
         self.grid_size = None if grid_size is None else tuple(int(g) for g in grid_size)
         self.num_prefix_tokens = int(num_prefix_tokens)
+        self.interpolation = resample.check_interpolation(interpolation)
         # While attention_model() runs the model: a function that takes each call's weights.
         self.attention_recorder = None
 
@@ -605,7 +717,7 @@ class EncoderBlock(keras.layers.Layer):
         self.attention = MultiHeadSelfAttention(
             self.num_heads, dropout=self.attention_dropout,
             relative_position=self.relative_position, grid_size=self.grid_size,
-            num_prefix_tokens=self.num_prefix_tokens,
+            num_prefix_tokens=self.num_prefix_tokens, interpolation=self.interpolation,
             name="MultiHeadDotProductAttention_1", dtype=policy)
         self.norm_2 = LayerNorm(self.layer_norm_epsilon, name="LayerNorm_2", dtype=policy)
         self.mlp = MlpBlock(self.mlp_dim, dropout=self.dropout,
@@ -621,14 +733,14 @@ class EncoderBlock(keras.layers.Layer):
         """The shape the attention sees (the token sequence here; rows or columns in axial)."""
         return input_shape
 
-    def attend(self, x, training, return_attention_scores):
-        """Self-attention over the (normalised) tokens `x`."""
+    def attend(self, x, training, return_attention_scores, grid):
+        """Self-attention over the (normalised) tokens `x` of the patch grid `grid`."""
         return self.attention(x, training=training,
-                              return_attention_scores=return_attention_scores)
+                              return_attention_scores=return_attention_scores, grid=grid)
 
-    def call(self, x, training=False, return_attention_scores=False):
+    def call(self, x, training=False, return_attention_scores=False, grid=None):
         record = self.attention_recorder is not None
-        attended = self.attend(self.norm_0(x), training, return_attention_scores or record)
+        attended = self.attend(self.norm_0(x), training, return_attention_scores or record, grid)
         if return_attention_scores or record:
             attended, weights = attended
             if record:
@@ -640,7 +752,7 @@ class EncoderBlock(keras.layers.Layer):
             return x, weights
         return x
 
-    def compute_output_spec(self, x, training=False, return_attention_scores=False):
+    def compute_output_spec(self, x, training=False, return_attention_scores=False, grid=None):
         return _attention_output_spec(self, x, return_attention_scores)
 
     def get_config(self):
@@ -650,7 +762,8 @@ class EncoderBlock(keras.layers.Layer):
                 "approximate_gelu": self.approximate_gelu,
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "relative_position": self.relative_position, "grid_size": self.grid_size,
-                "num_prefix_tokens": self.num_prefix_tokens}
+                "num_prefix_tokens": self.num_prefix_tokens,
+                "interpolation": self.interpolation}
 
 
 AXES = ("row", "column")
@@ -693,14 +806,14 @@ class AxialEncoderBlock(EncoderBlock):
         batch = None if input_shape[0] is None else input_shape[0] * lines
         return (batch, length, input_shape[-1])
 
-    def attend(self, x, training, return_attention_scores):
-        rows, columns = self.grid_size
+    def attend(self, x, training, return_attention_scores, grid):
+        rows, columns = self.grid_size if grid is None else grid_sides(grid)
         batch, hidden = ops.shape(x)[0], x.shape[-1]
-        grid = ops.reshape(x, (batch, rows, columns, hidden))
+        cells = ops.reshape(x, (batch, rows, columns, hidden))
         if self.axis == "column":
-            grid = ops.transpose(grid, (0, 2, 1, 3))
-        lines, length = grid.shape[1], grid.shape[2]
-        attended = self.attention(ops.reshape(grid, (-1, length, hidden)), training=training,
+            cells = ops.transpose(cells, (0, 2, 1, 3))
+        lines, length = (rows, columns) if self.axis == "row" else (columns, rows)
+        attended = self.attention(ops.reshape(cells, (-1, length, hidden)), training=training,
                                   return_attention_scores=return_attention_scores)
         if return_attention_scores:
             attended, weights = attended
@@ -710,13 +823,13 @@ class AxialEncoderBlock(EncoderBlock):
         attended = ops.reshape(attended, (batch, rows * columns, hidden))
         if not return_attention_scores:
             return attended
-        return attended, self._full_weights(weights, batch)
+        return attended, self._full_weights(weights, batch, (rows, columns))
 
-    def _full_weights(self, weights, batch):
+    def _full_weights(self, weights, batch, sides):
         """`[batch * lines, heads, length, length]` as `[batch, heads, tokens, tokens]`."""
-        rows, columns = self.grid_size
-        lines = rows if self.axis == "row" else columns
-        weights = ops.reshape(weights, (batch, lines) + tuple(weights.shape[1:]))
+        rows, columns = sides
+        lines, length = (rows, columns) if self.axis == "row" else (columns, rows)
+        weights = ops.reshape(weights, (batch, lines, self.num_heads, length, length))
         same_line = ops.eye(lines, dtype=weights.dtype)
         if self.axis == "row":  # [b, row, h, col, col'] x [row, row'] -> [b, h, row, col, row', col']
             full = ops.einsum("brhcd,rs->bhrcsd", weights, same_line)

@@ -62,12 +62,40 @@ def _check_images(model, images):
     except (ValueError, TypeError, AttributeError):
         dtype = str(images[0].dtype)
     if "float" in dtype:
+        check_image_size(model, images[0])
         return
     advice = (" Scale uint8 pixels 0..255 with keras_vit.preprocess_inputs(images), which "
               "returns float32 in [-1, 1]." if "int" in dtype else "")
     raise TypeError(
         f"Model {model.name!r} takes float images scaled to [-1, 1], got images of dtype "
         f"{dtype}.{advice}")
+
+
+def check_image_size(model, images):
+    """Refuses, for a model of any image size without padding, images it cannot cut into
+    patches: a side smaller than one patch, or one the pixels per patch do not divide. Sides
+    known only when a graph runs are not checked here (a SavedModel checks them)."""
+    spec = getattr(model, "spec", None)
+    if (spec is None or not spec.dynamic_image_size or spec.dynamic_image_pad
+            or len(getattr(images, "shape", ())) != 4):
+        return
+    stride = spec.total_stride
+    for side, value in zip(("height", "width"), images.shape[1:3]):
+        if not isinstance(value, int):
+            continue
+        if value < stride:
+            raise ValueError(
+                f"Model {model.name!r} takes images of at least one patch, {stride}x{stride} "
+                f"pixels; got {side} {value} (shape {tuple(images.shape)}). Resize the images "
+                f"to at least {stride} pixels, or build the model with dynamic_image_pad=True "
+                "to pad images to whole patches.")
+        if value % stride:
+            below = value // stride * stride
+            raise ValueError(
+                f"Model {model.name!r} takes image sides that are multiples of {stride} pixels "
+                f"(its patches); got {side} {value} (shape {tuple(images.shape)}). Crop or "
+                f"resize to {below} or {below + stride}, or build the model with "
+                "dynamic_image_pad=True to pad images to a multiple.")
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -110,8 +138,14 @@ class ViTModel(keras.Model):
         batch = getattr(images, "shape", None)
         if batch is None or len(batch) == 0 or batch[0] != 0:
             return None
-        output = self.outputs[0]
-        return ops.zeros((0,) + tuple(output.shape[1:]), dtype=output.dtype)
+        empty = [ops.zeros((0,) + tuple(0 if side is None else side for side in output.shape[1:]),
+                           dtype=output.dtype) for output in self.outputs]
+        return empty[0] if len(empty) == 1 else empty
+
+    def __call__(self, inputs, *args, **kwargs):
+        # Before Keras' own __call__, which would wrap the message in a dump of the inputs.
+        _check_images(self, inputs)
+        return super().__call__(inputs, *args, **kwargs)
 
     def call(self, inputs, training=None, mask=None, **kwargs):
         _check_images(self, inputs)
@@ -126,7 +160,7 @@ class ViTModel(keras.Model):
             _check_images(self, x)
             empty = self._empty_output(x)
             if empty is not None:  # Keras' predict loop fails on 0 samples
-                return keras.ops.convert_to_numpy(empty)
+                return keras.tree.map_structure(keras.ops.convert_to_numpy, empty)
         return super().predict(x, *args, **kwargs)
 
 
@@ -150,14 +184,17 @@ def vit(variant="B/16", *, weights=None, dtype=None, name=None, **fields):
         **fields: any `ViTConfig` field, changing the spec: `image_size`, `num_classes`,
             `include_top`, `classifier`, `representation_size`, `dropout`,
             `attention_dropout`, `drop_path_rate`, `position_embedding`,
-            `position_embedding_placement`, `approximate_gelu`, `layer_norm_epsilon`, and the
-            table fields `patch_size`, `hidden_size`, `mlp_dim`, `num_heads`, `num_layers`.
-            Every value is checked, and every problem reported at once, before any layer
-            is built.
+            `position_embedding_placement`, `approximate_gelu`, `layer_norm_epsilon`,
+            `dynamic_image_size`, `dynamic_image_pad`, `position_embedding_interpolation`,
+            and the table fields `patch_size`, `hidden_size`, `mlp_dim`, `num_heads`,
+            `num_layers`. Every value is checked, and every problem reported at once, before
+            any layer is built. A `patch_size` other than the checkpoint's resizes its
+            patch-embedding kernel (FlexiViT's pseudo-inverse resize).
 
     Returns:
         A `keras.Model` mapping images `[batch, height, width, 3]` scaled to [-1, 1]
-        (see `keras_vit.preprocess_inputs`) to logits `[batch, num_classes]` (or the pooled
+        (see `keras_vit.preprocess_inputs`; of `image_size`, or of any size with
+        `dynamic_image_size=True`) to logits `[batch, num_classes]` (or the pooled
         representation with `include_top=False`); its `spec` is the `ViTConfig` it was built
         from.
     """
@@ -183,51 +220,68 @@ def vit(variant="B/16", *, weights=None, dtype=None, name=None, **fields):
 
 def _build(spec, policy, name):
     """The layers of `spec`, in the order of the original."""
-    images = keras.Input(shape=spec.image_size + (3,), name="images")
+    dynamic = spec.dynamic_image_size
+    images = keras.Input(shape=(None, None, 3) if dynamic else spec.image_size + (3,),
+                         name="images")
     x = images
+    if spec.dynamic_image_pad:
+        x = vit_layers.PadToMultiple(spec.total_stride, name="pad", dtype=policy)(x)
     if spec.is_hybrid:
         x = resnet.ResNetStem(64, name="resnet_root", dtype=policy)(x)
         for index, units in enumerate(spec.resnet_units):
             x = resnet.ResNetStage(units, 64 * 2**index, first_stride=1 if index == 0 else 2,
                                    name=f"block{index + 1}", dtype=policy)(x)
-    x = vit_layers.PatchEmbed(spec.patch_size, spec.hidden_size, name="embedding",
-                              dtype=policy)(x)
+    x = vit_layers.PatchEmbed(spec.patch_size, spec.hidden_size, flatten=not dynamic,
+                              name="embedding", dtype=policy)(x)
+    # A model of any image size keeps the patch grid beside the tokens: the layers that need
+    # the grid's size (position embeddings, relative positions, Axial-ViT) read it from there
+    # when they run.
+    patch_grid = None
+    if dynamic:
+        patch_grid, x = x, keras.layers.Reshape((-1, spec.hidden_size), name="patch_tokens",
+                                                dtype=policy)(x)
     grid, prefix = spec.grid_size, spec.num_prefix_tokens
     if prefix:
         x = vit_layers.ClassToken(name="cls", dtype=policy)(x)
     relative = {"relative": "1d", "relative_2d": "2d"}.get(spec.position_embedding)
 
+    interpolation = spec.position_embedding_interpolation
+    grid_input = {} if patch_grid is None else {"grid": patch_grid}
+
     def position_layer(name):
         kind = "none" if relative else spec.position_embedding
-        return vit_layers.AddPositionEmbs(grid, num_prefix_tokens=prefix, kind=kind, name=name,
-                                          dtype=policy)
+        return vit_layers.AddPositionEmbs(grid, num_prefix_tokens=prefix, kind=kind,
+                                          interpolation=interpolation, name=name, dtype=policy)
 
     # The stem's embedding (also the first block's with the every_layer placements) keeps the
     # checkpoints' name; the analysis tools read the token layout from it.
     stem_position = position_layer("posembed_input")
-    x = stem_position(x)
+    x = stem_position(x, **grid_input)
     x = keras.layers.Dropout(spec.dropout, name="dropout", dtype=policy)(x)
     block_options = dict(dropout=spec.dropout, attention_dropout=spec.attention_dropout,
                          approximate_gelu=spec.approximate_gelu,
-                         layer_norm_epsilon=spec.layer_norm_epsilon, dtype=policy)
+                         layer_norm_epsilon=spec.layer_norm_epsilon,
+                         interpolation=interpolation, dtype=policy)
+    # Only the blocks that need the grid's size get it.
+    block_grid = grid_input if relative or spec.axial else {}
     placement = spec.position_embedding_placement
     for index in range(spec.num_layers):
         if index and placement == "every_layer":
-            x = position_layer(f"posembed_{index}")(x)
+            x = position_layer(f"posembed_{index}")(x, **grid_input)
         elif index and placement == "every_layer_shared":
-            x = stem_position(x)
+            x = stem_position(x, **grid_input)
         rate = spec.drop_path_rate * index / max(spec.num_layers - 1, 1)
         if spec.axial:  # appendix D.6: a row block, then a column block, each with an MLP
             for axis in vit_layers.AXES:
                 x = vit_layers.AxialEncoderBlock(
                     axis, grid, num_heads=spec.num_heads, mlp_dim=spec.mlp_dim,
                     drop_path_rate=rate, name=f"encoderblock_{index}_{axis}",
-                    **block_options)(x)
+                    **block_options)(x, **block_grid)
             continue
         x = vit_layers.EncoderBlock(
             spec.num_heads, spec.mlp_dim, drop_path_rate=rate, relative_position=relative,
             grid_size=grid if relative else None, num_prefix_tokens=prefix,
-            name=f"encoderblock_{index}", **block_options)(x)
+            name=f"encoderblock_{index}", **block_options)(x, **block_grid)
     x = vit_layers.LayerNorm(epsilon=spec.layer_norm_epsilon, name="encoder_norm",
                              dtype=policy)(x)
     head_dtype = _head_dtype(policy)
@@ -239,40 +293,3 @@ def _build(spec, policy, name):
         x = keras.layers.Dense(spec.num_classes, name="head", kernel_initializer="zeros",
                                dtype=head_dtype)(x)
     return ViTModel(images, x, name=name, spec=spec)
-
-
-class _AttentionModel(keras.Model):
-    """Runs a ViT and returns the attention weights of every block, in the order they run."""
-
-    def __init__(self, model, **kwargs):
-        super().__init__(**kwargs)
-        self.vit_model = model
-        self.blocks = [layer for layer in model.layers
-                       if isinstance(layer, vit_layers.EncoderBlock)]
-        if not self.blocks:
-            raise ValueError(f"Model {model.name!r} has no EncoderBlock layers.")
-
-    def call(self, images):
-        _check_images(self.vit_model, images)
-        weights = []
-        # Each block hands its weights to the recorder while the model runs as built (with
-        # any shared or repeated layers), then forgets it.
-        for block in self.blocks:
-            block.attention_recorder = weights.append
-        try:
-            self.vit_model(images)
-        finally:
-            for block in self.blocks:
-                block.attention_recorder = None
-        return weights
-
-
-def attention_model(model):
-    """Returns a model that maps the same images to the attention weights of every block.
-
-    The new model shares the layers (and so the weights) of `model`, a model built by `vit()`.
-    Its output is a list with one `[batch, heads, tokens, tokens]` tensor per encoder block
-    (two per layer for Axial-ViT: rows, then columns, each as the equivalent full matrix).
-    The default forward pass of `model` is untouched and computes no extra output.
-    """
-    return _AttentionModel(model, name=f"{model.name}_attention")

@@ -27,6 +27,8 @@ POSITION_EMBEDDINGS = ("learned", "learned_2d", "none", "relative", "relative_2d
 # Only embeddings added to the tokens can be added again before every block (Table 8).
 LEARNED_POSITION_EMBEDDINGS = ("learned", "learned_2d")
 PLACEMENTS = ("stem", "every_layer", "every_layer_shared")
+# How position embeddings are resampled for another grid: the original code's, or timm's.
+INTERPOLATIONS = ("bilinear", "bicubic")
 # The fields a variant name fills in, and that a spec may change.
 TABLE_FIELDS = variants.OVERRIDABLE_FIELDS
 LAYER_NORM_EPSILON = 1e-6  # the original's (Keras' default is 1e-3)
@@ -71,6 +73,8 @@ class ViTConfig:
             None takes the variant's. Patches are cut from the image, or from the ResNet
             feature map of a hybrid.
         image_size: int or (height, width), stored as a pair; multiples of the pixels per patch.
+            The size of the position embeddings' grid (and of the model's input unless
+            `dynamic_image_size`).
         num_classes: classes of the head (zero-initialised, as the paper's transfer recipe).
         include_top: False for a model that returns the pooled representation, no head.
         classifier: "token" (the class token) or "gap" (mean of the tokens, no class token);
@@ -88,6 +92,16 @@ class ViTConfig:
         drop_path_rate: stochastic depth, rising linearly from 0 at the first block.
         approximate_gelu: the tanh-approximate GELU of the original (True) or the exact one.
         layer_norm_epsilon: of every LayerNorm (the original's 1e-6).
+        dynamic_image_size: True for a model that takes images of any size the pixels per patch
+            divide (timm's `dynamic_img_size`): the position embeddings, relative position
+            tables and Axial-ViT's grid follow the input's size at call time, resampled from
+            the `image_size` grid; the same outputs as a model built at that size from the same
+            weights.
+        dynamic_image_pad: with `dynamic_image_size`, images of any size at all: padded at the
+            bottom and right with zeros to a multiple of the pixels per patch.
+        position_embedding_interpolation: how position embeddings (and relative tables) are
+            resampled for another grid, when weights load and at call time: "bilinear" (the
+            original code's) or "bicubic" (timm's `resample_abs_pos_embed`).
     """
 
     variant: str = "B/16"
@@ -108,6 +122,9 @@ class ViTConfig:
     drop_path_rate: float = 0.0
     approximate_gelu: bool = True
     layer_norm_epsilon: float = LAYER_NORM_EPSILON
+    dynamic_image_size: bool = False
+    dynamic_image_pad: bool = False
+    position_embedding_interpolation: str = "bilinear"
 
     def __post_init__(self):
         values, problems = _resolved(dataclasses.asdict(self))
@@ -290,8 +307,17 @@ def _resolved(fields):
         check(field, lambda value, name=field: variants.check_rate(name, value))
     check("approximate_gelu", lambda value: variants.check_bool("approximate_gelu", value))
     check("layer_norm_epsilon", _positive_float)
+    for field in ("dynamic_image_size", "dynamic_image_pad"):
+        check(field, lambda value, name=field: variants.check_bool(name, value))
+    check("position_embedding_interpolation", lambda value: variants.check_choice(
+        "position_embedding_interpolation", value, INTERPOLATIONS))
 
     # The rules that combine fields.
+    if ok("dynamic_image_size", "dynamic_image_pad") and (
+            values["dynamic_image_pad"] and not values["dynamic_image_size"]):
+        add(("dynamic_image_pad", "dynamic_image_size"),
+            "padding images at call time needs a model of any image size: set "
+            "dynamic_image_size=True too")
     if ok("position_embedding", "position_embedding_placement") and (
             values["position_embedding_placement"] != "stem"
             and values["position_embedding"] not in LEARNED_POSITION_EMBEDDINGS):

@@ -1,0 +1,115 @@
+"""keras_vit's resampling against timm's own (timm 1.0.31, PyTorch on the CPU): position
+embeddings resampled bicubically (`resample_abs_pos_embed`), the patch-embedding kernel resized
+with FlexiViT's pseudo-inverse (`resample_patch_embed`), and a timm ViT with `dynamic_img_size`
+against a keras_vit model of any image size holding its weights. Skipped where timm is not
+installed; CI runs it in its own environment (see .ci/run)."""
+
+import keras
+import numpy as np
+import pytest
+
+timm = pytest.importorskip("timm")
+torch = pytest.importorskip("torch")
+from timm.layers import resample_abs_pos_embed, resample_patch_embed  # noqa: E402
+
+import keras_vit  # noqa: E402
+from keras_vit import checkpoint, resample  # noqa: E402
+
+GRIDS = [(1, 3), (2, 2), (3, 5), (7, 7), (14, 14), (16, 9), (24, 24)]
+
+
+def test_the_bicubic_matrix_is_pytorchs_antialiased_bicubic():
+    """The weights timm's resampling uses: F.interpolate(mode="bicubic", antialias=True,
+    align_corners=False) of each basis vector, in float64, growing and shrinking."""
+    for old in (1, 2, 5, 14, 24):
+        for new in (1, 3, 7, 14, 16, 37):
+            basis = torch.eye(old, dtype=torch.float64).reshape(old, 1, 1, old)
+            theirs = torch.nn.functional.interpolate(
+                basis, size=(1, new), mode="bicubic", antialias=True, align_corners=False)
+            np.testing.assert_allclose(resample.resize_matrix(old, new, "bicubic"),
+                                       theirs[:, 0, 0, :].numpy().T, atol=1e-12)
+
+
+@pytest.mark.parametrize("old", [(2, 2), (7, 5), (14, 14), (24, 24)])
+def test_bicubic_position_embeddings_equal_timms(old):
+    rng = np.random.default_rng(0)
+    embeddings = rng.normal(size=(1, 1 + old[0] * old[1], 8)).astype("float32")
+    for new in GRIDS:
+        ours = resample.resize_position_embeddings(embeddings, new, old_grid=old,
+                                                   interpolation="bicubic")
+        # timm resamples in float32 (ours in float64, then rounded).
+        theirs = resample_abs_pos_embed(torch.tensor(embeddings), list(new),
+                                        old_size=list(old)).numpy()
+        np.testing.assert_allclose(ours, theirs, atol=1e-5)
+
+
+@pytest.mark.parametrize("old", [8, 14, 16, 32])
+def test_the_patch_embedding_resize_equals_timms(old):
+    kernel = np.random.default_rng(1).normal(size=(6, 3, old, old)).astype("float32")  # torch
+    for new in (4, 8, 12, 16, 24, 32, 7):
+        theirs = resample_patch_embed(torch.tensor(kernel), [new, new]).numpy()
+        ours = resample.resize_patch_embedding(kernel.transpose(2, 3, 1, 0), new)
+        ours = ours.transpose(3, 2, 0, 1)
+        assert np.abs(ours - theirs).max() <= 1e-5 * np.abs(theirs).max(), (old, new)
+
+
+def _timm_arrays(model, heads):
+    """A timm VisionTransformer's weights as the arrays of an original `.npz` (what
+    `checkpoint.load_npz` reads): kernels (in, out), attention (D, heads, D / heads)."""
+    state = {name: value.detach().numpy().astype("float64")
+             for name, value in model.state_dict().items()}
+    arrays = {"embedding/kernel": state["patch_embed.proj.weight"].transpose(2, 3, 1, 0),
+              "embedding/bias": state["patch_embed.proj.bias"],
+              "cls": state["cls_token"],
+              "Transformer/posembed_input/pos_embedding": state["pos_embed"],
+              "Transformer/encoder_norm/scale": state["norm.weight"],
+              "Transformer/encoder_norm/bias": state["norm.bias"],
+              "head/kernel": state["head.weight"].T, "head/bias": state["head.bias"]}
+    for index in range(len(model.blocks)):
+        timm_block, ours = f"blocks.{index}.", f"Transformer/encoderblock_{index}/"
+        hidden = state[timm_block + "norm1.weight"].shape[0]
+        qkv_kernel = state[timm_block + "attn.qkv.weight"].reshape(3, hidden, hidden)
+        qkv_bias = state[timm_block + "attn.qkv.bias"].reshape(3, hidden)
+        for part, name in enumerate(("query", "key", "value")):
+            where = ours + f"MultiHeadDotProductAttention_1/{name}/"
+            arrays[where + "kernel"] = qkv_kernel[part].T.reshape(hidden, heads, -1)
+            arrays[where + "bias"] = qkv_bias[part].reshape(heads, -1)
+        out = ours + "MultiHeadDotProductAttention_1/out/"
+        arrays[out + "kernel"] = state[timm_block + "attn.proj.weight"].T.reshape(heads, -1,
+                                                                                  hidden)
+        arrays[out + "bias"] = state[timm_block + "attn.proj.bias"]
+        for timm_name, our_name in (("norm1", "LayerNorm_0"), ("norm2", "LayerNorm_2")):
+            arrays[ours + f"{our_name}/scale"] = state[timm_block + f"{timm_name}.weight"]
+            arrays[ours + f"{our_name}/bias"] = state[timm_block + f"{timm_name}.bias"]
+        for timm_name, our_name in (("fc1", "Dense_0"), ("fc2", "Dense_1")):
+            arrays[ours + f"MlpBlock_3/{our_name}/kernel"] = (
+                state[timm_block + f"mlp.{timm_name}.weight"].T)
+            arrays[ours + f"MlpBlock_3/{our_name}/bias"] = (
+                state[timm_block + f"mlp.{timm_name}.bias"])
+    return {key: value.astype("float32") for key, value in arrays.items()}
+
+
+def test_timm_weights_at_another_size_give_timms_outputs():
+    """timm's ViT with dynamic_img_size (exact GELU, LayerNorm eps 1e-6, bicubic resampling)
+    and keras_vit's of any size, with the same random weights of order 1, at the trained size
+    and at sizes that are not square."""
+    torch.manual_seed(0)
+    theirs = timm.models.vision_transformer.VisionTransformer(
+        img_size=64, patch_size=16, embed_dim=24, depth=2, num_heads=3, mlp_ratio=2.0,
+        num_classes=5, dynamic_img_size=True).eval()
+    with torch.no_grad():
+        for name, parameter in theirs.named_parameters():
+            scale = 0.3 if "norm" not in name else 0.1
+            parameter.copy_(torch.randn_like(parameter) * scale + ("norm" in name
+                                                                   and "weight" in name))
+    ours = keras_vit.vit("Ti/16", hidden_size=24, mlp_dim=48, num_heads=3, num_layers=2,
+                         image_size=64, num_classes=5, approximate_gelu=False,
+                         dynamic_image_size=True, position_embedding_interpolation="bicubic")
+    checkpoint.load_npz(ours, _timm_arrays(theirs, heads=3))
+    for size in ((64, 64), (48, 96), (112, 32)):
+        x = np.random.default_rng(2).uniform(-1, 1, (2,) + size + (3,)).astype("float32")
+        with torch.no_grad():
+            expected = theirs(torch.tensor(x.transpose(0, 3, 1, 2))).numpy()
+        actual = keras.ops.convert_to_numpy(ours(x))
+        assert np.abs(expected).max() > 0.5  # activations of order 1: a wrong GELU would show
+        assert np.abs(actual - expected).max() <= 1e-4 * np.abs(expected).max(), size
