@@ -4,6 +4,7 @@ matmul peak.
     python benchmarks/throughput.py --variant=B/16 --batch_size=32 --image_size=224 \
         --dtype=float32 --dtype=mixed_bfloat16
     python benchmarks/throughput.py --variant=B/16 --variant=Axial-B/16   # Axial-ViT vs ViT-B
+    python benchmarks/throughput.py --image_size=384 --any_size_from=224  # resampled per call
 
 Every model of a dtype policy (each `--variant`, and keras-hub's ViTBackbone of the same
 configuration for plain ViT variants) runs in the same process, in interleaved order, each
@@ -11,7 +12,10 @@ compiled once with `tf.function`; the table reports the median of `--repeats` ti
 each model's speed relative to keras_vit's first `--variant`. Achieved FLOP/s uses
 `keras_vit.flops.forward_flops` (2 FLOPs per multiply-add, convolutions, dense layers and
 attention matmuls; the keras-hub model is the same architecture, so the same count) and is
-shown beside the measured peak of a 4096^3 matmul in the policy's compute dtype.
+shown beside the measured peak of a 4096^3 matmul in the policy's compute dtype. With
+`--any_size_from=N`, each keras_vit variant is also timed as a model of any image size
+(`dynamic_image_size=True`) whose position embeddings were trained for N pixels and are
+resampled to `--image_size` on every call.
 Needs `pip install keras-hub` for the peer (skipped with a note if missing).
 """
 
@@ -31,7 +35,7 @@ from keras_vit.flops import forward_flops  # noqa: E402
 from machine import cpu_name, matmul_peak  # noqa: E402
 
 
-def build_models(variants, image_size, policy):
+def build_models(variants, image_size, policy, any_size_from=None):
     """{label: (model, forward FLOPs per image)}, keras_vit's first; keras-hub's ViTBackbone
     beside each plain ViT variant (it has no ResNet hybrid and no Axial-ViT)."""
     try:
@@ -43,6 +47,11 @@ def build_models(variants, image_size, policy):
     for variant in variants:
         model = keras_vit.vit(variant, image_size=image_size, include_top=False, dtype=policy)
         models[f"keras_vit {variant}"] = (model, forward_flops(model))
+        if any_size_from:
+            dynamic = keras_vit.vit(variant, image_size=any_size_from, include_top=False,
+                                    dtype=policy, dynamic_image_size=True)
+            models[f"keras_vit {variant} any size, trained at {any_size_from}"] = (
+                dynamic, forward_flops(model))
         spec = model.spec
         if keras_hub is not None and not (spec.is_hybrid or spec.axial):
             peer = keras_hub.models.ViTBackbone(
@@ -80,12 +89,14 @@ def main():
                         help="Keras dtype policy; repeat for several (default float32)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--jit_compile", action="store_true", help="compile with XLA")
+    parser.add_argument("--any_size_from", type=int,
+                        help="also time each variant of any image size trained at this size")
     args = parser.parse_args()
     variants = list(dict.fromkeys(args.variant or ["B/16"]))  # in order, once each
 
     rows = []
     for policy in args.dtype or ["float32"]:
-        models = build_models(variants, args.image_size, policy)
+        models = build_models(variants, args.image_size, policy, args.any_size_from)
         compute_dtype = keras.dtype_policies.get(policy).compute_dtype
         images = np.random.default_rng(0).uniform(
             -1, 1, (args.batch_size, args.image_size, args.image_size, 3)).astype("float32")

@@ -51,10 +51,9 @@ def token_layout(model, image_size=None):
     spec = getattr(model, "spec", None)
     if spec is not None and spec.dynamic_image_size:
         image_size = tuple(int(side) for side in (image_size or spec.image_size))
-        stride = spec.total_stride
-        grid = tuple(-(-side // stride) for side in image_size)  # padded to whole patches
-        pitch = (float(stride), float(stride))
-        return TokenLayout(grid, position.num_prefix_tokens, image_size, pitch)
+        pitch = (float(spec.total_stride),) * 2
+        return TokenLayout(spec.grid_for(image_size), position.num_prefix_tokens, image_size,
+                           pitch)
     image_size = tuple(model.input_shape[1:3])
     grid = position.grid_size
     pitch = tuple(size / cells for size, cells in zip(image_size, grid))

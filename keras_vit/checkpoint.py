@@ -23,7 +23,8 @@ import numpy as np
 from keras_vit import fileio
 from keras_vit import layers as vit_layers
 from keras_vit import resample
-from keras_vit.resample import resize_position_embeddings  # noqa: F401  (its public home)
+# Also public here, where it lived before keras_vit.resample.
+from keras_vit.resample import resize_position_embeddings  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
@@ -208,8 +209,10 @@ def _resizable(key, value, shape):
     name = key.rsplit("/", 1)[-1]
     if key == "embedding/kernel":
         return value.ndim == 4 and value.shape[2:] == shape[2:]
-    if name == "pos_embedding" or name in _GRID_TABLES + _OFFSET_TABLES:
-        return value.ndim == len(shape) and value.shape[1:] == shape[1:] or name == "pos_embedding"
+    if name == "pos_embedding":  # resize_position_embeddings names what does not fit
+        return True
+    if name in _GRID_TABLES + _OFFSET_TABLES:
+        return value.ndim == len(shape) and value.shape[1:] == shape[1:]
     return False
 
 
@@ -343,6 +346,13 @@ def load_npz(model, path, *, strict=True, new_head=False, allow_nonfinite=False)
                        text)
     for variable, value in assignments:
         variable.assign(value.astype(variable.dtype))
+    if "embedding/kernel" in report["resized"]:
+        # Not an error (it is how a model changes its patch size), but far from free: say so.
+        logger.warning(
+            "Resized the patch embedding from %sx%s-pixel patches (the file's) to %sx%s (the "
+            "model's) with FlexiViT's pseudo-inverse resize: a model trained at one patch size "
+            "loses accuracy at another until it is fine-tuned.",
+            *arrays["embedding/kernel"].shape[:2], *shapes["embedding/kernel"][:2])
     if report["resized"]:
         logger.info("Resampled %s to the model's %s grid.", ", ".join(report["resized"]),
                     position.grid_size)

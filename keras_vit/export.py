@@ -163,23 +163,6 @@ def _checked_images(images):
         return tf.identity(images)
 
 
-def _checked_sides(images, spec):
-    """`images` once a model of any size can cut them into patches: sides that are multiples
-    of a patch (any, with padding); else INVALID_ARGUMENT saying so."""
-    import tensorflow as tf
-
-    stride = spec.total_stride
-    if spec.dynamic_image_pad:  # any size: padded to whole patches
-        return images
-    sides = tf.shape(images)[1:3]
-    check = tf.debugging.Assert(
-        tf.reduce_all(sides % stride == 0),
-        [f"serving_images takes image sides that are multiples of {stride} pixels (the "
-         "model's patches); got height and width", sides], summarize=4, name="check_sides")
-    with tf.control_dependencies([check]):
-        return tf.identity(images)
-
-
 def _checked_bytes(image_bytes):
     import tensorflow as tf
 
@@ -223,9 +206,8 @@ def _serving_functions(model, class_names, top_k):
         return predict(pixels)
 
     def serve_images(images):
-        spec = _dynamic_spec(model)
-        if spec is not None:  # a model of any size runs at the size it is sent
-            return predict(_checked_sides(_checked_images(images), spec))
+        if _dynamic_spec(model) is not None:  # runs at the size it is sent (the model checks it)
+            return predict(_checked_images(images))
         return predict(resize(_checked_images(images), (height, width)))
 
     return serve_bytes, serve_images
@@ -345,6 +327,7 @@ def float32_copy(model):
 
     copy = keras.models.clone_model(model, clone_function=clone)
     copy.set_weights(model.get_weights())
+    copy.spec = getattr(model, "spec", None)  # clone_model builds the class without it
     return copy
 
 

@@ -53,13 +53,13 @@ class PatchMap(keras.layers.Layer):
                 "num_prefix_tokens": self.num_prefix_tokens}
 
 
-def _encoder_layers(model):
+def _encoder_layers(model, caller):
     """The blocks of each encoder layer, in order: one `EncoderBlock`, or Axial-ViT's row and
     column blocks."""
     blocks = [layer for layer in model.layers if isinstance(layer, vit_layers.EncoderBlock)]
     if not blocks:
-        raise ValueError(f"Model {model.name!r} has no EncoderBlock layers; features() takes a "
-                         "model built by keras_vit.vit() or one of its builders.")
+        raise ValueError(f"Model {model.name!r} has no EncoderBlock layers; {caller}() takes "
+                         "a model built by keras_vit.vit() or one of its builders.")
     if any(isinstance(block, vit_layers.AxialEncoderBlock) for block in blocks):
         return [blocks[index:index + 2] for index in range(0, len(blocks), 2)]
     return [[block] for block in blocks]
@@ -109,7 +109,7 @@ def features(model, layers=None, output="tokens", norm=False, attention=False):
     """
     if output not in OUTPUTS:
         raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}.")
-    encoder = _encoder_layers(model)
+    encoder = _encoder_layers(model, "features")
     chosen = _chosen(layers, len(encoder))
     position = next(layer for layer in model.layers
                     if isinstance(layer, vit_layers.AddPositionEmbs))
@@ -141,7 +141,7 @@ def attention_model(model):
     (two per layer for Axial-ViT: rows, then columns, each as the equivalent full matrix).
     The default forward pass of `model` is untouched and computes no extra output.
     """
-    blocks = [block for layer in _encoder_layers(model) for block in layer]
+    blocks = [block for layer in _encoder_layers(model, "attention_model") for block in layer]
     return _WithAttention(model, blocks, keep_outputs=False, name=f"{model.name}_attention")
 
 
@@ -155,8 +155,11 @@ class _WithAttention(keras.Model):
         self.blocks = list(blocks)
         self.keep_outputs = keep_outputs
 
+    def __call__(self, images, *args, **kwargs):
+        _check_images(self.runner, images)  # before Keras would wrap the message
+        return super().__call__(images, *args, **kwargs)
+
     def call(self, images):
-        _check_images(self.runner, images)
         weights = []
         # Each block hands its weights to the recorder while the model runs as built (with
         # any shared or repeated layers), then forgets it.

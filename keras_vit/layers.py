@@ -215,6 +215,9 @@ class AddPositionEmbs(keras.layers.Layer):
 
     def __init__(self, grid_size, num_prefix_tokens=1, kind="learned",
                  interpolation="bilinear", **kwargs):
+        # The embeddings are read in their own (float32) dtype and resampled in it; the sum
+        # with the tokens is in theirs.
+        kwargs.setdefault("autocast", False)
         super().__init__(**kwargs)
         if kind not in POSITION_EMBEDDINGS:
             raise ValueError(
@@ -411,6 +414,7 @@ class RelativePositionBias(keras.layers.Layer):
 
     def __init__(self, grid_size, num_heads, num_prefix_tokens=1, kind="1d",
                  interpolation="bilinear", **kwargs):
+        kwargs.setdefault("autocast", False)  # tables resampled in float32, then cast
         super().__init__(**kwargs)
         if kind not in RELATIVE_POSITIONS:
             raise ValueError(f"Unknown relative position kind {kind!r}; expected one of "
@@ -472,11 +476,12 @@ class RelativePositionBias(keras.layers.Layer):
         # graph only where the grid is known when it runs.
         static = all(isinstance(side, int) for side in sides)
         xp = np if static else ops
-        tables = [ops.cast(table, queries.dtype) for table in self.tables]
+        tables = [ops.convert_to_tensor(table) for table in self.tables]
         if not _is_static(sides, self.grid_size):
             tables = [resample.resize_offset_table(table, positions, self.num_prefix_tokens > 0,
                                                    self.interpolation, xp=ops)
                       for table, (_, positions) in zip(tables, self._axes(sides, xp))]
+        tables = [ops.cast(table, queries.dtype) for table in tables]
         batch = ops.shape(queries)[0]
         tokens = self.num_prefix_tokens + sides[0] * sides[1]
         bias = None

@@ -170,6 +170,10 @@ class MaskedPatchPredictor(keras.Model):
         if len(embeddings) != 1 or norm is None:
             raise ValueError(f"Model {encoder.name!r} is not a keras_vit ViT: build the encoder "
                              "with keras_vit.vit(..., include_top=False).")
+        if None in tuple(encoder.inputs[0].shape[1:3]):
+            raise ValueError(f"Model {encoder.name!r} takes images of any size, but masked "
+                             "patch prediction trains at one (its targets are the patches of "
+                             "that grid): build the encoder with dynamic_image_size=False.")
         self.encoder, self.target = encoder, target
         self.patch_embed = embeddings[0]
         # The encoder's final (normalised) tokens, through the same layers.

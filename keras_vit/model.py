@@ -73,13 +73,26 @@ def _check_images(model, images):
 
 def check_image_size(model, images):
     """Refuses, for a model of any image size without padding, images it cannot cut into
-    patches: a side smaller than one patch, or one the pixels per patch do not divide. Sides
-    known only when a graph runs are not checked here (a SavedModel checks them)."""
+    patches: a side smaller than one patch, or one the pixels per patch do not divide (the
+    convolution would silently drop the rest). Sides known only when a TensorFlow graph runs
+    (a SavedModel, a `tf.function` of unknown height and width) get an assertion in the graph:
+    an INVALID_ARGUMENT error with the same message."""
     spec = getattr(model, "spec", None)
     if (spec is None or not spec.dynamic_image_size or spec.dynamic_image_pad
-            or len(getattr(images, "shape", ())) != 4):
+            or len(getattr(images, "shape", ())) != 4 or keras.backend.is_keras_tensor(images)):
         return
     stride = spec.total_stride
+    if None in tuple(images.shape[1:3]) and keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        sides = tf.shape(images)[1:3]
+        # In a tf.function an assertion runs without a data dependency (automatic control
+        # dependencies); XLA never sees it, as its shapes are static.
+        tf.debugging.Assert(
+            tf.reduce_all(sides % stride == 0),
+            [f"Model {model.name!r} takes image sides that are multiples of {stride} pixels "
+             "(its patches); got height and width", sides], summarize=4, name="check_sides")
+        return
     for side, value in zip(("height", "width"), images.shape[1:3]):
         if not isinstance(value, int):
             continue
@@ -138,17 +151,22 @@ class ViTModel(keras.Model):
         batch = getattr(images, "shape", None)
         if batch is None or len(batch) == 0 or batch[0] != 0:
             return None
-        empty = [ops.zeros((0,) + tuple(0 if side is None else side for side in output.shape[1:]),
-                           dtype=output.dtype) for output in self.outputs]
+        outputs = self.outputs
+        if any(None in tuple(output.shape[1:]) for output in outputs):
+            # A model of any image size: the output shapes of these images' size.
+            outputs = keras.tree.flatten(self.compute_output_spec(
+                keras.KerasTensor((None,) + tuple(batch[1:]), dtype=self.inputs[0].dtype)))
+        empty = [ops.zeros((0,) + tuple(output.shape[1:]), dtype=output.dtype)
+                 for output in outputs]
         return empty[0] if len(empty) == 1 else empty
 
     def __call__(self, inputs, *args, **kwargs):
-        # Before Keras' own __call__, which would wrap the message in a dump of the inputs.
+        # Here, not in call(): Keras' own __call__ would wrap the message in a dump of the
+        # inputs. Keras' fit, evaluate and predict call the model through it too.
         _check_images(self, inputs)
         return super().__call__(inputs, *args, **kwargs)
 
     def call(self, inputs, training=None, mask=None, **kwargs):
-        _check_images(self, inputs)
         flat = keras.tree.flatten(inputs)
         empty = self._empty_output(flat[0]) if len(flat) == 1 else None
         if empty is not None:

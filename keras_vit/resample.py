@@ -22,6 +22,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit.spec import INTERPOLATIONS
+
 _CUBIC_A = -0.5  # PIL's and PyTorch's antialiased bicubic (not the -0.75 of plain bicubic)
 
 

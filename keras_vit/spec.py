@@ -194,6 +194,14 @@ class ViTConfig:
         """Patches along (height, width)."""
         return tuple(side // self.total_stride for side in self.image_size)
 
+    def grid_for(self, image_size):
+        """Patches along (height, width) of images of `image_size` (height, width): whole
+        patches, and with `dynamic_image_pad` the padded ones too."""
+        stride = self.total_stride
+        if self.dynamic_image_pad:
+            return tuple(-(-int(side) // stride) for side in image_size)
+        return tuple(int(side) // stride for side in image_size)
+
     @property
     def num_prefix_tokens(self):
         """Tokens before the patches: 1 for the class token, else 0."""

@@ -181,11 +181,13 @@ def test_the_pseudo_inverse_resize_keeps_the_tokens_of_resized_patches():
         assert not np.allclose(np.einsum("hwc,hwcd->d", bigger, naive), tokens, rtol=0.1)
 
 
-def test_a_patch_size_other_than_the_checkpoints_is_resized_on_load(tmp_path):
+def test_a_patch_size_other_than_the_checkpoints_is_resized_on_load(tmp_path, caplog):
     source = tiny(patch_size=16)
     randomise(source)
     checkpoint.save_npz(source, tmp_path / "p16.npz")
-    model = tiny(patch_size=8, weights=str(tmp_path / "p16.npz"))
+    with caplog.at_level("WARNING", logger="keras_vit.checkpoint"):
+        model = tiny(patch_size=8, weights=str(tmp_path / "p16.npz"))
+    assert "from 16x16-pixel patches (the file's) to 8x8" in caplog.text
     kernel = to_np(model.get_layer("embedding").kernel)
     expected = resample.resize_patch_embedding(to_np(source.get_layer("embedding").kernel), 8)
     np.testing.assert_allclose(kernel, expected, rtol=1e-6, atol=1e-7)
@@ -245,35 +247,109 @@ def test_attention_rollout_at_any_size():
     np.testing.assert_allclose(rollout.sum(axis=(1, 2)), 1.0, atol=1e-6)
 
 
+def test_resampling_stays_in_float32_under_mixed_precision():
+    """The embeddings are float32 variables: resampled in float32, rounded once when added."""
+    model = tiny(dynamic_image_size=True, dtype="mixed_bfloat16",
+                 position_embedding_interpolation="bicubic")
+    randomise(model)
+    layer = model.get_layer("posembed_input")
+    resampled = layer.embeddings((3, 5))
+    assert keras.backend.standardize_dtype(resampled.dtype) == "float32"
+    expected = resample.resize_position_embeddings(to_np(layer.pos_embedding), (3, 5),
+                                                   interpolation="bicubic")
+    np.testing.assert_allclose(to_np(resampled), expected, rtol=1e-5, atol=1e-6)
+    built = tiny(dtype="mixed_bfloat16", image_size=(48, 80),
+                 position_embedding_interpolation="bicubic")
+    checkpoint.load_npz(built, checkpoint.model_arrays(model))
+    x = pixels(48, 80)
+    assert relative_error(model(x), to_np(built(x))) < 2e-2  # bfloat16's rounding
+
+
+def test_an_empty_batch_gives_the_outputs_of_its_size():
+    model = tiny(dynamic_image_size=True)
+    maps = keras_vit.features(model, layers=(1, 2), output="maps")
+    shapes = [tuple(to_np(m).shape) for m in maps(np.zeros((0, 32, 80, 3), "float32"))]
+    assert shapes == [(0, 2, 5, 24)] * 2
+    assert to_np(model(np.zeros((0, 32, 80, 3), "float32"))).shape == (0, 5)
+
+
+def test_masked_patch_prediction_refuses_a_model_of_any_size():
+    encoder = tiny(dynamic_image_size=True, include_top=False)
+    with pytest.raises(ValueError, match="trains at one .*dynamic_image_size=False"):
+        keras_vit.MaskedPatchPredictor(encoder)
+
+
+def test_attention_distance_at_any_size():
+    analysis = pytest.importorskip("keras_vit.analysis")
+    model = tiny(dynamic_image_size=True)
+    randomise(model, scale=0.1)
+    wide = analysis.mean_attention_distance(model, pixels(32, 96))
+    assert wide.shape == (2, 3) and np.all(wide > 0)
+    # Patches 16 pixels apart: no distance exceeds the image's diagonal.
+    assert np.all(wide <= np.hypot(16, 80))
+
+
 # --- SavedModel -----------------------------------------------------------------------------------
 
-@pytest.fixture
-def served(tmp_path):
+@pytest.fixture(params=["relative_2d", "hybrid_padded_bicubic"])
+def served(request, tmp_path):
     if keras.backend.backend() != "tensorflow":
         pytest.skip("the SavedModel export runs on Keras' TensorFlow backend")
-    from keras_vit import export
-    model = tiny(dynamic_image_size=True, position_embedding="relative_2d")
-    randomise(model, scale=0.2)
     import tensorflow as tf
+
+    from keras_vit import export
+    fields = {"relative_2d": dict(position_embedding="relative_2d"),
+              "hybrid_padded_bicubic": dict(variant="R+Ti/16", patch_size=2,
+                                            dynamic_image_pad=True,
+                                            position_embedding_interpolation="bicubic")}
+    model = tiny(dynamic_image_size=True, **fields[request.param])
+    randomise(model, scale=0.2)
     path = export.export_saved_model(model, tmp_path / "served")
     with open(f"{path}/{export.SPEC_ASSET}") as handle:
         assert json.load(handle)["dynamic_image_size"] is True
-    return model, tf.saved_model.load(path).signatures["serving_images"]
+    return model, tf.saved_model.load(path).signatures
 
 
 def test_the_savedmodel_serves_any_size(served):
     from keras_vit.preprocessing import scale_pixels
-    model, serve = served
-    for size in ((64, 64), (32, 112)):
+    model, signatures = served
+    for size in ((64, 64), (32, 112), (50, 37)):
+        if size == (50, 37) and not model.spec.dynamic_image_pad:
+            continue
         pixels_255 = np.random.default_rng(4).uniform(0, 255, (2,) + size + (3,))
         pixels_255 = pixels_255.astype("float32")
-        logits = serve(images=pixels_255)["logits"].numpy()
+        logits = signatures["serving_images"](images=pixels_255)["logits"].numpy()
         expected = to_np(model(to_np(scale_pixels(pixels_255))))
         np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-5)
-
-
-def test_the_savedmodel_refuses_sides_that_are_not_patch_multiples(served):
+    # Encoded images are resized to the size of the embeddings' grid, as for any model.
     import tensorflow as tf
-    _, serve = served
+    png = tf.io.encode_png(np.full((20, 30, 3), 200, np.uint8))
+    assert signatures["serving_default"](image_bytes=tf.stack([png]))["logits"].shape == (1, 5)
+
+
+def test_unknown_sides_that_are_not_patch_multiples_are_an_error_in_the_graph(served):
+    """In a SavedModel, and in any tf.function of unknown height and width, the convolution
+    would silently drop the pixels past the last whole patch."""
+    import tensorflow as tf
+    model, signatures = served
+    if model.spec.dynamic_image_pad:
+        pytest.skip("a padded model takes any size")
     with pytest.raises(tf.errors.InvalidArgumentError, match="multiples of 16 pixels"):
-        serve(images=np.zeros((1, 64, 40, 3), "float32"))
+        signatures["serving_images"](images=np.zeros((1, 64, 40, 3), "float32"))
+    graph = tf.function(model, input_signature=[tf.TensorSpec([None, None, None, 3])])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="multiples of 16 pixels"):
+        graph(pixels(64, 40))
+    np.testing.assert_allclose(graph(pixels(64, 48)).numpy(), to_np(model(pixels(64, 48))),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_the_tflite_copy_keeps_the_spec_of_a_model_of_any_size():
+    """TFLite needs float32 layers: the copy of a mixed-precision model is a model of any size
+    too, with its checks."""
+    pytest.importorskip("tensorflow")
+    from keras_vit import export
+    model = tiny(dynamic_image_size=True, dtype="mixed_bfloat16")
+    copy = export.float32_copy(model)
+    assert copy is not model and copy.spec == model.spec
+    with pytest.raises(ValueError, match="multiples of 16 pixels"):
+        copy(pixels(64, 40))

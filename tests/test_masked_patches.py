@@ -300,6 +300,10 @@ def test_config_checks_for_masked_patch_prediction():
         config_checks.check(config)
     config.mpp_random_rate = 0.0
     config_checks.check(config)
+    config = mpp.get_config()
+    config.model.dynamic_image_size = True
+    with pytest.raises(ValueError, match="trains at one image size"):
+        config_checks.check(config)
 
 
 def test_the_paper_recipe_config():

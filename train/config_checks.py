@@ -276,6 +276,10 @@ def _check_masked_patch_prediction(config, patch_pixels, ok, add):
     """What keras_vit.MaskedPatchPredictor and the corruption draw need of the patches."""
     if not ok("objective") or config.objective != "masked_patch_prediction":
         return
+    if config.model.get("dynamic_image_size"):
+        add("model.dynamic_image_size", "config.model.dynamic_image_size=True",
+            "masked patch prediction trains at one image size (its targets are the patches of "
+            "that grid): set it to False, and build a model of any size to fine-tune")
     if (ok("mpp_target") and config.mpp_target == "downscaled_color"
             and patch_pixels % MPP_DOWNSCALED_CELLS):
         add("mpp_target", f"config.mpp_target={config.mpp_target!r}",
