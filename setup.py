@@ -10,6 +10,7 @@ version = re.search(r'__version__ = "([^"]+)"', (here / "keras_vit" / "__init__.
 
 TENSORFLOW = "tensorflow>=2.19,<2.22"
 # The training driver's tools, whichever engine: flags, configs, datasets, logs.
+HUB = ["safetensors", "huggingface_hub"]
 TRAIN_TOOLS = ["absl-py", "ml-collections", "tensorflow-datasets", "importlib_resources",
                "tensorboard"]
 
@@ -50,7 +51,9 @@ setup(
         # "jax[tpu]"; with ".[train]" too it also reads TFRecord datasets and image folders.
         "jax": ["jax", "orbax-checkpoint", "grain", "array_record", "pillow", "threadpoolctl",
                 *TRAIN_TOOLS],
-        "test": ["pytest", "matplotlib", *TRAIN_TOOLS],
+        # from_pretrained / save_pretrained: transformers' and timm's files, hub names.
+        "hub": HUB,
+        "test": ["pytest", "matplotlib", *HUB, *TRAIN_TOOLS],
         "benchmark": ["keras-hub"],
     },
     license="Apache-2.0",

@@ -16,6 +16,7 @@ import importlib
 from keras_vit import layers, masked_patches, resnet  # noqa: F401  (registered for loading)
 from keras_vit.builders import *  # noqa: F401,F403  (ViT_B16, ...: one per VARIANT_NAMES)
 from keras_vit.masked_patches import MaskedPatchPredictor
+from keras_vit.hub import from_pretrained, save_pretrained
 from keras_vit.intermediates import attention_model, features
 from keras_vit.model import vit
 from keras_vit.preprocessing import preprocess_inputs

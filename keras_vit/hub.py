@@ -1,0 +1,202 @@
+"""ViT weights where users keep them: `from_pretrained` reads a directory of Hugging Face
+transformers' or timm's files (`config.json` + `model.safetensors`), a name on the Hugging Face
+hub, or an original `.npz`; `save_pretrained` writes a model for either library.
+
+    model = keras_vit.from_pretrained("hf:google/vit-base-patch16-224")
+    model = keras_vit.from_pretrained("timm:vit_base_patch16_224.augreg2_in21k_ft_in1k",
+                                      num_classes=10, image_size=384)
+    keras_vit.save_pretrained(model, "out/", format="transformers")   # or format="timm"
+
+Weights are read as safetensors (never a pickled `pytorch_model.bin`) with the `safetensors`
+package's NumPy API, and names on the hub download through `huggingface_hub` (cached; offline,
+the cached copy): both come with `pip install "keras_vit[hub]"` and load only when used.
+"""
+
+import json
+import os
+
+import numpy as np
+
+from keras_vit import checkpoint, fileio, torch_layouts
+from keras_vit.model import vit
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+PREPROCESSOR_FILE = "preprocessor_config.json"  # transformers' image mean and std
+PREFIXES = {"hf:": "", "timm:": "timm/"}  # a hub name's prefix -> its repository's owner part
+
+
+def _import(module):
+    try:
+        return __import__(module, fromlist=["_"])
+    except ImportError as error:
+        raise ImportError(f"Reading and writing transformers' and timm's files needs "
+                          f"{module.split('.')[0]}: pip install \"keras_vit[hub]\".") from error
+
+
+def local_directory(source, cache_dir=None):
+    """The local directory of `source`: a directory, or "hf:<owner>/<name>" and
+    "timm:<architecture>.<tag>" downloaded from the Hugging Face hub (config.json and
+    model.safetensors only) into its cache, or found there when offline."""
+    for prefix, owner in PREFIXES.items():
+        if source.startswith(prefix):
+            repo_id = owner + source[len(prefix):]
+            hub = _import("huggingface_hub")
+            try:  # the hub's own progress bars and cache; HF_HUB_OFFLINE=1 reads the cache only
+                return hub.snapshot_download(
+                    repo_id, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE, PREPROCESSOR_FILE],
+                    cache_dir=cache_dir)
+            except Exception as error:  # the hub raises many types for a name it cannot get
+                raise checkpoint.CheckpointError(
+                    f"{source!r} could not be downloaded or found in the Hugging Face cache "
+                    f"({type(error).__name__}: {str(error).splitlines()[0][:200]}). Check the "
+                    "name and the network (or HF_HUB_OFFLINE and the cache), or pass a local "
+                    "directory.") from error
+    if not os.path.isdir(source):
+        raise FileNotFoundError(
+            f"{source!r} is not a directory, an .npz file, or a hub name (hf:<owner>/<name>, "
+            "timm:<architecture>.<tag>).")
+    return source
+
+
+def read_directory(directory):
+    """`(config, state)`: a directory's `config.json` and its safetensors weights, by name."""
+    config_path = os.path.join(directory, CONFIG_FILE)
+    weights_path = os.path.join(directory, WEIGHTS_FILE)
+    if not os.path.exists(config_path):
+        raise FileNotFoundError(f"No {CONFIG_FILE} in {directory!r}: a transformers or timm "
+                                "model directory holds config.json and model.safetensors.")
+    if not os.path.exists(weights_path):
+        pickled = [name for name in ("pytorch_model.bin", "pytorch_model.bin.index.json")
+                   if os.path.exists(os.path.join(directory, name))]
+        raise FileNotFoundError(
+            f"No {WEIGHTS_FILE} in {directory!r}" + (
+                f" (only {pickled[0]}: pickled weights, which keras_vit never loads; convert "
+                "them with the library that wrote them, e.g. save_pretrained(..., "
+                "safe_serialization=True))" if pickled else "") + ".")
+    try:
+        with open(config_path) as handle:
+            config = json.load(handle)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise checkpoint.CheckpointError(f"{config_path} is not JSON: {error}") from error
+    safetensors = _import("safetensors.numpy")
+    try:
+        state = safetensors.load_file(weights_path)
+    except Exception as error:  # the reader raises its own types for a damaged file
+        raise checkpoint.CheckpointError(
+            f"{weights_path} is not a readable safetensors file: {error}") from error
+    return config, state
+
+
+def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, **fields):
+    """A keras_vit model with the weights of `source`.
+
+    Args:
+        source: a directory holding transformers' or timm's `config.json` and
+            `model.safetensors`, a hub name ("hf:google/vit-base-patch16-224",
+            "timm:vit_base_patch16_224.augreg2_in21k_ft_in1k"), or an original `.npz` file
+            written by `checkpoint.save_npz` (its spec sidecar says the architecture).
+        dtype, name: as `keras_vit.vit`.
+        cache_dir: the Hugging Face cache (default: huggingface_hub's).
+        **fields: `ViTConfig` fields to change: `num_classes` (a new zero-initialised head
+            where it differs), `image_size` (position embeddings resampled, bicubic for timm's
+            weights as timm does it), `dynamic_image_size`, dropout rates...
+
+    Every tensor is loaded strictly: a missing, extra or mis-shaped one is an error that
+    names it, and nothing is loaded. The config says which GELU and which LayerNorm epsilon
+    (transformers' default is 1e-12, timm's 1e-6). transformers' `ViTForImageClassification`
+    gives its logits, its `ViTModel` the pooler's output.
+    """
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(f"source must be a directory, a hub name or an .npz path, got "
+                        f"{type(source).__name__}.")
+    source = os.fspath(source)
+    if source.endswith(".npz"):
+        spec = checkpoint.read_spec(source)
+        if spec is None:
+            raise checkpoint.CheckpointError(
+                f"{source!r} has no spec beside it ({checkpoint.spec_file(source)}), so its "
+                "architecture is unknown: load it with keras_vit.vit(variant, weights=path).")
+        return vit(spec.replace(**fields), weights=source, dtype=dtype, name=name)
+    source_directory = local_directory(source, cache_dir)
+    config, state = read_directory(source_directory)
+    layout = torch_layouts.detect(config)
+    if layout == "transformers":
+        spec = torch_layouts.spec_from_transformers(config)
+    else:
+        spec = torch_layouts.spec_from_timm(config, state)
+    arrays = torch_layouts.to_npz_arrays(state, spec, layout)
+    mean, std = _normalization(config, directory=source_directory)
+    _fold_normalization(arrays, mean, std)
+    model = vit(spec.replace(**fields), dtype=dtype, name=name)
+    checkpoint.load_npz(model, arrays)
+    return model
+
+
+def _normalization(config, directory):
+    """The per-channel (mean, std) the weights were trained with, on pixels in [0, 1]: timm's
+    `pretrained_cfg`, transformers' `preprocessor_config.json`; (0.5, 0.5) where neither says
+    (the original's [-1, 1], which is also what both libraries' ViT configs default to)."""
+    cfg = config.get("pretrained_cfg") or {}
+    mean, std = cfg.get("mean"), cfg.get("std")
+    preprocessor = os.path.join(directory, PREPROCESSOR_FILE)
+    if mean is None and os.path.exists(preprocessor):
+        with open(preprocessor) as handle:
+            processor = json.load(handle)
+        if processor.get("do_normalize", True):
+            mean, std = processor.get("image_mean"), processor.get("image_std")
+    mean = np.broadcast_to(np.asarray(mean if mean is not None else 0.5, np.float64), (3,))
+    std = np.broadcast_to(np.asarray(std if std is not None else 0.5, np.float64), (3,))
+    return mean, std
+
+
+def _fold_normalization(arrays, mean, std):
+    """Makes weights trained on `(pixels / 255 - mean) / std` take keras_vit's inputs,
+    `pixels / 127.5 - 1` (one preprocessing for every checkpoint): the patch embedding is
+    linear, so the normalisation folds into its kernel and bias exactly."""
+    if np.allclose(mean, 0.5) and np.allclose(std, 0.5):
+        return
+    kernel = arrays["embedding/kernel"].astype(np.float64)  # [p, p, 3, D]
+    # x = pixels / 127.5 - 1 gives pixels / 255 = (x + 1) / 2, so their input is
+    # x / (2 std) + (0.5 - mean) / std.
+    arrays["embedding/bias"] = (arrays["embedding/bias"] + np.einsum(
+        "hwcd,c->d", kernel, (0.5 - mean) / std)).astype(arrays["embedding/bias"].dtype)
+    arrays["embedding/kernel"] = (kernel / (2.0 * std)[:, None]).astype(
+        arrays["embedding/kernel"].dtype)
+
+
+def _preprocessor_config(spec):
+    height, width = spec.image_size
+    return {"image_processor_type": "ViTImageProcessor", "do_resize": True,
+            "size": {"height": height, "width": width}, "resample": 2,  # bilinear
+            "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+            "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+
+
+def save_pretrained(model, directory, format="transformers"):
+    """Writes `model` (built by keras_vit) as `format`'s `config.json` + `model.safetensors` in
+    a new `directory`, which `transformers.AutoModel...from_pretrained(directory)` or
+    `timm.create_model("local-dir:" + directory, pretrained=True)` loads with equal outputs.
+    The directory appears complete or not at all. What the library cannot express (a hybrid,
+    relative or 2-D position embeddings, GAP for transformers, pre_logits for timm) is a
+    `LayoutError` naming it, before anything is written."""
+    if format not in torch_layouts.FORMATS:
+        raise ValueError(f"format must be one of {torch_layouts.FORMATS}, got {format!r}.")
+    spec = getattr(model, "spec", None)
+    if spec is None:
+        raise ValueError(f"Model {getattr(model, 'name', model)!r} has no keras_vit spec; "
+                         "save_pretrained takes a model built by keras_vit.vit().")
+    config = (torch_layouts.transformers_config(spec) if format == "transformers"
+              else torch_layouts.timm_config(spec))
+    state = torch_layouts.from_npz_arrays(checkpoint.model_arrays(model), spec, format)
+    safetensors = _import("safetensors.numpy")
+    directory = os.fspath(directory)
+    with fileio.atomic_directory(directory) as temporary:
+        with open(os.path.join(temporary, CONFIG_FILE), "w") as handle:
+            json.dump(config, handle, indent=2)
+        if format == "transformers":  # for its image pipelines: keras_vit's [-1, 1] inputs
+            with open(os.path.join(temporary, PREPROCESSOR_FILE), "w") as handle:
+                json.dump(_preprocessor_config(spec), handle, indent=2)
+        safetensors.save_file(state, os.path.join(temporary, WEIGHTS_FILE),
+                              metadata={"format": "pt"})
+    return directory

@@ -1,0 +1,150 @@
+"""`from_pretrained` and `save_pretrained` on directories the tests write: round trips through
+transformers' and timm's layouts, hub names read from a Hugging Face cache offline, and the
+errors. Against the libraries themselves: tests/test_timm_parity.py (its own CI leg)."""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+
+pytest.importorskip("safetensors")
+import keras_vit  # noqa: E402
+from keras_vit import checkpoint, torch_layouts  # noqa: E402
+from keras_vit.hub import from_pretrained, save_pretrained  # noqa: E402
+from model_fixtures import TINY_VIT, randomise  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("fresh_session")
+
+
+def to_np(x):
+    return np.asarray(keras.ops.convert_to_numpy(x))
+
+
+def tiny(**fields):
+    model = keras_vit.vit("Ti/16", **{**TINY_VIT, "image_size": 32, "patch_size": 8,
+                                      "num_classes": 5, **fields})
+    randomise(model)
+    return model
+
+
+def pixels(size=32):
+    return np.random.default_rng(0).uniform(-1, 1, (2, size, size, 3)).astype("float32")
+
+
+@pytest.mark.parametrize("layout", torch_layouts.FORMATS)
+@pytest.mark.parametrize("fields", [{}, {"approximate_gelu": False}, {"include_top": False},
+                                    {"classifier": "gap"}],
+                         ids=["token", "exact_gelu", "no_head", "gap"])
+def test_a_model_saved_for_a_library_loads_back_equal(tmp_path, layout, fields):
+    if layout == "transformers" and fields.get("classifier") == "gap":
+        pytest.skip("transformers' ViT has no GAP (tested as an error below)")
+    if layout == "transformers" and fields.get("include_top") is False:
+        fields = {**fields, "representation_size": 24}  # ViTModel's pooler
+    model = tiny(**fields)
+    save_pretrained(model, tmp_path / "saved", format=layout)
+    assert sorted(os.listdir(tmp_path / "saved")) == sorted(
+        ["config.json", "model.safetensors"]
+        + (["preprocessor_config.json"] if layout == "transformers" else []))
+    loaded = from_pretrained(str(tmp_path / "saved"))
+    np.testing.assert_allclose(to_np(loaded(pixels())), to_np(model(pixels())), rtol=1e-5,
+                               atol=1e-6)
+    assert loaded.spec.approximate_gelu == model.spec.approximate_gelu
+
+
+def test_a_new_head_and_another_size_on_load(tmp_path):
+    save_pretrained(tiny(), tmp_path / "saved", format="timm")
+    model = from_pretrained(str(tmp_path / "saved"), num_classes=3, image_size=48)
+    assert model.spec.num_classes == 3 and model.spec.image_size == (48, 48)
+    assert not np.any(to_np(model.get_layer("head").kernel))  # zero-initialised
+    assert model.spec.position_embedding_interpolation == "bicubic"  # timm's resampling
+    assert model.get_layer("posembed_input").pos_embedding.shape == (1, 37, 24)
+
+
+def test_hub_names_read_the_hugging_face_cache_offline(tmp_path, monkeypatch):
+    constants = pytest.importorskip("huggingface_hub.constants")
+    snapshot = tmp_path / "cache" / "models--timm--vit_tiny_patch8_32.test" / "snapshots" / "c0"
+    save_pretrained(tiny(), snapshot, format="timm")
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("c0")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # what HF_HUB_OFFLINE=1 sets
+    model = from_pretrained("timm:vit_tiny_patch8_32.test", cache_dir=str(tmp_path / "cache"))
+    assert model.spec.num_classes == 5
+    with pytest.raises(checkpoint.CheckpointError, match="could not be downloaded or found"):
+        from_pretrained("hf:google/not-cached", cache_dir=str(tmp_path / "cache"))
+
+
+def test_an_npz_with_its_spec_loads_by_path(tmp_path):
+    model = tiny()
+    checkpoint.save_npz(model, tmp_path / "model.npz")
+    loaded = from_pretrained(str(tmp_path / "model.npz"))
+    np.testing.assert_array_equal(to_np(loaded(pixels())), to_np(model(pixels())))
+    os.remove(checkpoint.spec_file(tmp_path / "model.npz"))
+    with pytest.raises(checkpoint.CheckpointError, match="weights=path"):
+        from_pretrained(str(tmp_path / "model.npz"))
+
+
+def test_what_a_library_cannot_express_is_refused_before_writing(tmp_path):
+    for fields, layout, message in (
+            ({"classifier": "gap"}, "transformers", "GAP model"),
+            ({"position_embedding": "relative"}, "timm", "no equivalent there"),
+            ({"representation_size": 16}, "timm", "pre_logits"),
+            ({"layer_norm_epsilon": 1e-5}, "timm", "epsilon")):
+        with pytest.raises(torch_layouts.LayoutError, match=message):
+            save_pretrained(tiny(**fields), tmp_path / "never", format=layout)
+    assert not os.path.exists(tmp_path / "never")
+    with pytest.raises(ValueError, match="format must be one of"):
+        save_pretrained(tiny(), tmp_path / "never", format="onnx")
+
+
+def test_weights_that_do_not_fit_are_named_and_nothing_loads(tmp_path):
+    from safetensors.numpy import load_file, save_file
+    save_pretrained(tiny(), tmp_path / "saved", format="transformers")
+    weights = tmp_path / "saved" / "model.safetensors"
+    state = load_file(weights)
+    state.pop("vit.encoder.layer.1.output.dense.bias")
+    state["vit.encoder.layer.1.extra"] = np.zeros(3, "float32")
+    save_file(state, weights)
+    with pytest.raises(torch_layouts.LayoutError,
+                       match=r"missing \(1\): vit.encoder.layer.1.output.dense.bias; "
+                             r"unexpected \(1\): vit.encoder.layer.1.extra"):
+        from_pretrained(str(tmp_path / "saved"))
+
+
+def test_directories_that_are_not_models_are_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a directory, an .npz file, or a hub name"):
+        from_pretrained(str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="No config.json"):
+        from_pretrained(str(tmp_path / "empty"))
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "config.json").write_text(json.dumps({"model_type": "vit"}))
+    (pickled / "pytorch_model.bin").write_bytes(b"not read")
+    with pytest.raises(FileNotFoundError, match="pickled weights, which keras_vit never loads"):
+        from_pretrained(str(pickled))
+    other = tmp_path / "other"
+    save_pretrained(tiny(), other, format="timm")
+    (other / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(torch_layouts.LayoutError, match="neither transformers' ViT"):
+        from_pretrained(str(other))
+    (other / "config.json").write_text(json.dumps({"architecture": "vit_base_patch16_clip_224"}))
+    with pytest.raises(torch_layouts.LayoutError, match="not supported yet"):
+        from_pretrained(str(other))
+
+
+def test_a_checkpoints_normalisation_folds_into_the_patch_embedding(tmp_path):
+    """Weights trained on ImageNet's mean and std take keras_vit's [-1, 1] inputs: the same
+    tokens as the original kernel on the normalised pixels."""
+    model = tiny()
+    save_pretrained(model, tmp_path / "saved", format="timm")
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    config["pretrained_cfg"].update(mean=mean.tolist(), std=std.tolist())
+    (tmp_path / "saved" / "config.json").write_text(json.dumps(config))
+    folded = from_pretrained(str(tmp_path / "saved"))
+    pixels_255 = np.random.default_rng(1).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
+    ours = folded.get_layer("embedding")(keras_vit.preprocess_inputs(pixels_255))
+    theirs = model.get_layer("embedding")(((pixels_255 / 255 - mean) / std).astype("float32"))
+    np.testing.assert_allclose(to_np(ours), to_np(theirs), rtol=1e-5, atol=1e-4)

@@ -1,0 +1,114 @@
+"""`from_pretrained` and `save_pretrained` against the libraries themselves (transformers 5 and
+timm 1.0.31 on PyTorch's CPU): their models with random weights of order 1 (so that a wrong
+GELU or LayerNorm epsilon shows), saved by them and loaded here, and ours saved here and loaded
+by them, give the same outputs. Skipped where they are not installed; CI runs it in its own
+environment (see .ci/run)."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+timm = pytest.importorskip("timm")
+
+import keras_vit  # noqa: E402
+
+IMAGES = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+
+
+def order_one(model):
+    """Weights N(0, 0.3), LayerNorm scales 1 + N(0, 0.1): activations of order 1."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            norm = "norm" in name
+            parameter.copy_(torch.randn_like(parameter) * (0.1 if norm else 0.3)
+                            + float(norm and name.endswith("weight")))
+    return model.eval()
+
+
+def their_outputs(model, head):
+    with torch.no_grad():
+        outputs = model(pixel_values=torch.tensor(IMAGES.transpose(0, 3, 1, 2)))
+    return (outputs.logits if head else outputs.pooler_output).numpy()
+
+
+def assert_close(actual, expected):
+    actual = np.asarray(keras.ops.convert_to_numpy(actual))
+    assert np.abs(expected).max() > 0.5
+    assert np.abs(actual - expected).max() <= 1e-4 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_pytorch_tanh"])
+@pytest.mark.parametrize("head", [True, False], ids=["classifier", "vitmodel"])
+def test_transformers_both_ways(tmp_path, act, head):
+    config = transformers.ViTConfig(
+        hidden_size=24, num_hidden_layers=2, num_attention_heads=3, intermediate_size=48,
+        image_size=32, patch_size=8, num_labels=5, hidden_act=act)  # layer_norm_eps 1e-12
+    cls = transformers.ViTForImageClassification if head else transformers.ViTModel
+    theirs = order_one(cls(config))
+    theirs.save_pretrained(tmp_path / "theirs")
+    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    # Carried over from the config, not assumed (an epsilon of 1e-12 against 1e-6 moves
+    # order-1 outputs by less than the tolerance below).
+    assert ours.spec.layer_norm_epsilon == 1e-12
+    assert ours.spec.approximate_gelu == (act == "gelu_pytorch_tanh")
+    expected = their_outputs(theirs, head)
+    assert_close(ours(IMAGES), expected)
+    keras_vit.save_pretrained(ours, tmp_path / "ours", format="transformers")
+    assert_close(their_outputs(cls.from_pretrained(tmp_path / "ours").eval(), head), expected)
+
+
+def test_a_native_model_loads_in_transformers(tmp_path):
+    """keras_vit's own models use the original's tanh GELU and epsilon 1e-6: the written config
+    says so."""
+    ours = keras_vit.vit("Ti/16", hidden_size=24, mlp_dim=48, num_heads=3, num_layers=2,
+                         image_size=32, patch_size=8, num_classes=5)
+    for variable in ours.weights:
+        variable.assign(np.random.default_rng(1).normal(0, 0.3, variable.shape))
+    keras_vit.save_pretrained(ours, tmp_path / "ours", format="transformers")
+    theirs = transformers.ViTForImageClassification.from_pretrained(tmp_path / "ours").eval()
+    assert (theirs.config.hidden_act, theirs.config.layer_norm_eps) == ("gelu_pytorch_tanh",
+                                                                        1e-6)
+    assert_close(ours(IMAGES), their_outputs(theirs, True))
+
+
+@pytest.mark.parametrize("gap", [False, True], ids=["token", "gap"])
+def test_timm_both_ways(tmp_path, gap):
+    from timm.models import _hub
+    pool = dict(global_pool="avg", class_token=False, fc_norm=False) if gap else {}
+    theirs = order_one(timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=24,
+        depth=2, num_heads=3, mlp_ratio=2.0, num_classes=5, **pool))
+    _hub.save_for_hf(theirs, str(tmp_path / "theirs"), safe_serialization=True)
+    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    assert ours.spec.classifier == ("gap" if gap else "token")
+    images = torch.tensor(IMAGES.transpose(0, 3, 1, 2))
+    with torch.no_grad():
+        expected = theirs(images).numpy()
+    assert_close(ours(IMAGES), expected)
+    keras_vit.save_pretrained(ours, tmp_path / "ours", format="timm")
+    back = timm.create_model("local-dir:" + os.fspath(tmp_path / "ours"), pretrained=True)
+    with torch.no_grad():
+        assert_close(expected, back.eval()(images).numpy())
+
+
+def test_a_timm_checkpoint_of_imagenet_normalisation_takes_keras_vit_inputs(tmp_path):
+    """timm's DeiT-style weights expect (pixels / 255 - mean) / std with ImageNet's statistics;
+    loaded here they take `keras_vit.preprocess_inputs(pixels)` and give timm's logits."""
+    from timm.models import _hub
+    theirs = order_one(timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=24,
+        depth=2, num_heads=3, mlp_ratio=2.0, num_classes=5))
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    theirs.pretrained_cfg = {**theirs.pretrained_cfg, "mean": tuple(mean), "std": tuple(std)}
+    _hub.save_for_hf(theirs, str(tmp_path / "theirs"), safe_serialization=True)
+    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    pixels = np.random.default_rng(3).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
+    normalised = ((pixels / 255 - mean) / std).astype("float32").transpose(0, 3, 1, 2)
+    with torch.no_grad():
+        expected = theirs(torch.tensor(normalised)).numpy()
+    assert_close(ours(keras_vit.preprocess_inputs(pixels)), expected)
