@@ -7,8 +7,8 @@
 
 `import keras_vit` loads the architecture spec, the layers and the model (and registers the
 layers for `keras.models.load_model`); the tools load on first use (PEP 562): `analysis`,
-`checkpoint`, `export`, `fileio`, `flops`, `plotting`, `pretrained`, `resample`,
-`serving`.
+`checkpoint`, `export`, `fileio`, `flops`, `hub` (`from_pretrained`, `save_pretrained`),
+`plotting`, `pretrained`, `resample`, `serving`.
 """
 
 import importlib
@@ -16,7 +16,6 @@ import importlib
 from keras_vit import layers, masked_patches, resnet  # noqa: F401  (registered for loading)
 from keras_vit.builders import *  # noqa: F401,F403  (ViT_B16, ...: one per VARIANT_NAMES)
 from keras_vit.masked_patches import MaskedPatchPredictor
-from keras_vit.hub import from_pretrained, save_pretrained
 from keras_vit.intermediates import attention_model, features
 from keras_vit.model import vit
 from keras_vit.preprocessing import preprocess_inputs
@@ -25,15 +24,18 @@ from keras_vit.variants import VARIANT_NAMES
 
 __version__ = "0.1.0"
 
-_LAZY_MODULES = ("analysis", "checkpoint", "export", "fileio", "flops", "plotting", "pretrained",
-                 "resample", "serving")
+_LAZY_MODULES = ("analysis", "checkpoint", "export", "fileio", "flops", "hub", "plotting",
+                 "pretrained", "resample", "serving")
+_LAZY_FUNCTIONS = {"from_pretrained": "hub", "save_pretrained": "hub"}  # name -> its module
 
 
 def __getattr__(name):
     if name in _LAZY_MODULES:
         return importlib.import_module(f"{__name__}.{name}")
+    if name in _LAZY_FUNCTIONS:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY_FUNCTIONS[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY_MODULES))
+    return sorted(set(globals()) | set(_LAZY_MODULES) | set(_LAZY_FUNCTIONS))
