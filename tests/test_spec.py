@@ -172,8 +172,8 @@ def test_builders_are_plain_functions_one_per_variant():
 
 def test_tool_modules_load_on_first_use():
     code = ("import sys, keras_vit\n"
-            "tools = ('analysis', 'checkpoint', 'export', 'flops', 'hub', 'plotting', 'pretrained', "
-            "'serving')\n"
+            "tools = ('analysis', 'checkpoint', 'export', 'flops', 'hub', 'plotting', "
+            "'pretrained', 'serving')\n"
             "before = [t for t in tools if 'keras_vit.' + t in sys.modules]\n"
             "keras_vit.checkpoint.save_npz\n"
             "print(before, 'keras_vit.checkpoint' in sys.modules)\n")
