@@ -122,7 +122,7 @@ def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, **fields):
     config, state = read_directory(source_directory)
     layout = torch_layouts.detect(config)
     if layout == "transformers":
-        spec = torch_layouts.spec_from_transformers(config)
+        spec = torch_layouts.spec_from_transformers(config, state)
     else:
         spec = torch_layouts.spec_from_timm(config, state)
     arrays = torch_layouts.to_npz_arrays(state, spec, layout)

@@ -202,8 +202,9 @@ def detect(config):
         "the original .npz checkpoints.")
 
 
-def spec_from_transformers(config):
-    """The `ViTConfig` of transformers' ViT `config.json`."""
+def spec_from_transformers(config, state):
+    """The `ViTConfig` of transformers' ViT `config.json`, with the weights `state` saying
+    whether a `ViTModel` has its pooler."""
     act = config.get("hidden_act", "gelu")
     if act not in ("gelu",) + _TANH_GELUS:
         raise LayoutError(f"hidden_act {act!r}: keras_vit has the exact GELU ('gelu') and its "
@@ -224,7 +225,8 @@ def spec_from_transformers(config):
                  config.get("num_attention_heads", 12), config.get("num_hidden_layers", 12),
                  config.get("patch_size", 16), image_size=config.get("image_size", 224),
                  include_top=classifier, num_classes=max(len(labels), 1) if classifier else 1,
-                 representation_size=None if classifier else hidden,
+                 representation_size=None if classifier or "pooler.dense.weight" not in state
+                 else hidden,
                  approximate_gelu=act in _TANH_GELUS,
                  layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
                  dropout=config.get("hidden_dropout_prob", 0.0),
@@ -241,9 +243,11 @@ def transformers_config(spec):
     if spec.include_top and spec.representation_size is not None:
         raise LayoutError("transformers' ViTForImageClassification has no pre_logits layer "
                           "before its head; save a model without representation_size.")
-    if not spec.include_top and spec.representation_size not in (None, spec.hidden_size):
-        raise LayoutError("transformers' ViTModel pooler keeps the width: representation_size "
-                          "must equal hidden_size.")
+    if not spec.include_top and spec.representation_size != spec.hidden_size:
+        raise LayoutError(
+            "transformers' ViTModel has a pooler (a tanh Dense of the class token's width, "
+            "the original's pre_logits) that its from_pretrained would start at random: save "
+            "a model with representation_size=hidden_size, or with a head.")
     labels = {str(index): f"LABEL_{index}" for index in range(spec.num_classes)}
     height, width = spec.image_size
     config = {

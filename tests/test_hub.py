@@ -90,7 +90,8 @@ def test_what_a_library_cannot_express_is_refused_before_writing(tmp_path):
             ({"classifier": "gap"}, "transformers", "GAP model"),
             ({"position_embedding": "relative"}, "timm", "no equivalent there"),
             ({"representation_size": 16}, "timm", "pre_logits"),
-            ({"layer_norm_epsilon": 1e-5}, "timm", "epsilon")):
+            ({"layer_norm_epsilon": 1e-5}, "timm", "epsilon"),
+            ({"include_top": False}, "transformers", "pooler")):
         with pytest.raises(torch_layouts.LayoutError, match=message):
             save_pretrained(tiny(**fields), tmp_path / "never", format=layout)
     assert not os.path.exists(tmp_path / "never")

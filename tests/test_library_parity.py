@@ -62,6 +62,18 @@ def test_transformers_both_ways(tmp_path, act, head):
     assert_close(their_outputs(cls.from_pretrained(tmp_path / "ours").eval(), head), expected)
 
 
+def test_a_vitmodel_without_its_pooler_loads_as_the_pooled_class_token(tmp_path):
+    config = transformers.ViTConfig(hidden_size=24, num_hidden_layers=1, num_attention_heads=3,
+                                    intermediate_size=48, image_size=32, patch_size=8)
+    theirs = order_one(transformers.ViTModel(config, add_pooling_layer=False))
+    theirs.save_pretrained(tmp_path / "theirs")
+    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    assert ours.spec.representation_size is None and not ours.spec.include_top
+    with torch.no_grad():
+        tokens = theirs(pixel_values=torch.tensor(IMAGES.transpose(0, 3, 1, 2)))
+    assert_close(ours(IMAGES), tokens.last_hidden_state[:, 0].numpy())
+
+
 def test_a_native_model_loads_in_transformers(tmp_path):
     """keras_vit's own models use the original's tanh GELU and epsilon 1e-6: the written config
     says so."""
