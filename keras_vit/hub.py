@@ -12,6 +12,7 @@ package's NumPy API, and names on the hub download through `huggingface_hub` (ca
 the cached copy): both come with `pip install "keras_vit[hub]"` and load only when used.
 """
 
+import importlib
 import json
 import os
 
@@ -28,7 +29,7 @@ PREFIXES = {"hf:": "", "timm:": "timm/"}  # a hub name's prefix -> its repositor
 
 def _import(module):
     try:
-        return __import__(module, fromlist=["_"])
+        return importlib.import_module(module)
     except ImportError as error:
         raise ImportError(f"Reading and writing transformers' and timm's files needs "
                           f"{module.split('.')[0]}: pip install \"keras_vit[hub]\".") from error
@@ -36,8 +37,9 @@ def _import(module):
 
 def local_directory(source, cache_dir=None):
     """The local directory of `source`: a directory, or "hf:<owner>/<name>" and
-    "timm:<architecture>.<tag>" downloaded from the Hugging Face hub (config.json and
-    model.safetensors only) into its cache, or found there when offline."""
+    "timm:<architecture>.<tag>" downloaded from the Hugging Face hub (config.json,
+    model.safetensors and preprocessor_config.json only) into its cache, or found there when
+    offline."""
     for prefix, owner in PREFIXES.items():
         if source.startswith(prefix):
             repo_id = owner + source[len(prefix):]
@@ -49,9 +51,9 @@ def local_directory(source, cache_dir=None):
             except Exception as error:  # the hub raises many types for a name it cannot get
                 raise checkpoint.CheckpointError(
                     f"{source!r} could not be downloaded or found in the Hugging Face cache "
-                    f"({type(error).__name__}: {str(error).splitlines()[0][:200]}). Check the "
-                    "name and the network (or HF_HUB_OFFLINE and the cache), or pass a local "
-                    "directory.") from error
+                    f"({type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}). "
+                    "Check the name and the network (or HF_HUB_OFFLINE and the cache), or pass "
+                    "a local directory.") from error
     if not os.path.isdir(source):
         raise FileNotFoundError(
             f"{source!r} is not a directory, an .npz file, or a hub name (hf:<owner>/<name>, "
