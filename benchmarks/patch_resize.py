@@ -44,14 +44,13 @@ def accuracy(model, images, labels, batch_size):
     return correct / len(images)
 
 
-def at_patch_size(trained, patch_size, pseudo_inverse):
-    """The trained model with another patch size: the position embeddings resampled to the new
-    grid, the kernel resized with the pseudo-inverse or as an image."""
-    spec = trained.spec.replace(patch_size=patch_size)
-    model = keras_vit.vit(spec)
-    arrays = checkpoint.model_arrays(trained)
-    arrays["embedding/kernel"] = resample.resize_patch_embedding(
-        arrays["embedding/kernel"], patch_size, pseudo_inverse=pseudo_inverse)
+def at_patch_size(spec, arrays, patch_size, pseudo_inverse):
+    """The trained model (`spec`, its `.npz` `arrays`) with another patch size: the position
+    embeddings resampled to the new grid, the kernel resized with the pseudo-inverse or as an
+    image."""
+    model = keras_vit.vit(spec.replace(patch_size=patch_size))
+    arrays = {**arrays, "embedding/kernel": resample.resize_patch_embedding(
+        arrays["embedding/kernel"], patch_size, pseudo_inverse=pseudo_inverse)}
     checkpoint.load_npz(model, arrays)
     return model
 
@@ -68,6 +67,7 @@ def main(argv=None):
     bad = [size for size in patch_sizes if side % size]
     if bad:
         sys.exit(f"--patch_sizes {bad} do not divide the image size {side}.")
+    arrays = checkpoint.model_arrays(trained)  # once: every row starts from these
     images, labels = fashion_mnist.read_split("test")
     images = grain_input.preprocess_eval(list(images[:args.examples]), side)
     labels = labels[:args.examples]
@@ -77,8 +77,8 @@ def main(argv=None):
     print("|---:|---:|---:|---:|")
     for size in patch_sizes:
         grid = "x".join(str(side // size) for side in spec.image_size)
-        results = [accuracy(at_patch_size(trained, size, pinv), images, labels, args.batch_size)
-                   for pinv in (True, False)]
+        results = [accuracy(at_patch_size(spec, arrays, size, pinv), images, labels,
+                            args.batch_size) for pinv in (True, False)]
         print(f"| {size} | {grid} | {results[0]:.2%} | {results[1]:.2%} |", flush=True)
 
 

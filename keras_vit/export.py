@@ -38,8 +38,9 @@ def _dynamic_spec(model):
 def _image_size(model):
     """The size images are resized to: the model's input, or for a model of any size the size
     of its position embeddings' grid (`image_size`)."""
-    if _dynamic_spec(model) is not None:
-        return _dynamic_spec(model).image_size
+    spec = _dynamic_spec(model)
+    if spec is not None:
+        return spec.image_size
     shape = model.input_shape
     if len(shape) != 4 or shape[-1] != 3 or None in shape[1:3]:
         raise ValueError(f"Expected a model of images [batch, height, width, 3], got input "

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 from timm.layers import resample_abs_pos_embed, resample_patch_embed  # noqa: E402
 
 import keras_vit  # noqa: E402
-from keras_vit import checkpoint, resample  # noqa: E402
+from keras_vit import checkpoint, resample, torch_layouts  # noqa: E402
 
 GRIDS = [(1, 3), (2, 2), (3, 5), (7, 7), (14, 14), (16, 9), (24, 24)]
 
@@ -53,42 +53,6 @@ def test_the_patch_embedding_resize_equals_timms(old):
         assert np.abs(ours - theirs).max() <= 1e-5 * np.abs(theirs).max(), (old, new)
 
 
-def _timm_arrays(model, heads):
-    """A timm VisionTransformer's weights as the arrays of an original `.npz` (what
-    `checkpoint.load_npz` reads): kernels (in, out), attention (D, heads, D / heads)."""
-    state = {name: value.detach().numpy().astype("float64")
-             for name, value in model.state_dict().items()}
-    arrays = {"embedding/kernel": state["patch_embed.proj.weight"].transpose(2, 3, 1, 0),
-              "embedding/bias": state["patch_embed.proj.bias"],
-              "cls": state["cls_token"],
-              "Transformer/posembed_input/pos_embedding": state["pos_embed"],
-              "Transformer/encoder_norm/scale": state["norm.weight"],
-              "Transformer/encoder_norm/bias": state["norm.bias"],
-              "head/kernel": state["head.weight"].T, "head/bias": state["head.bias"]}
-    for index in range(len(model.blocks)):
-        timm_block, ours = f"blocks.{index}.", f"Transformer/encoderblock_{index}/"
-        hidden = state[timm_block + "norm1.weight"].shape[0]
-        qkv_kernel = state[timm_block + "attn.qkv.weight"].reshape(3, hidden, hidden)
-        qkv_bias = state[timm_block + "attn.qkv.bias"].reshape(3, hidden)
-        for part, name in enumerate(("query", "key", "value")):
-            where = ours + f"MultiHeadDotProductAttention_1/{name}/"
-            arrays[where + "kernel"] = qkv_kernel[part].T.reshape(hidden, heads, -1)
-            arrays[where + "bias"] = qkv_bias[part].reshape(heads, -1)
-        out = ours + "MultiHeadDotProductAttention_1/out/"
-        arrays[out + "kernel"] = state[timm_block + "attn.proj.weight"].T.reshape(heads, -1,
-                                                                                  hidden)
-        arrays[out + "bias"] = state[timm_block + "attn.proj.bias"]
-        for timm_name, our_name in (("norm1", "LayerNorm_0"), ("norm2", "LayerNorm_2")):
-            arrays[ours + f"{our_name}/scale"] = state[timm_block + f"{timm_name}.weight"]
-            arrays[ours + f"{our_name}/bias"] = state[timm_block + f"{timm_name}.bias"]
-        for timm_name, our_name in (("fc1", "Dense_0"), ("fc2", "Dense_1")):
-            arrays[ours + f"MlpBlock_3/{our_name}/kernel"] = (
-                state[timm_block + f"mlp.{timm_name}.weight"].T)
-            arrays[ours + f"MlpBlock_3/{our_name}/bias"] = (
-                state[timm_block + f"mlp.{timm_name}.bias"])
-    return {key: value.astype("float32") for key, value in arrays.items()}
-
-
 def test_timm_weights_at_another_size_give_timms_outputs():
     """timm's ViT with dynamic_img_size (exact GELU, LayerNorm eps 1e-6, bicubic resampling)
     and keras_vit's of any size, with the same random weights of order 1, at the trained size
@@ -105,7 +69,8 @@ def test_timm_weights_at_another_size_give_timms_outputs():
     ours = keras_vit.vit("Ti/16", hidden_size=24, mlp_dim=48, num_heads=3, num_layers=2,
                          image_size=64, num_classes=5, approximate_gelu=False,
                          dynamic_image_size=True, position_embedding_interpolation="bicubic")
-    checkpoint.load_npz(ours, _timm_arrays(theirs, heads=3))
+    state = {name: value.detach().numpy() for name, value in theirs.state_dict().items()}
+    checkpoint.load_npz(ours, torch_layouts.to_npz_arrays(state, ours.spec, "timm"))
     for size in ((64, 64), (48, 96), (112, 32)):
         x = np.random.default_rng(2).uniform(-1, 1, (2,) + size + (3,)).astype("float32")
         with torch.no_grad():
