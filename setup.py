@@ -27,6 +27,8 @@ setup(
     packages=[*find_packages(include=["keras_vit", "keras_vit.*"]),
               "keras_vit.train", "keras_vit.train.studies", "keras_vit.configs"],
     package_dir={"keras_vit.train": "train", "keras_vit.configs": "configs"},
+    # timm's ViT architectures and their options, read by from_pretrained.
+    package_data={"keras_vit": ["timm_architectures.json"]},
     entry_points={"console_scripts": [
         "keras-vit-train = keras_vit.train.main:run",
         "keras-vit-export = keras_vit.train.export:run",

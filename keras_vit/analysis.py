@@ -289,7 +289,7 @@ def position_embedding_similarity(model):
         raise ValueError(f"Model {model.name!r} adds no position embeddings "
                          "(position_embedding='none'); there is nothing to compare.")
     grid = np.asarray(keras.ops.convert_to_numpy(embeddings), np.float64)[0]
-    grid = grid[position.num_prefix_tokens:]
+    grid = grid[position.num_embedded_prefix:]
     unit = grid / np.maximum(np.linalg.norm(grid, axis=-1, keepdims=True), 1e-12)
     rows, columns = position.grid_size
     return (unit @ unit.T).reshape(-1, rows, columns)

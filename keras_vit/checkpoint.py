@@ -223,9 +223,10 @@ def _resized(key, value, shape, position, file_prefix):
     if key == "embedding/kernel":
         return resample.resize_patch_embedding(value, shape[:2])
     if name == "pos_embedding":
-        if file_prefix != position.num_prefix_tokens:
-            raise ValueError(f"the file has {file_prefix} class-token rows, the model "
-                             f"{position.num_prefix_tokens} (classifier 'token' vs 'gap')")
+        if file_prefix != position.num_embedded_prefix:
+            raise ValueError(f"the file has {file_prefix} rows for class and register tokens, "
+                             f"the model {position.num_embedded_prefix} (classifier 'token' vs "
+                             "'gap', or another num_register_tokens)")
         return resize_position_embeddings(value, position.grid_size,
                                           num_prefix_tokens=file_prefix,
                                           interpolation=interpolation)
@@ -238,6 +239,15 @@ def _resized(key, value, shape, position, file_prefix):
         raise ValueError(f"file {value.shape}, model {shape}: not tables of 2n - 1 offsets")
     return resample.resize_offset_table(value.astype(np.float64), (new_offsets + 1) // 2,
                                         has_prefix_row, interpolation).astype(value.dtype)
+
+
+def _file_prefix_rows(arrays, position):
+    """Rows for prefix tokens in the file's position embeddings: its class and register
+    tokens, where the model embeds prefix tokens (it cannot tell otherwise)."""
+    if position is None or not position.embed_prefix:
+        return 0
+    registers = arrays.get("reg/registers")
+    return int("cls" in arrays) + (0 if registers is None else registers.shape[1])
 
 
 def _position_layer(model):
@@ -294,7 +304,7 @@ def load_npz(model, path, *, strict=True, new_head=False, allow_nonfinite=False)
                 "was loaded (such weights make every output NaN). Pass allow_nonfinite=True "
                 "to load them anyway.")
     position = _position_layer(model)
-    file_prefix = int("cls" in arrays)
+    file_prefix = _file_prefix_rows(arrays, position)
     report = {"loaded": [], "missing": [], "unexpected": [], "mismatched": [], "resized": [],
               "new_head": []}
     assignments, used = [], set()

@@ -86,6 +86,17 @@ def _chosen(layers, depth):
     return chosen
 
 
+def _token_norm(model):
+    try:
+        return model.get_layer("encoder_norm")
+    except ValueError:
+        spec = getattr(model, "spec", None)
+        raise ValueError(
+            f"Model {model.name!r} has no LayerNorm over the tokens (final_norm="
+            f"{getattr(spec, 'final_norm', None)!r}: it normalises the pooled vector or "
+            "nothing); take features with norm=False.") from None
+
+
 def features(model, layers=None, output="tokens", norm=False, attention=False):
     """A model of the same images to the outputs of chosen encoder layers.
 
@@ -119,7 +130,7 @@ def features(model, layers=None, output="tokens", norm=False, attention=False):
     for index in chosen:
         tokens = encoder[index][-1].output
         if norm:
-            tokens = model.get_layer("encoder_norm")(tokens)
+            tokens = _token_norm(model)(tokens)
         if output == "maps":
             tokens = PatchMap(position.grid_size, position.num_prefix_tokens,
                               name=f"map_{index + 1}_{len(outputs)}")(tokens, **grid_input)

@@ -188,6 +188,40 @@ class ClassToken(keras.layers.Layer):
         return super().get_config()
 
 
+@keras.saving.register_keras_serializable(package="keras_vit")
+class RegisterTokens(keras.layers.Layer):
+    """Prepends `count` learned register tokens to a token sequence (Darcet et al., "Vision
+    Transformers Need Registers", 2024): extra tokens that attention may use and no output
+    reads. A class token, if any, is prepended after them, so it comes first (as timm).
+
+    Input: `[batch, tokens, D]`. Output: `[batch, count + tokens, D]`; weight `registers`
+    `(1, count, D)`, initialised as timm's (normal, standard deviation 1e-6).
+    """
+
+    def __init__(self, count, **kwargs):
+        super().__init__(**kwargs)
+        self.count = int(count)
+
+    def build(self, input_shape):
+        _check_rank(self, input_shape, 3, "tokens [batch, tokens, hidden]")
+        self.registers = self.add_weight(
+            name="registers", shape=(1, self.count, input_shape[-1]),
+            initializer=keras.initializers.RandomNormal(stddev=1e-6))
+
+    def call(self, tokens):
+        batch = ops.shape(tokens)[0]
+        registers = ops.broadcast_to(ops.cast(self.registers, tokens.dtype),
+                                     (batch, self.count, tokens.shape[-1]))
+        return ops.concatenate([registers, tokens], axis=1)
+
+    def compute_output_shape(self, input_shape):
+        tokens = None if input_shape[1] is None else input_shape[1] + self.count
+        return (input_shape[0], tokens, input_shape[2])
+
+    def get_config(self):
+        return {**super().get_config(), "count": self.count}
+
+
 POSITION_EMBEDDINGS = ("learned", "learned_2d", "none")
 
 
@@ -197,7 +231,7 @@ class AddPositionEmbs(keras.layers.Layer):
 
     Args:
         grid_size: `(rows, columns)` of the patch grid.
-        num_prefix_tokens: tokens before the grid (1 with a class token, else 0).
+        num_prefix_tokens: tokens before the grid (the class token and register tokens).
         kind: the paper's choices (appendix D.4):
             "learned": one learned D-vector per position, including the prefix tokens, weight
                 `pos_embedding` of shape `(1, prefix + rows * columns, D)` as in the checkpoints;
@@ -206,6 +240,8 @@ class AddPositionEmbs(keras.layers.Layer):
             "none": nothing is added.
         interpolation: how the embeddings are resampled for another grid, "bilinear" (the
             original code's) or "bicubic" (timm's); see `keras_vit.resample`.
+        embed_prefix: False to add embeddings to the patches only (timm's `no_embed_class`):
+            the weights have no rows for the prefix tokens, which pass unchanged.
         **kwargs: base `Layer` arguments.
 
     `call(tokens, grid=None)`: with `grid`, the patch grid `[batch, rows, columns, D]` of these
@@ -214,7 +250,7 @@ class AddPositionEmbs(keras.layers.Layer):
     """
 
     def __init__(self, grid_size, num_prefix_tokens=1, kind="learned",
-                 interpolation="bilinear", **kwargs):
+                 interpolation="bilinear", embed_prefix=True, **kwargs):
         # The embeddings are read in their own (float32) dtype and resampled in it; the sum
         # with the tokens is in theirs.
         kwargs.setdefault("autocast", False)
@@ -227,18 +263,25 @@ class AddPositionEmbs(keras.layers.Layer):
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.kind = kind
         self.interpolation = resample.check_interpolation(interpolation)
+        self.embed_prefix = bool(embed_prefix)
 
     @property
     def num_tokens(self):
         return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+
+    @property
+    def num_embedded_prefix(self):
+        """Rows of the weights for prefix tokens: all of them, or none (`embed_prefix=False`)."""
+        return self.num_prefix_tokens if self.embed_prefix else 0
 
     def build(self, input_shape):
         _check_rank(self, input_shape, 3, "tokens [batch, tokens, hidden]")
         hidden = input_shape[-1]
         init = keras.initializers.RandomNormal(stddev=0.02)
         if self.kind == "learned":
+            rows = self.num_embedded_prefix + self.grid_size[0] * self.grid_size[1]
             self.pos_embedding = self.add_weight(
-                name="pos_embedding", shape=(1, self.num_tokens, hidden), initializer=init)
+                name="pos_embedding", shape=(1, rows, hidden), initializer=init)
         elif self.kind == "learned_2d":
             if hidden % 2:
                 raise ValueError(f"learned_2d position embeddings need an even width, got {hidden}.")
@@ -247,9 +290,9 @@ class AddPositionEmbs(keras.layers.Layer):
                 name="row_embedding", shape=(rows, hidden // 2), initializer=init)
             self.column_embedding = self.add_weight(
                 name="column_embedding", shape=(columns, hidden // 2), initializer=init)
-            if self.num_prefix_tokens:
+            if self.num_embedded_prefix:
                 self.prefix_embedding = self.add_weight(
-                    name="prefix_embedding", shape=(self.num_prefix_tokens, hidden),
+                    name="prefix_embedding", shape=(self.num_embedded_prefix, hidden),
                     initializer=init)
 
     def embeddings(self, sides=None):
@@ -260,7 +303,7 @@ class AddPositionEmbs(keras.layers.Layer):
         sides = self.grid_size if sides is None else sides
         same = _is_static(sides, self.grid_size)
         rows, columns = sides
-        prefix = self.num_prefix_tokens
+        prefix = self.num_embedded_prefix
         if self.kind == "learned":
             if same:
                 return self.pos_embedding
@@ -292,7 +335,13 @@ class AddPositionEmbs(keras.layers.Layer):
         embeddings = self.embeddings(None if grid is None else grid_sides(grid))
         if embeddings is None:
             return tokens
-        return tokens + ops.cast(embeddings, tokens.dtype)
+        embeddings = ops.cast(embeddings, tokens.dtype)
+        if self.num_prefix_tokens and not self.embed_prefix:
+            # timm adds them before the prefix tokens join; adding zeros to those is exact.
+            prefix = self.num_prefix_tokens
+            return ops.concatenate([tokens[:, :prefix], tokens[:, prefix:] + embeddings],
+                                   axis=1)
+        return tokens + embeddings
 
     def compute_output_spec(self, tokens, grid=None):
         return keras.KerasTensor(tokens.shape, dtype=self.compute_dtype)
@@ -300,7 +349,7 @@ class AddPositionEmbs(keras.layers.Layer):
     def get_config(self):
         return {**super().get_config(), "grid_size": self.grid_size,
                 "num_prefix_tokens": self.num_prefix_tokens, "kind": self.kind,
-                "interpolation": self.interpolation}
+                "interpolation": self.interpolation, "embed_prefix": self.embed_prefix}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -523,6 +572,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         grid_size: `(rows, columns)` of the patch grid; needed with `relative_position`.
         num_prefix_tokens: tokens before the grid; used with `relative_position`.
         interpolation: how the relative tables are resampled for another grid.
+        qkv_bias: biases in the query, key and value projections (the original has them).
         **kwargs: base `Layer` arguments.
 
     `call(x, training, return_attention_scores=False, grid=None)` returns `[batch, tokens, D]`,
@@ -531,9 +581,10 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     """
 
     def __init__(self, num_heads, dropout=0.0, relative_position=None, grid_size=None,
-                 num_prefix_tokens=0, interpolation="bilinear", **kwargs):
+                 num_prefix_tokens=0, interpolation="bilinear", qkv_bias=True, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
+        self.qkv_bias = bool(qkv_bias)
         self.dropout = float(dropout)
         if relative_position is not None and grid_size is None:
             raise ValueError("relative_position needs the grid_size (rows, columns) of the "
@@ -554,14 +605,15 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         self.head_dim = hidden // self.num_heads
         kernel_init = _xavier_uniform_flat(hidden, hidden)
 
-        def dense(name):
+        def dense(name, use_bias=True):
             layer = keras.layers.Dense(hidden, kernel_initializer=kernel_init, name=name,
-                                       dtype=self.dtype_policy)
+                                       use_bias=use_bias, dtype=self.dtype_policy)
             layer.build(input_shape)
             return layer
 
-        self.query, self.key, self.value, self.out = (
-            dense(n) for n in ("query", "key", "value", "out"))
+        self.query, self.key, self.value = (
+            dense(n, self.qkv_bias) for n in ("query", "key", "value"))
+        self.out = dense("out")
         self.attention_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
         self.relative = None
         if self.relative_position is not None:
@@ -579,9 +631,11 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         scale = 1.0 / math.sqrt(head_dim)
         kernel = ops.concatenate(
             [self.query.kernel * scale, self.key.kernel, self.value.kernel], axis=1)
-        bias = ops.concatenate([self.query.bias * scale, self.key.bias, self.value.bias], axis=0)
         qkv = ops.matmul(ops.reshape(x, (-1, hidden)), ops.cast(kernel, x.dtype))
-        qkv = ops.add(qkv, ops.cast(bias, x.dtype))  # ops.add: a BiasAdd that fuses on TF
+        if self.qkv_bias:
+            bias = ops.concatenate([self.query.bias * scale, self.key.bias, self.value.bias],
+                                   axis=0)
+            qkv = ops.add(qkv, ops.cast(bias, x.dtype))  # ops.add: a BiasAdd that fuses on TF
         qkv = ops.reshape(qkv, (batch, tokens, 3, heads, head_dim))
         qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # [3, batch, heads, tokens, head_dim]
         # Unstacked, not indexed: each slice's gradient would be a zero-filled copy of all of
@@ -607,7 +661,31 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         return {**super().get_config(), "num_heads": self.num_heads, "dropout": self.dropout,
                 "relative_position": self.relative_position, "grid_size": self.grid_size,
                 "num_prefix_tokens": self.num_prefix_tokens,
-                "interpolation": self.interpolation}
+                "interpolation": self.interpolation, "qkv_bias": self.qkv_bias}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class LayerScale(keras.layers.Layer):
+    """Multiplies its input by a learned per-channel `scale` that starts at `init_value`
+    (Touvron et al., "Going deeper with Image Transformers", 2021; timm's `LayerScale`)."""
+
+    def __init__(self, init_value, **kwargs):
+        super().__init__(**kwargs)
+        self.init_value = float(init_value)
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(
+            name="scale", shape=(input_shape[-1],),
+            initializer=keras.initializers.Constant(self.init_value))
+
+    def call(self, x):
+        return x * ops.cast(self.scale, x.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "init_value": self.init_value}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -688,6 +766,10 @@ class EncoderBlock(keras.layers.Layer):
         layer_norm_epsilon: of the two LayerNorms (the original's 1e-6).
         relative_position, grid_size, num_prefix_tokens, interpolation: relative position
             logits in the attention, see `MultiHeadSelfAttention` (None: none, the original).
+        qkv_bias: biases in the query, key and value projections.
+        layer_scale_init: None (the original), or LayerScale's initial value: each residual
+            branch is multiplied by a learned per-channel scale (`layer_scale_0` after the
+            attention, `layer_scale_1` after the MLP).
         **kwargs: base `Layer` arguments.
 
     `call(x, training, return_attention_scores=False, grid=None)`: with
@@ -699,7 +781,7 @@ class EncoderBlock(keras.layers.Layer):
     def __init__(self, num_heads, mlp_dim, dropout=0.0, attention_dropout=0.0,
                  drop_path_rate=0.0, approximate_gelu=True, relative_position=None,
                  grid_size=None, num_prefix_tokens=0, layer_norm_epsilon=LAYER_NORM_EPSILON,
-                 interpolation="bilinear", **kwargs):
+                 interpolation="bilinear", qkv_bias=True, layer_scale_init=None, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
@@ -712,6 +794,8 @@ class EncoderBlock(keras.layers.Layer):
         self.grid_size = None if grid_size is None else tuple(int(g) for g in grid_size)
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.interpolation = resample.check_interpolation(interpolation)
+        self.qkv_bias = bool(qkv_bias)
+        self.layer_scale_init = None if layer_scale_init is None else float(layer_scale_init)
         # While attention_model() runs the model: a function that takes each call's weights.
         self.attention_recorder = None
 
@@ -723,13 +807,19 @@ class EncoderBlock(keras.layers.Layer):
             self.num_heads, dropout=self.attention_dropout,
             relative_position=self.relative_position, grid_size=self.grid_size,
             num_prefix_tokens=self.num_prefix_tokens, interpolation=self.interpolation,
-            name="MultiHeadDotProductAttention_1", dtype=policy)
+            qkv_bias=self.qkv_bias, name="MultiHeadDotProductAttention_1", dtype=policy)
         self.norm_2 = LayerNorm(self.layer_norm_epsilon, name="LayerNorm_2", dtype=policy)
         self.mlp = MlpBlock(self.mlp_dim, dropout=self.dropout,
                             approximate_gelu=self.approximate_gelu, name="MlpBlock_3",
                             dtype=policy)
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=policy)
         self.drop_path = DropPath(self.drop_path_rate, dtype=policy)
+        self.layer_scales = [None, None]
+        if self.layer_scale_init is not None:
+            self.layer_scales = [LayerScale(self.layer_scale_init, name=f"layer_scale_{index}",
+                                            dtype=policy) for index in range(2)]
+            for layer in self.layer_scales:
+                layer.build(input_shape)
         for layer in (self.norm_0, self.norm_2, self.mlp):
             layer.build(input_shape)
         self.attention.build(self.attention_input_shape(input_shape))
@@ -751,11 +841,16 @@ class EncoderBlock(keras.layers.Layer):
             if record:
                 self.attention_recorder(weights)
         attended = self.dropout_layer(attended, training=training)
-        x = x + self.drop_path(attended, training=training)
-        x = x + self.drop_path(self.mlp(self.norm_2(x), training=training), training=training)
+        x = x + self.drop_path(self._scaled(0, attended), training=training)
+        mlp = self.mlp(self.norm_2(x), training=training)
+        x = x + self.drop_path(self._scaled(1, mlp), training=training)
         if return_attention_scores:
             return x, weights
         return x
+
+    def _scaled(self, branch, x):
+        layer = self.layer_scales[branch]
+        return x if layer is None else layer(x)
 
     def compute_output_spec(self, x, training=False, return_attention_scores=False, grid=None):
         return _attention_output_spec(self, x, return_attention_scores)
@@ -768,7 +863,8 @@ class EncoderBlock(keras.layers.Layer):
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "relative_position": self.relative_position, "grid_size": self.grid_size,
                 "num_prefix_tokens": self.num_prefix_tokens,
-                "interpolation": self.interpolation}
+                "interpolation": self.interpolation, "qkv_bias": self.qkv_bias,
+                "layer_scale_init": self.layer_scale_init}
 
 
 AXES = ("row", "column")
@@ -852,27 +948,30 @@ class AxialEncoderBlock(EncoderBlock):
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class TokenPooling(keras.layers.Layer):
-    """Reduces `[batch, tokens, D]` to `[batch, D]`: the class token ("token") or the mean
-    of all tokens ("gap").
+    """Reduces `[batch, tokens, D]` to `[batch, D]`: the class token ("token", the first) or
+    the mean of the patch tokens ("gap").
 
     Args:
         classifier: "token" or "gap".
+        num_prefix_tokens: tokens before the patches (register tokens), left out of the mean.
     """
 
-    def __init__(self, classifier="token", **kwargs):
+    def __init__(self, classifier="token", num_prefix_tokens=0, **kwargs):
         super().__init__(**kwargs)
         if classifier not in CLASSIFIERS:
             raise ValueError(f"classifier must be {' or '.join(map(repr, CLASSIFIERS))}, got "
                              f"{classifier!r}.")
         self.classifier = classifier
+        self.num_prefix_tokens = int(num_prefix_tokens)
 
     def call(self, tokens):
         if self.classifier == "token":
             return tokens[:, 0]
-        return ops.mean(tokens, axis=1)
+        return ops.mean(tokens[:, self.num_prefix_tokens:], axis=1)
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[-1])
 
     def get_config(self):
-        return {**super().get_config(), "classifier": self.classifier}
+        return {**super().get_config(), "classifier": self.classifier,
+                "num_prefix_tokens": self.num_prefix_tokens}

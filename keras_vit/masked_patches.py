@@ -167,6 +167,11 @@ class MaskedPatchPredictor(keras.Model):
             position = encoder.get_layer("posembed_input")
         except ValueError:
             norm = position = None
+        spec = getattr(encoder, "spec", None)
+        if spec is not None and spec.final_norm != "tokens":
+            raise ValueError(f"Model {encoder.name!r} has final_norm={spec.final_norm!r}, but "
+                             "masked patch prediction predicts from the normalised tokens: "
+                             "build the encoder with final_norm='tokens'.")
         if len(embeddings) != 1 or norm is None:
             raise ValueError(f"Model {encoder.name!r} is not a keras_vit ViT: build the encoder "
                              "with keras_vit.vit(..., include_top=False).")

@@ -6,7 +6,9 @@ The model is a plain chain of named layers, in the order of the original:
 encoder_norm -> pool -> [pre_logits] -> head. The paper's variants change only the middle:
 `posembed_{i}` before block i (or `posembed_input` again) with the every-layer placements,
 relative position logits inside each block's attention, and `encoderblock_{i}_row`,
-`encoderblock_{i}_column` for Axial-ViT.
+`encoderblock_{i}_column` for Axial-ViT. Later ViTs' options (timm's names) add `reg` (register
+tokens, before `cls`), `pre_norm` before the blocks, LayerScale inside them, and `fc_norm`
+after `pool` in place of `encoder_norm`.
 """
 
 import os
@@ -259,7 +261,9 @@ def _build(spec, policy, name):
         patch_grid, x = x, keras.layers.Reshape((-1, spec.hidden_size), name="patch_tokens",
                                                 dtype=policy)(x)
     grid, prefix = spec.grid_size, spec.num_prefix_tokens
-    if prefix:
+    if spec.num_register_tokens:  # the class token goes before them
+        x = vit_layers.RegisterTokens(spec.num_register_tokens, name="reg", dtype=policy)(x)
+    if spec.classifier == "token":
         x = vit_layers.ClassToken(name="cls", dtype=policy)(x)
     relative = {"relative": "1d", "relative_2d": "2d"}.get(spec.position_embedding)
 
@@ -269,17 +273,23 @@ def _build(spec, policy, name):
     def position_layer(name):
         kind = "none" if relative else spec.position_embedding
         return vit_layers.AddPositionEmbs(grid, num_prefix_tokens=prefix, kind=kind,
-                                          interpolation=interpolation, name=name, dtype=policy)
+                                          interpolation=interpolation,
+                                          embed_prefix=spec.prefix_position_embeddings,
+                                          name=name, dtype=policy)
 
     # The stem's embedding (also the first block's with the every_layer placements) keeps the
     # checkpoints' name; the analysis tools read the token layout from it.
     stem_position = position_layer("posembed_input")
     x = stem_position(x, **grid_input)
     x = keras.layers.Dropout(spec.dropout, name="dropout", dtype=policy)(x)
+    if spec.pre_norm:
+        x = vit_layers.LayerNorm(epsilon=spec.layer_norm_epsilon, name="pre_norm",
+                                 dtype=policy)(x)
     block_options = dict(dropout=spec.dropout, attention_dropout=spec.attention_dropout,
                          approximate_gelu=spec.approximate_gelu,
                          layer_norm_epsilon=spec.layer_norm_epsilon,
-                         interpolation=interpolation, dtype=policy)
+                         interpolation=interpolation, qkv_bias=spec.qkv_bias,
+                         layer_scale_init=spec.layer_scale_init, dtype=policy)
     # Only the blocks that need the grid's size get it.
     block_grid = grid_input if relative or spec.axial else {}
     placement = spec.position_embedding_placement
@@ -300,10 +310,15 @@ def _build(spec, policy, name):
             spec.num_heads, spec.mlp_dim, drop_path_rate=rate, relative_position=relative,
             grid_size=grid if relative else None, num_prefix_tokens=prefix,
             name=f"encoderblock_{index}", **block_options)(x, **block_grid)
-    x = vit_layers.LayerNorm(epsilon=spec.layer_norm_epsilon, name="encoder_norm",
-                             dtype=policy)(x)
+    if spec.final_norm == "tokens":
+        x = vit_layers.LayerNorm(epsilon=spec.layer_norm_epsilon, name="encoder_norm",
+                                 dtype=policy)(x)
     head_dtype = _head_dtype(policy)
-    x = vit_layers.TokenPooling(spec.classifier, name="pool", dtype=head_dtype)(x)
+    x = vit_layers.TokenPooling(spec.classifier, num_prefix_tokens=prefix,
+                                name="pool", dtype=head_dtype)(x)
+    if spec.final_norm == "pooled":
+        x = vit_layers.LayerNorm(epsilon=spec.layer_norm_epsilon, name="fc_norm",
+                                 dtype=head_dtype)(x)
     if spec.representation_size is not None:
         x = keras.layers.Dense(spec.representation_size, activation="tanh", name="pre_logits",
                                kernel_initializer="lecun_normal", dtype=head_dtype)(x)

@@ -29,6 +29,9 @@ LEARNED_POSITION_EMBEDDINGS = ("learned", "learned_2d")
 PLACEMENTS = ("stem", "every_layer", "every_layer_shared")
 # How position embeddings are resampled for another grid: the original code's, or timm's.
 INTERPOLATIONS = ("bilinear", "bicubic")
+# Where the final LayerNorm sits: on every token before pooling (the original), on the pooled
+# vector after it (timm's `fc_norm`, its default for GAP), or nowhere.
+FINAL_NORMS = ("tokens", "pooled", "none")
 # The fields a variant name fills in, and that a spec may change.
 TABLE_FIELDS = variants.OVERRIDABLE_FIELDS
 LAYER_NORM_EPSILON = 1e-6  # the original's (Keras' default is 1e-3)
@@ -102,6 +105,20 @@ class ViTConfig:
         position_embedding_interpolation: how position embeddings (and relative tables) are
             resampled for another grid, when weights load and at call time: "bilinear" (the
             original code's) or "bicubic" (timm's `resample_abs_pos_embed`).
+
+    Options of later ViTs (as timm's `VisionTransformer` names them), off by default:
+        qkv_bias: biases in the query, key and value projections (False: none, as some
+            CLIP-style models).
+        layer_scale_init: None, or the initial value of LayerScale (Touvron et al., "Going
+            deeper with Image Transformers", 2021; timm's `init_values`): each block's two
+            residual branches are multiplied by a learned per-channel scale.
+        num_register_tokens: learned tokens after the class token that no output reads
+            (Darcet et al., "Vision Transformers Need Registers", 2024; timm's `reg_tokens`).
+        prefix_position_embeddings: False for position embeddings of the patches only, none for
+            the class and register tokens (timm's `no_embed_class`).
+        pre_norm: a LayerNorm (`pre_norm`) on the tokens before the first block (CLIP).
+        final_norm: "tokens" (the original: `encoder_norm` on every token, then pooling),
+            "pooled" (`fc_norm` on the pooled vector: timm's default for GAP) or "none".
     """
 
     variant: str = "B/16"
@@ -125,6 +142,12 @@ class ViTConfig:
     dynamic_image_size: bool = False
     dynamic_image_pad: bool = False
     position_embedding_interpolation: str = "bilinear"
+    qkv_bias: bool = True
+    layer_scale_init: float = None
+    num_register_tokens: int = 0
+    prefix_position_embeddings: bool = True
+    pre_norm: bool = False
+    final_norm: str = "tokens"
 
     def __post_init__(self):
         values, problems = _resolved(dataclasses.asdict(self))
@@ -204,8 +227,8 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self):
-        """Tokens before the patches: 1 for the class token, else 0."""
-        return int(self.classifier == "token")
+        """Tokens before the patches: the class token (if any), then the register tokens."""
+        return int(self.classifier == "token") + self.num_register_tokens
 
     @property
     def default_name(self):
@@ -319,6 +342,15 @@ def _resolved(fields):
         check(field, lambda value, name=field: variants.check_bool(name, value))
     check("position_embedding_interpolation", lambda value: variants.check_choice(
         "position_embedding_interpolation", value, INTERPOLATIONS))
+    for field in ("qkv_bias", "prefix_position_embeddings", "pre_norm"):
+        check(field, lambda value, name=field: variants.check_bool(name, value))
+    if fields.get("layer_scale_init") is None:
+        values["layer_scale_init"] = None
+    else:
+        check("layer_scale_init", _positive_float)
+    check("num_register_tokens", lambda value: variants.check_int(
+        "num_register_tokens", value, minimum=0))
+    check("final_norm", lambda value: variants.check_choice("final_norm", value, FINAL_NORMS))
 
     # The rules that combine fields.
     if ok("dynamic_image_size", "dynamic_image_pad") and (
@@ -333,7 +365,16 @@ def _resolved(fields):
             "a placement other than 'stem' adds learned embeddings before every block, so it "
             f"needs position_embedding {' or '.join(map(repr, LEARNED_POSITION_EMBEDDINGS))} "
             "(or placement 'stem')")
+    if ok("prefix_position_embeddings", "position_embedding_placement") and (
+            not values["prefix_position_embeddings"]
+            and values["position_embedding_placement"] != "stem"):
+        add(("prefix_position_embeddings", "position_embedding_placement"),
+            "position embeddings of the patches only are added once, at the stem: use "
+            "placement 'stem' or prefix_position_embeddings=True")
     if row and row["axial"]:  # Axial-ViT's tokens stay a 2-D grid
+        if ok("num_register_tokens") and values["num_register_tokens"]:
+            add(("variant", "num_register_tokens"),
+                "Axial-ViT's tokens are the patch grid alone: use num_register_tokens=0")
         if ok("classifier") and values["classifier"] != "gap":
             add(("variant", "classifier"),
                 "Axial-ViT has no class token (its tokens stay a 2-D grid of patches): use "

@@ -6,27 +6,44 @@ transformers' `ViTModel` / `ViTForImageClassification` files keep separate query
 Linear layers under `vit.encoder.layer.N.attention.attention.*` (no `vit.` prefix for a saved
 `ViTModel`, which may add `pooler.dense`, the original's tanh `pre_logits`); timm's
 `VisionTransformer` fuses them (`blocks.N.attn.qkv`, [3D, D]). Linear weights are
-(out, in) in both, the patch convolution (D, C, p, p).
+(out, in) in both, the patch convolution (D, C, p, p). timm's later ViTs add register tokens
+(`reg_token`), a norm before the blocks (`norm_pre`, with no patch bias), LayerScale
+(`blocks.N.ls1.gamma`, `ls2.gamma`) and a norm after pooling (`fc_norm`); which of these an
+architecture has is in `timm_architectures.json`.
 """
 
+import functools
+import json
+import logging
+import os
 import re
 
 import numpy as np
 
 from keras_vit import variants
-from keras_vit.spec import LAYER_NORM_EPSILON, ViTConfig
+from keras_vit.spec import DEFAULTS, ViTConfig
+
+logger = logging.getLogger(__name__)
 
 FORMATS = ("transformers", "timm")
 TRANSFORMERS_ARCHITECTURES = ("ViTForImageClassification", "ViTModel")
 # transformers' names of the two GELUs (tanh form: the original's).
 _TANH_GELUS = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
-# timm's plain ViT family: what this module maps. Other families (CLIP, SigLIP, DeiT-III, DINO
-# registers...) change the block or the activation in ways the weights alone do not show.
-_TIMM_PLAIN = re.compile(r"^vit_(tiny|small|medium|base|large|huge|giant)_patch\d+_\d+$")
-# The model_args of timm's VisionTransformer that this module reads; any other is refused.
-_TIMM_ARGS = {"img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio",
-              "global_pool", "class_token", "fc_norm", "act_layer", "qkv_bias", "in_chans",
-              "drop_rate", "attn_drop_rate", "drop_path_rate", "num_classes"}
+# timm's VisionTransformer arguments that keras_vit has options for, with timm's defaults
+# (timm 1.0.31); any other argument an architecture sets is an option keras_vit lacks.
+_TIMM_DEFAULTS = {
+    "img_size": 224, "patch_size": 16, "in_chans": 3, "num_classes": 1000,
+    "global_pool": "token", "embed_dim": 768, "depth": 12, "num_heads": 12, "mlp_ratio": 4.0,
+    "qkv_bias": True, "init_values": None, "class_token": True, "no_embed_class": False,
+    "reg_tokens": 0, "pre_norm": False, "final_norm": True, "fc_norm": None,
+    "dynamic_img_size": False, "dynamic_img_pad": False, "act_layer": "gelu",
+    "norm_layer": {"layer_norm": 1e-6}, "drop_rate": 0.0, "pos_drop_rate": 0.0,
+    "proj_drop_rate": 0.0, "attn_drop_rate": 0.0, "drop_path_rate": 0.0}
+_TIMM_OPTIONS = set(_TIMM_DEFAULTS) | {"layer_norm_epsilon"}
+_TIMM_GELUS = ("gelu", "gelu_tanh")
+# Spec options transformers' ViT does not have (timm's VisionTransformer has them all).
+_LATER_OPTIONS = ("layer_scale_init", "num_register_tokens", "prefix_position_embeddings",
+                  "pre_norm", "final_norm")
 
 
 class LayoutError(ValueError):
@@ -49,14 +66,15 @@ def _transforms(heads):
     }
 
 
-def _block_pairs(index, theirs):
+def _block_pairs(index, theirs, spec):
     """(`.npz` key, their key, kind) of one encoder block, with `theirs` naming their layers."""
     ours = f"Transformer/encoderblock_{index}/"
     attention = ours + "MultiHeadDotProductAttention_1/"
     pairs = []
     for name in ("query", "key", "value"):
-        pairs += [(attention + f"{name}/kernel", theirs[name] + ".weight", "heads_in"),
-                  (attention + f"{name}/bias", theirs[name] + ".bias", "heads_bias")]
+        pairs.append((attention + f"{name}/kernel", theirs[name] + ".weight", "heads_in"))
+        if spec.qkv_bias:
+            pairs.append((attention + f"{name}/bias", theirs[name] + ".bias", "heads_bias"))
     pairs += [(attention + "out/kernel", theirs["out"] + ".weight", "heads_out"),
               (attention + "out/bias", theirs["out"] + ".bias", "copy")]
     for ours_name, their_name in (("LayerNorm_0", "norm_0"), ("LayerNorm_2", "norm_2")):
@@ -66,6 +84,9 @@ def _block_pairs(index, theirs):
         pairs += [(ours + f"MlpBlock_3/{ours_name}/kernel", theirs[their_name] + ".weight",
                    "linear"),
                   (ours + f"MlpBlock_3/{ours_name}/bias", theirs[their_name] + ".bias", "copy")]
+    if spec.layer_scale_init is not None:  # timm's LayerScale (transformers' ViT has none)
+        pairs += [(ours + f"layer_scale_{branch}/scale", theirs[f"scale_{branch}"] + ".gamma",
+                   "copy") for branch in range(2)]
     return pairs
 
 
@@ -86,21 +107,32 @@ def _pairs(spec, layout, prefix=""):
         head = "classifier"
     else:
         stem = [("embedding/kernel", "patch_embed.proj.weight", "conv"),
-                ("embedding/bias", "patch_embed.proj.bias", "copy"),
                 ("Transformer/posembed_input/pos_embedding", "pos_embed", "copy")]
+        if not spec.pre_norm:  # timm's patch embedding has no bias before a pre-norm
+            stem.append(("embedding/bias", "patch_embed.proj.bias", "copy"))
         if spec.classifier == "token":
             stem.append(("cls", "cls_token", "copy"))
+        if spec.num_register_tokens:
+            stem.append(("reg/registers", "reg_token", "copy"))
+        if spec.pre_norm:
+            stem += [("pre_norm/scale", "norm_pre.weight", "copy"),
+                     ("pre_norm/bias", "norm_pre.bias", "copy")]
         norm = "norm"
         block = "blocks.{}."
         names = {"query": "attn.q", "key": "attn.k", "value": "attn.v", "out": "attn.proj",
-                 "norm_0": "norm1", "norm_2": "norm2", "fc_0": "mlp.fc1", "fc_1": "mlp.fc2"}
+                 "norm_0": "norm1", "norm_2": "norm2", "fc_0": "mlp.fc1", "fc_1": "mlp.fc2",
+                 "scale_0": "ls1", "scale_1": "ls2"}
         head = "head"
     pairs = [(ours, prefix + theirs, kind) for ours, theirs, kind in stem]
     for index in range(spec.num_layers):
         theirs = {key: prefix + block.format(index) + value for key, value in names.items()}
-        pairs += _block_pairs(index, theirs)
-    pairs += [("Transformer/encoder_norm/scale", prefix + norm + ".weight", "copy"),
-              ("Transformer/encoder_norm/bias", prefix + norm + ".bias", "copy")]
+        pairs += _block_pairs(index, theirs, spec)
+    if spec.final_norm == "tokens":
+        pairs += [("Transformer/encoder_norm/scale", prefix + norm + ".weight", "copy"),
+                  ("Transformer/encoder_norm/bias", prefix + norm + ".bias", "copy")]
+    elif spec.final_norm == "pooled":
+        pairs += [("fc_norm/scale", "fc_norm.weight", "copy"),
+                  ("fc_norm/bias", "fc_norm.bias", "copy")]
     if layout == "transformers" and spec.representation_size is not None:
         pairs += [("pre_logits/kernel", "pooler.dense.weight", "linear"),
                   ("pre_logits/bias", "pooler.dense.bias", "copy")]
@@ -150,6 +182,8 @@ def to_npz_arrays(state, spec, layout):
             missing.append(theirs)
             continue
         arrays[ours] = transforms[kind][0](np.asarray(state.pop(theirs)))
+    if layout == "timm" and spec.pre_norm:
+        arrays["embedding/bias"] = np.zeros_like(arrays["embedding/kernel"][0, 0, 0])
     if missing or state:
         problems = [f"missing ({len(missing)}): {', '.join(missing[:8])}"] if missing else []
         if state:
@@ -165,9 +199,25 @@ def from_npz_arrays(arrays, spec, layout):
     """The `.npz` layout (`checkpoint.model_arrays`) as their state dict."""
     prefix = "vit." if layout == "transformers" and spec.include_top else ""
     transforms = _transforms(spec.num_heads)
+    if layout == "timm" and spec.pre_norm:
+        arrays = _fold_patch_bias(arrays, spec)
     state = {theirs: np.ascontiguousarray(transforms[kind][1](arrays[ours]))
              for ours, theirs, kind in _pairs(spec, layout, prefix)}
     return _fuse_qkv(state) if layout == "timm" else state
+
+
+def _fold_patch_bias(arrays, spec):
+    """The arrays with the patch embedding's bias added to the patches' position embeddings
+    instead, for timm, whose patch embedding has no bias before a pre-norm. Exact: both are
+    added to every patch token, and resampling (weights that sum to 1) keeps a constant."""
+    arrays = dict(arrays)
+    bias = arrays.pop("embedding/bias")
+    key = "Transformer/posembed_input/pos_embedding"
+    rows = spec.num_prefix_tokens if spec.prefix_position_embeddings else 0
+    embeddings = arrays[key].copy()
+    embeddings[:, rows:] += bias.astype(embeddings.dtype)
+    arrays[key] = embeddings
+    return arrays
 
 
 # --- config.json -------------------------------------------------------------------------------
@@ -209,9 +259,8 @@ def spec_from_transformers(config, state):
     if act not in ("gelu",) + _TANH_GELUS:
         raise LayoutError(f"hidden_act {act!r}: keras_vit has the exact GELU ('gelu') and its "
                           f"tanh form ({', '.join(_TANH_GELUS)}).")
-    if not config.get("qkv_bias", True) or config.get("num_channels", 3) != 3:
-        raise LayoutError("qkv_bias=False and images of other than 3 channels are not "
-                          "supported yet.")
+    if config.get("num_channels", 3) != 3:
+        raise LayoutError(f"num_channels {config['num_channels']}: keras_vit takes RGB images.")
     architecture = (config.get("architectures") or ["ViTModel"])[0]
     if architecture not in TRANSFORMERS_ARCHITECTURES:
         raise LayoutError(f"architecture {architecture!r}: keras_vit reads "
@@ -229,6 +278,7 @@ def spec_from_transformers(config, state):
                  else hidden,
                  approximate_gelu=act in _TANH_GELUS,
                  layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
+                 qkv_bias=config.get("qkv_bias", True),
                  dropout=config.get("hidden_dropout_prob", 0.0),
                  attention_dropout=config.get("attention_probs_dropout_prob", 0.0))
 
@@ -237,6 +287,11 @@ def transformers_config(spec):
     """transformers' `config.json` for a model of `spec` (a LayoutError for what its ViT cannot
     express)."""
     _check_plain(spec, "transformers' ViT")
+    later = [f"{name}={getattr(spec, name)!r}" for name in _LATER_OPTIONS
+             if getattr(spec, name) != DEFAULTS[name]]
+    if later:
+        raise LayoutError(f"transformers' ViT has no {', '.join(later)} (options of later "
+                          "ViTs); save this model for timm (format='timm').")
     if spec.classifier != "token":
         raise LayoutError("transformers' ViT classifies from the class token; a GAP model "
                           "(classifier='gap') has no equivalent there.")
@@ -257,7 +312,7 @@ def transformers_config(spec):
         "num_attention_heads": spec.num_heads, "num_hidden_layers": spec.num_layers,
         "patch_size": spec.patch_size, "image_size": height if height == width else [height,
                                                                                      width],
-        "num_channels": 3, "qkv_bias": True,
+        "num_channels": 3, "qkv_bias": spec.qkv_bias,
         "hidden_act": "gelu_pytorch_tanh" if spec.approximate_gelu else "gelu",
         "layer_norm_eps": spec.layer_norm_epsilon,
         "hidden_dropout_prob": spec.dropout, "attention_probs_dropout_prob":
@@ -270,91 +325,148 @@ def transformers_config(spec):
     return config
 
 
-def _timm_heads(hidden, model_args):
-    if "num_heads" in model_args:
-        return model_args["num_heads"]
-    for name in variants.VARIANT_NAMES:
-        row = variants.variant_table_row(name)
-        if row["hidden_size"] == hidden:
-            return row["num_heads"]
-    raise LayoutError(f"No number of heads known for width {hidden}: give num_heads in "
-                      "config.json's model_args.")
+@functools.cache
+def timm_architectures():
+    """timm's `vit_*` architectures: name -> {"class", "args"}, the arguments each entry point
+    passes beyond `VisionTransformer`'s defaults (written by benchmarks/timm_coverage.py
+    --write_table from timm itself). A checkpoint's `config.json` names its architecture but
+    does not repeat these."""
+    with open(os.path.join(os.path.dirname(__file__), "timm_architectures.json")) as handle:
+        return json.load(handle)["architectures"]
+
+
+def _timm_args(config):
+    """The arguments timm builds the checkpoint's model with: `VisionTransformer`'s defaults,
+    its architecture's, then the config's `model_args` (as `timm.create_model` does)."""
+    architecture = config["architecture"].split(".")[0]
+    entry = timm_architectures().get(architecture)
+    args = dict(config.get("model_args") or {})
+    if entry is None and not args:
+        raise LayoutError(
+            f"timm architecture {architecture!r} is not one keras_vit knows (timm's vit_* "
+            "architectures) and config.json has no model_args to say what it is.")
+    if entry is not None and entry["class"] != "VisionTransformer":
+        raise LayoutError(
+            f"timm architecture {architecture!r} is timm's {entry['class']}, not its "
+            "VisionTransformer: keras_vit reads the VisionTransformer family.")
+    pretrained = config.get("pretrained_cfg") or {}
+    merged = {**_TIMM_DEFAULTS, "img_size": pretrained.get("input_size", [3, 224, 224])[1:],
+              **(entry or {}).get("args", {}), **args}
+    if "global_pool" in config:  # timm writes the model's pooling beside model_args
+        merged["global_pool"] = config["global_pool"]
+    norm = merged.pop("norm_layer")
+    if isinstance(norm, dict) and "layer_norm" in norm:
+        merged["layer_norm_epsilon"] = norm["layer_norm"]
+    else:
+        merged["norm_layer"] = norm
+    return architecture, merged
+
+
+def _timm_missing(args):
+    """What keras_vit has no option for, in timm's words."""
+    missing = [f"{name}={value!r}" for name, value in sorted(args.items())
+               if name not in _TIMM_OPTIONS]
+    if args["act_layer"] not in _TIMM_GELUS:
+        missing.append(f"act_layer={args['act_layer']!r}")
+    if args["global_pool"] not in ("token", "avg"):
+        missing.append(f"global_pool={args['global_pool']!r}")
+    elif (args["global_pool"] == "token") != bool(args["class_token"]):
+        missing.append(f"global_pool={args['global_pool']!r} with class_token="
+                       f"{args['class_token']}")
+    if args["in_chans"] != 3:
+        missing.append(f"in_chans={args['in_chans']}")
+    return missing
 
 
 def spec_from_timm(config, state):
     """The `ViTConfig` of timm's `config.json`, with the sizes the weights `state` show."""
-    architecture = config["architecture"].split(".")[0]
-    if not _TIMM_PLAIN.match(architecture):
-        raise LayoutError(
-            f"timm architecture {architecture!r} is not supported yet: keras_vit maps timm's "
-            "plain ViTs (vit_<size>_patch<p>_<resolution>); CLIP, SigLIP, DeiT-III, register "
-            "and other families need options (pre_norm, LayerScale, registers, quick GELU) it "
-            "does not have yet.")
-    args = dict(config.get("model_args") or {})
-    unknown = sorted(set(args) - _TIMM_ARGS)
-    if unknown:
-        raise LayoutError(f"timm model_args {unknown} are not supported yet (keras_vit maps "
-                          f"{sorted(_TIMM_ARGS)}).")
-    act = args.get("act_layer", "gelu")
-    if act not in ("gelu", "gelu_tanh") or not args.get("qkv_bias", True) or (
-            args.get("in_chans", 3) != 3):
-        raise LayoutError(f"timm act_layer={act!r}, qkv_bias={args.get('qkv_bias', True)}, "
-                          f"in_chans={args.get('in_chans', 3)}: keras_vit maps GELU (exact or "
-                          "tanh), query/key/value biases and RGB images.")
+    architecture, args = _timm_args(config)
+    missing = _timm_missing(args)
+    if missing:
+        raise LayoutError(f"timm architecture {architecture!r} needs {', '.join(missing)}, "
+                          "which keras_vit has no option for yet.")
     kernel = state["patch_embed.proj.weight"]
     hidden, patch = kernel.shape[0], kernel.shape[-1]
     layers = len({key.split(".")[1] for key in state if key.startswith("blocks.")})
     mlp = state["blocks.0.mlp.fc1.weight"].shape[0]
-    global_pool = config.get("global_pool", args.get("global_pool", "token"))
-    class_token = args.get("class_token", global_pool == "token")
-    fc_norm = args.get("fc_norm")
-    if global_pool == "token" and class_token:
-        classifier = "token"
-    elif global_pool == "avg" and not class_token and fc_norm is False:
-        classifier = "gap"  # the original's GAP: normalised, then pooled
-    else:
-        raise LayoutError(
-            f"timm global_pool={global_pool!r} with class_token={class_token}, "
-            f"fc_norm={fc_norm}: keras_vit maps 'token' with a class token, and 'avg' without "
-            "one and with fc_norm=False (the original's GAP); timm's default 'avg' normalises "
-            "after pooling, which keras_vit has not got yet.")
-    num_classes = config.get("num_classes", 1000)
-    image = (config.get("pretrained_cfg") or {}).get("input_size", [3, 224, 224])[1:]
-    image = args.get("img_size", image)
-    return _spec(hidden, mlp, _timm_heads(hidden, args), layers, patch, image_size=image,
+    gap = args["global_pool"] == "avg"
+    fc_norm = gap if args["fc_norm"] is None else args["fc_norm"]  # timm's rule
+    final_norm = "none" if not args["final_norm"] else "pooled" if fc_norm else "tokens"
+    num_classes = config.get("num_classes", args["num_classes"])
+    return _spec(hidden, mlp, args["num_heads"], layers, patch,
+                 image_size=_whole_patches(args["img_size"], patch, architecture),
                  include_top=num_classes > 0, num_classes=max(num_classes, 1),
-                 classifier=classifier, approximate_gelu=act == "gelu_tanh",
-                 layer_norm_epsilon=LAYER_NORM_EPSILON,
+                 classifier="gap" if gap else "token",
+                 approximate_gelu=args["act_layer"] == "gelu_tanh",
+                 layer_norm_epsilon=args["layer_norm_epsilon"],
+                 qkv_bias=args["qkv_bias"], layer_scale_init=args["init_values"],
+                 num_register_tokens=args["reg_tokens"],
+                 prefix_position_embeddings=not args["no_embed_class"],
+                 pre_norm=args["pre_norm"], final_norm=final_norm,
+                 dynamic_image_size=args["dynamic_img_size"],
+                 dynamic_image_pad=args["dynamic_img_pad"],
                  position_embedding_interpolation="bicubic")  # as timm resamples
+
+
+def _whole_patches(image_size, patch, architecture):
+    """timm's image size, less what its patch convolution drops (timm's SigLIP at 384 with
+    14-pixel patches sees 378x378)."""
+    sides = [image_size] * 2 if isinstance(image_size, int) else list(image_size)
+    whole = [side // patch * patch for side in sides]
+    if whole != sides:
+        logger.warning(
+            "timm's %s takes %sx%s images and its %d-pixel patches leave the last %s pixels "
+            "unread; the keras_vit model takes %sx%s (crop those pixels away for timm's "
+            "outputs).", architecture, *sides, patch,
+            "x".join(str(a - b) for a, b in zip(sides, whole)), *whole)
+    return whole
 
 
 def timm_config(spec):
     """timm's `config.json` (what `timm.create_model("local-dir:DIR", pretrained=True)` reads)
-    for a model of `spec`."""
+    for a model of `spec`: every option in `model_args`, on an architecture whose LayerNorm
+    epsilon is the model's (timm's model_args cannot name one)."""
     _check_plain(spec, "timm's VisionTransformer")
     if spec.representation_size is not None:
         raise LayoutError("timm's VisionTransformer has no tanh pre_logits layer; save a model "
                           "without representation_size.")
-    if spec.layer_norm_epsilon != LAYER_NORM_EPSILON:
-        raise LayoutError(f"timm's ViT LayerNorms have epsilon {LAYER_NORM_EPSILON}, the model "
-                          f"{spec.layer_norm_epsilon}.")
     height, width = spec.image_size
     gap = spec.classifier == "gap"
     args = {"img_size": [height, width], "patch_size": spec.patch_size,
             "embed_dim": spec.hidden_size, "depth": spec.num_layers,
             "num_heads": spec.num_heads, "mlp_ratio": spec.mlp_dim / spec.hidden_size,
             "class_token": not gap, "global_pool": "avg" if gap else "token",
-            "fc_norm": False if gap else None,
-            "act_layer": "gelu_tanh" if spec.approximate_gelu else "gelu"}
+            "fc_norm": spec.final_norm == "pooled", "final_norm": spec.final_norm != "none",
+            "act_layer": "gelu_tanh" if spec.approximate_gelu else "gelu",
+            "qkv_bias": spec.qkv_bias, "init_values": spec.layer_scale_init,
+            "reg_tokens": spec.num_register_tokens,
+            "no_embed_class": not spec.prefix_position_embeddings, "pre_norm": spec.pre_norm,
+            "dynamic_img_size": spec.dynamic_image_size,
+            "dynamic_img_pad": spec.dynamic_image_pad}
     num_classes = spec.num_classes if spec.include_top else 0
     return {
-        "architecture": "vit_base_patch16_224", "num_classes": num_classes,
-        "num_features": spec.hidden_size, "global_pool": args["global_pool"],
-        "model_args": args,
+        "architecture": _timm_architecture_of_epsilon(spec.layer_norm_epsilon),
+        "num_classes": num_classes, "num_features": spec.hidden_size,
+        "global_pool": args["global_pool"], "model_args": args,
         "pretrained_cfg": {"input_size": [3, height, width], "interpolation": "bilinear",
                            "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "crop_pct": 1.0,
                            "num_classes": num_classes},
     }
+
+
+def _timm_architecture_of_epsilon(epsilon):
+    """A timm architecture of plain options (all of which model_args override) whose
+    LayerNorms have this epsilon."""
+    for name, entry in sorted(timm_architectures().items()):
+        if entry["class"] != "VisionTransformer":
+            continue
+        args = {**_TIMM_DEFAULTS, **entry["args"]}
+        norm = args.pop("norm_layer")
+        if (isinstance(norm, dict) and norm.get("layer_norm") == epsilon
+                and not _timm_missing({**args, "layer_norm_epsilon": epsilon})):
+            return name
+    raise LayoutError(f"timm's ViTs have LayerNorms of epsilon 1e-6 or 1e-5, the model "
+                      f"{epsilon}; timm's model_args cannot name another.")
 
 
 def _check_plain(spec, target):

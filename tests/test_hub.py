@@ -90,7 +90,9 @@ def test_what_a_library_cannot_express_is_refused_before_writing(tmp_path):
             ({"classifier": "gap"}, "transformers", "GAP model"),
             ({"position_embedding": "relative"}, "timm", "no equivalent there"),
             ({"representation_size": 16}, "timm", "pre_logits"),
-            ({"layer_norm_epsilon": 1e-5}, "timm", "epsilon"),
+            ({"layer_norm_epsilon": 1e-4}, "timm", "epsilon"),
+            ({"num_register_tokens": 1}, "transformers", "num_register_tokens=1"),
+            ({"pre_norm": True}, "transformers", "pre_norm=True"),
             ({"include_top": False}, "transformers", "pooler")):
         with pytest.raises(torch_layouts.LayoutError, match=message):
             save_pretrained(tiny(**fields), tmp_path / "never", format=layout)
@@ -130,9 +132,16 @@ def test_directories_that_are_not_models_are_clear_errors(tmp_path):
     (other / "config.json").write_text(json.dumps({"model_type": "bert"}))
     with pytest.raises(torch_layouts.LayoutError, match="neither transformers' ViT"):
         from_pretrained(str(other))
-    (other / "config.json").write_text(json.dumps({"architecture": "vit_base_patch16_clip_224"}))
-    with pytest.raises(torch_layouts.LayoutError, match="not supported yet"):
-        from_pretrained(str(other))
+    for architecture, message in (
+            ("vit_base_patch16_siglip_224", "needs global_pool='map', which keras_vit has no "
+                                            "option for yet"),
+            ("vit_base_patch16_clip_quickgelu_224", "needs act_layer='quick_gelu'"),
+            ("vit_relpos_base_patch16_224", "timm's VisionTransformerRelPos, not its "
+                                            "VisionTransformer"),
+            ("vit_made_up", "not one keras_vit knows")):
+        (other / "config.json").write_text(json.dumps({"architecture": architecture}))
+        with pytest.raises(torch_layouts.LayoutError, match=message):
+            from_pretrained(str(other))
 
 
 def test_a_checkpoints_normalisation_folds_into_the_patch_embedding(tmp_path):
@@ -149,3 +158,50 @@ def test_a_checkpoints_normalisation_folds_into_the_patch_embedding(tmp_path):
     ours = folded.get_layer("embedding")(keras_vit.preprocess_inputs(pixels_255))
     theirs = model.get_layer("embedding")(((pixels_255 / 255 - mean) / std).astype("float32"))
     np.testing.assert_allclose(to_np(ours), to_np(theirs), rtol=1e-5, atol=1e-4)
+
+
+LATER_OPTIONS = {
+    "dinov2_registers": dict(num_register_tokens=4, prefix_position_embeddings=False,
+                             layer_scale_init=1e-5),
+    "clip": dict(pre_norm=True, layer_norm_epsilon=1e-5),
+    "registers_gap": dict(num_register_tokens=2, classifier="gap", final_norm="pooled",
+                          prefix_position_embeddings=False),
+    "no_qkv_bias_no_final_norm": dict(qkv_bias=False, final_norm="none"),
+}
+
+
+@pytest.mark.parametrize("fields", LATER_OPTIONS.values(), ids=LATER_OPTIONS)
+def test_later_options_go_through_timms_layout_and_back(tmp_path, fields):
+    model = tiny(**fields)  # random weights, patch bias included (folded for pre_norm)
+    save_pretrained(model, tmp_path / "saved", format="timm")
+    loaded = from_pretrained(str(tmp_path / "saved"))
+    assert {name: getattr(loaded.spec, name) for name in fields} == fields
+    np.testing.assert_allclose(to_np(loaded(pixels())), to_np(model(pixels())), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_a_timm_config_without_model_args_takes_its_architectures_options(tmp_path):
+    """timm's hub files name the architecture; its options (here DINOv2 with registers:
+    LayerScale, 4 registers without position embeddings, 6 heads) come from timm's table."""
+    model = tiny(**LATER_OPTIONS["dinov2_registers"], patch_size=14, image_size=28,
+                 hidden_size=384, num_heads=6, mlp_dim=64, num_layers=1,
+                 approximate_gelu=False)  # timm's default GELU, as the table's DINOv2
+    save_pretrained(model, tmp_path / "saved", format="timm")
+    config = {"architecture": "vit_small_patch14_reg4_dinov2.lvd142m", "num_classes": 5,
+              "pretrained_cfg": {"input_size": [3, 28, 28]}}
+    (tmp_path / "saved" / "config.json").write_text(json.dumps(config))
+    loaded = from_pretrained(str(tmp_path / "saved"))
+    assert (loaded.spec.num_register_tokens, loaded.spec.layer_scale_init,
+            loaded.spec.num_heads, loaded.spec.prefix_position_embeddings) == (4, 1e-5, 6, False)
+    np.testing.assert_allclose(to_np(loaded(pixels(28))), to_np(model(pixels(28))),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_transformers_query_key_value_without_biases(tmp_path):
+    model = tiny(qkv_bias=False)
+    save_pretrained(model, tmp_path / "saved", format="transformers")
+    assert json.loads((tmp_path / "saved" / "config.json").read_text())["qkv_bias"] is False
+    loaded = from_pretrained(str(tmp_path / "saved"))
+    assert not loaded.spec.qkv_bias
+    np.testing.assert_allclose(to_np(loaded(pixels())), to_np(model(pixels())), rtol=1e-5,
+                               atol=1e-5)

@@ -124,3 +124,54 @@ def test_a_timm_checkpoint_of_imagenet_normalisation_takes_keras_vit_inputs(tmp_
     with torch.no_grad():
         expected = theirs(torch.tensor(normalised)).numpy()
     assert_close(ours(keras_vit.preprocess_inputs(pixels)), expected)
+
+
+# timm architectures whose options keras_vit maps (each built small: width 24, 2 blocks, 32px),
+# with what each shows.
+TIMM_FAMILIES = {
+    "vit_small_patch14_reg4_dinov2": "4 registers, no position embeddings for them, LayerScale",
+    "vit_base_patch16_clip_224": "a norm before the blocks, no patch bias, epsilon 1e-5, "
+                                 "CLIP's mean and std",
+    "vit_base_patch16_siglip_gap_224": "GAP normalised before pooling, no class token",
+    "vit_betwixt_patch16_reg4_gap_256": "registers and GAP normalised after pooling (fc_norm)",
+    "vit_base_patch16_224_miil": "no query, key and value biases",
+    "vit_base_patch16_radio_v3": "no final norm",
+}
+
+
+@pytest.mark.parametrize("architecture", TIMM_FAMILIES)
+def test_timm_families_both_ways(tmp_path, architecture):
+    from timm.models import _hub
+    small = dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=3, mlp_ratio=2.0,
+                 num_classes=5)
+    theirs = order_one(timm.create_model(architecture, pretrained=False, **small))
+    # As timm writes a model of its own arguments: the architecture and model_args.
+    _hub.save_for_hf(theirs, str(tmp_path / "theirs"), model_args=small,
+                     safe_serialization=True)
+    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    pixels = np.random.default_rng(2).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
+
+    def logits(model):  # on the pixels as the model's pretrained_cfg normalises them
+        mean, std = (np.asarray(model.pretrained_cfg[key]) for key in ("mean", "std"))
+        with torch.no_grad():
+            return model(torch.tensor(((pixels / 255 - mean) / std).transpose(0, 3, 1, 2),
+                                      dtype=torch.float32)).numpy()
+
+    expected = logits(theirs)
+    assert_close(ours(keras_vit.preprocess_inputs(pixels)), expected)
+    keras_vit.save_pretrained(ours, tmp_path / "ours", format="timm")
+    back = timm.create_model("local-dir:" + os.fspath(tmp_path / "ours"), pretrained=True)
+    assert_close(logits(back.eval()), expected)
+
+
+def test_the_architecture_table_is_the_installed_timms():
+    """keras_vit/timm_architectures.json, which from_pretrained reads, is what
+    benchmarks/timm_coverage.py --write_table makes of this timm."""
+    import importlib.util
+    from keras_vit import torch_layouts
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "benchmarks", "timm_coverage.py")
+    module_spec = importlib.util.spec_from_file_location("timm_coverage", path)
+    coverage = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(coverage)
+    assert coverage.architecture_table(timm) == torch_layouts.timm_architectures()

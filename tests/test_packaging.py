@@ -101,6 +101,7 @@ def test_the_wheel_installs_only_keras_vit(tmp_path):
         assert top_level == {"keras_vit", wheel.name.split("-py")[0] + ".dist-info"}
         assert "keras_vit/train/main.py" in names and "keras_vit/configs/common.py" in names
         assert "keras_vit/train/studies/ablate.py" in names  # the subpackage of train/
+        assert "keras_vit/timm_architectures.json" in names  # from_pretrained reads it
         entry_points = configparser.ConfigParser()
         entry_points.read_string(archive.read(
             next(name for name in names if name.endswith(".dist-info/entry_points.txt")))

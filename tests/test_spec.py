@@ -178,3 +178,60 @@ def test_tool_modules_load_on_first_use():
             "keras_vit.checkpoint.save_npz\n"
             "print(before, 'keras_vit.checkpoint' in sys.modules)\n")
     assert python_output(code).splitlines()[-1] == "[] True"
+
+
+def test_later_vit_options_are_checked_with_the_rest():
+    spec = ViTConfig.from_variant("S/16", num_register_tokens=4, classifier="gap",
+                                  layer_scale_init=1e-5, final_norm="pooled")
+    assert spec.num_prefix_tokens == 4  # registers, no class token
+    assert ViTConfig.from_variant("S/16", num_register_tokens=4).num_prefix_tokens == 5
+    assert ViTConfig.from_dict(spec.to_dict()) == spec
+    with pytest.raises(ValueError) as error:
+        ViTConfig.from_variant("S/16", num_register_tokens=-1, final_norm="after",
+                               layer_scale_init=0.0)
+    for field in ("num_register_tokens=-1", "final_norm='after'", "layer_scale_init=0.0"):
+        assert field in str(error.value)
+    with pytest.raises(ValueError, match="placement 'stem' or prefix_position_embeddings"):
+        ViTConfig.from_variant("S/16", prefix_position_embeddings=False,
+                               position_embedding_placement="every_layer")
+    with pytest.raises(ValueError, match="num_register_tokens=0"):
+        ViTConfig.from_variant("Axial-S/16", num_register_tokens=1)
+    with pytest.raises(TypeError, match="qkv_bias"):
+        ViTConfig.from_variant("S/16", qkv_bias="no")
+
+
+@pytest.mark.parametrize("fields, extra", [
+    # D = 16, 1 block, a 2x2 grid: what each option adds to the plain model's weights.
+    ({"qkv_bias": False}, -3 * 16),
+    ({"layer_scale_init": 1e-5}, 2 * 16),
+    ({"num_register_tokens": 3}, 3 * 16 + 3 * 16),  # the tokens and their position rows
+    ({"num_register_tokens": 3, "prefix_position_embeddings": False}, 3 * 16 - 1 * 16),
+    ({"pre_norm": True}, 2 * 16),
+    ({"final_norm": "pooled"}, 0),
+    ({"final_norm": "none"}, -2 * 16),
+], ids=["no_qkv_bias", "layer_scale", "registers", "registers_no_prefix_embeddings",
+        "pre_norm", "pooled_norm", "no_final_norm"])
+def test_each_later_option_adds_exactly_its_weights(fields, extra):
+    plain = keras_vit.vit("S/16", **TINY).count_params()
+    model = keras_vit.vit("S/16", **TINY, **fields)
+    assert model.count_params() - plain == extra
+
+
+def test_later_options_reach_the_tools():
+    model = keras_vit.vit("S/16", **TINY, num_register_tokens=2,
+                          prefix_position_embeddings=False, final_norm="pooled")
+    images = np.random.default_rng(0).uniform(-1, 1, (1, 32, 32, 3)).astype("float32")
+    tokens = np.asarray(keras_vit.features(model, layers=1)(images))
+    maps = np.asarray(keras_vit.features(model, layers=1, output="maps")(images))
+    assert tokens.shape == (1, 3 + 4, 16)  # class token, 2 registers, 2x2 patches
+    np.testing.assert_array_equal(maps.reshape(1, 4, 16), tokens[:, 3:])
+    with pytest.raises(ValueError, match="final_norm='pooled'"):
+        keras_vit.features(model, layers=1, norm=True)
+    from keras_vit import analysis
+    similarity = analysis.position_embedding_similarity(model)  # the patches' rows only
+    assert similarity.shape == (4, 2, 2)
+    np.testing.assert_allclose(similarity.reshape(4, 4).diagonal(), 1.0, rtol=1e-6)
+    from keras_vit.masked_patches import MaskedPatchPredictor
+    encoder = keras_vit.vit("S/16", **{**TINY, "include_top": False}, final_norm="none")
+    with pytest.raises(ValueError, match="final_norm='tokens'"):
+        MaskedPatchPredictor(encoder)

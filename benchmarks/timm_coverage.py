@@ -1,0 +1,220 @@
+"""How many of timm's pretrained ViTs keras_vit reads, each checked against timm itself.
+
+For every architecture in `timm.list_pretrained("vit_*")`, timm builds it with random weights
+of order 1 (its depth cut to `--depth` blocks: every block has the same options, and the whole
+list then runs in minutes on a CPU), saves it as its hub files do (`config.json` +
+`model.safetensors`), `keras_vit.from_pretrained` loads the directory, and the logits of one
+image are compared; then `keras_vit.save_pretrained(..., format="timm")` writes it back and
+`timm.create_model("local-dir:...")` must give the same logits. An architecture keras_vit has no
+option for is reported with the reason `from_pretrained` gives.
+
+    KERAS_BACKEND=torch python benchmarks/timm_coverage.py              # the table
+    python benchmarks/timm_coverage.py --write_table    # keras_vit/timm_architectures.json
+
+`--write_table` records, for each `vit_*` architecture timm registers, its model class and the
+arguments its entry point passes that differ from `VisionTransformer`'s defaults: the options a
+checkpoint's `config.json` does not repeat (heads, activation, LayerNorm epsilon, pooling...),
+which `from_pretrained` reads from there. Needs torch and timm (CI's torch leg has both).
+"""
+
+import argparse
+import collections
+import functools
+import inspect
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "keras_vit",
+                     "timm_architectures.json")
+# What every build passes that is not an architecture option.
+_BUILD_ARGUMENTS = {"pretrained_cfg", "pretrained_cfg_overlay", "cache_dir", "feature_cfg",
+                    "pretrained_filter_fn", "pretrained_strict"}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--depth", type=int, default=2, help="blocks of each model built")
+    parser.add_argument("--only", default="", help="architectures whose name contains this")
+    parser.add_argument("--tolerance", type=float, default=1e-4,
+                        help="largest logit difference allowed, relative to the largest logit")
+    parser.add_argument("--write_table", action="store_true",
+                        help=f"regenerate {os.path.relpath(TABLE)} from the installed timm")
+    return parser.parse_args(argv)
+
+
+class _Captured(Exception):
+    pass
+
+
+def _json_value(value):
+    """An argument as JSON: plain values as they are, a LayerNorm as its epsilon (the only
+    thing that differs between timm's ViTs), anything else by name."""
+    if isinstance(value, (bool, int, float, str, type(None))):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_json_value(item) for item in value]
+    if isinstance(value, functools.partial) and "LayerNorm" in value.func.__name__:
+        return {"layer_norm": value.keywords.get("eps", 1e-5)}
+    name = getattr(value, "__name__", type(value).__name__)
+    return {"layer_norm": 1e-6} if name == "LayerNorm" else f"<{name}>"
+
+
+def architecture_table(timm):
+    """architecture -> {"class": timm's model class, "args": its non-default arguments}."""
+    from timm.models import _builder
+    from timm.models.vision_transformer import VisionTransformer
+
+    defaults = {name: parameter.default for name, parameter in
+                inspect.signature(VisionTransformer.__init__).parameters.items()}
+    original, seen = _builder.build_model_with_cfg, {}
+
+    def capture(model_class, variant, pretrained, **kwargs):
+        seen[variant] = (model_class, kwargs)
+        raise _Captured
+
+    # Entry points call build_model_with_cfg as a name of their own module: replace it there.
+    modules = [module for name, module in list(sys.modules.items())
+               if name.startswith("timm.models")
+               and getattr(module, "build_model_with_cfg", None) is original]
+    for module in modules:
+        module.build_model_with_cfg = capture
+    table = {}
+    try:
+        for architecture in timm.list_models("vit_*"):
+            try:
+                timm.create_model(architecture, pretrained=False)
+            except _Captured:
+                pass
+            model_class, kwargs = seen.get(architecture, (None, {}))
+            if model_class is None:
+                continue
+            entry = {"class": model_class.__name__}
+            if model_class is VisionTransformer:
+                entry["args"] = {
+                    name: _json_value(value) for name, value in sorted(kwargs.items())
+                    if name not in _BUILD_ARGUMENTS and not (
+                        name in defaults and _same(value, defaults[name]))}
+            table[architecture] = entry
+    finally:
+        for module in modules:
+            module.build_model_with_cfg = original
+    return table
+
+
+def _same(value, default):
+    try:
+        return bool(value == default)
+    except Exception:  # tensors and other values without a plain ==
+        return False
+
+
+def order_one(torch, model):
+    """Random weights that keep activations of order 1 at any width, so that a wrong
+    activation, epsilon or scale shows: kernels N(0, 1 / fan_in), biases and tokens N(0, 0.3),
+    norm and LayerScale scales 1 + N(0, 0.1)."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            unit = ("norm" in name or name.endswith("gamma")) and not name.endswith("bias")
+            kernel = parameter.dim() >= 2 and not name.endswith(_TOKENS)
+            std = (parameter[0].numel() ** -0.5 if kernel else 0.1 if unit else 0.3)
+            parameter.copy_(torch.randn_like(parameter) * std + float(unit))
+    return model.eval()
+
+
+_TOKENS = ("pos_embed", "cls_token", "reg_token")
+
+
+def check(architecture, depth, tolerance, workdir):
+    """("covered", detail) | ("missing", reason) | ("error", what), for one architecture."""
+    import keras
+    import timm
+    import torch
+    from timm.models import _hub
+
+    import keras_vit
+    from keras_vit import torch_layouts
+
+    entry = torch_layouts.timm_architectures()[architecture]
+    if entry["class"] != "VisionTransformer":
+        return "missing", f"timm's {entry['class']} class"
+    theirs = order_one(torch, timm.create_model(architecture, pretrained=False, depth=depth))
+    directory = os.path.join(workdir, architecture)
+    _hub.save_for_hf(theirs, directory, model_args={"depth": depth}, safe_serialization=True)
+    try:
+        ours = keras_vit.from_pretrained(directory)
+    except torch_layouts.LayoutError as error:
+        return "missing", str(error).replace(f"timm architecture {architecture!r} ", "")[:160]
+    # At timm's input size; keras_vit's may be smaller (whole patches), timm's convolution
+    # drops the rest.
+    _, height, width = theirs.pretrained_cfg["input_size"]
+    pixels = np.random.default_rng(0).uniform(0, 255, (1, height, width, 3)).astype("float32")
+    height, width = ours.spec.image_size
+
+    def logits(model):  # on the pixels as the model's pretrained_cfg normalises them
+        mean, std = (np.asarray(model.pretrained_cfg[key]) for key in ("mean", "std"))
+        normalised = ((pixels / 255 - mean) / std).transpose(0, 3, 1, 2)
+        with torch.no_grad():
+            return model(torch.tensor(normalised, dtype=torch.float32)).numpy()
+
+    expected = logits(theirs)
+    ours_logits = keras.ops.convert_to_numpy(
+        ours(keras_vit.preprocess_inputs(pixels[:, :height, :width])))
+    scale = np.abs(expected).max()
+    loaded = np.abs(ours_logits - expected).max() / scale
+    keras_vit.save_pretrained(ours, directory + "_back", format="timm")
+    back = timm.create_model("local-dir:" + directory + "_back", pretrained=True).eval()
+    pixels = pixels[:, :height, :width]
+    saved = np.abs(logits(back) - ours_logits).max() / scale
+    if max(loaded, saved) > tolerance:
+        return "error", f"logits differ: {loaded:.1e} loaded, {saved:.1e} saved back"
+    return "covered", f"{loaded:.1e} / {saved:.1e}"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import timm
+
+    if args.write_table:
+        table = {"timm": timm.__version__, "architectures": architecture_table(timm)}
+        with open(TABLE, "w") as handle:
+            json.dump(table, handle, indent=1, sort_keys=True)
+            handle.write("\n")
+        print(f"{len(table['architectures'])} architectures written to {TABLE}")
+        return
+    tags = collections.Counter(name.split(".")[0] for name in timm.list_pretrained("vit_*"))
+    results = {}
+    with tempfile.TemporaryDirectory() as workdir:
+        for architecture in sorted(tags):
+            if args.only not in architecture:
+                continue
+            try:
+                results[architecture] = check(architecture, args.depth, args.tolerance, workdir)
+            except Exception as error:  # a row of the table, not the end of the run
+                results[architecture] = ("error", f"{type(error).__name__}: "
+                                                  f"{str(error).splitlines()[0][:120]}")
+            status, detail = results[architecture]
+            print(f"| {architecture} | {tags[architecture]} | {status} | {detail} |", flush=True)
+    counts = collections.Counter()
+    for architecture, (status, _) in results.items():
+        counts[status] += tags[architecture]
+    total = sum(tags[architecture] for architecture in results)
+    print(f"\ntimm {timm.__version__}: {counts['covered']} of {total} pretrained tags covered "
+          f"({len([r for r in results.values() if r[0] == 'covered'])} of {len(results)} "
+          f"architectures); missing an option: {counts['missing']}; errors: {counts['error']}.")
+    reasons = collections.Counter()
+    for architecture, (status, detail) in results.items():
+        if status == "missing":
+            reasons[detail] += tags[architecture]
+    for reason, count in reasons.most_common():
+        print(f"- {count} tags: {reason}")
+
+
+if __name__ == "__main__":
+    main()
