@@ -164,7 +164,10 @@ def resize(images, size, preprocessing=None):
     resized, offsets = size, None
     if crop:
         box = _crop_box(tf.shape(images)[-3:-1], size, preprocessing, xp=_tf_numpy())
-        resized, offsets = (tf.cast(tf.stack(values), tf.int32) for values in box)
+        # Each cast before the stack: tf.image.resize reads a size stacked from float64
+        # constants through the cast, and fails.
+        resized, offsets = (tf.stack([tf.cast(value, tf.int32) for value in values])
+                            for values in box)
     images = tf.image.resize(images, resized, method=preprocessing.interpolation,
                              antialias=preprocessing.antialias)
     if preprocessing.interpolation == "bicubic":  # overshoots; PIL's uint8 pixels cannot
