@@ -18,7 +18,7 @@ from keras_vit.builders import *  # noqa: F401,F403  (ViT_B16, ...: one per VARI
 from keras_vit.masked_patches import MaskedPatchPredictor
 from keras_vit.intermediates import attention_model, features
 from keras_vit.model import vit
-from keras_vit.preprocessing import preprocess_inputs
+from keras_vit.preprocessing import EvalPreprocessing, prepare_images, preprocess_inputs
 from keras_vit.spec import ViTConfig, parse_variant
 from keras_vit.variants import VARIANT_NAMES
 

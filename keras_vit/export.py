@@ -23,6 +23,7 @@ import warnings
 import numpy as np
 
 from keras_vit import fileio
+from keras_vit.preprocessing import model_image_size
 
 QUANTIZATIONS = ("none", "float16", "dynamic", "int8")
 DEFAULT_TOP_K = 5
@@ -33,19 +34,6 @@ def _dynamic_spec(model):
     """The spec of a model of any image size, else None."""
     spec = getattr(model, "spec", None)
     return spec if spec is not None and spec.dynamic_image_size else None
-
-
-def _image_size(model):
-    """The size images are resized to: the model's input, or for a model of any size the size
-    of its position embeddings' grid (`image_size`)."""
-    spec = _dynamic_spec(model)
-    if spec is not None:
-        return spec.image_size
-    shape = model.input_shape
-    if len(shape) != 4 or shape[-1] != 3 or None in shape[1:3]:
-        raise ValueError(f"Expected a model of images [batch, height, width, 3], got input "
-                         f"shape {shape}.")
-    return shape[1], shape[2]
 
 
 def _check_model(model):
@@ -60,7 +48,7 @@ def _check_model(model):
             f"The SavedModel and TFLite export run on Keras' TensorFlow backend, not "
             f"{keras.config.backend()!r}: save the model (model.save('model.keras')) and export "
             "it in a process started with KERAS_BACKEND=tensorflow.")
-    return _image_size(model)
+    return model_image_size(model)
 
 
 def _path_text(path, argument):
@@ -182,7 +170,8 @@ def _serving_functions(model, class_names, top_k):
 
     from keras_vit.preprocessing import decode_and_resize, resize, scale_pixels
 
-    height, width = _image_size(model)
+    height, width = model_image_size(model)
+    preprocessing = getattr(model, "preprocessing", None)  # the checkpoint's resize and crop
     k = min(top_k, model.output_shape[-1])
     names = tf.constant(list(class_names)) if class_names is not None else None
 
@@ -201,7 +190,8 @@ def _serving_functions(model, class_names, top_k):
         # Decoded pixels are RGB in 0..255 by construction: only the request itself is checked.
         # Each image is resized as it is decoded (the input pipeline's evaluation does the
         # same), so images of any size stack into one batch.
-        pixels = tf.map_fn(lambda encoded: decode_and_resize(encoded, (height, width)),
+        pixels = tf.map_fn(lambda encoded: decode_and_resize(encoded, (height, width),
+                                                             preprocessing),
                            _checked_bytes(image_bytes),
                            fn_output_signature=tf.TensorSpec((height, width, 3), tf.float32))
         return predict(pixels)
@@ -209,7 +199,7 @@ def _serving_functions(model, class_names, top_k):
     def serve_images(images):
         if _dynamic_spec(model) is not None:  # runs at the size it is sent (the model checks it)
             return predict(_checked_images(images))
-        return predict(resize(_checked_images(images), (height, width)))
+        return predict(resize(_checked_images(images), (height, width), preprocessing))
 
     return serve_bytes, serve_images
 
@@ -222,6 +212,7 @@ def export_saved_model(model, base_dir, class_names=None, version=None, top_k=DE
         serving_images: `images` float32 [N, H, W, 3] in 0..255, any H and W: resized to the
             model's size, or for a model built with `dynamic_image_size=True` run at the size
             sent (sides multiples of its pixels per patch, any size with padding).
+    Both resize (and crop) as the model's `preprocessing` says, as `keras_vit.prepare_images`.
     Outputs: `logits`, `probabilities`, `top_k_indices`, `top_k_probabilities` and, with
     `class_names`, `top_k_names`. A model built by keras_vit also leaves its `ViTConfig` as
     JSON in `SPEC_ASSET` (`assets.extra/`, which loaders and TF Serving ignore).
@@ -328,7 +319,10 @@ def float32_copy(model):
 
     copy = keras.models.clone_model(model, clone_function=clone)
     copy.set_weights(model.get_weights())
-    copy.spec = getattr(model, "spec", None)  # clone_model builds the class without it
+    # clone_model builds the class without them
+    copy.spec = getattr(model, "spec", None)
+    if hasattr(model, "preprocessing"):
+        copy.preprocessing = model.preprocessing
     return copy
 
 
@@ -339,7 +333,7 @@ def _tflite_function(model):
 
     from keras_vit.preprocessing import scale_pixels
 
-    height, width = _image_size(model)
+    height, width = model_image_size(model)
     spec = tf.TensorSpec([None, height, width, 3], tf.float32, name="images")
 
     @tf.function(input_signature=[spec])

@@ -7,24 +7,29 @@ hub, or an original `.npz`; `save_pretrained` writes a model for either library.
                                       num_classes=10, image_size=384)
     keras_vit.save_pretrained(model, "out/", format="transformers")   # or format="timm"
 
-Weights are read as safetensors (never a pickled `pytorch_model.bin`) with the `safetensors`
-package's NumPy API, and names on the hub download through `huggingface_hub` (cached; offline,
-the cached copy): both come with `pip install "keras_vit[hub]"` and load only when used.
+The checkpoint's evaluation resize and crop come along as the model's `preprocessing`
+(`keras_vit.prepare_images` and the exported SavedModel apply it). Weights are read as
+safetensors (never a pickled `pytorch_model.bin`) with the `safetensors` package's NumPy API,
+and names on the hub download through `huggingface_hub` (cached; offline, the cached copy):
+both come with `pip install "keras_vit[hub]"` and load only when used.
 """
 
 import importlib
 import json
 import os
+import warnings
 
 import numpy as np
 
 from keras_vit import checkpoint, fileio, torch_layouts
 from keras_vit.model import vit
+from keras_vit.preprocessing import EvalPreprocessing
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 PREPROCESSOR_FILE = "preprocessor_config.json"  # transformers' image mean and std
 PREFIXES = {"hf:": "", "timm:": "timm/"}  # a hub name's prefix -> its repository's owner part
+RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # PIL's codes, in preprocessor_config
 
 
 def _import(module):
@@ -90,8 +95,9 @@ def read_directory(directory):
     return config, state
 
 
-def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, **fields):
-    """A keras_vit model with the weights of `source`.
+def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, preprocessing=None,
+                    **fields):
+    """A keras_vit model with the weights of `source`, and its evaluation preprocessing.
 
     Args:
         source: a directory holding transformers' or timm's `config.json` and
@@ -100,6 +106,9 @@ def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, **fields):
             written by `checkpoint.save_npz` (its spec sidecar says the architecture).
         dtype, name: as `keras_vit.vit`.
         cache_dir: the Hugging Face cache (default: huggingface_hub's).
+        preprocessing: a `keras_vit.EvalPreprocessing` to use instead of the checkpoint's
+            (timm's `pretrained_cfg` interpolation, crop_pct and crop_mode; transformers'
+            `preprocessor_config.json` resample), which the model's `preprocessing` holds.
         **fields: `ViTConfig` fields to change: `num_classes` (a new zero-initialised head
             where it differs), `image_size` (position embeddings resampled, bicubic for timm's
             weights as timm does it), `dynamic_image_size`, dropout rates...
@@ -112,6 +121,9 @@ def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, **fields):
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"source must be a directory, a hub name or an .npz path, got "
                         f"{type(source).__name__}.")
+    if preprocessing is not None and not isinstance(preprocessing, EvalPreprocessing):
+        raise TypeError(f"preprocessing must be a keras_vit.EvalPreprocessing or None (the "
+                        f"checkpoint's), got {type(preprocessing).__name__}.")
     source = os.fspath(source)
     if source.endswith(".npz"):
         spec = checkpoint.read_spec(source)
@@ -119,10 +131,13 @@ def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, **fields):
             raise checkpoint.CheckpointError(
                 f"{source!r} has no spec beside it ({checkpoint.spec_file(source)}), so its "
                 "architecture is unknown: load it with keras_vit.vit(variant, weights=path).")
-        return vit(spec.replace(**fields), weights=source, dtype=dtype, name=name)
+        model = vit(spec.replace(**fields), weights=source, dtype=dtype, name=name)
+        model.preprocessing = preprocessing  # the original's: bilinear, straight to the size
+        return model
     source_directory = local_directory(source, cache_dir)
     config, state = read_directory(source_directory)
     layout = torch_layouts.detect(config)
+    preprocessing = preprocessing or _eval_preprocessing(config, layout, source_directory)
     if layout == "transformers":
         spec = torch_layouts.spec_from_transformers(config, state)
     else:
@@ -132,7 +147,45 @@ def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, **fields):
     _fold_normalization(arrays, mean, std)
     model = vit(spec.replace(**fields), dtype=dtype, name=name)
     checkpoint.load_npz(model, arrays)
+    model.preprocessing = preprocessing
     return model
+
+
+def _processor(directory):
+    """transformers' `preprocessor_config.json` in `directory`, or {}."""
+    path = os.path.join(directory, PREPROCESSOR_FILE)
+    if not os.path.exists(path):
+        return {}
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def _eval_preprocessing(config, layout, directory):
+    """How the checkpoint's library resizes evaluation images: timm's `pretrained_cfg` (where
+    it is silent, timm's defaults: bicubic, crop_pct 0.875, centre crop), or the `resample` of
+    transformers' `preprocessor_config.json` (its ViTImageProcessor resizes straight to the
+    size; no file: keras_vit's own). Both libraries resize with PIL, which filters when
+    downscaling: antialias."""
+    if layout == "timm":
+        cfg = config.get("pretrained_cfg") or {}
+        fields = {"interpolation": cfg.get("interpolation") or "bicubic",
+                  "crop_fraction": cfg.get("crop_pct") or 0.875,
+                  "crop_mode": cfg.get("crop_mode") or "center"}
+        where = "config.json's pretrained_cfg"
+    else:
+        processor = _processor(directory)
+        if not processor:
+            return EvalPreprocessing()
+        resample = processor.get("resample", 2)
+        fields = {"interpolation": RESAMPLE.get(resample, f"PIL resample {resample}")}
+        where = PREPROCESSOR_FILE
+    try:
+        return EvalPreprocessing(antialias=True, **fields)
+    except ValueError as error:
+        raise checkpoint.CheckpointError(
+            f"The checkpoint's evaluation preprocessing ({where}) is not one keras_vit has: "
+            f"{error} Pass preprocessing=keras_vit.EvalPreprocessing(...) to from_pretrained "
+            "to choose the nearest one.") from error
 
 
 def _normalization(config, directory):
@@ -141,12 +194,9 @@ def _normalization(config, directory):
     (the original's [-1, 1], which is also what both libraries' ViT configs default to)."""
     cfg = config.get("pretrained_cfg") or {}
     mean, std = cfg.get("mean"), cfg.get("std")
-    preprocessor = os.path.join(directory, PREPROCESSOR_FILE)
-    if mean is None and os.path.exists(preprocessor):
-        with open(preprocessor) as handle:
-            processor = json.load(handle)
-        if processor.get("do_normalize", True):
-            mean, std = processor.get("image_mean"), processor.get("image_std")
+    processor = _processor(directory) if mean is None else {}
+    if processor.get("do_normalize", True):
+        mean, std = processor.get("image_mean", mean), processor.get("image_std", std)
     mean = np.broadcast_to(np.asarray(mean if mean is not None else 0.5, np.float64), (3,))
     std = np.broadcast_to(np.asarray(std if std is not None else 0.5, np.float64), (3,))
     return mean, std
@@ -167,12 +217,31 @@ def _fold_normalization(arrays, mean, std):
         arrays["embedding/kernel"].dtype)
 
 
-def _preprocessor_config(spec):
+def _preprocessor_config(spec, preprocessing):
+    """transformers' ViTImageProcessor for keras_vit's [-1, 1] inputs; it resizes straight to
+    the size and cannot crop (a warning says so for a model that crops)."""
+    if preprocessing.crop_mode != "squash" or preprocessing.crop_fraction != 1.0:
+        warnings.warn(
+            f"transformers' ViTImageProcessor resizes straight to the size and does not crop: "
+            f"{PREPROCESSOR_FILE} keeps the model's {preprocessing.interpolation} resize but not "
+            f"its crop (crop_fraction {preprocessing.crop_fraction}, crop_mode "
+            f"{preprocessing.crop_mode!r}); crop images before transformers' pipelines, or save "
+            "with format=\"timm\", which keeps it.", stacklevel=3)
     height, width = spec.image_size
+    resample = {name: code for code, name in RESAMPLE.items()}[preprocessing.interpolation]
     return {"image_processor_type": "ViTImageProcessor", "do_resize": True,
-            "size": {"height": height, "width": width}, "resample": 2,  # bilinear
+            "size": {"height": height, "width": width}, "resample": resample,
             "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
             "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+
+
+def _timm_config(spec, preprocessing):
+    """timm's config.json, its `pretrained_cfg` saying the model's resize and crop."""
+    config = torch_layouts.timm_config(spec)
+    config["pretrained_cfg"].update(interpolation=preprocessing.interpolation,
+                                    crop_pct=preprocessing.crop_fraction,
+                                    crop_mode=preprocessing.crop_mode)
+    return config
 
 
 def save_pretrained(model, directory, format="transformers"):
@@ -181,24 +250,28 @@ def save_pretrained(model, directory, format="transformers"):
     `timm.create_model("local-dir:" + directory, pretrained=True)` loads with equal outputs.
     The directory appears complete or not at all. What the library cannot express (a hybrid,
     relative or 2-D position embeddings, GAP for transformers, pre_logits for timm) is a
-    `LayoutError` naming it, before anything is written."""
+    `LayoutError` naming it, before anything is written. The model's `preprocessing` goes into
+    timm's `pretrained_cfg` (interpolation, crop_pct, crop_mode) or transformers'
+    `preprocessor_config.json` (resample; its ViTImageProcessor cannot crop: a warning)."""
     if format not in torch_layouts.FORMATS:
         raise ValueError(f"format must be one of {torch_layouts.FORMATS}, got {format!r}.")
     spec = getattr(model, "spec", None)
     if spec is None:
         raise ValueError(f"Model {getattr(model, 'name', model)!r} has no keras_vit spec; "
                          "save_pretrained takes a model built by keras_vit.vit().")
+    preprocessing = getattr(model, "preprocessing", None) or EvalPreprocessing()
     config = (torch_layouts.transformers_config(spec) if format == "transformers"
-              else torch_layouts.timm_config(spec))
+              else _timm_config(spec, preprocessing))
+    processor = _preprocessor_config(spec, preprocessing) if format == "transformers" else None
     state = torch_layouts.from_npz_arrays(checkpoint.model_arrays(model), spec, format)
     safetensors = _import("safetensors.numpy")
     directory = os.fspath(directory)
     with fileio.atomic_directory(directory) as temporary:
         with open(os.path.join(temporary, CONFIG_FILE), "w") as handle:
             json.dump(config, handle, indent=2)
-        if format == "transformers":  # for its image pipelines: keras_vit's [-1, 1] inputs
+        if processor is not None:  # for transformers' image pipelines
             with open(os.path.join(temporary, PREPROCESSOR_FILE), "w") as handle:
-                json.dump(_preprocessor_config(spec), handle, indent=2)
+                json.dump(processor, handle, indent=2)
         safetensors.save_file(state, os.path.join(temporary, WEIGHTS_FILE),
                               metadata={"format": "pt"})
     return directory

@@ -137,7 +137,8 @@ def features(model, layers=None, output="tokens", norm=False, attention=False):
         outputs.append(tokens)
     name = f"{model.name}_features"
     extractor = ViTModel(model.input, outputs[0] if len(outputs) == 1 else outputs, name=name,
-                         spec=getattr(model, "spec", None))
+                         spec=getattr(model, "spec", None),
+                         preprocessing=getattr(model, "preprocessing", None))
     if not attention:
         return extractor
     blocks = [block for index in chosen for block in encoder[index]]

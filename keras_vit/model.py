@@ -18,6 +18,7 @@ from keras import ops
 
 from keras_vit import layers as vit_layers
 from keras_vit import resnet
+from keras_vit.preprocessing import EvalPreprocessing
 from keras_vit.spec import FIELDS, ViTConfig
 from keras_vit.variants import _describe
 
@@ -128,25 +129,45 @@ class ViTModel(keras.Model):
     The checks are Python checks on static dtypes and shapes: they cost nothing per step once
     traced. Everything else is a plain functional model (`.keras` saving, `clone_model`,
     `keras.Model` APIs). `spec` is the `ViTConfig` it was built from, saved in its config
-    (None for a model saved before specs existed).
+    (None for a model saved before specs existed). `preprocessing` is the
+    `keras_vit.EvalPreprocessing` its weights expect (a checkpoint's resize and crop, set by
+    `from_pretrained`; keras_vit's own by default), which `keras_vit.prepare_images` and the
+    exported SavedModel apply; saved in its config when not the default.
     """
 
-    def __init__(self, *args, spec=None, **kwargs):
+    def __init__(self, *args, spec=None, preprocessing=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.spec = spec
+        self.preprocessing = preprocessing
+
+    @property
+    def preprocessing(self):
+        return self._preprocessing
+
+    @preprocessing.setter
+    def preprocessing(self, value):
+        if value is not None and not isinstance(value, EvalPreprocessing):
+            raise TypeError(f"preprocessing must be a keras_vit.EvalPreprocessing (or None for "
+                            f"keras_vit's own), got {_describe(value)}.")
+        self._preprocessing = value or EvalPreprocessing()
 
     def get_config(self):
         config = super().get_config()
         if self.spec is not None:
             config["vit_spec"] = self.spec.to_dict()
+        if self.preprocessing != EvalPreprocessing():  # older files and configs unchanged
+            config["vit_preprocessing"] = self.preprocessing.to_dict()
         return config
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
         spec = config.pop("vit_spec", None)
+        preprocessing = config.pop("vit_preprocessing", None)
         model = super().from_config(config, custom_objects=custom_objects)
         model.spec = None if spec is None else ViTConfig.from_dict(spec)
+        if preprocessing is not None:
+            model.preprocessing = EvalPreprocessing.from_dict(preprocessing)
         return model
 
     def _empty_output(self, images):

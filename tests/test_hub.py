@@ -205,3 +205,73 @@ def test_transformers_query_key_value_without_biases(tmp_path):
     assert not loaded.spec.qkv_bias
     np.testing.assert_allclose(to_np(loaded(pixels())), to_np(model(pixels())), rtol=1e-5,
                                atol=1e-5)
+
+
+def _edit_json(path, **changes):
+    values = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            values.pop(key, None)
+        else:
+            values[key] = value
+    path.write_text(json.dumps(values))
+
+
+def test_timms_resize_and_crop_travel_with_the_model(tmp_path):
+    """A timm checkpoint's evaluation transform (bicubic, crop_pct 0.9, timm's default centre
+    crop where the cfg has no crop_mode) is the model's preprocessing, and goes back out."""
+    save_pretrained(tiny(), tmp_path / "saved", format="timm")
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    cfg = {**config["pretrained_cfg"], "interpolation": "bicubic", "crop_pct": 0.9}
+    cfg.pop("crop_mode", None)
+    _edit_json(tmp_path / "saved" / "config.json", pretrained_cfg=cfg)
+    model = from_pretrained(str(tmp_path / "saved"))
+    assert model.preprocessing == keras_vit.EvalPreprocessing("bicubic", 0.9, "center",
+                                                              antialias=True)
+    save_pretrained(model, tmp_path / "timm", format="timm")
+    written = json.loads((tmp_path / "timm" / "config.json").read_text())["pretrained_cfg"]
+    assert (written["interpolation"], written["crop_pct"], written["crop_mode"]) == (
+        "bicubic", 0.9, "center")
+    with pytest.warns(UserWarning, match="does not crop.*crop_fraction 0.9"):
+        save_pretrained(model, tmp_path / "transformers", format="transformers")
+    processor = json.loads((tmp_path / "transformers" / "preprocessor_config.json").read_text())
+    assert processor["resample"] == 3  # PIL's bicubic
+
+
+def test_keras_vits_own_resize_is_written_as_such(tmp_path):
+    """A keras_vit model resizes straight to the size, bilinearly: timm's squash mode."""
+    model = tiny()
+    save_pretrained(model, tmp_path / "timm", format="timm")
+    cfg = json.loads((tmp_path / "timm" / "config.json").read_text())["pretrained_cfg"]
+    assert (cfg["interpolation"], cfg["crop_pct"], cfg["crop_mode"]) == ("bilinear", 1.0, "squash")
+    save_pretrained(model, tmp_path / "transformers", format="transformers")
+    processor = json.loads((tmp_path / "transformers" / "preprocessor_config.json").read_text())
+    assert processor["resample"] == 2  # PIL's bilinear
+
+
+def test_transformers_resample_is_read_and_no_file_is_keras_vits_own(tmp_path):
+    save_pretrained(tiny(), tmp_path / "saved", format="transformers")
+    _edit_json(tmp_path / "saved" / "preprocessor_config.json", resample=3)
+    assert from_pretrained(str(tmp_path / "saved")).preprocessing == keras_vit.EvalPreprocessing(
+        "bicubic", antialias=True)
+    os.remove(tmp_path / "saved" / "preprocessor_config.json")
+    assert from_pretrained(str(tmp_path / "saved")).preprocessing == keras_vit.EvalPreprocessing()
+
+
+def test_a_preprocessing_keras_vit_lacks_is_named_with_the_way_round(tmp_path):
+    save_pretrained(tiny(), tmp_path / "saved", format="timm")
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    _edit_json(tmp_path / "saved" / "config.json",
+               pretrained_cfg={**config["pretrained_cfg"], "crop_mode": "border"})
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=r"pretrained_cfg\) is not one keras_vit has: .*crop_mode='border'.*"
+                             r"Pass preprocessing=keras_vit.EvalPreprocessing"):
+        from_pretrained(str(tmp_path / "saved"))
+    chosen = keras_vit.EvalPreprocessing("bicubic", 0.9, "center", antialias=True)
+    assert from_pretrained(str(tmp_path / "saved"), preprocessing=chosen).preprocessing == chosen
+    save_pretrained(tiny(), tmp_path / "transformers", format="transformers")
+    _edit_json(tmp_path / "transformers" / "preprocessor_config.json", resample=1)
+    with pytest.raises(checkpoint.CheckpointError, match="'PIL resample 1'"):
+        from_pretrained(str(tmp_path / "transformers"))
+    with pytest.raises(TypeError, match="preprocessing must be a keras_vit.EvalPreprocessing"):
+        from_pretrained(str(tmp_path / "saved"), preprocessing="bicubic")

@@ -1,7 +1,8 @@
 """`from_pretrained` and `save_pretrained` against the libraries themselves (transformers 5 and
 timm 1.0.31 on PyTorch's CPU): their models with random weights of order 1 (so that a wrong
 GELU or LayerNorm epsilon shows), saved by them and loaded here, and ours saved here and loaded
-by them, give the same outputs. Skipped where they are not installed; CI runs it in its own
+by them, give the same outputs; and timm's eval transform resizes and crops to the sizes
+keras_vit computes. Skipped where they are not installed; CI runs it in its own
 environment (see .ci/run)."""
 
 import os
@@ -98,6 +99,9 @@ def test_timm_both_ways(tmp_path, gap):
     _hub.save_for_hf(theirs, str(tmp_path / "theirs"), safe_serialization=True)
     ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
     assert ours.spec.classifier == ("gap" if gap else "token")
+    cfg = theirs.pretrained_cfg  # its evaluation transform: bicubic, crop_pct 0.9
+    assert ours.preprocessing == keras_vit.EvalPreprocessing(
+        cfg["interpolation"], cfg["crop_pct"], cfg.get("crop_mode") or "center", antialias=True)
     images = torch.tensor(IMAGES.transpose(0, 3, 1, 2))
     with torch.no_grad():
         expected = theirs(images).numpy()
@@ -175,3 +179,33 @@ def test_the_architecture_table_is_the_installed_timms():
     coverage = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(coverage)
     assert coverage.architecture_table(timm) == torch_layouts.timm_architectures()
+
+
+@pytest.mark.parametrize("crop_mode", ["center", "squash"])
+def test_the_resize_and_crop_sizes_are_timms(crop_mode):
+    """keras_vit's resize-and-crop arithmetic (what its graphs compute, see
+    test_eval_preprocessing.py) gives the sizes and crop of timm's own eval transform, from
+    `resolve_data_config` and `create_transform`, for images of many shapes."""
+    from PIL import Image
+    from timm.data import create_transform, resolve_data_config
+
+    from keras_vit.preprocessing import EvalPreprocessing, _crop_box
+    rng = np.random.default_rng(0)
+    shapes = [(480, 640), (640, 480), (333, 500), (250, 251), (224, 224)] + [
+        tuple(int(side) for side in rng.integers(8, 1200, 2)) for _ in range(25)]
+    for size in [(224, 224), (384, 384), (224, 320), (48, 32)]:
+        for crop_pct in (0.875, 0.9, 0.95, 1.0):
+            config = resolve_data_config(pretrained_cfg={
+                "input_size": (3, *size), "interpolation": "bicubic", "crop_pct": crop_pct,
+                "crop_mode": crop_mode})
+            resize, crop = create_transform(**config).transforms[:2]
+            ours = EvalPreprocessing("bicubic", crop_pct, crop_mode, antialias=True)
+            for height, width in shapes:
+                theirs_width, theirs_height = resize(Image.new("RGB", (width, height))).size
+                # Pixels that say their row (column): the crop's first one is its top (left).
+                offsets = [int(np.asarray(crop(Image.fromarray(index.astype(np.int32))))[0, 0])
+                           for index in np.mgrid[:theirs_height, :theirs_width]]
+                ours_resized, ours_offsets = _crop_box((height, width), size, ours)
+                assert [int(side) for side in ours_resized] == [theirs_height, theirs_width], (
+                    height, width, size, crop_pct)
+                assert [int(offset) for offset in ours_offsets] == offsets, (height, width, size)
