@@ -12,7 +12,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit import resample
-from keras_vit.spec import CLASSIFIERS, LAYER_NORM_EPSILON
+from keras_vit.spec import ACTIVATIONS, CLASSIFIERS, LAYER_NORM_EPSILON
 
 
 def _xavier_uniform_flat(fan_in, fan_out):
@@ -688,6 +688,16 @@ class LayerScale(keras.layers.Layer):
         return {**super().get_config(), "init_value": self.init_value}
 
 
+def _activation(activation, approximate_gelu=None):
+    """The MLP activation's name; `approximate_gelu` (a bool, from layers saved before
+    `activation` existed) wins where given."""
+    if approximate_gelu is not None:
+        activation = "gelu_tanh" if approximate_gelu else "gelu"
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}.")
+    return activation
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class MlpBlock(keras.layers.Layer):
     """Dense(mlp_dim) -> GELU -> Dropout -> Dense(D) -> Dropout (weights `Dense_0`, `Dense_1`).
@@ -695,15 +705,19 @@ class MlpBlock(keras.layers.Layer):
     Args:
         mlp_dim: hidden size of the MLP.
         dropout: dropout rate after each dense layer.
-        approximate_gelu: tanh approximation of GELU (the original's default) when True.
+        activation: "gelu_tanh" (the original's tanh-approximate GELU), "gelu" (exact) or
+            "quick_gelu" (OpenAI CLIP's x * sigmoid(1.702 x)).
+        approximate_gelu: what layers saved before `activation` have instead: True for
+            "gelu_tanh", False for "gelu".
         **kwargs: base `Layer` arguments.
     """
 
-    def __init__(self, mlp_dim, dropout=0.0, approximate_gelu=True, **kwargs):
+    def __init__(self, mlp_dim, dropout=0.0, activation="gelu_tanh", approximate_gelu=None,
+                 **kwargs):
         super().__init__(**kwargs)
         self.mlp_dim = int(mlp_dim)
         self.dropout = float(dropout)
-        self.approximate_gelu = bool(approximate_gelu)
+        self.activation = _activation(activation, approximate_gelu)
 
     def build(self, input_shape):
         hidden = input_shape[-1]
@@ -734,16 +748,20 @@ class MlpBlock(keras.layers.Layer):
             # with it, 0.99x without; benchmarks/train_step.py). Not in inference, where
             # TensorFlow fuses the bfloat16 GELU into the matmul before it and a cast between
             # them would prevent that.
-            return ops.cast(ops.gelu(ops.cast(x, "float32"), approximate=self.approximate_gelu),
-                            self.compute_dtype)
-        return ops.gelu(x, approximate=self.approximate_gelu)
+            return ops.cast(self._activate(ops.cast(x, "float32")), self.compute_dtype)
+        return self._activate(x)
+
+    def _activate(self, x):
+        if self.activation == "quick_gelu":
+            return x * ops.sigmoid(1.702 * x)
+        return ops.gelu(x, approximate=self.activation == "gelu_tanh")
 
     def compute_output_shape(self, input_shape):
         return input_shape
 
     def get_config(self):
         return {**super().get_config(), "mlp_dim": self.mlp_dim, "dropout": self.dropout,
-                "approximate_gelu": self.approximate_gelu}
+                "activation": self.activation}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -762,7 +780,7 @@ class EncoderBlock(keras.layers.Layer):
         dropout: dropout after the attention and inside the MLP.
         attention_dropout: dropout on the attention weights.
         drop_path_rate: stochastic-depth rate of this block.
-        approximate_gelu: tanh-approximate GELU (the original) when True, exact when False.
+        activation, approximate_gelu: the MLP's activation, see `MlpBlock`.
         layer_norm_epsilon: of the two LayerNorms (the original's 1e-6).
         relative_position, grid_size, num_prefix_tokens, interpolation: relative position
             logits in the attention, see `MultiHeadSelfAttention` (None: none, the original).
@@ -779,16 +797,17 @@ class EncoderBlock(keras.layers.Layer):
     """
 
     def __init__(self, num_heads, mlp_dim, dropout=0.0, attention_dropout=0.0,
-                 drop_path_rate=0.0, approximate_gelu=True, relative_position=None,
+                 drop_path_rate=0.0, activation="gelu_tanh", relative_position=None,
                  grid_size=None, num_prefix_tokens=0, layer_norm_epsilon=LAYER_NORM_EPSILON,
-                 interpolation="bilinear", qkv_bias=True, layer_scale_init=None, **kwargs):
+                 interpolation="bilinear", qkv_bias=True, layer_scale_init=None,
+                 approximate_gelu=None, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
         self.dropout = float(dropout)
         self.attention_dropout = float(attention_dropout)
         self.drop_path_rate = float(drop_path_rate)
-        self.approximate_gelu = bool(approximate_gelu)
+        self.activation = _activation(activation, approximate_gelu)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.relative_position = relative_position
         self.grid_size = None if grid_size is None else tuple(int(g) for g in grid_size)
@@ -809,9 +828,8 @@ class EncoderBlock(keras.layers.Layer):
             num_prefix_tokens=self.num_prefix_tokens, interpolation=self.interpolation,
             qkv_bias=self.qkv_bias, name="MultiHeadDotProductAttention_1", dtype=policy)
         self.norm_2 = LayerNorm(self.layer_norm_epsilon, name="LayerNorm_2", dtype=policy)
-        self.mlp = MlpBlock(self.mlp_dim, dropout=self.dropout,
-                            approximate_gelu=self.approximate_gelu, name="MlpBlock_3",
-                            dtype=policy)
+        self.mlp = MlpBlock(self.mlp_dim, dropout=self.dropout, activation=self.activation,
+                            name="MlpBlock_3", dtype=policy)
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=policy)
         self.drop_path = DropPath(self.drop_path_rate, dtype=policy)
         self.layer_scales = [None, None]
@@ -858,8 +876,7 @@ class EncoderBlock(keras.layers.Layer):
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "mlp_dim": self.mlp_dim,
                 "dropout": self.dropout, "attention_dropout": self.attention_dropout,
-                "drop_path_rate": self.drop_path_rate,
-                "approximate_gelu": self.approximate_gelu,
+                "drop_path_rate": self.drop_path_rate, "activation": self.activation,
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "relative_position": self.relative_position, "grid_size": self.grid_size,
                 "num_prefix_tokens": self.num_prefix_tokens,
@@ -947,6 +964,80 @@ class AxialEncoderBlock(EncoderBlock):
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
+class AttentionPooling(keras.layers.Layer):
+    """Multihead attention pooling, "map" (Zhai et al., "Scaling Vision Transformers", 2022;
+    big_vision's `MAPHead`, timm's `AttentionPoolLatent`): a learned query, `probe`, attends to
+    the patch tokens; a LayerNorm and an MLP follow, with a residual connection.
+
+    Args:
+        num_heads: attention heads.
+        mlp_dim: hidden size of the MLP.
+        num_prefix_tokens: tokens before the patches (class, registers), not attended to.
+        layer_norm_epsilon, activation: as the encoder blocks'.
+
+    `[batch, tokens, D]` -> `[batch, D]`. Weights `probe` `(1, 1, D)`, `query`, `key`, `value`,
+    `out` (D, D), `LayerNorm_0`, `MlpBlock_0`.
+    """
+
+    def __init__(self, num_heads, mlp_dim, num_prefix_tokens=0,
+                 layer_norm_epsilon=LAYER_NORM_EPSILON, activation="gelu_tanh", **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.mlp_dim = int(mlp_dim)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.activation = _activation(activation)
+
+    def build(self, input_shape):
+        _check_rank(self, input_shape, 3, "tokens [batch, tokens, hidden]")
+        hidden = input_shape[-1]
+        self.head_dim = hidden // self.num_heads
+        policy = self.dtype_policy
+        self.probe = self.add_weight(name="probe", shape=(1, 1, hidden),
+                                     initializer=keras.initializers.GlorotUniform())
+        self.query, self.key, self.value, self.out = (
+            keras.layers.Dense(hidden, kernel_initializer=_xavier_uniform_flat(hidden, hidden),
+                               name=name, dtype=policy)
+            for name in ("query", "key", "value", "out"))
+        for layer in (self.query, self.key, self.value, self.out):
+            layer.build(input_shape)
+        self.norm = LayerNorm(self.layer_norm_epsilon, name="LayerNorm_0", dtype=policy)
+        self.mlp = MlpBlock(self.mlp_dim, activation=self.activation, name="MlpBlock_0",
+                            dtype=policy)
+        self.norm.build((None, 1, hidden))
+        self.mlp.build((None, 1, hidden))
+
+    def call(self, tokens):
+        tokens = tokens[:, self.num_prefix_tokens:]
+        batch, hidden = ops.shape(tokens)[0], tokens.shape[-1]
+        heads, head_dim = self.num_heads, self.head_dim
+
+        def split_heads(x):  # [b, n, D] -> [b, heads, n, head_dim]
+            return ops.transpose(ops.reshape(x, (ops.shape(x)[0], -1, heads, head_dim)),
+                                 (0, 2, 1, 3))
+
+        query = split_heads(self.query(ops.cast(self.probe, tokens.dtype)))
+        query = query * ops.cast(1.0 / math.sqrt(head_dim), query.dtype)
+        keys, values = split_heads(self.key(tokens)), split_heads(self.value(tokens))
+        weights = ops.softmax(ops.matmul(query, ops.transpose(keys, (0, 1, 3, 2))), axis=-1)
+        pooled = ops.matmul(weights, values)  # [batch, heads, 1, head_dim]
+        pooled = self.out(ops.reshape(ops.transpose(pooled, (0, 2, 1, 3)), (batch, 1, hidden)))
+        pooled = pooled + self.mlp(self.norm(pooled))
+        return pooled[:, 0]
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[-1])
+
+    def get_config(self):
+        return {**super().get_config(), "num_heads": self.num_heads, "mlp_dim": self.mlp_dim,
+                "num_prefix_tokens": self.num_prefix_tokens,
+                "layer_norm_epsilon": self.layer_norm_epsilon, "activation": self.activation}
+
+
+POOLINGS = tuple(kind for kind in CLASSIFIERS if kind != "map")
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
 class TokenPooling(keras.layers.Layer):
     """Reduces `[batch, tokens, D]` to `[batch, D]`: the class token ("token", the first) or
     the mean of the patch tokens ("gap").
@@ -958,9 +1049,9 @@ class TokenPooling(keras.layers.Layer):
 
     def __init__(self, classifier="token", num_prefix_tokens=0, **kwargs):
         super().__init__(**kwargs)
-        if classifier not in CLASSIFIERS:
-            raise ValueError(f"classifier must be {' or '.join(map(repr, CLASSIFIERS))}, got "
-                             f"{classifier!r}.")
+        if classifier not in POOLINGS:
+            raise ValueError(f"classifier must be {' or '.join(map(repr, POOLINGS))}, got "
+                             f"{classifier!r} (attention pooling is AttentionPooling).")
         self.classifier = classifier
         self.num_prefix_tokens = int(num_prefix_tokens)
 

@@ -19,7 +19,7 @@ from keras import ops
 from keras_vit import layers as vit_layers
 from keras_vit import resnet
 from keras_vit.preprocessing import EvalPreprocessing
-from keras_vit.spec import FIELDS, ViTConfig
+from keras_vit.spec import FIELDS, ViTConfig, upgrade_fields
 from keras_vit.variants import _describe
 
 
@@ -225,7 +225,7 @@ def vit(variant="B/16", *, weights=None, dtype=None, name=None, **fields):
         **fields: any `ViTConfig` field, changing the spec: `image_size`, `num_classes`,
             `include_top`, `classifier`, `representation_size`, `dropout`,
             `attention_dropout`, `drop_path_rate`, `position_embedding`,
-            `position_embedding_placement`, `approximate_gelu`, `layer_norm_epsilon`,
+            `position_embedding_placement`, `activation`, `layer_norm_epsilon`,
             `dynamic_image_size`, `dynamic_image_pad`, `position_embedding_interpolation`,
             and the table fields `patch_size`, `hidden_size`, `mlp_dim`, `num_heads`,
             `num_layers`. Every value is checked, and every problem reported at once, before
@@ -239,6 +239,7 @@ def vit(variant="B/16", *, weights=None, dtype=None, name=None, **fields):
         representation with `include_top=False`); its `spec` is the `ViTConfig` it was built
         from.
     """
+    fields = upgrade_fields(fields)  # approximate_gelu= from before `activation`
     unknown = sorted(set(fields) - set(FIELDS) - {"variant"})
     if unknown:
         raise TypeError(f"vit() got unexpected arguments {unknown}; the ViTConfig fields are "
@@ -307,7 +308,7 @@ def _build(spec, policy, name):
         x = vit_layers.LayerNorm(epsilon=spec.layer_norm_epsilon, name="pre_norm",
                                  dtype=policy)(x)
     block_options = dict(dropout=spec.dropout, attention_dropout=spec.attention_dropout,
-                         approximate_gelu=spec.approximate_gelu,
+                         activation=spec.activation,
                          layer_norm_epsilon=spec.layer_norm_epsilon,
                          interpolation=interpolation, qkv_bias=spec.qkv_bias,
                          layer_scale_init=spec.layer_scale_init, dtype=policy)
@@ -335,8 +336,14 @@ def _build(spec, policy, name):
         x = vit_layers.LayerNorm(epsilon=spec.layer_norm_epsilon, name="encoder_norm",
                                  dtype=policy)(x)
     head_dtype = _head_dtype(policy)
-    x = vit_layers.TokenPooling(spec.classifier, num_prefix_tokens=prefix,
-                                name="pool", dtype=head_dtype)(x)
+    if spec.classifier == "map":  # big_vision's name for it
+        x = vit_layers.AttentionPooling(
+            spec.num_heads, spec.mlp_dim, num_prefix_tokens=prefix,
+            layer_norm_epsilon=spec.layer_norm_epsilon, activation=spec.activation,
+            name="MAPHead_0", dtype=policy)(x)
+    else:
+        x = vit_layers.TokenPooling(spec.classifier, num_prefix_tokens=prefix,
+                                    name="pool", dtype=head_dtype)(x)
     if spec.final_norm == "pooled":
         x = vit_layers.LayerNorm(epsilon=spec.layer_norm_epsilon, name="fc_norm",
                                  dtype=head_dtype)(x)

@@ -20,7 +20,7 @@ import numbers
 from keras_vit import variants
 from keras_vit.variants import _describe
 
-CLASSIFIERS = ("token", "gap")
+CLASSIFIERS = ("token", "gap", "map")
 # Paper appendix D.4: the absolute kinds (added to tokens) and the relative kinds (in the
 # attention).
 POSITION_EMBEDDINGS = ("learned", "learned_2d", "none", "relative", "relative_2d")
@@ -32,6 +32,9 @@ INTERPOLATIONS = ("bilinear", "bicubic")
 # Where the final LayerNorm sits: on every token before pooling (the original), on the pooled
 # vector after it (timm's `fc_norm`, its default for GAP), or nowhere.
 FINAL_NORMS = ("tokens", "pooled", "none")
+# The MLP's activation: the original's tanh-approximate GELU, the exact one, or OpenAI CLIP's
+# x * sigmoid(1.702 x).
+ACTIVATIONS = ("gelu_tanh", "gelu", "quick_gelu")
 # The fields a variant name fills in, and that a spec may change.
 TABLE_FIELDS = variants.OVERRIDABLE_FIELDS
 LAYER_NORM_EPSILON = 1e-6  # the original's (Keras' default is 1e-3)
@@ -80,8 +83,10 @@ class ViTConfig:
             `dynamic_image_size`).
         num_classes: classes of the head (zero-initialised, as the paper's transfer recipe).
         include_top: False for a model that returns the pooled representation, no head.
-        classifier: "token" (the class token) or "gap" (mean of the tokens, no class token);
-            None takes "token", or "gap" for Axial variants (their tokens stay a grid).
+        classifier: "token" (the class token), "gap" (mean of the tokens, no class token) or
+            "map" (attention pooling of the tokens by a learned query, no class token; Zhai et
+            al., "Scaling Vision Transformers", 2022, as SigLIP); None takes "token", or "gap"
+            for Axial variants (their tokens stay a grid).
         representation_size: width of the tanh "pre_logits" layer before the head; None: none.
         position_embedding: appendix D.4's kinds: "learned" (1-D, the default), "learned_2d"
             (row and column halves), "none", "relative" or "relative_2d" (logits in every
@@ -93,7 +98,9 @@ class ViTConfig:
             takes the upstream configuration's (0.1 for L/16 and H/14, else 0).
         attention_dropout: on the attention weights.
         drop_path_rate: stochastic depth, rising linearly from 0 at the first block.
-        approximate_gelu: the tanh-approximate GELU of the original (True) or the exact one.
+        activation: of the MLPs: "gelu_tanh" (the original's tanh-approximate GELU), "gelu"
+            (exact) or "quick_gelu" (OpenAI CLIP's x * sigmoid(1.702 x)). Files and code from
+            before this field may give `approximate_gelu=True/False` instead.
         layer_norm_epsilon: of every LayerNorm (the original's 1e-6).
         dynamic_image_size: True for a model that takes images of any size the pixels per patch
             divide (timm's `dynamic_img_size`): the position embeddings, relative position
@@ -137,7 +144,7 @@ class ViTConfig:
     dropout: float = None
     attention_dropout: float = 0.0
     drop_path_rate: float = 0.0
-    approximate_gelu: bool = True
+    activation: str = "gelu_tanh"
     layer_norm_epsilon: float = LAYER_NORM_EPSILON
     dynamic_image_size: bool = False
     dynamic_image_pad: bool = False
@@ -171,9 +178,18 @@ class ViTConfig:
     def problems(cls, **fields):
         """Every `Problem` of a spec with these fields (unknown ones included), without
         raising: for configuration checks that report on their own terms."""
+        found = []
+        try:
+            fields = upgrade_fields(fields)
+        except TypeError as error:
+            found.append(Problem(("approximate_gelu",), (fields["approximate_gelu"],),
+                                 str(error).removeprefix("approximate_gelu ").split(", got")[0],
+                                 TypeError))
+            fields = {name: value for name, value in fields.items()
+                      if name != "approximate_gelu"}
         unknown = sorted(set(fields) - set(FIELDS))
-        found = [Problem((name,), (fields[name],), "not a ViTConfig field", TypeError)
-                 for name in unknown]
+        found += [Problem((name,), (fields[name],), "not a ViTConfig field", TypeError)
+                  for name in unknown]
         return found + _resolved({k: v for k, v in fields.items() if k not in unknown})[1]
 
     def to_dict(self):
@@ -246,7 +262,18 @@ def parse_variant(name):
     return ViTConfig.from_variant(name)
 
 
+def upgrade_fields(fields):
+    """`fields` with `approximate_gelu` (a bool, before `activation` existed) as `activation`."""
+    if "approximate_gelu" not in fields:
+        return fields
+    fields = dict(fields)
+    approximate = variants.check_bool("approximate_gelu", fields.pop("approximate_gelu"))
+    fields.setdefault("activation", "gelu_tanh" if approximate else "gelu")
+    return fields
+
+
 def _known(fields):
+    fields = upgrade_fields(fields)
     unknown = sorted(set(fields) - set(FIELDS))
     if unknown:
         raise TypeError(f"Unknown ViTConfig fields {unknown}; the fields are {list(FIELDS)}.")
@@ -336,7 +363,7 @@ def _resolved(fields):
         check("dropout", lambda value: variants.check_rate("dropout", value))
     for field in ("attention_dropout", "drop_path_rate"):
         check(field, lambda value, name=field: variants.check_rate(name, value))
-    check("approximate_gelu", lambda value: variants.check_bool("approximate_gelu", value))
+    check("activation", lambda value: variants.check_choice("activation", value, ACTIVATIONS))
     check("layer_norm_epsilon", _positive_float)
     for field in ("dynamic_image_size", "dynamic_image_pad"):
         check(field, lambda value, name=field: variants.check_bool(name, value))

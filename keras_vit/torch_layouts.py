@@ -27,8 +27,10 @@ logger = logging.getLogger(__name__)
 
 FORMATS = ("transformers", "timm")
 TRANSFORMERS_ARCHITECTURES = ("ViTForImageClassification", "ViTModel")
-# transformers' names of the two GELUs (tanh form: the original's).
-_TANH_GELUS = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
+# transformers' hidden_act -> the spec's activation (the tanh GELU is the original's).
+_TRANSFORMERS_ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
+                             "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh",
+                             "quick_gelu": "quick_gelu"}
 # timm's VisionTransformer arguments that keras_vit has options for, with timm's defaults
 # (timm 1.0.31); any other argument an architecture sets is an option keras_vit lacks.
 _TIMM_DEFAULTS = {
@@ -40,7 +42,8 @@ _TIMM_DEFAULTS = {
     "norm_layer": {"layer_norm": 1e-6}, "drop_rate": 0.0, "pos_drop_rate": 0.0,
     "proj_drop_rate": 0.0, "attn_drop_rate": 0.0, "drop_path_rate": 0.0}
 _TIMM_OPTIONS = set(_TIMM_DEFAULTS) | {"layer_norm_epsilon"}
-_TIMM_GELUS = ("gelu", "gelu_tanh")
+_TIMM_ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu")
+_TIMM_POOLS = {"token": "token", "avg": "gap", "map": "map"}  # timm's global_pool -> classifier
 # Spec options transformers' ViT does not have (timm's VisionTransformer has them all).
 _LATER_OPTIONS = ("layer_scale_init", "num_register_tokens", "prefix_position_embeddings",
                   "pre_norm", "final_norm")
@@ -133,6 +136,8 @@ def _pairs(spec, layout, prefix=""):
     elif spec.final_norm == "pooled":
         pairs += [("fc_norm/scale", "fc_norm.weight", "copy"),
                   ("fc_norm/bias", "fc_norm.bias", "copy")]
+    if spec.classifier == "map":  # timm's AttentionPoolLatent (kv split as qkv is)
+        pairs += _map_pairs(prefix)
     if layout == "transformers" and spec.representation_size is not None:
         pairs += [("pre_logits/kernel", "pooler.dense.weight", "linear"),
                   ("pre_logits/bias", "pooler.dense.bias", "copy")]
@@ -142,13 +147,26 @@ def _pairs(spec, layout, prefix=""):
     return pairs
 
 
+def _map_pairs(prefix):
+    ours, theirs = "MAPHead_0/", prefix + "attn_pool."
+    pairs = [(ours + "probe", theirs + "latent", "copy")]
+    for name, their_name in (("query", "q"), ("key", "k"), ("value", "v"), ("out", "proj"),
+                             ("MlpBlock_0/Dense_0", "mlp.fc1"), ("MlpBlock_0/Dense_1", "mlp.fc2")):
+        pairs += [(ours + name + "/kernel", theirs + their_name + ".weight", "linear"),
+                  (ours + name + "/bias", theirs + their_name + ".bias", "copy")]
+    return pairs + [(ours + "LayerNorm_0/scale", theirs + "norm.weight", "copy"),
+                    (ours + "LayerNorm_0/bias", theirs + "norm.bias", "copy")]
+
+
 def _split_qkv(state):
-    """timm's fused `attn.qkv` as the `attn.q`, `attn.k`, `attn.v` entries `_pairs` names."""
+    """timm's fused `attn.qkv` (and the attention pooling's `attn_pool.kv`) as the `q`, `k`,
+    `v` entries `_pairs` names."""
     split = {}
     for key, value in state.items():
-        if key.endswith(("attn.qkv.weight", "attn.qkv.bias")):
-            base, kind = key.rsplit(".qkv.", 1)
-            for part, name in zip(np.split(value, 3, axis=0), "qkv"):
+        match = re.match(r"(.*attn(?:_pool)?)\.(qkv|kv)\.(weight|bias)$", key)
+        if match:
+            base, names, kind = match.groups()
+            for part, name in zip(np.split(value, len(names), axis=0), names):
                 split[f"{base}.{name}.{kind}"] = part
         else:
             split[key] = value
@@ -158,13 +176,17 @@ def _split_qkv(state):
 def _fuse_qkv(state):
     fused, parts = {}, {}
     for key, value in state.items():
-        match = re.match(r"(.*attn)\.([qkv])\.(weight|bias)$", key)
+        # The blocks' q, k, v; the attention pooling keeps its q apart (it projects the probe).
+        match = re.match(r"(.*attn)\.([qkv])\.(weight|bias)$|(.*attn_pool)\.([kv])\.(weight|bias)$",
+                         key)
         if match:
-            parts.setdefault((match[1], match[3]), {})[match[2]] = value
+            base, name, kind = (match[1], match[2], match[3]) if match[1] else match.groups()[3:]
+            parts.setdefault((base, kind), {})[name] = value
         else:
             fused[key] = value
-    for (base, kind), qkv in parts.items():
-        fused[f"{base}.qkv.{kind}"] = np.concatenate([qkv["q"], qkv["k"], qkv["v"]], axis=0)
+    for (base, kind), named in parts.items():
+        names = "".join(name for name in "qkv" if name in named)  # "qkv", or "kv" for pooling
+        fused[f"{base}.{names}.{kind}"] = np.concatenate([named[name] for name in names], axis=0)
     return fused
 
 
@@ -256,9 +278,9 @@ def spec_from_transformers(config, state):
     """The `ViTConfig` of transformers' ViT `config.json`, with the weights `state` saying
     whether a `ViTModel` has its pooler."""
     act = config.get("hidden_act", "gelu")
-    if act not in ("gelu",) + _TANH_GELUS:
-        raise LayoutError(f"hidden_act {act!r}: keras_vit has the exact GELU ('gelu') and its "
-                          f"tanh form ({', '.join(_TANH_GELUS)}).")
+    if act not in _TRANSFORMERS_ACTIVATIONS:
+        raise LayoutError(f"hidden_act {act!r}: keras_vit reads "
+                          f"{', '.join(_TRANSFORMERS_ACTIVATIONS)}.")
     if config.get("num_channels", 3) != 3:
         raise LayoutError(f"num_channels {config['num_channels']}: keras_vit takes RGB images.")
     architecture = (config.get("architectures") or ["ViTModel"])[0]
@@ -276,7 +298,7 @@ def spec_from_transformers(config, state):
                  include_top=classifier, num_classes=max(len(labels), 1) if classifier else 1,
                  representation_size=None if classifier or "pooler.dense.weight" not in state
                  else hidden,
-                 approximate_gelu=act in _TANH_GELUS,
+                 activation=_TRANSFORMERS_ACTIVATIONS[act],
                  layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
                  qkv_bias=config.get("qkv_bias", True),
                  dropout=config.get("hidden_dropout_prob", 0.0),
@@ -293,8 +315,8 @@ def transformers_config(spec):
         raise LayoutError(f"transformers' ViT has no {', '.join(later)} (options of later "
                           "ViTs); save this model for timm (format='timm').")
     if spec.classifier != "token":
-        raise LayoutError("transformers' ViT classifies from the class token; a GAP model "
-                          "(classifier='gap') has no equivalent there.")
+        raise LayoutError("transformers' ViT classifies from the class token; a model pooled "
+                          f"otherwise (classifier={spec.classifier!r}) has no equivalent there.")
     if spec.include_top and spec.representation_size is not None:
         raise LayoutError("transformers' ViTForImageClassification has no pre_logits layer "
                           "before its head; save a model without representation_size.")
@@ -313,7 +335,7 @@ def transformers_config(spec):
         "patch_size": spec.patch_size, "image_size": height if height == width else [height,
                                                                                      width],
         "num_channels": 3, "qkv_bias": spec.qkv_bias,
-        "hidden_act": "gelu_pytorch_tanh" if spec.approximate_gelu else "gelu",
+        "hidden_act": {"gelu_tanh": "gelu_pytorch_tanh"}.get(spec.activation, spec.activation),
         "layer_norm_eps": spec.layer_norm_epsilon,
         "hidden_dropout_prob": spec.dropout, "attention_probs_dropout_prob":
             spec.attention_dropout,
@@ -366,9 +388,9 @@ def _timm_missing(args):
     """What keras_vit has no option for, in timm's words."""
     missing = [f"{name}={value!r}" for name, value in sorted(args.items())
                if name not in _TIMM_OPTIONS]
-    if args["act_layer"] not in _TIMM_GELUS:
+    if args["act_layer"] not in _TIMM_ACTIVATIONS:
         missing.append(f"act_layer={args['act_layer']!r}")
-    if args["global_pool"] not in ("token", "avg"):
+    if args["global_pool"] not in _TIMM_POOLS:
         missing.append(f"global_pool={args['global_pool']!r}")
     elif (args["global_pool"] == "token") != bool(args["class_token"]):
         missing.append(f"global_pool={args['global_pool']!r} with class_token="
@@ -396,8 +418,8 @@ def spec_from_timm(config, state):
     return _spec(hidden, mlp, args["num_heads"], layers, patch,
                  image_size=_whole_patches(args["img_size"], patch, architecture),
                  include_top=num_classes > 0, num_classes=max(num_classes, 1),
-                 classifier="gap" if gap else "token",
-                 approximate_gelu=args["act_layer"] == "gelu_tanh",
+                 classifier=_TIMM_POOLS[args["global_pool"]],
+                 activation=args["act_layer"],
                  layer_norm_epsilon=args["layer_norm_epsilon"],
                  qkv_bias=args["qkv_bias"], layer_scale_init=args["init_values"],
                  num_register_tokens=args["reg_tokens"],
@@ -431,13 +453,13 @@ def timm_config(spec):
         raise LayoutError("timm's VisionTransformer has no tanh pre_logits layer; save a model "
                           "without representation_size.")
     height, width = spec.image_size
-    gap = spec.classifier == "gap"
+    pool = {classifier: pool for pool, classifier in _TIMM_POOLS.items()}[spec.classifier]
     args = {"img_size": [height, width], "patch_size": spec.patch_size,
             "embed_dim": spec.hidden_size, "depth": spec.num_layers,
             "num_heads": spec.num_heads, "mlp_ratio": spec.mlp_dim / spec.hidden_size,
-            "class_token": not gap, "global_pool": "avg" if gap else "token",
+            "class_token": spec.classifier == "token", "global_pool": pool,
             "fc_norm": spec.final_norm == "pooled", "final_norm": spec.final_norm != "none",
-            "act_layer": "gelu_tanh" if spec.approximate_gelu else "gelu",
+            "act_layer": spec.activation,  # timm's names are the spec's
             "qkv_bias": spec.qkv_bias, "init_values": spec.layer_scale_init,
             "reg_tokens": spec.num_register_tokens,
             "no_embed_class": not spec.prefix_position_embeddings, "pre_norm": spec.pre_norm,

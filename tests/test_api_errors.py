@@ -73,7 +73,8 @@ def test_rates_are_checked(argument, bad, error, shown):
     ("position_embedding", "sinusoidal", ValueError, "'learned_2d'"),
     ("position_embedding", 1, TypeError, "'none'"),
     ("include_top", "no", TypeError, "True or False"),
-    ("approximate_gelu", 1, TypeError, "True or False"),
+    ("approximate_gelu", 1, TypeError, "True or False"),  # older code's name, still read
+    ("activation", "relu", ValueError, "'quick_gelu'"),
     ("name", 7, TypeError, "string"),
     ("dtype", "float33", ValueError, "mixed_bfloat16"),
     ("weights", 3, TypeError, "imagenet21k"),

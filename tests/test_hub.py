@@ -34,7 +34,7 @@ def pixels(size=32):
 
 
 @pytest.mark.parametrize("layout", torch_layouts.FORMATS)
-@pytest.mark.parametrize("fields", [{}, {"approximate_gelu": False}, {"include_top": False},
+@pytest.mark.parametrize("fields", [{}, {"activation": "gelu"}, {"include_top": False},
                                     {"classifier": "gap"}],
                          ids=["token", "exact_gelu", "no_head", "gap"])
 def test_a_model_saved_for_a_library_loads_back_equal(tmp_path, layout, fields):
@@ -50,7 +50,7 @@ def test_a_model_saved_for_a_library_loads_back_equal(tmp_path, layout, fields):
     loaded = from_pretrained(str(tmp_path / "saved"))
     np.testing.assert_allclose(to_np(loaded(pixels())), to_np(model(pixels())), rtol=1e-5,
                                atol=1e-6)
-    assert loaded.spec.approximate_gelu == model.spec.approximate_gelu
+    assert loaded.spec.activation == model.spec.activation
 
 
 def test_a_new_head_and_another_size_on_load(tmp_path):
@@ -87,7 +87,8 @@ def test_an_npz_with_its_spec_loads_by_path(tmp_path):
 
 def test_what_a_library_cannot_express_is_refused_before_writing(tmp_path):
     for fields, layout, message in (
-            ({"classifier": "gap"}, "transformers", "GAP model"),
+            ({"classifier": "gap"}, "transformers", "pooled otherwise"),
+            ({"classifier": "map"}, "transformers", "classifier='map'"),
             ({"position_embedding": "relative"}, "timm", "no equivalent there"),
             ({"representation_size": 16}, "timm", "pre_logits"),
             ({"layer_norm_epsilon": 1e-4}, "timm", "epsilon"),
@@ -133,9 +134,9 @@ def test_directories_that_are_not_models_are_clear_errors(tmp_path):
     with pytest.raises(torch_layouts.LayoutError, match="neither transformers' ViT"):
         from_pretrained(str(other))
     for architecture, message in (
-            ("vit_base_patch16_siglip_224", "needs global_pool='map', which keras_vit has no "
-                                            "option for yet"),
-            ("vit_base_patch16_clip_quickgelu_224", "needs act_layer='quick_gelu'"),
+            ("vit_base_patch16_rpn_224", "needs block_fn='<ResPostBlock>', which keras_vit "
+                                         "has no option for yet"),
+            ("vit_giant_patch14_dinov2", "needs mlp_layer='<partial>', act_layer='<SiLU>'"),
             ("vit_relpos_base_patch16_224", "timm's VisionTransformerRelPos, not its "
                                             "VisionTransformer"),
             ("vit_made_up", "not one keras_vit knows")):
@@ -167,6 +168,8 @@ LATER_OPTIONS = {
     "registers_gap": dict(num_register_tokens=2, classifier="gap", final_norm="pooled",
                           prefix_position_embeddings=False),
     "no_qkv_bias_no_final_norm": dict(qkv_bias=False, final_norm="none"),
+    "attention_pooling": dict(classifier="map"),
+    "quick_gelu": dict(activation="quick_gelu"),
 }
 
 
@@ -185,7 +188,7 @@ def test_a_timm_config_without_model_args_takes_its_architectures_options(tmp_pa
     LayerScale, 4 registers without position embeddings, 6 heads) come from timm's table."""
     model = tiny(**LATER_OPTIONS["dinov2_registers"], patch_size=14, image_size=28,
                  hidden_size=384, num_heads=6, mlp_dim=64, num_layers=1,
-                 approximate_gelu=False)  # timm's default GELU, as the table's DINOv2
+                 activation="gelu")  # timm's default GELU, as the table's DINOv2
     save_pretrained(model, tmp_path / "saved", format="timm")
     config = {"architecture": "vit_small_patch14_reg4_dinov2.lvd142m", "num_classes": 5,
               "pretrained_cfg": {"input_size": [3, 28, 28]}}

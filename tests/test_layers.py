@@ -43,7 +43,15 @@ LAYER_CASES = [
     ("DropPath", lambda: L.DropPath(0.3, seed=3), (7, 8), (7, 8)),
     ("MultiHeadSelfAttention", lambda: L.MultiHeadSelfAttention(2, dropout=0.1), (7, 8), (7, 8)),
     ("MlpBlock", lambda: L.MlpBlock(16, dropout=0.1), (7, 8), (7, 8)),
-    ("MlpBlock_exact_gelu", lambda: L.MlpBlock(16, approximate_gelu=False), (7, 8), (7, 8)),
+    ("MlpBlock_exact_gelu", lambda: L.MlpBlock(16, activation="gelu"), (7, 8), (7, 8)),
+    ("MlpBlock_quick_gelu", lambda: L.MlpBlock(16, activation="quick_gelu"), (7, 8), (7, 8)),
+    ("RegisterTokens", lambda: L.RegisterTokens(3), (6, 8), (9, 8)),
+    ("LayerScale", lambda: L.LayerScale(1e-5), (7, 8), (7, 8)),
+    ("AddPositionEmbs_patches_only", lambda: L.AddPositionEmbs((2, 3), 2, embed_prefix=False),
+     (8, 8), (8, 8)),
+    ("EncoderBlock_later_options", lambda: L.EncoderBlock(2, 16, qkv_bias=False,
+                                                          layer_scale_init=0.1), (7, 8), (7, 8)),
+    ("AttentionPooling", lambda: L.AttentionPooling(2, 16, num_prefix_tokens=1), (7, 8), (8,)),
     ("EncoderBlock", lambda: L.EncoderBlock(2, 16, dropout=0.1, attention_dropout=0.1,
                                             drop_path_rate=0.2), (7, 8), (7, 8)),
     ("RelativePositionBias_1d", lambda: L.RelativePositionBias((2, 3), 2, 1, kind="1d"),
@@ -255,15 +263,31 @@ def test_mlp_block_trains_its_gelu_in_float32_under_a_16_bit_policy():
 
 
 def test_gelu_is_approximate_by_default():
-    assert L.MlpBlock(8).approximate_gelu is True
+    assert L.MlpBlock(8).activation == "gelu_tanh"
     block = L.EncoderBlock(2, 8)
-    assert block.approximate_gelu is True
+    assert block.activation == "gelu_tanh"
     block.build((None, 3, 4))
-    assert block.mlp.approximate_gelu is True
+    assert block.mlp.activation == "gelu_tanh"
     model = keras_vit.vit("B/16", image_size=16, patch_size=8, hidden_size=8, mlp_dim=16,
                           num_heads=2, num_layers=2, num_classes=2)
     for index in range(2):
-        assert model.get_layer(f"encoderblock_{index}").mlp.approximate_gelu is True
+        assert model.get_layer(f"encoderblock_{index}").mlp.activation == "gelu_tanh"
+    # Layers and specs saved before `activation` existed say approximate_gelu.
+    assert L.MlpBlock.from_config({"mlp_dim": 8, "approximate_gelu": False}).activation == "gelu"
+    assert keras_vit.vit("B/16", image_size=16, patch_size=8, num_layers=1,
+                         approximate_gelu=False).spec.activation == "gelu"
+
+
+def test_quick_gelu_is_clips():
+    layer = L.MlpBlock(16, activation="quick_gelu")
+    x = np.random.default_rng(0).normal(scale=2.0, size=(2, 3, 8)).astype("float32")
+    layer.build(x.shape)
+    randomise(layer, scale=1.0)
+    w0, b0 = (to_np(w).astype("float64") for w in layer.dense_0.weights)
+    w1, b1 = (to_np(w).astype("float64") for w in layer.dense_1.weights)
+    h = x.astype("float64") @ w0 + b0
+    expected = (h / (1 + np.exp(-1.702 * h))) @ w1 + b1
+    np.testing.assert_allclose(to_np(layer(x)), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_mlp_initialisers():

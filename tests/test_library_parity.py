@@ -56,7 +56,7 @@ def test_transformers_both_ways(tmp_path, act, head):
     # Carried over from the config, not assumed (an epsilon of 1e-12 against 1e-6 moves
     # order-1 outputs by less than the tolerance below).
     assert ours.spec.layer_norm_epsilon == 1e-12
-    assert ours.spec.approximate_gelu == (act == "gelu_pytorch_tanh")
+    assert ours.spec.activation == {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh"}[act]
     expected = their_outputs(theirs, head)
     assert_close(ours(IMAGES), expected)
     keras_vit.save_pretrained(ours, tmp_path / "ours", format="transformers")
@@ -140,6 +140,8 @@ TIMM_FAMILIES = {
     "vit_betwixt_patch16_reg4_gap_256": "registers and GAP normalised after pooling (fc_norm)",
     "vit_base_patch16_224_miil": "no query, key and value biases",
     "vit_base_patch16_radio_v3": "no final norm",
+    "vit_base_patch16_siglip_224": "attention pooling (MAP)",
+    "vit_base_patch16_clip_quickgelu_224": "OpenAI CLIP's quick GELU",
 }
 
 

@@ -67,7 +67,7 @@ def test_timm_weights_at_another_size_give_timms_outputs():
             parameter.copy_(torch.randn_like(parameter) * scale + ("norm" in name
                                                                    and "weight" in name))
     ours = keras_vit.vit("Ti/16", hidden_size=24, mlp_dim=48, num_heads=3, num_layers=2,
-                         image_size=64, num_classes=5, approximate_gelu=False,
+                         image_size=64, num_classes=5, activation="gelu",
                          dynamic_image_size=True, position_embedding_interpolation="bicubic")
     state = {name: value.detach().numpy() for name, value in theirs.state_dict().items()}
     checkpoint.load_npz(ours, torch_layouts.to_npz_arrays(state, ours.spec, "timm"))

@@ -224,8 +224,8 @@ def model_spec(config, num_classes, include_top=True):
     Raises the spec's ValueError (or TypeError) naming every bad field."""
     from keras_vit.spec import ViTConfig
 
-    return ViTConfig(**_model_fields(config), image_size=config["image_size"],
-                     num_classes=num_classes, include_top=include_top)
+    return ViTConfig.from_dict({**_model_fields(config), "image_size": config["image_size"],
+                                "num_classes": num_classes, "include_top": include_top})
 
 
 def _model_fields(config):
