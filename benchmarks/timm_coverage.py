@@ -62,7 +62,9 @@ def _json_value(value):
     if isinstance(value, functools.partial) and "LayerNorm" in value.func.__name__:
         return {"layer_norm": value.keywords.get("eps", 1e-5)}
     name = getattr(value, "__name__", type(value).__name__)
-    return {"layer_norm": 1e-6} if name == "LayerNorm" else f"<{name}>"
+    if name == "LayerNorm" and isinstance(value, type):  # its own default epsilon
+        return {"layer_norm": value(8).eps}
+    return f"<{name}>"
 
 
 def architecture_table(timm):

@@ -34,13 +34,15 @@ _STD_EPSILON = 1e-5  # keeps a constant feature from dividing by zero when stand
 
 @dataclasses.dataclass(frozen=True)
 class TokenLayout:
-    """Where a model's tokens come from: `num_prefix_tokens` (1 with a class token) followed
-    by a `grid` of patches, each `pixel_pitch` (rows, columns) pixels apart in the input."""
+    """Where a model's tokens come from: `num_prefix_tokens` (the class token, if
+    `class_token`, then register tokens) followed by a `grid` of patches, each `pixel_pitch`
+    (rows, columns) pixels apart in the input."""
 
     grid: tuple
     num_prefix_tokens: int
     image_size: tuple
     pixel_pitch: tuple
+    class_token: bool = True
 
 
 def token_layout(model, image_size=None):
@@ -49,15 +51,16 @@ def token_layout(model, image_size=None):
     default the size its position embeddings were trained for, `spec.image_size`)."""
     position = _find_layer(model, vit_layers.AddPositionEmbs, "AddPositionEmbs")
     spec = getattr(model, "spec", None)
+    prefix = position.num_prefix_tokens
+    class_token = spec.classifier == "token" if spec is not None else prefix > 0
     if spec is not None and spec.dynamic_image_size:
         image_size = tuple(int(side) for side in (image_size or spec.image_size))
         pitch = (float(spec.total_stride),) * 2
-        return TokenLayout(spec.grid_for(image_size), position.num_prefix_tokens, image_size,
-                           pitch)
+        return TokenLayout(spec.grid_for(image_size), prefix, image_size, pitch, class_token)
     image_size = tuple(model.input_shape[1:3])
     grid = position.grid_size
     pitch = tuple(size / cells for size, cells in zip(image_size, grid))
-    return TokenLayout(grid, position.num_prefix_tokens, image_size, pitch)
+    return TokenLayout(grid, prefix, image_size, pitch, class_token)
 
 
 def _find_layer(model, kind, what):
@@ -70,15 +73,17 @@ def _find_layer(model, kind, what):
 
 # --- Attention rollout (appendix D.8) ---------------------------------------------------------
 
-def rollout_from_attention(attentions, grid, num_prefix_tokens=1):
+def rollout_from_attention(attentions, grid, num_prefix_tokens=1, class_token=None):
     """Attention rollout of per-layer attention weights.
 
     Args:
         attentions: one array per layer, in order, `[batch, heads, tokens, tokens]` (or
             `[heads, tokens, tokens]` for one image), rows summing to 1.
         grid: `(rows, columns)` of the patch grid; tokens = num_prefix_tokens + rows * columns.
-        num_prefix_tokens: 1 reads the class token's row; 0 (a "gap" model) averages the rows of
-            all tokens.
+        num_prefix_tokens: tokens before the patches (class and register tokens).
+        class_token: whether the first token is a class token, whose row is read; otherwise
+            (a "gap" or "map" model) the rows of the patches are averaged. None: whether there
+            are prefix tokens.
 
     Returns:
         `[batch, rows, columns]` float64, each map summing to 1.
@@ -93,10 +98,10 @@ def rollout_from_attention(attentions, grid, num_prefix_tokens=1):
         mixed = weights.mean(axis=1) + np.eye(tokens)
         mixed /= mixed.sum(axis=-1, keepdims=True)
         rollout = mixed if rollout is None else mixed @ rollout
-    if num_prefix_tokens:
+    if num_prefix_tokens > 0 if class_token is None else class_token:
         source = rollout[:, 0, num_prefix_tokens:]
     else:
-        source = rollout.mean(axis=1)
+        source = rollout[:, num_prefix_tokens:, num_prefix_tokens:].mean(axis=1)
     source = source / source.sum(axis=-1, keepdims=True)
     return source.reshape(-1, rows, columns)
 
@@ -133,7 +138,8 @@ def attention_rollout(model, images, batch_size=8):
     """
     images = check_images(model, images)
     layout = token_layout(model, images.shape[1:3])
-    maps = [rollout_from_attention(weights, layout.grid, layout.num_prefix_tokens)
+    maps = [rollout_from_attention(weights, layout.grid, layout.num_prefix_tokens,
+                                   layout.class_token)
             for weights in _attention_batches(model, images, batch_size)]
     return np.concatenate(maps, axis=0)
 
@@ -457,9 +463,10 @@ def _check_pairs(features, labels, what):
 
 def feature_model(model):
     """A model sharing `model`'s layers that outputs its representation: the pre-logits layer
-    if it has one, else the pooled token (what the paper's few-shot evaluation uses)."""
+    if it has one, else the pooled token, normalised where the model normalises it (what the
+    paper's few-shot evaluation uses)."""
     names = {layer.name for layer in model.layers}
-    for name in ("pre_logits", "pool"):
+    for name in ("pre_logits", "fc_norm", "MAPHead_0", "pool"):  # the last before the head
         if name in names:
             return keras.Model(model.inputs, model.get_layer(name).output,
                                name=f"{model.name}_features")

@@ -31,6 +31,7 @@ _FREE = (
     keras.layers.Dropout,
     keras.layers.LayerNormalization,  # keras_vit's LayerNorm too
     vit_layers.ClassToken,
+    vit_layers.RegisterTokens,
     vit_layers.AddPositionEmbs,
     vit_layers.TokenPooling,
 )
@@ -113,6 +114,16 @@ def _encoder_block(block, input_shape):
     return _self_attention(block.attention, attention_shape) + mlp
 
 
+def _attention_pooling(pool, input_shape):
+    """`AttentionPooling`: one query (the projected probe) attends to the patch tokens; its
+    MLP runs on that one vector."""
+    tokens = input_shape[1] - pool.num_prefix_tokens
+    projections = (_dense(pool.query, 1) + _dense(pool.key, tokens) + _dense(pool.value, tokens)
+                   + _dense(pool.out, 1))
+    matmuls = 2 * (2 * tokens * input_shape[-1])  # query x keys, weights x values
+    return projections + matmuls + _dense(pool.mlp.dense_0, 1) + _dense(pool.mlp.dense_1, 1)
+
+
 def _top_dense(dense, input_shape):
     return _dense(dense, math.prod(input_shape[1:-1]))
 
@@ -123,6 +134,7 @@ _COUNTERS = (
     (resnet.ResNetStage, _resnet_stage),
     (vit_layers.PatchEmbed, _patch_embed),
     (vit_layers.EncoderBlock, _encoder_block),
+    (vit_layers.AttentionPooling, _attention_pooling),
     (keras.layers.Dense, _top_dense),
 )
 

@@ -249,8 +249,9 @@ def save_pretrained(model, directory, format="transformers"):
     a new `directory`, which `transformers.AutoModel...from_pretrained(directory)` or
     `timm.create_model("local-dir:" + directory, pretrained=True)` loads with equal outputs.
     The directory appears complete or not at all. What the library cannot express (a hybrid,
-    relative or 2-D position embeddings, GAP for transformers, pre_logits for timm) is a
-    `LayoutError` naming it, before anything is written. The model's `preprocessing` goes into
+    relative or 2-D position embeddings; for transformers GAP, attention pooling, registers,
+    LayerScale and timm's other options; pre_logits with a head) is a `LayoutError` naming it,
+    before anything is written. The model's `preprocessing` goes into
     timm's `pretrained_cfg` (interpolation, crop_pct, crop_mode) or transformers'
     `preprocessor_config.json` (resample; its ViTImageProcessor cannot crop: a warning)."""
     if format not in torch_layouts.FORMATS:

@@ -337,7 +337,7 @@ class AddPositionEmbs(keras.layers.Layer):
             return tokens
         embeddings = ops.cast(embeddings, tokens.dtype)
         if self.num_prefix_tokens and not self.embed_prefix:
-            # timm adds them before the prefix tokens join; adding zeros to those is exact.
+            # The prefix tokens pass unchanged (timm adds the embeddings before they join).
             prefix = self.num_prefix_tokens
             return ops.concatenate([tokens[:, :prefix], tokens[:, prefix:] + embeddings],
                                    axis=1)
@@ -689,10 +689,14 @@ class LayerScale(keras.layers.Layer):
 
 
 def _activation(activation, approximate_gelu=None):
-    """The MLP activation's name; `approximate_gelu` (a bool, from layers saved before
-    `activation` existed) wins where given."""
+    """The MLP activation's name, also from `approximate_gelu` (a bool, what layers saved
+    before `activation` existed have instead)."""
     if approximate_gelu is not None:
-        activation = "gelu_tanh" if approximate_gelu else "gelu"
+        implied = "gelu_tanh" if approximate_gelu else "gelu"
+        if activation not in ("gelu_tanh", implied):  # "gelu_tanh": activation's default
+            raise ValueError(f"approximate_gelu={approximate_gelu} and activation="
+                             f"{activation!r} disagree; give activation alone.")
+        activation = implied
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}.")
     return activation

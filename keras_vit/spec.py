@@ -181,10 +181,10 @@ class ViTConfig:
         found = []
         try:
             fields = upgrade_fields(fields)
-        except TypeError as error:
+        except (TypeError, ValueError) as error:
             found.append(Problem(("approximate_gelu",), (fields["approximate_gelu"],),
                                  str(error).removeprefix("approximate_gelu ").split(", got")[0],
-                                 TypeError))
+                                 type(error)))
             fields = {name: value for name, value in fields.items()
                       if name != "approximate_gelu"}
         unknown = sorted(set(fields) - set(FIELDS))
@@ -268,7 +268,11 @@ def upgrade_fields(fields):
         return fields
     fields = dict(fields)
     approximate = variants.check_bool("approximate_gelu", fields.pop("approximate_gelu"))
-    fields.setdefault("activation", "gelu_tanh" if approximate else "gelu")
+    implied = "gelu_tanh" if approximate else "gelu"
+    if fields.setdefault("activation", implied) != implied:
+        raise ValueError(f"approximate_gelu must be left out with activation (it is the older "
+                         f"name of 'gelu_tanh' and 'gelu'), got approximate_gelu={approximate} "
+                         f"and activation={fields['activation']!r}")
     return fields
 
 

@@ -21,7 +21,7 @@ import re
 import numpy as np
 
 from keras_vit import variants
-from keras_vit.spec import DEFAULTS, ViTConfig
+from keras_vit.spec import ACTIVATIONS, DEFAULTS, ViTConfig
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +41,8 @@ _TIMM_DEFAULTS = {
     "dynamic_img_size": False, "dynamic_img_pad": False, "act_layer": "gelu",
     "norm_layer": {"layer_norm": 1e-6}, "drop_rate": 0.0, "pos_drop_rate": 0.0,
     "proj_drop_rate": 0.0, "attn_drop_rate": 0.0, "drop_path_rate": 0.0}
-_TIMM_OPTIONS = set(_TIMM_DEFAULTS) | {"layer_norm_epsilon"}
-_TIMM_ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu")
+# norm_layer is read as layer_norm_epsilon where it is a LayerNorm; any other is missing.
+_TIMM_OPTIONS = set(_TIMM_DEFAULTS) - {"norm_layer"} | {"layer_norm_epsilon"}
 _TIMM_POOLS = {"token": "token", "avg": "gap", "map": "map"}  # timm's global_pool -> classifier
 # Spec options transformers' ViT does not have (timm's VisionTransformer has them all).
 _LATER_OPTIONS = ("layer_scale_init", "num_register_tokens", "prefix_position_embeddings",
@@ -353,7 +353,8 @@ def timm_architectures():
     passes beyond `VisionTransformer`'s defaults (written by benchmarks/timm_coverage.py
     --write_table from timm itself). A checkpoint's `config.json` names its architecture but
     does not repeat these."""
-    with open(os.path.join(os.path.dirname(__file__), "timm_architectures.json")) as handle:
+    path = os.path.join(os.path.dirname(__file__), "timm_architectures.json")
+    with open(path, encoding="utf-8") as handle:
         return json.load(handle)["architectures"]
 
 
@@ -363,17 +364,17 @@ def _timm_args(config):
     architecture = config["architecture"].split(".")[0]
     entry = timm_architectures().get(architecture)
     args = dict(config.get("model_args") or {})
-    if entry is None and not args:
+    if entry is None:  # its options (heads, activation, epsilon...) would be guesses
         raise LayoutError(
-            f"timm architecture {architecture!r} is not one keras_vit knows (timm's vit_* "
-            "architectures) and config.json has no model_args to say what it is.")
-    if entry is not None and entry["class"] != "VisionTransformer":
+            f"timm architecture {architecture!r} is not one keras_vit knows (timm 1.0.31's "
+            "vit_* architectures, keras_vit/timm_architectures.json).")
+    if entry["class"] != "VisionTransformer":
         raise LayoutError(
             f"timm architecture {architecture!r} is timm's {entry['class']}, not its "
             "VisionTransformer: keras_vit reads the VisionTransformer family.")
     pretrained = config.get("pretrained_cfg") or {}
     merged = {**_TIMM_DEFAULTS, "img_size": pretrained.get("input_size", [3, 224, 224])[1:],
-              **(entry or {}).get("args", {}), **args}
+              **entry["args"], **args}
     if "global_pool" in config:  # timm writes the model's pooling beside model_args
         merged["global_pool"] = config["global_pool"]
     norm = merged.pop("norm_layer")
@@ -388,7 +389,7 @@ def _timm_missing(args):
     """What keras_vit has no option for, in timm's words."""
     missing = [f"{name}={value!r}" for name, value in sorted(args.items())
                if name not in _TIMM_OPTIONS]
-    if args["act_layer"] not in _TIMM_ACTIVATIONS:
+    if args["act_layer"] not in ACTIVATIONS:  # timm's names are the spec's
         missing.append(f"act_layer={args['act_layer']!r}")
     if args["global_pool"] not in _TIMM_POOLS:
         missing.append(f"global_pool={args['global_pool']!r}")
@@ -458,13 +459,15 @@ def timm_config(spec):
             "embed_dim": spec.hidden_size, "depth": spec.num_layers,
             "num_heads": spec.num_heads, "mlp_ratio": spec.mlp_dim / spec.hidden_size,
             "class_token": spec.classifier == "token", "global_pool": pool,
-            "fc_norm": spec.final_norm == "pooled", "final_norm": spec.final_norm != "none",
-            "act_layer": spec.activation,  # timm's names are the spec's
-            "qkv_bias": spec.qkv_bias, "init_values": spec.layer_scale_init,
-            "reg_tokens": spec.num_register_tokens,
-            "no_embed_class": not spec.prefix_position_embeddings, "pre_norm": spec.pre_norm,
-            "dynamic_img_size": spec.dynamic_image_size,
-            "dynamic_img_pad": spec.dynamic_image_pad}
+            "fc_norm": spec.final_norm == "pooled", "act_layer": spec.activation}
+    later = {"final_norm": spec.final_norm != "none", "qkv_bias": spec.qkv_bias,
+             "init_values": spec.layer_scale_init, "reg_tokens": spec.num_register_tokens,
+             "no_embed_class": not spec.prefix_position_embeddings, "pre_norm": spec.pre_norm,
+             "dynamic_img_size": spec.dynamic_image_size,
+             "dynamic_img_pad": spec.dynamic_image_pad}
+    # Only those that differ from timm's defaults: a config any timm with them reads.
+    args.update({name: value for name, value in later.items()
+                 if value != _TIMM_DEFAULTS[name]})
     num_classes = spec.num_classes if spec.include_top else 0
     return {
         "architecture": _timm_architecture_of_epsilon(spec.layer_norm_epsilon),
@@ -479,7 +482,10 @@ def timm_config(spec):
 def _timm_architecture_of_epsilon(epsilon):
     """A timm architecture of plain options (all of which model_args override) whose
     LayerNorms have this epsilon."""
-    for name, entry in sorted(timm_architectures().items()):
+    table = timm_architectures()
+    # The familiar names first: ViT-B/16 (epsilon 1e-6), its CLIP form (1e-5).
+    for name in ["vit_base_patch16_224", "vit_base_patch16_clip_224", *sorted(table)]:
+        entry = table[name]
         if entry["class"] != "VisionTransformer":
             continue
         args = {**_TIMM_DEFAULTS, **entry["args"]}

@@ -360,3 +360,37 @@ def test_representations_drop_padding():
     np.testing.assert_array_equal(kept, labels[mask])
     np.testing.assert_allclose(features, expected, rtol=1e-4, atol=1e-5)  # batch sizes differ
     assert seen == [3, 4]
+
+
+def test_rollout_of_a_gap_model_with_registers_reads_the_patches():
+    """Registers that no patch attends to change nothing: the rollout of the patches' rows
+    equals that of the same attention without the registers (not a register's row)."""
+    rng = np.random.default_rng(0)
+    layers_with, layers_without = [], []
+    for _ in range(2):
+        patches = rng.uniform(size=(1, 2, 4, 4))
+        patches /= patches.sum(-1, keepdims=True)
+        registers = rng.uniform(size=(1, 2, 2, 6))
+        registers /= registers.sum(-1, keepdims=True)
+        full = np.concatenate([registers, np.concatenate(
+            [np.zeros((1, 2, 4, 2)), patches], axis=-1)], axis=2)
+        layers_with.append(full)
+        layers_without.append(patches)
+    with_registers = analysis.rollout_from_attention(layers_with, (2, 2), num_prefix_tokens=2,
+                                                     class_token=False)
+    np.testing.assert_allclose(with_registers, analysis.rollout_from_attention(
+        layers_without, (2, 2), num_prefix_tokens=0), atol=1e-12)
+    model = keras_vit.vit("Ti/16", image_size=32, hidden_size=16, mlp_dim=32, num_heads=2,
+                          num_layers=1, classifier="gap", num_register_tokens=2)
+    layout = analysis.token_layout(model)
+    assert (layout.num_prefix_tokens, layout.class_token) == (2, False)
+
+
+@pytest.mark.parametrize("fields, layer", [({"classifier": "map"}, "MAPHead_0"),
+                                           ({"classifier": "gap", "final_norm": "pooled"},
+                                            "fc_norm")])
+def test_few_shot_features_are_what_the_head_reads(fields, layer):
+    model = keras_vit.vit("Ti/16", image_size=32, hidden_size=16, mlp_dim=32, num_heads=2,
+                          num_layers=1, **fields)
+    assert analysis.feature_model(model).outputs[0] is model.get_layer(layer).output
+    assert model.get_layer("head").input is model.get_layer(layer).output

@@ -406,3 +406,23 @@ def test_schedule_bad_arguments_raise(args):
     from train.schedules import WarmupDecay
     with pytest.raises(ValueError):
         WarmupDecay(*args)
+
+
+def test_a_run_saved_with_approximate_gelu_resumes_as_its_activation(tmp_path):
+    """Runs written before `activation` replaced `approximate_gelu` keep their GELU: the exact
+    one resumes only with activation="gelu", and builds the same model."""
+    import json
+    import ml_collections
+    from train import config_checks, run_config
+    today = json.loads(json.dumps(run_config._as_json(_tiny_quickstart())))
+    model = dict(today["model"])
+    del model["activation"]
+    model["approximate_gelu"] = False
+    (tmp_path / "config.json").write_text(json.dumps({**today, "model": model}))
+    saved = run_config.saved(str(tmp_path))
+    assert saved["model"]["activation"] == "gelu" and "approximate_gelu" not in saved["model"]
+    run_config.check_resume(_tiny_quickstart(activation="gelu"), str(tmp_path))
+    with pytest.raises(run_config.ConfigMismatchError,
+                       match="model.activation: 'gelu' -> 'gelu_tanh'"):
+        run_config.check_resume(_tiny_quickstart(), str(tmp_path))
+    assert config_checks.model_spec(ml_collections.ConfigDict(saved), 10).activation == "gelu"

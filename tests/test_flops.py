@@ -55,6 +55,10 @@ def test_every_variant_matches_tensorflows_count(variant):
     dict(position_embedding="relative"),
     dict(position_embedding="relative_2d", classifier="gap"),
     dict(position_embedding="learned_2d", position_embedding_placement="every_layer"),
+    dict(classifier="map", num_register_tokens=2),  # attention pooling of the patches only
+    dict(num_register_tokens=3, layer_scale_init=0.1, qkv_bias=False, pre_norm=True),
+    dict(classifier="gap", final_norm="pooled", prefix_position_embeddings=False,
+         num_register_tokens=1),
 ], ids=str)
 def test_model_options_match_tensorflows_count(options):
     model = keras_vit.vit("Ti/16", image_size=(32, 48), **{**TINY, **options})

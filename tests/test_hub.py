@@ -143,6 +143,10 @@ def test_directories_that_are_not_models_are_clear_errors(tmp_path):
         (other / "config.json").write_text(json.dumps({"architecture": architecture}))
         with pytest.raises(torch_layouts.LayoutError, match=message):
             from_pretrained(str(other))
+    (other / "config.json").write_text(json.dumps(
+        {"architecture": "vit_base_patch16_224", "model_args": {"norm_layer": "rmsnorm"}}))
+    with pytest.raises(torch_layouts.LayoutError, match="needs norm_layer='rmsnorm'"):
+        from_pretrained(str(other))
 
 
 def test_a_checkpoints_normalisation_folds_into_the_patch_embedding(tmp_path):

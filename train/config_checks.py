@@ -269,7 +269,7 @@ def _check_model(config, image_size_ok, add):
             text)
     if problems or not image_size_ok:
         return None
-    return ViTConfig(**fields)
+    return ViTConfig.from_dict(fields)
 
 
 def _check_masked_patch_prediction(config, patch_pixels, ok, add):

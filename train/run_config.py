@@ -13,6 +13,7 @@ resume, export and are analysed as before.
 import json
 
 from keras_vit import fileio
+from keras_vit.spec import upgrade_fields
 
 from . import run_files
 from .config_checks import model_spec
@@ -44,7 +45,10 @@ def migrate(saved):
     held the model's fields has `model` as the variant name and the other fields beside it
     (patch_size, hidden_size, classifier, ...); they move into `model`, the name as its
     `variant`. Other dicts are returned as they are."""
-    if not isinstance(saved.get("model"), str):
+    model = saved.get("model")
+    if isinstance(model, dict) and "approximate_gelu" in model:  # before `activation`
+        return {**saved, "model": upgrade_fields(model)}
+    if not isinstance(model, str):
         return saved
     model_fields = set(shipped_config("common").get_config().model) - {"variant"}
     migrated = {name: value for name, value in saved.items() if name not in model_fields}
