@@ -1062,7 +1062,9 @@ class TokenPooling(keras.layers.Layer):
     def call(self, tokens):
         if self.classifier == "token":
             return tokens[:, 0]
-        return ops.mean(tokens[:, self.num_prefix_tokens:], axis=1)
+        if self.num_prefix_tokens:  # registers (no slice otherwise: the same graph as before)
+            tokens = tokens[:, self.num_prefix_tokens:]
+        return ops.mean(tokens, axis=1)
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[-1])

@@ -99,7 +99,7 @@ def test_unknown_variant_lists_valid_names():
 
 
 def test_unknown_classifier():
-    with pytest.raises(ValueError, match=r"classifier='mean': must be one of \('token', 'gap'\)"):
+    with pytest.raises(ValueError, match=r"classifier='mean': must be one of \('token', 'gap', 'map'\)"):
         tiny(classifier="mean")
 
 
