@@ -170,17 +170,29 @@ def test_timm_families_both_ways(tmp_path, architecture):
     assert_close(logits(back.eval()), expected)
 
 
-def test_the_architecture_table_is_the_installed_timms():
-    """keras_vit/timm_architectures.json, which from_pretrained reads, is what
-    benchmarks/timm_coverage.py --write_table makes of this timm."""
+def coverage_benchmark():
     import importlib.util
-    from keras_vit import torch_layouts
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                         "benchmarks", "timm_coverage.py")
     module_spec = importlib.util.spec_from_file_location("timm_coverage", path)
     coverage = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(coverage)
-    assert coverage.architecture_table(timm) == torch_layouts.timm_architectures()
+    return coverage
+
+
+def test_the_architecture_table_is_the_installed_timms():
+    """keras_vit/timm_architectures.json, which from_pretrained reads, is what
+    benchmarks/timm_coverage.py --write_table makes of this timm."""
+    from keras_vit import torch_layouts
+    assert coverage_benchmark().architecture_table(timm) == torch_layouts.timm_architectures()
+
+
+def test_the_coverage_benchmark_checks_an_architecture_each_way(tmp_path):
+    check = coverage_benchmark().check
+    status, detail = check("vit_xsmall_patch16_clip_224", 1, 1e-4, str(tmp_path))
+    assert status == "covered", detail
+    assert check("vit_relpos_small_patch16_224", 1, 1e-4, str(tmp_path)) == (
+        "missing", "timm's VisionTransformerRelPos class")
 
 
 @pytest.mark.parametrize("crop_mode", ["center", "squash"])
