@@ -168,7 +168,7 @@ def _serving_functions(model, class_names, top_k):
     """The two signature functions: encoded image bytes, and pixel batches in 0..255."""
     import tensorflow as tf
 
-    from keras_vit.preprocessing import decode_and_resize, resize, scale_pixels
+    from keras_vit.preprocessing import decode_and_resize_files, resize, scale_pixels
 
     height, width = model_image_size(model)
     preprocessing = getattr(model, "preprocessing", None)  # the checkpoint's resize and crop
@@ -190,11 +190,8 @@ def _serving_functions(model, class_names, top_k):
         # Decoded pixels are RGB in 0..255 by construction: only the request itself is checked.
         # Each image is resized as it is decoded (the input pipeline's evaluation does the
         # same), so images of any size stack into one batch.
-        pixels = tf.map_fn(lambda encoded: decode_and_resize(encoded, (height, width),
-                                                             preprocessing),
-                           _checked_bytes(image_bytes),
-                           fn_output_signature=tf.TensorSpec((height, width, 3), tf.float32))
-        return predict(pixels)
+        return predict(decode_and_resize_files(_checked_bytes(image_bytes), (height, width),
+                                               preprocessing))
 
     def serve_images(images):
         if _dynamic_spec(model) is not None:  # runs at the size it is sent (the model checks it)

@@ -183,6 +183,16 @@ def decode_and_resize(encoded, size, preprocessing=None):
     return resize(decode_image(encoded), size, preprocessing)
 
 
+def decode_and_resize_files(encoded, size, preprocessing=None):
+    """A 1-D string tensor of encoded files to float32 pixels `[N, height, width, 3]` in 0..255:
+    each file decoded and resized on its own (`decode_and_resize`), so files of any sizes
+    stack into one batch."""
+    import tensorflow as tf
+
+    return tf.map_fn(lambda file: decode_and_resize(file, size, preprocessing), encoded,
+                     fn_output_signature=tf.TensorSpec(tuple(size) + (3,), tf.float32))
+
+
 def model_image_size(model):
     """The (height, width) images are resized to for `model`: its input's, or for a model of
     any size the size of its position embeddings' grid (its spec's `image_size`)."""
@@ -222,10 +232,8 @@ def prepare_images(model, images):
                              f"string tensor of shape {tuple(images.shape)}.")
         if images.shape.rank == 0:
             pixels = decode_and_resize(images, size, preprocessing)
-        else:  # each file decoded and resized on its own: files of any sizes stack
-            pixels = tf.map_fn(lambda encoded: decode_and_resize(encoded, size, preprocessing),
-                               images,
-                               fn_output_signature=tf.TensorSpec(tuple(size) + (3,), tf.float32))
+        else:
+            pixels = decode_and_resize_files(images, size, preprocessing)
     else:
         if images.shape.rank not in (3, 4) or images.shape[-1] != 3:
             raise ValueError(f"prepare_images takes RGB pixels [height, width, 3] or "
