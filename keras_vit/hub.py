@@ -137,13 +137,14 @@ def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, preprocess
     source_directory = local_directory(source, cache_dir)
     config, state = read_directory(source_directory)
     layout = torch_layouts.detect(config)
-    preprocessing = preprocessing or _eval_preprocessing(config, layout, source_directory)
+    processor = _processor(source_directory)
+    preprocessing = preprocessing or _eval_preprocessing(config, layout, processor)
     if layout == "transformers":
         spec = torch_layouts.spec_from_transformers(config, state)
     else:
         spec = torch_layouts.spec_from_timm(config, state)
     arrays = torch_layouts.to_npz_arrays(state, spec, layout)
-    mean, std = _normalization(config, directory=source_directory)
+    mean, std = _normalization(config, processor)
     _fold_normalization(arrays, mean, std)
     model = vit(spec.replace(**fields), dtype=dtype, name=name)
     checkpoint.load_npz(model, arrays)
@@ -160,12 +161,12 @@ def _processor(directory):
         return json.load(handle)
 
 
-def _eval_preprocessing(config, layout, directory):
+def _eval_preprocessing(config, layout, processor):
     """How the checkpoint's library resizes evaluation images: timm's `pretrained_cfg` (where
     it is silent, timm's defaults: bicubic, crop_pct 0.875, centre crop), or the `resample` of
-    transformers' `preprocessor_config.json` (its ViTImageProcessor resizes straight to the
-    size; no file: keras_vit's own). Both libraries resize with PIL, which filters when
-    downscaling: antialias."""
+    transformers' `preprocessor_config.json`, `processor` (its ViTImageProcessor resizes
+    straight to the size; no file: keras_vit's own). Both libraries resize with PIL, which
+    filters when downscaling: antialias."""
     if layout == "timm":
         cfg = config.get("pretrained_cfg") or {}
         fields = {"interpolation": cfg.get("interpolation") or "bicubic",
@@ -173,7 +174,6 @@ def _eval_preprocessing(config, layout, directory):
                   "crop_mode": cfg.get("crop_mode") or "center"}
         where = "config.json's pretrained_cfg"
     else:
-        processor = _processor(directory)
         if not processor:
             return EvalPreprocessing()
         resample = processor.get("resample", 2)
@@ -188,13 +188,14 @@ def _eval_preprocessing(config, layout, directory):
             "to choose the nearest one.") from error
 
 
-def _normalization(config, directory):
+def _normalization(config, processor):
     """The per-channel (mean, std) the weights were trained with, on pixels in [0, 1]: timm's
-    `pretrained_cfg`, transformers' `preprocessor_config.json`; (0.5, 0.5) where neither says
-    (the original's [-1, 1], which is also what both libraries' ViT configs default to)."""
+    `pretrained_cfg`, transformers' `preprocessor_config.json` (`processor`); (0.5, 0.5) where
+    neither says (the original's [-1, 1], which is also what both libraries' ViT configs
+    default to)."""
     cfg = config.get("pretrained_cfg") or {}
     mean, std = cfg.get("mean"), cfg.get("std")
-    processor = _processor(directory) if mean is None else {}
+    processor = processor if mean is None else {}
     if processor.get("do_normalize", True):
         mean, std = processor.get("image_mean", mean), processor.get("image_std", std)
     mean = np.broadcast_to(np.asarray(mean if mean is not None else 0.5, np.float64), (3,))
@@ -235,15 +236,6 @@ def _preprocessor_config(spec, preprocessing):
             "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
 
 
-def _timm_config(spec, preprocessing):
-    """timm's config.json, its `pretrained_cfg` saying the model's resize and crop."""
-    config = torch_layouts.timm_config(spec)
-    config["pretrained_cfg"].update(interpolation=preprocessing.interpolation,
-                                    crop_pct=preprocessing.crop_fraction,
-                                    crop_mode=preprocessing.crop_mode)
-    return config
-
-
 def save_pretrained(model, directory, format="transformers"):
     """Writes `model` (built by keras_vit) as `format`'s `config.json` + `model.safetensors` in
     a new `directory`, which `transformers.AutoModel...from_pretrained(directory)` or
@@ -262,7 +254,7 @@ def save_pretrained(model, directory, format="transformers"):
                          "save_pretrained takes a model built by keras_vit.vit().")
     preprocessing = getattr(model, "preprocessing", None) or EvalPreprocessing()
     config = (torch_layouts.transformers_config(spec) if format == "transformers"
-              else _timm_config(spec, preprocessing))
+              else torch_layouts.timm_config(spec, preprocessing))
     processor = _preprocessor_config(spec, preprocessing) if format == "transformers" else None
     state = torch_layouts.from_npz_arrays(checkpoint.model_arrays(model), spec, format)
     safetensors = _import("safetensors.numpy")

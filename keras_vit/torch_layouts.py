@@ -445,10 +445,12 @@ def _whole_patches(image_size, patch, architecture):
     return whole
 
 
-def timm_config(spec):
+def timm_config(spec, preprocessing):
     """timm's `config.json` (what `timm.create_model("local-dir:DIR", pretrained=True)` reads)
-    for a model of `spec`: every option in `model_args`, on an architecture whose LayerNorm
-    epsilon is the model's (timm's model_args cannot name one)."""
+    for a model of `spec`: its sizes and options in `model_args`, on an architecture whose
+    LayerNorm epsilon is the model's (timm's model_args cannot name one), and in
+    `pretrained_cfg` the resize and crop of `preprocessing` (the model's
+    `keras_vit.EvalPreprocessing`)."""
     _check_plain(spec, "timm's VisionTransformer")
     if spec.representation_size is not None:
         raise LayoutError("timm's VisionTransformer has no tanh pre_logits layer; save a model "
@@ -473,9 +475,11 @@ def timm_config(spec):
         "architecture": _timm_architecture_of_epsilon(spec.layer_norm_epsilon),
         "num_classes": num_classes, "num_features": spec.hidden_size,
         "global_pool": args["global_pool"], "model_args": args,
-        "pretrained_cfg": {"input_size": [3, height, width], "interpolation": "bilinear",
-                           "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "crop_pct": 1.0,
-                           "num_classes": num_classes},
+        "pretrained_cfg": {
+            "input_size": [3, height, width], "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5],
+            "interpolation": preprocessing.interpolation,
+            "crop_pct": preprocessing.crop_fraction, "crop_mode": preprocessing.crop_mode,
+            "num_classes": num_classes},
     }
 
 
