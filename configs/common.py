@@ -47,6 +47,15 @@ def get_config():
     config.crop_min_area = 0.05  # inception crop: smallest fraction of the image kept
     config.flip = True  # random horizontal flips in training
     config.shuffle_buffer = 50_000  # TFRecord only: examples in a host's shuffle window
+    # Augmentation beyond crop and flip (train/augmentation.py): an AugReg level sets
+    # RandAugment and Mixup; a field below given a value replaces the level's (None: the level's).
+    config.augment = "none"  # none, light1, light2, medium1, medium2, strong1 or strong2
+    config.randaugment_layers = placeholder(int)  # RandAugment operations per image; 0 off
+    config.randaugment_magnitude = placeholder(float)  # their strength, 0 to 30
+    config.mixup_alpha = placeholder(float)  # Mixup's Beta(alpha, alpha); 0 off
+    config.cutmix_alpha = 0.0  # CutMix's Beta(alpha, alpha); 0 off (DeiT: 1.0)
+    config.cutmix_switch_prob = 0.5  # with both on: the chance a pair is cut rather than mixed
+    config.random_erasing = 0.0  # the chance an image has a box erased to noise (DeiT: 0.25)
     config.input_pipeline = "auto"  # "tf.data", "grain" (JAX only, no TensorFlow) or "auto"
     config.input_workers = 0  # Grain: processes making batches (0: threads of this process)
 
@@ -61,7 +70,8 @@ def get_config():
     config.momentum = 0.9  # SGD momentum
     config.beta_1 = 0.9  # Adam
     config.beta_2 = 0.999  # Adam
-    config.weight_decay = 0.0  # decoupled weight decay (adamw)
+    config.weight_decay = 0.0  # decoupled weight decay (adamw), of kernels only
+    config.layer_decay = 1.0  # fine-tuning: block i of D learns at rate x decay^(D - i)
     config.grad_clip_norm = 1.0  # clip the global gradient norm; 0 to turn off
     config.accum_steps = 1  # gradient accumulation: micro-batches per optimizer step
     config.label_smoothing = 0.0  # of the one-hot targets

@@ -94,6 +94,26 @@ def test_learning_rate_sweep_and_pick():
     assert ablations.pick_learning_rate(sweep) == 0.009
 
 
+def test_each_study_runs_on_its_base_config_unless_one_is_given():
+    from train.studies import ablate as command
+    assert command.with_default_config(["ablate", "--study=axial"])[1] == "--config=ablation"
+    assert command.with_default_config(["ablate", "--study=augreg"])[1] == "--config=augreg"
+    assert command.with_default_config(["ablate", "--study", "layer_decay"])[1] == \
+        "--config=mpp_finetune:labels=6000"
+    given = ["ablate", "--study=augreg", "--config=quickstart"]
+    assert command.with_default_config(given) == given
+
+
+def test_augreg_table_names_each_level_and_its_losses():
+    runs = [{"accuracy": 0.8, "train_loss": 0.1, "eval_loss": 0.6},
+            {"accuracy": 0.82, "train_loss": 0.3, "eval_loss": 0.5}]
+    table = ablations.augreg_table({
+        "medium2": {"fields": {"augment": "medium2"}, "runs": runs},
+        "none": {"fields": {"augment": "none"}, "runs": [{"accuracy": 0.7}]}})
+    assert "| `medium2` | 2 x 15 | 0.5 | 0.200 | 0.550 | 81.00 ± 1.41 |" in table
+    assert "| `none` | – | – | – | – | 70.00 |" in table
+
+
 def test_matched_steps():
     steps = ablations.matched_steps(300, {"vit": 16_000_000, "r_vit": 20_000_000})
     assert steps == {"vit": 375, "r_vit": 300}
@@ -267,6 +287,9 @@ BAD_FLAGS = {
                                 ["--config.model.variant=R+Ti/16"]),
     "classifier_split_expression": (dict(study="classifier"), ["--config.train_split=train[:50%]"],
                          ["plain split name"]),
+    "layer_decay_without_pretrained": (dict(study="layer_decay"), [],
+                                       ["fine-tunes a pre-trained encoder",
+                                        "--config.pretrained=FILE"]),
 }
 
 

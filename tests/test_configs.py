@@ -155,7 +155,8 @@ def test_no_dead_config_fields():
             if name.endswith(".py"):
                 with open(os.path.join(root, name)) as handle:
                     text += handle.read()
-    used = set(re.findall(r"config\.(\w+)", text)) | set(re.findall(r'config\["(\w+)"\]', text))
+    used = (set(re.findall(r"config\.(\w+)", text)) | set(re.findall(r'config\["(\w+)"\]', text))
+            | set(re.findall(r'config\.get\("(\w+)"', text)))
     assert not set(common.get_config()) - used
 
 

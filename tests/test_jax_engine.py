@@ -268,8 +268,10 @@ def test_a_process_whose_peers_never_start_gives_up_naming_them(fake_fmnist, tmp
 
 def test_both_engines_fine_tune_an_npz_to_the_same_losses(fake_fmnist, tmp_path):
     """From the same original-layout encoder (its head zero-initialised, as the paper
-    fine-tunes) and the same stream (tf.data on both), TensorFlow and JAX log the same loss at
-    every step."""
+    fine-tunes) and the same stream, TensorFlow and JAX log the same loss at every step, with
+    AugReg/DeiT's augmentation and layer-wise learning-rate decay: the JAX engine's "auto"
+    input is then tf.data (Grain would draw other augmentations), and both engines mix the
+    labels and scale the rates alike."""
     import keras
 
     import keras_vit
@@ -282,7 +284,8 @@ def test_both_engines_fine_tune_an_npz_to_the_same_losses(fake_fmnist, tmp_path)
     keras_vit.checkpoint.save_npz(encoder, weights)
     run = dict(total_steps=30, steps_per_loop=1, eval_every_steps=30,
                checkpoint_every_steps=30, warmup_steps=5, pretrained=weights,
-               input_pipeline="tf.data")
+               augment="medium2", cutmix_alpha=1.0, random_erasing=0.25, label_smoothing=0.1,
+               layer_decay=0.75)
     losses = {}
     for backend in ("tensorflow", "jax"):
         workdir = str(tmp_path / backend)

@@ -13,7 +13,8 @@ time low on 2 cores:
 - `workers_kill`, `workers_term`: as `kill` and `term` on 2 workers; SIGKILL goes to worker 0
   (the chief), SIGTERM to worker 1, then both are started again;
 - `xla`: one device with config.jit_compile (the whole step compiled); `xla2`: on 2 replicas
-  (each replica's forward and backward pass compiled);
+  (each replica's forward and backward pass compiled); both with RandAugment, Mixup, CutMix,
+  random erasing and layer-wise learning-rate decay (RECIPE);
 - `mpp`, `mpp_two`, `mpp_kill`, `mpp_xla`: as `one`, `two`, `kill` and `xla`, pre-training by
   masked patch prediction (config.objective), `mpp` exporting its encoder.
 """
@@ -137,6 +138,12 @@ def _loss_steps(workdir):
         return []
 
 
+# The AugReg/DeiT options (train/augmentation.py, train/optimizers.py), on the XLA runs: their
+# shapes must stay static, and 2 replicas must train what one does.
+RECIPE = {"augment": "medium2", "cutmix_alpha": 1.0, "random_erasing": 0.25,
+          "label_smoothing": 0.1, "layer_decay": 0.75}
+
+
 @pytest.fixture(scope="module")
 def runs(fake_fmnist, tmp_path_factory):
     root = str(tmp_path_factory.mktemp("driver_runs"))
@@ -153,9 +160,10 @@ def runs(fake_fmnist, tmp_path_factory):
                                 checkpoint_every_steps=TERM_CHECKPOINT_EVERY),
         "xla": Run(fake_fmnist, root, "xla", "--strategy=one_device", env={
             "TF_CPP_MIN_LOG_LEVEL": "0"}, jit_compile=True, total_steps=4, warmup_steps=2,
-            eval_every_steps=4),
+            eval_every_steps=4, **RECIPE),
         "xla2": Run(fake_fmnist, root, "xla2", "--strategy=mirrored", "--cpu_devices=2",
-                    jit_compile=True, total_steps=4, warmup_steps=2, eval_every_steps=4),
+                    jit_compile=True, total_steps=4, warmup_steps=2, eval_every_steps=4,
+                    **RECIPE),
         "mpp": Run(fake_fmnist, root, "mpp", "--strategy=one_device", export=True, **MPP),
         "mpp_two": Run(fake_fmnist, root, "mpp_two", "--strategy=mirrored", "--cpu_devices=2",
                        **MPP),

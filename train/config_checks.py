@@ -24,6 +24,7 @@ import os
 
 from absl import app, logging
 
+from . import augmentation
 from .optimizers import OPTIMIZERS
 
 # Copies of their owners' values (the owners load Keras on import).
@@ -60,6 +61,13 @@ RULES = {
     "data_dir": ("optional_str", None),
     "train_split": ("str", None),
     "eval_split": ("str", None),
+    "augment": ("choice", tuple(augmentation.PRESETS)),
+    "randaugment_layers": ("optional_int", (0, 8)),
+    "randaugment_magnitude": ("optional_float", (0.0, 30.0, True)),
+    "mixup_alpha": ("optional_float", (0.0, None, False)),
+    "cutmix_alpha": ("float", (0.0, None, False)),
+    "cutmix_switch_prob": ("float", (0.0, 1.0, True)),
+    "random_erasing": ("float", (0.0, 1.0, True)),
     "input_pipeline": ("choice", ("auto", "tf.data", "grain")),
     "input_workers": ("int", (0, None)),
     "image_size": ("int", (1, None)),  # and a whole number of patches: by the spec
@@ -77,6 +85,7 @@ RULES = {
     "beta_1": ("float", (0.0, 1.0, False)),
     "beta_2": ("float", (0.0, 1.0, False)),
     "weight_decay": ("float", (0.0, None, False)),
+    "layer_decay": ("float_above", (0.0, 1.0, True)),
     "grad_clip_norm": ("float", (0.0, None, False)),
     "accum_steps": ("int", (1, None)),
     "label_smoothing": ("float", (0.0, 1.0, False)),
@@ -111,6 +120,8 @@ def _interval(low, high, high_inclusive, low_inclusive=True):
 
 def _rule_problem(kind, details, value):
     """What is wrong with `value` under the rule, or None."""
+    if kind.startswith("optional_") and kind != "optional_str":
+        return None if value is None else _rule_problem(kind[len("optional_"):], details, value)
     if kind == "int":
         low, high = details
         what = "an integer"
@@ -194,6 +205,10 @@ def problems(config, num_replicas=None, fields=None):
                      else f"config.batch_size={config.batch_size}")
             add("accum_steps", f"config.accum_steps={config.accum_steps}",
                 f"must divide {where} into equal micro-batches")
+    if ok(*(name for name in augmentation.FIELDS if name in config)):
+        per_replica = config.batch_size // (num_replicas or 1) if ok("batch_size") else 2
+        for names, shown, message in augmentation.problems(config, per_replica):
+            add(names, shown, message)
     if ok("mpp_mask_rate", "mpp_random_rate") and (
             config.mpp_mask_rate + config.mpp_random_rate > 1.0 + 1e-9):
         add(("mpp_mask_rate", "mpp_random_rate"),

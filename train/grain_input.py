@@ -58,6 +58,11 @@ def unavailable(config, engine):
     it can."""
     if engine != "jax":
         return "the Grain pipeline feeds the JAX engine (KERAS_BACKEND=jax)"
+    from . import augmentation
+
+    if augmentation.of(config).active:
+        return ("RandAugment, Mixup, CutMix and random erasing are TensorFlow ops "
+                "(train/randaugment.py, train/mixing.py)")
     if config.objective != "classification":
         return (f"config.objective={config.objective!r} draws its patch corruption with "
                 "TensorFlow ops (train.masking)")

@@ -162,8 +162,16 @@ def to_model_range(image, dtype=tf.float32):
     return tf.cast(scale_pixels(tf.cast(image, tf.float32)), dtype)
 
 
-def preprocess_train(encoded, seed, image_size, crop_min_area, flip, dtype=tf.float32):
-    """Inception crop (area in [crop_min_area, 1], aspect 3/4 to 4/3) + flip + resize.
+# Folded into an example's seed for its RandAugment and random erasing, so that the crop and
+# flip of a run without them stay what they were.
+AUGMENT_SEED_SALT = 0x524155
+
+
+def preprocess_train(encoded, seed, image_size, crop_min_area, flip, dtype=tf.float32,
+                     augmentation=None):
+    """Inception crop (area in [crop_min_area, 1], aspect 3/4 to 4/3) + flip + resize, then
+    the `augmentation` (train.augmentation.Augmentation) of one image: RandAugment, and random
+    erasing after the scaling to [-1, 1] (Mixup and CutMix mix batches: `mix_pairs`).
 
     `seed` is a shape-[2] int tensor; the same seed gives the same augmentation.
     """
@@ -177,7 +185,20 @@ def preprocess_train(encoded, seed, image_size, crop_min_area, flip, dtype=tf.fl
     image = resize(image, (image_size, image_size))
     if flip:
         image = tf.image.stateless_random_flip_left_right(image, flip_seed)
-    return to_model_range(image, dtype)
+    if augmentation is None or not (augmentation.randaugment_layers
+                                    or augmentation.random_erasing):
+        return to_model_range(image, dtype)
+    from . import randaugment
+
+    augment_seed, erasing_seed = tf.unstack(tf.random.experimental.stateless_split(
+        tf.random.experimental.stateless_fold_in(seed, AUGMENT_SEED_SALT), 2))
+    if augmentation.randaugment_layers:
+        image = randaugment.rand_augment(image, augment_seed, augmentation.randaugment_layers,
+                                         augmentation.randaugment_magnitude)
+    image = to_model_range(image)
+    if augmentation.random_erasing:
+        image = randaugment.random_erasing(image, erasing_seed, augmentation.random_erasing)
+    return tf.cast(image, dtype)
 
 
 def preprocess_eval(encoded, image_size, dtype=tf.float32):
@@ -221,22 +242,36 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patche
     the order then depends on the number of hosts, and starting at `start_step` reads one
     window.
     """
+    from . import augmentation as augmentations, mixing
+
     split = records.Split(builder, config.train_split)
+    augmentation = augmentations.of(config)
 
     def dataset_fn(input_context):
         hosts, host = input_context.num_input_pipelines, input_context.input_pipeline_id
         per_replica = input_context.get_per_replica_batch_size(config.batch_size)
+        if augmentation.mixes and per_replica % 2:  # pairs of positions must share a batch
+            raise ValueError(f"Mixup and CutMix need an even batch per replica, not "
+                             f"{per_replica}: change config.batch_size.")
         stream = input_order.train_examples(split, config, start_step, hosts, host)
 
         def preprocess(position, example):
             seed = tf.stack([tf.constant(config.seed, tf.int64), position])
             image = preprocess_train(example["image"], seed, config.image_size,
-                                     config.crop_min_area, config.flip, dtype)
-            return with_corruption({"image": image, "label": tf.cast(example["label"], tf.int32)},
-                                   seed, config, num_patches)
+                                     config.crop_min_area, config.flip, dtype, augmentation)
+            example = {"image": image, "label": tf.cast(example["label"], tf.int32)}
+            if augmentation.mixes:
+                example["mix_params"] = mixing.mix_params(
+                    mixing.pair_seed(config.seed, position), config.image_size,
+                    config.image_size, augmentation)
+            return with_corruption(example, seed, config, num_patches)
 
         stream = stream.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        stream = stream.batch(per_replica, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+        stream = stream.batch(per_replica, drop_remainder=True)
+        if augmentation.mixes:
+            stream = stream.map(mixing.mix_pairs, num_parallel_calls=tf.data.AUTOTUNE,
+                                deterministic=True)
+        stream = stream.prefetch(tf.data.AUTOTUNE)
         return stream.with_options(WITHOUT_AUTOTUNING)
 
     return dataset_fn

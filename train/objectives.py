@@ -31,7 +31,8 @@ def cross_entropy(labels, logits, num_classes, label_smoothing):
 
 
 class Classification:
-    """Supervised: the class of each image (the batch's `label`)."""
+    """Supervised: the class of each image (the batch's `label`; in training, mixed with the
+    batch's `mix_label` by `mix_weight` where the input pipeline mixed the images)."""
 
     has_accuracy = True
     num_patches = None  # the input pipeline adds no corruption
@@ -47,6 +48,10 @@ class Classification:
         logits = ops.cast(model(batch["image"], training=training), "float32")
         smoothing = self.config.label_smoothing if training else 0.0
         losses = cross_entropy(batch["label"], logits, self.num_classes, smoothing)
+        if training and "mix_label" in batch:  # Mixup/CutMix (train.mixing): mixed targets
+            weight = ops.cast(batch["mix_weight"], "float32")
+            losses = weight * losses + (1.0 - weight) * cross_entropy(
+                batch["mix_label"], logits, self.num_classes, smoothing)
         predicted = ops.cast(ops.argmax(logits, -1), "int32")
         correct = ops.cast(ops.equal(predicted, ops.cast(batch["label"], "int32")), "float32")
         return losses, ops.ones_like(losses), correct

@@ -6,7 +6,10 @@
 
 Studies (train/studies/ablations.py): `position_embedding` (the paper's Table 8), `classifier`
 (class token against GAP, each at its best learning rate), `hybrid` (ViT against R+ViT at equal
-training FLOPs), `axial` (ViT against Axial-ViT). Writes into --out:
+training FLOPs), `axial` (ViT against Axial-ViT), `augreg` (AugReg's augmentation levels on
+6,000 training images, base configs/augreg.py) and `layer_decay` (fine-tuning a pre-trained
+encoder given by --config.pretrained with and without layer-wise learning-rate decay, base
+configs/mpp_finetune.py:labels=6000). Writes into --out:
 
 - `<study>.md`: the table (mean ± std of the test top-1 accuracy over seeds), the budget and
   the command; `<study>.png`: each arm's accuracy with error bars; `<study>.json`: every run's
@@ -14,7 +17,7 @@ training FLOPs), `axial` (ViT against Axial-ViT). Writes into --out:
 - `runs/<study>/<arm>/seed<k>/`: the workdir of each run, with its `train.log`.
 
 Every run is `python -m train.main` in a subprocess (a fresh TensorFlow each), on the base config
-(--config, default configs/ablation.py, with any --config.field=value) plus the arm's fields, the
+(--config, default the study's, with any --config.field=value) plus the arm's fields, the
 seed and the steps. Rerun the same command to resume a stopped study: the runs whose
 metrics.jsonl holds the final evaluation are skipped, and train.main resumes an unfinished one
 from its checkpoint. A run folder that holds a run of other settings is an error, before any
@@ -38,7 +41,7 @@ from ml_collections import config_flags
 from .. import cli, config_checks, config_flag
 from . import ablations, child_runs
 
-DEFAULT_CONFIG = "ablation"  # the shipped configs/ablation.py
+DEFAULT_CONFIG = "ablation"  # the shipped configs/ablation.py, for an unknown --study
 
 flags.DEFINE_enum("study", None, list(ablations.STUDIES), "The study to run.")
 flags.DEFINE_string("out", None, "Local folder for <study>.md, .png, .json and runs/.")
@@ -48,7 +51,9 @@ flags.DEFINE_integer("seeds", 2, "Seeds per arm: 0, 1, ..., seeds - 1.")
 flags.DEFINE_string("dataset", None, "A TFDS dataset name or folder:/path (as "
                     "--config.dataset); default: the config's, the offline Fashion-MNIST.")
 config_flag.define_config_flag("Base config of every run (a shipped name or file.py, [:arg]); "
-                               "default: ablation (configs/ablation.py). --config.field=value "
+                               "default: the study's (configs/ablation.py; augreg: "
+                               "configs/augreg.py; layer_decay: "
+                               "configs/mpp_finetune.py:labels=6000). --config.field=value "
                                "overrides a field.")
 flags.declare_key_flag("verbose")  # defined in train/cli.py; listed by --help
 flags.mark_flags_as_required(["study", "out"])
@@ -106,6 +111,10 @@ def check_flags():
         raise app.UsageError(f"--study={FLAGS.study} holds out {ablations.HELD_OUT_PERCENT}% of "
                              f"config.train_split={config.train_split!r} for its sweep: give a "
                              "plain split name (such as 'train').")
+    if study.needs_pretrained and not config.pretrained:
+        raise app.UsageError(f"--study={FLAGS.study} fine-tunes a pre-trained encoder: give it "
+                             "with --config.pretrained=FILE (e.g. the export/encoder.npz of a "
+                             "configs/mpp.py run).")
     return config
 
 
@@ -307,6 +316,7 @@ def main(argv):
             print(f"{progress}: {100 * accuracy:.2f}% in {seconds:.0f} s", flush=True)
         arms[run.arm.name]["sweep" if run.sweep else "runs"].append({
             "seed": run.seed, "learning_rate": run.config.learning_rate, "accuracy": accuracy,
+            **child_runs.final_losses(run.workdir, run.config.total_steps),
             "seconds": seconds, "workdir": os.path.relpath(run.workdir, FLAGS.out)})
         metrics.write_json(json_path, summary)
 
@@ -360,12 +370,27 @@ def _previous_seconds(json_path):
 
 
 def with_default_config(argv):
-    """`argv`, with --config=configs/ablation.py unless it names a config. (Not a flag default:
-    ml_collections parses a default, with the --config.field overrides, when the flag is
-    defined, so a misspelt field would be a traceback instead of an error line.)"""
+    """`argv`, with the study's base config (configs/ablation.py for most) unless it names a
+    config. (Not a flag default: ml_collections parses a default, with the --config.field
+    overrides, when the flag is defined, so a misspelt field would be a traceback instead of
+    an error line.)"""
     named = any(arg in ("--config", "-config") or arg.startswith(("--config=", "-config="))
                 for arg in argv[1:])
-    return argv if named else [argv[0], f"--config={DEFAULT_CONFIG}", *argv[1:]]
+    if named:
+        return argv
+    study = ablations.STUDIES.get(_flag_value(argv, "study"))
+    return [argv[0], f"--config={study.config if study else DEFAULT_CONFIG}", *argv[1:]]
+
+
+def _flag_value(argv, name):
+    """The value of `--name=value` or `--name value` in `argv`, or None."""
+    for index, arg in enumerate(argv[1:], 1):
+        for prefix in (f"--{name}", f"-{name}"):
+            if arg.startswith(prefix + "="):
+                return arg[len(prefix) + 1:]
+            if arg == prefix and index + 1 < len(argv):
+                return argv[index + 1]
+    return None
 
 
 def run():

@@ -16,6 +16,8 @@ import statistics
 
 from keras_vit.spec import LEARNED_POSITION_EMBEDDINGS
 
+from .. import augmentation
+
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
@@ -35,6 +37,8 @@ class Study:
     arms: tuple
     sweep_learning_rate: bool = False  # pick each arm's learning rate on held-out data first
     match_flops: bool = False  # steps x forward FLOPs per image equal across arms
+    config: str = "ablation"  # the base config without --config (a shipped name[:arg])
+    needs_pretrained: bool = False  # refuse to run without --config.pretrained
 
 
 # The paper's Table 8: rows are the kinds, columns the placements.
@@ -97,6 +101,23 @@ STUDIES = {
         arms=(Arm("vit", "ViT", {"model.classifier": "gap"}),
               Arm("axial_vit", "Axial-ViT", {"model.variant": "Axial-Ti/16",
                                               "model.classifier": "gap"}))),
+    "augreg": Study(
+        title="AugReg's augmentation levels on a small training set",
+        question="RandAugment and Mixup at the named levels of \"How to train your ViT?\" "
+                 "(Steiner et al., 2021), whose claim is that with little data augmentation "
+                 "beats none, on a tenth of the training images (configs/augreg.py).",
+        arms=tuple(Arm(level, level, {"augment": level})
+                   for level in ("none", "light1", "medium2", "strong1")),
+        config="augreg"),
+    "layer_decay": Study(
+        title="Layer-wise learning-rate decay in fine-tuning",
+        question="Fine-tuning a pre-trained encoder (--config.pretrained, e.g. the masked patch "
+                 "prediction run's export/encoder.npz) on the first 6,000 training images: "
+                 "every weight at the learning rate, against block i of D at rate x "
+                 "0.75^(D - i) and the embeddings at rate x 0.75^(D + 1) (config.layer_decay).",
+        arms=(Arm("uniform", "no decay (1.0)", {"layer_decay": 1.0}),
+              Arm("decay_0.75", "decay 0.75", {"layer_decay": 0.75})),
+        config="mpp_finetune:labels=6000", needs_pretrained=True),
 }
 
 
@@ -208,6 +229,33 @@ def model_table(arms, compute=False):
     return _rows(header, rows)
 
 
+def augreg_table(arms):
+    """A row per AugReg level: its RandAugment and Mixup, the final losses (means over seeds)
+    and the accuracy."""
+    rows = []
+    for arm in arms.values():
+        layers, magnitude, alpha = augmentation.PRESETS[arm["fields"]["augment"]]
+        rows.append([f"`{arm['fields']['augment']}`",
+                     f"{layers} x {magnitude:g}" if layers else "–",
+                     f"{alpha:g}" if alpha else "–", _mean_cell(arm, "train_loss"),
+                     _mean_cell(arm, "eval_loss"), accuracy_cell(_accuracies(arm))])
+    return _rows(["AugReg level", "RandAugment (layers x magnitude)", "Mixup alpha",
+                  "final training loss", "test loss", "test top-1 (%)"], rows)
+
+
+def _mean_cell(arm, name):
+    values = [run[name] for run in arm.get("runs", []) if run.get(name) is not None]
+    return f"{statistics.fmean(values):.3f}" if values else "–"
+
+
+def fields_table(arms):
+    """A row per arm: the config fields it sets, and the accuracy."""
+    names = sorted({name for arm in arms.values() for name in arm["fields"]})
+    rows = [[arm["label"], *(f"`{arm['fields'].get(name, '–')}`" for name in names),
+             accuracy_cell(_accuracies(arm))] for arm in arms.values()]
+    return _rows(["Arm", *(f"config.{name}" for name in names), "test top-1 (%)"], rows)
+
+
 def table(summary):
     arms = summary["arms"]
     study = summary["study"]
@@ -215,6 +263,10 @@ def table(summary):
         return position_table(arms)
     if study == "classifier":
         return classifier_table(arms)
+    if study == "augreg":
+        return augreg_table(arms)
+    if study == "layer_decay":
+        return fields_table(arms)
     return model_table(arms, compute=STUDIES[study].match_flops)
 
 
@@ -228,6 +280,11 @@ def _notes(summary):
                 f"(seed {summary['seeds'][0]}) on `{train}` and scored on the held-out "
                 f"`{held_out}` (the columns \"held-out\"); the best (bold) was then trained on "
                 f"all of `{summary['train_split']}` at every seed and tested. Picked: {picks}.")
+    if summary["study"] == "augreg":
+        return ("Losses: the training loss is the last log line's, the mean over its steps' "
+                "batches as trained (augmented, and with Mixup against mixed targets), so it "
+                "is higher by construction where the augmentation is stronger; the test loss "
+                "is on the plain test images.")
     if summary["study"] == "hybrid":
         return ("Matched compute: both arms see the same number of images x forward FLOPs "
                 "per image (training costs about three forward passes for either): the "

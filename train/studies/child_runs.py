@@ -66,6 +66,19 @@ def final_accuracy(workdir, total_steps):
     return None
 
 
+def final_losses(workdir, total_steps):
+    """`{"train_loss", "eval_loss"}` of the run's last training log line and its final
+    evaluation (at `total_steps`); a value the run did not log is None."""
+    from .. import metrics
+
+    losses = {"train_loss": None, "eval_loss": None}
+    for record in metrics.read_records(workdir):
+        if record["step"] == total_steps:
+            losses["train_loss"] = record.get("loss", losses["train_loss"])
+            losses["eval_loss"] = record.get("eval_loss", losses["eval_loss"])
+    return losses
+
+
 def last_error(log_path):
     """The last `Error:` line of a run's log (or its last line), ending with a full stop."""
     with open(log_path, errors="replace") as handle:

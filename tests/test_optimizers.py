@@ -1,0 +1,141 @@
+"""The driver's optimizer (train/optimizers.py): layer-wise learning-rates exactly as the formula
+says, weight decay on kernels only, and the same updates as Keras' AdamW where neither option
+changes anything.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit import masked_patches
+from train import optimizers, schedules
+from train_fixtures import tiny_config
+
+pytestmark = pytest.mark.usefixtures("fresh_session")
+
+DECAY = 0.5
+
+
+def _model(**fields):
+    spec = dict(variant="Ti/16", image_size=16, patch_size=4, hidden_size=8, mlp_dim=16,
+                num_heads=2, num_layers=3, num_classes=5)
+    return keras_vit.vit(keras_vit.ViTConfig(**{**spec, **fields}))
+
+
+def _expected_layer(path, depth):
+    """The layer id of a weight by the formula: 0 before the blocks, i + 1 in block i, D + 1
+    after them."""
+    first = path.split("/")[0]
+    if first.startswith("encoderblock_"):
+        return int(first.split("_")[1]) + 1
+    if first in ("encoder_norm", "head", "MAPHead_0", "fc_norm", "pre_logits", "mpp_head"):
+        return depth + 1
+    return 0
+
+
+@pytest.mark.parametrize("fields", [
+    {},
+    {"classifier": "map", "num_register_tokens": 2, "pre_norm": True, "layer_scale_init": 0.1,
+     "representation_size": 8},
+    {"classifier": "gap", "final_norm": "pooled"},
+    {"variant": "R+Ti/16", "patch_size": 1},
+    {"variant": "Axial-Ti/16", "classifier": "gap"},
+])
+def test_layer_scales_are_the_formula(fields):
+    model = _model(**fields)
+    variables = model.trainable_variables
+    scales = optimizers.layer_scales(variables, DECAY)
+    depth = 3
+    seen = set()
+    for variable, scale in zip(variables, scales):
+        layer = _expected_layer(variable.path, depth)
+        seen.add(layer)
+        assert scale == DECAY ** (depth + 1 - layer), variable.path
+    assert seen == {0, 1, 2, 3, 4}
+
+
+def test_layer_scales_of_masked_patch_prediction():
+    encoder = _model(include_top=False, classifier="gap")
+    model = masked_patches.MaskedPatchPredictor(encoder, target="mean_color")
+    model.build((None, 16, 16, 3))
+    scales = dict(zip((v.path for v in model.trainable_variables),
+                      optimizers.layer_scales(model.trainable_variables, DECAY)))
+    assert scales["masked_patch_predictor/mask_embedding"] == DECAY ** 4
+    assert scales["mpp_head/kernel"] == 1.0
+
+
+def test_a_weight_of_no_known_place_is_named():
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(2, name="adapter")(inputs))
+    with pytest.raises(ValueError, match="adapter/kernel is neither in an encoder block"):
+        optimizers.layer_scales(model.trainable_variables, DECAY)
+
+
+def test_weight_decay_applies_to_kernels_only():
+    model = _model(classifier="map", num_register_tokens=1, layer_scale_init=0.1)
+    decayed = {v.path for v in model.trainable_variables if optimizers.decays(v)}
+    assert decayed == {v.path for v in model.trainable_variables if v.path.endswith("/kernel")}
+    kept = {v.path for v in model.trainable_variables} - decayed
+    for name in ("posembed_input/pos_embedding", "reg/registers", "MAPHead_0/probe",
+                 "encoderblock_0/layer_scale_0/scale", "encoder_norm/gamma", "head/bias"):
+        assert name in kept
+
+
+def _config(fake_fmnist, **fields):
+    return tiny_config(fake_fmnist, **{"warmup_steps": 0, "learning_rate": 0.1, **fields})
+
+
+def _step(config, model, gradient):
+    """One optimizer step of `config`'s optimizer on `model` with a constant gradient; returns
+    {path: (before, after)}."""
+    optimizer = optimizers.build_optimizer(config)
+    variables = model.trainable_variables
+    optimizer.build(variables)
+    before = {v.path: np.array(v.numpy()) for v in variables}
+    optimizer.apply([keras.ops.full(v.shape, gradient) for v in variables], variables)
+    return {v.path: (before[v.path], v.numpy()) for v in variables}
+
+
+def test_each_weight_moves_at_its_layers_rate(fake_fmnist):
+    config = _config(fake_fmnist, optimizer="sgd", momentum=0.0, layer_decay=DECAY)
+    for path, (before, after) in _step(config, _model(), 1.0).items():
+        rate = 0.1 * DECAY ** (4 - _expected_layer(path, 3))
+        np.testing.assert_allclose(before - after, rate, rtol=1e-5, err_msg=path)
+
+
+def test_weight_decay_follows_the_layers_rate(fake_fmnist):
+    # A zero gradient: Adam moves nothing, so what changes is the decay alone.
+    config = _config(fake_fmnist, optimizer="adamw", weight_decay=0.2, layer_decay=DECAY)
+    for path, (before, after) in _step(config, _model(), 0.0).items():
+        if path.endswith("/kernel"):
+            rate = 0.1 * DECAY ** (4 - _expected_layer(path, 3))
+            np.testing.assert_allclose(after, before * (1 - 0.2 * rate), rtol=1e-6,
+                                       err_msg=path)
+        else:
+            np.testing.assert_array_equal(after, before, err_msg=path)
+
+
+def test_same_updates_as_keras_adamw(fake_fmnist):
+    """Without layer decay, the optimizer is Keras' AdamW excluding what the driver excluded
+    before this module decided it (names containing bias, gamma, beta, pos_embedding, cls)."""
+    config = _config(fake_fmnist, optimizer="adamw", weight_decay=0.05, warmup_steps=2)
+
+    def three_steps(optimizer):
+        keras.utils.set_random_seed(0)
+        model = _model(variant="R+Ti/16", patch_size=1)
+        optimizer.build(model.trainable_variables)
+        rng = np.random.default_rng(0)
+        for _ in range(3):
+            optimizer.apply([rng.normal(size=v.shape).astype("float32")
+                             for v in model.trainable_variables], model.trainable_variables)
+        return [v.numpy() for v in model.trainable_variables]
+
+    schedule = schedules.WarmupDecay(config.learning_rate, config.warmup_steps,
+                                     config.total_steps, config.decay)
+    reference = keras.optimizers.AdamW(schedule, weight_decay=0.05)
+    reference.exclude_from_weight_decay(var_names=["bias", "gamma", "beta", "pos_embedding",
+                                                   "cls"])
+    for ours, theirs in zip(three_steps(optimizers.build_optimizer(config)),
+                            three_steps(reference)):
+        np.testing.assert_array_equal(ours, theirs)
