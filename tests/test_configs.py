@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import keras_vit
-from configs import ablation, common, finetune, pretrain, quickstart
+from configs import ablation, augreg, augreg_finetune, common, finetune, pretrain, quickstart
 from train_fixtures import FLAT_LAYOUT_CONFIG_JSON, TINY
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,6 +29,8 @@ def _all_configs():
         "pretrain": pretrain.get_config(),
         "pretrain L/16 i21k": pretrain.get_config("model=L/16,dataset=imagenet21k"),
         "ablation": ablation.get_config(),
+        "augreg": augreg.get_config(),
+        "augreg_finetune": augreg_finetune.get_config("model=S/16,dataset=oxford_iiit_pet"),
     }
 
 
@@ -42,6 +44,23 @@ def test_every_config_loads_with_the_common_fields():
         for field in ("total_steps", "steps_per_loop", "eval_every_steps",
                       "checkpoint_every_steps", "batch_size", "eval_batch_size"):
             assert config[field] > 0, (name, field)
+
+
+def test_augreg_finetune_recipe():
+    """AugReg's transfer settings (google-research/vision_transformer,
+    vit_jax/configs/augreg.py): SGD 0.9 at 0.03, no weight decay, no dropout, no augmentation,
+    100 warm-up steps, from the AugReg ImageNet-21k checkpoint of the variant."""
+    from train import augmentation, config_checks
+    config = augreg_finetune.get_config("model=S/16,dataset=cifar100")
+    assert (config.optimizer, config.momentum, config.weight_decay) == ("sgd", 0.9, 0.0)
+    assert (config.learning_rate, config.warmup_steps, config.total_steps) == (0.03, 100, 10_000)
+    assert (config.model.dropout, config.model.drop_path_rate) == (0.0, 0.0)
+    assert not augmentation.of(config).active and config.layer_decay == 1.0
+    assert (config.pretrained, config.model.variant, config.image_size) == ("augreg-i21k",
+                                                                            "S/16", 384)
+    config_checks.check(config)
+    with pytest.raises(ValueError, match="no such checkpoint was published for model 'L/32'"):
+        config_checks.check(augreg_finetune.get_config("model=L/32"))
 
 
 def test_finetune_recipe():
