@@ -1,8 +1,10 @@
 """Images per second the training input pipeline delivers on its own, for a config.
 
     python benchmarks/input_pipeline.py --config=configs/quickstart.py --batches=200
+    python benchmarks/input_pipeline.py --config=augreg --config.augment=medium2
 
-Compare with the `images_per_second` the training loop logs (workdir/metrics.jsonl): the
+The config's augmentation is the pipeline's (`--config.augment`, `--config.cutmix_alpha`, ...:
+train/augmentation.py). Compare with the `images_per_second` the training loop logs (workdir/metrics.jsonl): the
 pipeline should deliver several times what the step consumes, so training never waits on data.
 """
 

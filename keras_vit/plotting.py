@@ -192,6 +192,6 @@ def plot_ablation(labels, accuracies, path, title=None):
     axis.set_xlim(-0.6, len(labels) - 0.4)
     axis.set_ylabel("test top-1 accuracy (%)")
     axis.set_title(title or "Ablation")
-    axis.legend(fontsize=8, loc="lower right")
+    axis.legend(fontsize=8, loc="best")  # where it covers the fewest arms' points
     axis.grid(axis="y", alpha=0.3)
     return _save(figure, path)

@@ -38,7 +38,8 @@ def test_a_bare_name_is_the_shipped_config():
 
 def test_an_unknown_config_name_lists_the_shipped_ones():
     with pytest.raises(ValueError, match="no shipped config named 'quikstart'; give one of "
-                                         "ablation, finetune, .*quickstart, or a config file"):
+                                         "ablation, augreg, augreg_finetune, finetune, .*quickstart, or a "
+                                         "config file"):
         config_flag.config_file("quikstart")
 
 

@@ -1,9 +1,11 @@
 """tf.data input for training and evaluation, from any TFDS dataset, a folder of images, or
 the offline Fashion-MNIST default.
 
-Train: pick records (still encoded) -> decode -> inception crop -> flip -> resize -> [-1, 1], in
-a stream that is a pure function of (seed, step): augmentation uses stateless random ops keyed
-by the example's position in the stream, so a resumed run sees exactly the batches an
+Train: pick records (still encoded) -> decode -> inception crop -> flip -> resize [->
+RandAugment] -> [-1, 1] [-> random erasing] -> batch [-> Mixup/CutMix of neighbouring pairs]
+(the bracketed steps where the config asks: train/augmentation.py), in a stream that is a pure
+function of (seed, step): augmentation uses stateless random ops keyed by the example's position
+in the stream (a pair's by the pair's), so a resumed run sees exactly the batches an
 uninterrupted one would. Eval: decode -> resize -> [-1, 1], padded with masked examples so every
 example is counted exactly once with static batch shapes.
 
@@ -242,15 +244,15 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patche
     the order then depends on the number of hosts, and starting at `start_step` reads one
     window.
     """
-    from . import augmentation as augmentations, mixing
+    from . import augmentation, mixing
 
     split = records.Split(builder, config.train_split)
-    augmentation = augmentations.of(config)
+    chosen = augmentation.of(config)  # train.augmentation.Augmentation
 
     def dataset_fn(input_context):
         hosts, host = input_context.num_input_pipelines, input_context.input_pipeline_id
         per_replica = input_context.get_per_replica_batch_size(config.batch_size)
-        if augmentation.mixes and per_replica % 2:  # pairs of positions must share a batch
+        if chosen.mixes and per_replica % 2:  # pairs of positions must share a batch
             raise ValueError(f"Mixup and CutMix need an even batch per replica, not "
                              f"{per_replica}: change config.batch_size.")
         stream = input_order.train_examples(split, config, start_step, hosts, host)
@@ -258,17 +260,17 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patche
         def preprocess(position, example):
             seed = tf.stack([tf.constant(config.seed, tf.int64), position])
             image = preprocess_train(example["image"], seed, config.image_size,
-                                     config.crop_min_area, config.flip, dtype, augmentation)
+                                     config.crop_min_area, config.flip, dtype, chosen)
             example = {"image": image, "label": tf.cast(example["label"], tf.int32)}
-            if augmentation.mixes:
+            if chosen.mixes:
                 example["mix_params"] = mixing.mix_params(
                     mixing.pair_seed(config.seed, position), config.image_size,
-                    config.image_size, augmentation)
+                    config.image_size, chosen)
             return with_corruption(example, seed, config, num_patches)
 
         stream = stream.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         stream = stream.batch(per_replica, drop_remainder=True)
-        if augmentation.mixes:
+        if chosen.mixes:
             stream = stream.map(mixing.mix_pairs, num_parallel_calls=tf.data.AUTOTUNE,
                                 deterministic=True)
         stream = stream.prefetch(tf.data.AUTOTUNE)

@@ -39,15 +39,13 @@ def layer_scales(variables, decay):
     """The learning-rate factor of each of `variables` (Keras variables, a model's trainable
     ones) under layer-wise decay `decay` (see the module's docstring): a list of floats.
     Raises ValueError naming a variable of no known place."""
-    depth = 1 + max((int(match.group(1)) for variable in variables
-                     for name in variable.path.split("/")
-                     for match in [BLOCK.match(name)] if match), default=-1)
+    blocks = [_block_index(variable.path) for variable in variables]
+    depth = 1 + max((block for block in blocks if block is not None), default=-1)
     scales = []
-    for variable in variables:
+    for variable, block in zip(variables, blocks):
         names = variable.path.split("/")
-        blocks = [int(match.group(1)) for match in map(BLOCK.match, names) if match]
-        if blocks:
-            layer = blocks[0] + 1
+        if block is not None:
+            layer = block + 1
         elif any(name in BEFORE_BLOCKS or BEFORE_BLOCKS_PATTERN.match(name) for name in names):
             layer = 0
         elif any(name in AFTER_BLOCKS for name in names):
@@ -59,6 +57,15 @@ def layer_scales(variables, decay):
                              "name to BEFORE_BLOCKS or AFTER_BLOCKS in train/optimizers.py.")
         scales.append(float(decay ** (depth + 1 - layer)))
     return scales
+
+
+def _block_index(path):
+    """The encoder block (from 0) that the weight at `path` belongs to, or None."""
+    for name in path.split("/"):
+        match = BLOCK.match(name)
+        if match:
+            return int(match.group(1))
+    return None
 
 
 def build_optimizer(config):
