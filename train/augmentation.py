@@ -58,12 +58,16 @@ class Augmentation:
         return self.randaugment_layers > 0 or self.mixes or self.random_erasing > 0
 
 
+def _preset(config):
+    """(RandAugment layers, magnitude, Mixup alpha) of `config.augment` ("none" if unset)."""
+    return PRESETS.get(config.get("augment") or "none", PRESETS["none"])
+
+
 def of(config):
     """The `Augmentation` of `config` (a ConfigDict or a config.json's dict): its preset
     (`augment`) with the fields given on their own (not None) in place of the preset's. A
     config without these fields (a run saved before them) has none."""
-    layers, magnitude, mixup_alpha = PRESETS.get(config.get("augment") or "none",
-                                                 PRESETS["none"])
+    layers, magnitude, mixup_alpha = _preset(config)
 
     def given(value, default):
         return default if value is None else value
@@ -89,8 +93,7 @@ def problems(config, per_replica_batch):
              f"{augmentation.randaugment_layers} x {augmentation.randaugment_magnitude:g}, "
              f"mixup_alpha {augmentation.mixup_alpha:g}, cutmix_alpha "
              f"{augmentation.cutmix_alpha:g}, random_erasing {augmentation.random_erasing:g})")
-    preset = PRESETS.get(config.get("augment") or "none", PRESETS["none"])
-    if (augmentation.randaugment_layers and not preset[0]
+    if (augmentation.randaugment_layers and not _preset(config)[0]
             and config.get("randaugment_magnitude") is None):
         found.append((given, shown, "RandAugment's layers are given but not its magnitude, and "
                       "the level has none: set config.randaugment_magnitude (DeiT: 9) or pick "

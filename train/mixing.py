@@ -29,7 +29,7 @@ number of replicas, and Keras' CutMix draws its Beta's alpha itself uniformly in
 
 import tensorflow as tf
 
-from .randaugment import random_point
+from .randaugment import box_mask, random_point
 
 # Folded into the pair's seed: the mixing is independent of the images' own augmentation.
 MIXING_SEED_SALT = 0x4D4958
@@ -74,11 +74,10 @@ def mix_params(seed, height, width, augmentation):
 
 def _masks(params, height, width):
     """Each image's own weight at each pixel, [batch, height, width, 1], from `mix_params`."""
-    weight, top, left, bottom, right = [params[:, index, None, None] for index in range(5)]
-    rows = tf.range(height, dtype=tf.float32)[None, :, None]
-    columns = tf.range(width, dtype=tf.float32)[None, None, :]
-    inside = (rows >= top) & (rows < bottom) & (columns >= left) & (columns < right)
-    return tf.where(inside, 0.0, weight)[..., None]
+    weight = params[:, 0, None, None]
+    top, left, bottom, right = [tf.cast(params[:, index, None, None], tf.int32)
+                                for index in range(1, 5)]
+    return tf.where(box_mask(height, width, top, left, bottom, right), 0.0, weight)[..., None]
 
 
 def _swap_pairs(values):

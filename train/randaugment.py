@@ -190,10 +190,16 @@ def _cutout(image, reference_pad, seed):
     height, width = image.shape[0], image.shape[1]
     pad = int(_pixels(reference_pad, min(height, width)))
     centre = random_point(seed, height, width)
-    rows, columns = tf.range(height)[:, None], tf.range(width)[None, :]
-    inside = ((rows >= centre[0] - pad) & (rows < centre[0] + pad)
-              & (columns >= centre[1] - pad) & (columns < centre[1] + pad))
+    inside = box_mask(height, width, centre[0] - pad, centre[1] - pad, centre[0] + pad,
+                      centre[1] + pad)
     return tf.where(inside[:, :, None], tf.constant(FILL, tf.uint8), image)
+
+
+def box_mask(height, width, top, left, bottom, right):
+    """True at rows [top, bottom) x columns [left, right) of a height x width image (int32
+    bounds, scalars or [..., 1, 1] for a batch of boxes): [..., height, width]."""
+    rows, columns = tf.range(height)[:, None], tf.range(width)[None, :]
+    return (rows >= top) & (rows < bottom) & (columns >= left) & (columns < right)
 
 
 def random_point(seed, height, width):
@@ -220,9 +226,7 @@ def random_erasing(image, seed, probability):
     box_height, box_width = box_height[first], box_width[first]
     top = tf.cast(draws[first, 2] * tf.cast(height - box_height + 1, tf.float32), tf.int32)
     left = tf.cast(draws[first, 3] * tf.cast(width - box_width + 1, tf.float32), tf.int32)
-    rows, columns = tf.range(height)[:, None], tf.range(width)[None, :]
-    inside = ((rows >= top) & (rows < top + box_height)
-              & (columns >= left) & (columns < left + box_width))
+    inside = box_mask(height, width, top, left, top + box_height, left + box_width)
     erase = (tf.random.stateless_uniform([], apply_seed) < probability) & tf.reduce_any(fits)
     noise = tf.random.stateless_normal(tf.shape(image), noise_seed, dtype=image.dtype)
     return tf.where(erase & inside[:, :, None], noise, image)
