@@ -346,7 +346,11 @@ def _console_scripts(bin_dir):
     """`python` and one script per console script of setup.py, running this checkout's code
     (`keras_vit.train.X:run` installed is `train.X:run` here)."""
     os.makedirs(bin_dir)
-    os.symlink(sys.executable, os.path.join(bin_dir, "python"))
+    # A script, not a link: a link to a virtual environment's interpreter starts Python
+    # outside that environment (it finds no pyvenv.cfg beside the link).
+    with open(os.path.join(bin_dir, "python"), "w") as handle:
+        handle.write(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    os.chmod(os.path.join(bin_dir, "python"), 0o755)
     with open(os.path.join(REPO, "setup.py")) as handle:
         scripts = re.findall(r'"(keras-vit-[\w-]+) = keras_vit\.train\.(\w+):run"', handle.read())
     assert scripts
