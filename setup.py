@@ -21,11 +21,12 @@ setup(
     long_description=(here / "README.md").read_text(),
     long_description_content_type="text/markdown",
     # The wheel installs one top-level name, keras_vit: the repository's train/ (with its
-    # subpackage train/studies/) and configs/ folders go in as keras_vit.train and
-    # keras_vit.configs (in a checkout they stay the top-level `train` and `configs`, for
+    # rooms, train/data/, train/engines/, ...) and configs/ folders go in as keras_vit.train
+    # and keras_vit.configs (in a checkout they stay the top-level `train` and `configs`, for
     # `python -m train.main --config=configs/...`).
-    packages=[*find_packages(include=["keras_vit", "keras_vit.*"]),
-              "keras_vit.train", "keras_vit.train.studies", "keras_vit.configs"],
+    packages=[*find_packages(include=["keras_vit", "keras_vit.*"]), "keras_vit.train",
+              *(f"keras_vit.train.{room}" for room in find_packages(where="train")),
+              "keras_vit.configs"],
     package_dir={"keras_vit.train": "train", "keras_vit.configs": "configs"},
     # timm's ViT architectures and their options, read by from_pretrained.
     package_data={"keras_vit": ["timm_architectures.json"]},

@@ -24,7 +24,7 @@ import machine
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from train import config_flag  # noqa: E402
+from train.run import config_flag  # noqa: E402
 
 config_flag.define_config_flag("Experiment config (a shipped name or file.py).", "quickstart")
 flags.DEFINE_integer("steps", 300, "Training steps per run.")
@@ -63,7 +63,7 @@ def _steps_per_second(workdir, batch_size):
 
 def main(argv):
     del argv
-    from train.strategy import local_cluster
+    from train.engines.tf_strategy import local_cluster
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     batch_size = FLAGS.config.batch_size
     print(machine.describe())

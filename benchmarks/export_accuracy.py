@@ -27,14 +27,15 @@ import machine  # noqa: E402
 from litert_runner import tflite_runner  # noqa: E402
 from keras_vit import export  # noqa: E402
 from keras_vit.preprocessing import scale_pixels  # noqa: E402
-from train import input_pipeline, run_config, run_files  # noqa: E402
-from train import export as run_export  # noqa: E402  (a run's export; keras_vit's is `export`)
+from train.data import tf_pipeline
+from train.run import run_config, run_files  # noqa: E402
+from train.run import export as run_export  # noqa: E402  (a run's export; keras_vit's is `export`)
 
 
 def evaluation_split(builder, config):
     """All of the eval split: images in 0..255 at the model's size, and labels."""
     count = builder.info.splits[config.eval_split].num_examples
-    examples = input_pipeline.resized_examples(
+    examples = tf_pipeline.resized_examples(
         builder, config.eval_split, (config.image_size, config.image_size), count)
     images, labels = zip(*examples.as_numpy_iterator())
     return np.stack(images).astype(np.float32), np.array(labels)
@@ -59,7 +60,7 @@ def main():
     args = parser.parse_args()
     config = ml_collections.ConfigDict(run_config.saved(args.workdir))
     model = run_export.load_trained_model(run_files.model_file(args.workdir), args.workdir)
-    builder = input_pipeline.get_builder(config, for_training=False)
+    builder = tf_pipeline.get_builder(config, for_training=False)
     images, labels = evaluation_split(builder, config)
     calibration = run_export.calibration_images(builder, config.train_split, config.image_size,
                                                 args.calibration_images)

@@ -4,8 +4,9 @@
     python benchmarks/input_pipeline.py --config=augreg --config.augment=medium2
 
 The config's augmentation is the pipeline's (`--config.augment`, `--config.cutmix_alpha`, ...:
-train/augmentation.py). Compare with the `images_per_second` the training loop logs (workdir/metrics.jsonl): the
-pipeline should deliver several times what the step consumes, so training never waits on data.
+train/data/augmentation.py). Compare with the `images_per_second` the training loop logs
+(workdir/metrics.jsonl): the pipeline should deliver several times what the step consumes, so
+training never waits on data.
 """
 
 import os
@@ -19,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import machine  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from train import config_flag  # noqa: E402
+from train.run import config_flag  # noqa: E402
 
 config_flag.define_config_flag("Experiment config (a shipped name or file.py).", "quickstart")
 flags.DEFINE_integer("batches", 200, "Batches timed after warm-up.")
@@ -31,11 +32,11 @@ def main(argv):
     del argv
     import tensorflow as tf
 
-    from train import input_pipeline
+    from train.data import tf_pipeline
 
     config = FLAGS.config
-    builder = input_pipeline.get_builder(config)
-    dataset_fn = input_pipeline.train_dataset_fn(builder, config)
+    builder = tf_pipeline.get_builder(config)
+    dataset_fn = tf_pipeline.train_dataset_fn(builder, config)
     dataset = dataset_fn(tf.distribute.InputContext())
     iterator = iter(dataset)
     for _ in range(20):  # warm-up: fills the shuffle buffer and the prefetch queue

@@ -14,9 +14,9 @@ For each format and host count N, hosts 0 to N-1 run one after the other in this
   was N. It also checks that no example repeats;
 - time to the first batch of host 0 (no decoding) at step 0 and at mid-epoch, with what it read;
 - images/s of host 0 with the training preprocessing (decode, inception crop, flip, resize to
-  224px) through tf.data (train.input_pipeline.train_dataset_fn) and, on ArrayRecord, through
-  Grain without TensorFlow (train.grain_input.train_batches); and the same for the quickstart
-  (the offline default, 28px resized to 32, batch 128).
+  224px) through tf.data (train.data.tf_pipeline.train_dataset_fn) and, on ArrayRecord, through
+  Grain without TensorFlow (train.data.grain_pipeline.train_batches); and the same for the
+  quickstart (the offline default, 28px resized to 32, batch 128).
 Counts taken when a host stops include what its pipeline had read ahead (in a run, the next
 batches). The files are read from the page cache, and wall-clock figures depend on what else
 the machine runs (the load average is printed); the record and byte counts do not.
@@ -41,7 +41,8 @@ from PIL import Image  # noqa: E402
 from configs import common, quickstart  # noqa: E402
 from machine import cpu_name  # noqa: E402
 from train import input as train_input  # noqa: E402
-from train import grain_input, input_pipeline, records  # noqa: E402
+from train.data import grain_pipeline, records, tf_pipeline  # noqa: E402
+from train.data.sources import tfds_catalog  # noqa: E402
 
 FORMATS = ("tfrecord", "array_record")
 
@@ -109,7 +110,7 @@ def rchar():
 
 
 def image_sizes(builder):
-    """Encoded image bytes of every record, by record number (train.records' ordered read)."""
+    """Encoded image bytes of every record, by record number (train.data.records' ordered read)."""
     split = records.Split(builder, "train")
     lengths = split.read_range(0, split.size).map(
         lambda example: tf.strings.length(example["image"])).batch(4096)
@@ -164,14 +165,14 @@ def images_per_second(builder, config, hosts, batches, pipeline="tf.data", worke
     or "grain", with `workers` processes), after 3 batches of warm-up: the median of `repeats`
     timings of `batches` batches. `builder` None: config.dataset's (Grain: its source)."""
     if pipeline == "grain":
-        source = (grain_input.open_split(config, "train_split") if builder is None
-                  else grain_input.ArrayRecords(builder, "train"))
-        iterator = iter(grain_input.train_batches(source, config, 0, hosts, 0, workers=workers))
+        source = (grain_pipeline.open_split(config, "train_split") if builder is None
+                  else tfds_catalog.ArrayRecords(builder, "train"))
+        iterator = iter(grain_pipeline.train_batches(source, config, 0, hosts, 0, workers=workers))
     else:
         context = tf.distribute.InputContext(num_input_pipelines=hosts, input_pipeline_id=0,
                                              num_replicas_in_sync=hosts)
-        builder = builder or input_pipeline.get_builder(config)
-        iterator = iter(input_pipeline.train_dataset_fn(builder, config)(context))
+        builder = builder or tf_pipeline.get_builder(config)
+        iterator = iter(tf_pipeline.train_dataset_fn(builder, config)(context))
     for _ in range(3):
         next(iterator)
     rates = []

@@ -5,8 +5,8 @@ state, float32, for every plain ViT size of the paper and a ViT-22B-sized exampl
     KERAS_BACKEND=jax python benchmarks/memory_per_device.py --measure --cpu_devices=4
 
 `config.model_parallel` M splits each block's attention (q, k, v, out) and MLP matrices over M
-devices (train.jax_engine.MODEL_PARALLEL_LAYOUT); everything else (embeddings, norms, biases of
-the second matrices, the head) is on every device, and the batch axis does not change a device's
+devices (keras_vit.ViTModel.get_layout_map); everything else (embeddings, norms, biases
+of the second matrices, the head) is on every device, and the batch axis does not change a device's
 share of the weights. Activations depend on the batch and are not counted. `--measure` builds a
 small model and its AdamW state under the engine's distribution on virtual CPU devices and
 reads what device 0 holds, against the same formula.
@@ -57,7 +57,7 @@ def measure(model_parallel, cpu_devices):
     import keras
 
     import keras_vit
-    from train.jax_engine import make_distribution
+    from train.engines.jax_engine import make_distribution
 
     hidden, mlp, layers, patch = 64, 256, 2, 16
     keras.distribution.set_distribution(make_distribution(model_parallel))

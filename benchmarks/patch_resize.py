@@ -22,8 +22,9 @@ import numpy as np  # noqa: E402
 
 import keras_vit  # noqa: E402
 from keras_vit import checkpoint, resample  # noqa: E402
-from train import fashion_mnist, grain_input, run_files  # noqa: E402
-from train.export import load_trained_model  # noqa: E402
+from train.data import fashion_mnist, grain_pipeline
+from train.run import run_files  # noqa: E402
+from train.run.export import load_trained_model  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -69,7 +70,7 @@ def main(argv=None):
         sys.exit(f"--patch_sizes {bad} do not divide the image size {side}.")
     arrays = checkpoint.model_arrays(trained)  # once: every row starts from these
     images, labels = fashion_mnist.read_split("test")
-    images = grain_input.preprocess_eval(list(images[:args.examples]), side)
+    images = grain_pipeline.preprocess_eval(list(images[:args.examples]), side)
     labels = labels[:args.examples]
     print(f"{args.workdir}: {spec.variant}, patch {spec.patch_size}, image "
           f"{spec.image_size[0]}x{spec.image_size[1]}, {len(labels)} test images")

@@ -11,9 +11,9 @@ contenders from here.
 A case is a variant name (that plain ViT or hybrid at the requested image size and batch, AdamW with
 global-norm clipping at 1.0, 10 classes) or `quickstart`: configs/quickstart.py as the main job
 runs it (its model, image size, batch and optimizer). The contenders train on one synthetic batch:
-- TensorFlow: the driver's loop (`Trainer.train_loop`, `steps` steps in one host call) without
+- TensorFlow: the driver's loop (`TFEngine.train_loop`, `steps` steps in one host call) without
   and with XLA;
-- JAX: the JAX engine (`JaxEngine.train_steps`, the call train.loop makes: one jitted step per
+- JAX: the JAX engine (`JaxEngine.train_steps`, the call train.run.loop makes: one jitted step per
   batch, dispatched asynchronously, the losses read back once at the end);
 - both: the same architecture under Keras' `fit` and `train_on_batch`: keras-hub's
   `ViTImageClassifier` for a plain ViT, keras_vit's own model for a hybrid (keras-hub has none).
@@ -37,8 +37,8 @@ import numpy as np  # noqa: E402
 import machine  # noqa: E402
 from configs import common, quickstart  # noqa: E402
 from keras_vit import flops, resnet  # noqa: E402
-from train import objectives  # noqa: E402
-from train.config_checks import model_spec  # noqa: E402
+from train.run import objectives  # noqa: E402
+from train.run.model_config import model_spec  # noqa: E402
 
 REPLY_PREFIX = "train_contenders reply: "
 NUM_CLASSES = 10
@@ -79,9 +79,9 @@ def driver_contender(config, batch, workdir):
     """A function that runs `steps` of the TensorFlow driver's compiled loop on `batch`."""
     import tensorflow as tf
 
-    from train import tf_engine
+    from train.engines import tf_engine
 
-    trainer = tf_engine.Trainer(config, workdir, tf.distribute.get_strategy())
+    trainer = tf_engine.TFEngine(config, workdir, tf.distribute.get_strategy())
     iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
 
     def run(steps):
@@ -96,10 +96,10 @@ def quickstart_contender(custom_pool_gradient, batch, workdir):
     pools with `ops.max_pool`, whose gradient XLA computes (select-and-scatter)."""
     import tensorflow as tf
 
-    from train import tf_engine
+    from train.engines import tf_engine
 
     config = case_config("quickstart", None, None, "float32")
-    trainer = tf_engine.Trainer(config, workdir, tf.distribute.get_strategy())
+    trainer = tf_engine.TFEngine(config, workdir, tf.distribute.get_strategy())
     iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
 
     def plain_pool(x):
@@ -121,8 +121,8 @@ def quickstart_contender(custom_pool_gradient, batch, workdir):
 # JAX contenders.
 
 def jax_engine_contender(config, batch, workdir):
-    """A function that runs `steps` of the JAX engine on `batch`, as train.loop calls it."""
-    from train import jax_engine
+    """A function that runs `steps` of the JAX engine on `batch`, as train.run.loop calls it."""
+    from train.engines import jax_engine
 
     engine = jax_engine.JaxEngine(config, workdir)
     engine._train_iterator = itertools.repeat(batch)  # the synthetic batch, not the dataset

@@ -4,7 +4,7 @@ studies' small plain ViT (configs/ablation.py) on a tenth of the Fashion-MNIST t
 
     python -m train.studies.ablate --study=augreg --out=docs/ablations
 
-The study's arms set `config.augment` to AugReg's levels (train/augmentation.py); everything
+The study's arms set `config.augment` to AugReg's levels (train/data/augmentation.py); everything
 else is this config's.
 """
 

@@ -47,7 +47,7 @@ def get_config():
     config.crop_min_area = 0.05  # inception crop: smallest fraction of the image kept
     config.flip = True  # random horizontal flips in training
     config.shuffle_buffer = 50_000  # TFRecord only: examples in a host's shuffle window
-    # Augmentation beyond crop and flip (train/augmentation.py): an AugReg level sets
+    # Augmentation beyond crop and flip (train/data/augmentation.py): an AugReg level sets
     # RandAugment and Mixup; a field below given a value replaces the level's (None: the level's).
     config.augment = "none"  # none, light1, light2, medium1, medium2, strong1 or strong2
     config.randaugment_layers = placeholder(int)  # RandAugment operations per image; 0 off

@@ -32,6 +32,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit import layers as vit_layers
+from keras_vit.model import ViTModel
 
 # Per-patch corruption codes. Every code but NOT_CORRUPTED is predicted (and in the loss).
 NOT_CORRUPTED, MASKED, REPLACED, KEPT = 0, 1, 2, 3
@@ -211,6 +212,27 @@ class MaskedPatchPredictor(keras.Model):
         self.head.build((None, hidden))
         self.built = True  # every weight exists now
 
+    # What each weight is to a trainer, as `keras_vit.ViTModel` says it: the mask embedding
+    # goes with the layers before the blocks, the head after them.
+
+    def layer_indices(self, variables):
+        """As `ViTModel.layer_indices`, the mask embedding at 0 and the head after the last
+        block."""
+        head = {id(weight) for weight in self.head.weights}
+        encoder = [variable for variable in variables
+                   if variable is not self.mask_embedding and id(variable) not in head]
+        depths = iter(self.encoder.layer_indices(encoder))
+        return [0 if variable is self.mask_embedding else
+                self.num_blocks + 1 if id(variable) in head else next(depths)
+                for variable in variables]
+
+    @property
+    def num_blocks(self):
+        return self.encoder.num_blocks
+
+    decays = staticmethod(ViTModel.decays)
+    get_layout_map = staticmethod(ViTModel.get_layout_map)
+
     def call(self, inputs, training=False):
         images, corruption, source = inputs["images"], inputs["corruption"], inputs["source"]
         self._check_corruption(images, corruption, source)
@@ -233,7 +255,7 @@ class MaskedPatchPredictor(keras.Model):
         included, at no cost; the values (codes, source indices) when they are known now:
         numpy inputs and eager calls. Inside a compiled function (tf.function, jax.jit, XLA)
         they are not: XLA has no runtime assertions, and a check would copy them to the host
-        every step. The training driver draws valid values (train/masking.py)."""
+        every step. The training driver draws valid values (train/data/masking.py)."""
         patches, prefix = self.num_patches, self.num_prefix_tokens
         grid = f"{self.grid_size[0]}x{self.grid_size[1]}"
         batch = images.shape[0] if len(images.shape) == 4 else None

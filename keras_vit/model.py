@@ -12,6 +12,7 @@ after `pool` in place of `encoder_norm`.
 """
 
 import os
+import re
 
 import keras
 from keras import ops
@@ -204,6 +205,68 @@ class ViTModel(keras.Model):
                 return keras.tree.map_structure(keras.ops.convert_to_numpy, empty)
         return super().predict(x, *args, **kwargs)
 
+    # What each weight is to a trainer (timm's `group_matcher` and `no_weight_decay`, keras-hub's
+    # `get_layout_map`): the model knows its layers, so optimizers and engines name none.
+
+    def layer_indices(self, variables):
+        """The depth of each of `variables` (the model's weights), for layer-wise learning
+        rates: 0 for the layers before the first encoder block (patch embedding, ResNet stem,
+        tokens, position embeddings), i + 1 for encoder block i (both halves of an Axial block,
+        and a position embedding added just before the block), and `num_blocks` + 1 for what
+        follows the last block (final norm, pooling, head). Raises ValueError naming a weight
+        that is not the model's."""
+        layers = self.layers
+        blocks = [_block_number(layer.name) for layer in layers]
+        first = next((position for position, block in enumerate(blocks) if block is not None),
+                     len(layers))
+        depth_of, upcoming = {}, self.num_blocks + 1  # after the last block
+        for position in reversed(range(len(layers))):
+            if blocks[position] is not None:
+                upcoming = blocks[position] + 1
+            for weight in layers[position].weights:
+                depth_of[id(weight)] = 0 if position < first else upcoming
+        unknown = [variable.path for variable in variables if id(variable) not in depth_of]
+        if unknown:
+            raise ValueError(f"Not weights of model {self.name!r}: {', '.join(unknown)}.")
+        return [depth_of[id(variable)] for variable in variables]
+
+    @property
+    def num_blocks(self):
+        """The number of encoder blocks (an Axial block's row and column halves count once)."""
+        return len({_block_number(layer.name) for layer in self.layers} - {None})
+
+    @staticmethod
+    def decays(variable):
+        """Whether weight decay applies to `variable`: kernels of dense and convolutional layers
+        only; not biases, norms, position embeddings, tokens, LayerScale factors or the
+        attention-pooling probe (big_vision decays `.*/kernel`; timm skips 1-D weights and its
+        embeddings and tokens)."""
+        return variable.name == "kernel"
+
+    @staticmethod
+    def get_layout_map(device_mesh, model_axis="model"):
+        """A `keras.distribution.LayoutMap` over `device_mesh` that splits each encoder block's
+        two matrix pairs over its `model_axis` Megatron's way: the columns of the first matrix
+        of a pair (q, k, v; the MLP's first), the rows of the second (the attention's output;
+        the MLP's second), so that a block needs one all-reduce per pair. Every other weight is
+        whole on every device."""
+        layout = keras.distribution.LayoutMap(device_mesh)
+        attention, mlp = ".*MultiHeadDotProductAttention_1", ".*MlpBlock_3"  # as checkpoints
+        layout[rf"{attention}/(query|key|value)/kernel"] = (None, model_axis)
+        layout[rf"{attention}/(query|key|value)/bias"] = (model_axis,)
+        layout[rf"{attention}/out/kernel"] = (model_axis, None)
+        layout[rf"{mlp}/Dense_0/kernel"] = (None, model_axis)
+        layout[rf"{mlp}/Dense_0/bias"] = (model_axis,)
+        layout[rf"{mlp}/Dense_1/kernel"] = (model_axis, None)
+        return layout
+
+
+def _block_number(name):
+    """i of an encoder block's name (`encoderblock_{i}`, or `encoderblock_{i}_{axis}` for
+    Axial-ViT's halves, as `_build` names them); None for other layers."""
+    match = re.fullmatch(r"encoderblock_(\d+)(_[a-z]+)?", name)
+    return None if match is None else int(match.group(1))
+
 
 def vit(variant="B/16", *, weights=None, dtype=None, name=None, **fields):
     """Builds a Vision Transformer from a variant name or a `keras_vit.ViTConfig`.
@@ -222,15 +285,11 @@ def vit(variant="B/16", *, weights=None, dtype=None, name=None, **fields):
         dtype: a Keras dtype policy such as "float32" or "mixed_bfloat16"; None takes the
             global policy. Outputs are float32 under mixed policies.
         name: model name; defaults to e.g. "vit_b16".
-        **fields: any `ViTConfig` field, changing the spec: `image_size`, `num_classes`,
-            `include_top`, `classifier`, `representation_size`, `dropout`,
-            `attention_dropout`, `drop_path_rate`, `position_embedding`,
-            `position_embedding_placement`, `activation`, `layer_norm_epsilon`,
-            `dynamic_image_size`, `dynamic_image_pad`, `position_embedding_interpolation`,
-            and the table fields `patch_size`, `hidden_size`, `mlp_dim`, `num_heads`,
-            `num_layers`. Every value is checked, and every problem reported at once, before
-            any layer is built. A `patch_size` other than the checkpoint's resizes its
-            patch-embedding kernel (FlexiViT's pseudo-inverse resize).
+        **fields: any field of `keras_vit.ViTConfig` (each described there), changing the
+            spec, e.g. `image_size=384, num_classes=10`. Every value is checked, and every
+            problem reported at once, before any layer is built. A `patch_size` other than
+            the checkpoint's resizes its patch-embedding kernel (FlexiViT's pseudo-inverse
+            resize).
 
     Returns:
         A `keras.Model` mapping images `[batch, height, width, 3]` scaled to [-1, 1]

@@ -14,8 +14,10 @@ so configuration checks can use it before TensorFlow starts.
 """
 
 import dataclasses
+import inspect
 import math
 import numbers
+import re
 
 from keras_vit import variants
 from keras_vit.variants import _describe
@@ -440,3 +442,39 @@ def _resolved(fields):
 
 
 DEFAULTS = {field.name: field.default for field in dataclasses.fields(ViTConfig)}
+
+
+def field_descriptions():
+    """{field: its description}, read from `ViTConfig`'s docstring, the one place each field is
+    described (docs/models.md's table of arguments is made from it: `fields_table`)."""
+    descriptions, current = {}, []
+    for line in inspect.cleandoc(ViTConfig.__doc__).splitlines():
+        entry = re.match(r"^    (\w+(?:, \w+)*): (.*)$", line)
+        if entry:
+            current = entry.group(1).split(", ")
+            for name in current:
+                descriptions[name] = entry.group(2)
+        elif line.startswith("        ") and current:
+            for name in current:
+                descriptions[name] += " " + line.strip()
+        else:
+            current = []
+    return descriptions
+
+
+def fields_table():
+    """The Markdown table of every field, its default and its description (fields described
+    together share a row), as docs/models.md shows it."""
+    descriptions = field_descriptions()
+    rows, done = ["| field | default | meaning |", "|---|---|---|"], set()
+    for field in dataclasses.fields(ViTConfig):
+        if field.name in done:
+            continue
+        together = [name for name in FIELDS if descriptions[name] == descriptions[field.name]]
+        done.update(together)
+        default = ("the variant's" if field.name in TABLE_FIELDS else
+                   f"`{field.default!r}`".replace("'", '"'))
+        names = ", ".join(f"`{name}`" for name in together)
+        rows.append(f"| {names} | {default} | {descriptions[field.name]} |")
+    return "\n".join(rows)
+

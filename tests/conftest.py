@@ -17,6 +17,10 @@ def pytest_configure(config):
     )
     config.addinivalue_line(
         "markers", "slow: builds or installs the package (deselect with -m 'not slow')")
+    config.addinivalue_line(
+        "markers", "processes: starts several training processes (workers, JAX processes, a "
+        "study's runs) or kills and resumes one; not in the default run (pyproject.toml's "
+        "addopts), run them with `python -m pytest -q tests -m processes`")
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from configs import ablation
-from train import config_checks
+from train.run import config_checks
 from train.studies import ablations
 from train_fixtures import REPO, TINY as TINY_RUN, override_flags, read_metrics
 
@@ -192,6 +192,7 @@ def test_the_checked_in_tables_are_redrawn_from_their_json(study):
 # ----------------------------------------------------------------------------------------------
 # A tiny study end to end.
 
+@pytest.mark.processes
 def test_study_writes_the_report_plot_and_json(study):
     out, result = study
     lines = progress(result)
@@ -229,6 +230,7 @@ def test_study_writes_the_report_plot_and_json(study):
     assert not [name for name in os.listdir(out) if name.endswith((".tmp", ".partial"))]
 
 
+@pytest.mark.processes
 def test_rerun_skips_the_finished_runs(fake_fmnist, study):
     out, _ = study
     before = file_times(out / "runs")
@@ -241,6 +243,7 @@ def test_rerun_skips_the_finished_runs(fake_fmnist, study):
     assert all(arm["runs"][0]["seconds"] > 0 for arm in summary["arms"].values())  # kept
 
 
+@pytest.mark.processes
 def test_a_stopped_study_resumes_its_unfinished_run(fake_fmnist, study, tmp_path):
     """As if killed during the R+ViT run after its last checkpoint: only that run runs again,
     and train.main resumes it from the checkpoint."""
@@ -262,6 +265,7 @@ def test_a_stopped_study_resumes_its_unfinished_run(fake_fmnist, study, tmp_path
     assert (out / "hybrid.md").exists()
 
 
+@pytest.mark.processes
 def test_changed_settings_are_refused(fake_fmnist, study):
     out, _ = study
     before = file_times(out)

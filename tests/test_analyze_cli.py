@@ -21,7 +21,7 @@ FIGURES = ("attention_rollout.png", "attention_distance.png", "position_embeddin
 @pytest.fixture(scope="module")
 def workdir(fake_fmnist, tmp_path_factory):
     """A workdir as training leaves it: export/model.keras, class names and config.json."""
-    from train import objectives
+    from train.run import objectives
 
     root = tmp_path_factory.mktemp("analyze_workdir")
     config = tiny_config(fake_fmnist, model=dict(num_layers=2, representation_size=8))

@@ -1,7 +1,7 @@
-"""AugReg and DeiT augmentation (train/augmentation.py, train/randaugment.py, train/mixing.py):
-each operation against its definition, determinism for a seed, Mixup and CutMix labels against
-the pixels mixed, the training stream with them (resume, hosts, static shapes), the loss of mixed
-labels, and the config's presets and checks.
+"""AugReg and DeiT augmentation (train/data/augmentation.py, train/data/randaugment.py,
+train/data/mixing.py): each operation against its definition, determinism for a seed, Mixup and
+CutMix labels against the pixels mixed, the training stream with them (resume, hosts, static
+shapes), the loss of mixed labels, and the config's presets and checks.
 """
 
 import numpy as np
@@ -9,7 +9,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image, ImageEnhance, ImageOps
 
-from train import augmentation, config_checks, grain_input, input_pipeline, mixing, randaugment
+from train.data import augmentation, grain_pipeline, tf_pipeline, mixing, randaugment
+from train.run import config_checks
 from train_fixtures import tiny_config
 
 
@@ -195,13 +196,13 @@ RECIPE = {"augment": "medium2", "cutmix_alpha": 1.0, "random_erasing": 0.25}
 
 @pytest.fixture(scope="module")
 def builder(fake_fmnist):
-    return input_pipeline.get_builder(tiny_config(fake_fmnist))
+    return tf_pipeline.get_builder(tiny_config(fake_fmnist))
 
 
 def _batches(builder, config, start_step=0, hosts=1, host=0, count=3):
     context = tf.distribute.InputContext(num_input_pipelines=hosts, input_pipeline_id=host,
                                          num_replicas_in_sync=hosts)
-    dataset = input_pipeline.train_dataset_fn(builder, config, start_step)(context)
+    dataset = tf_pipeline.train_dataset_fn(builder, config, start_step)(context)
     return dataset, [{name: value.numpy() for name, value in batch.items()}
                      for batch in dataset.take(count)]
 
@@ -235,7 +236,7 @@ def test_odd_batch_per_replica_is_refused(fake_fmnist, builder):
     context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=0,
                                          num_replicas_in_sync=2)
     with pytest.raises(ValueError, match="even batch per replica, not 15"):
-        input_pipeline.train_dataset_fn(builder, config)(context)
+        tf_pipeline.train_dataset_fn(builder, config)(context)
     with pytest.raises(ValueError, match="each replica's batch must be even, not 15"):
         config_checks.check(config, num_replicas=2)
 
@@ -243,7 +244,7 @@ def test_odd_batch_per_replica_is_refused(fake_fmnist, builder):
 def test_mixed_loss_is_the_cross_entropy_of_mixed_targets(fake_fmnist):
     import keras
 
-    from train import objectives
+    from train.run import objectives
 
     config = tiny_config(fake_fmnist, label_smoothing=0.1)
     objective = objectives.Classification(config, num_classes=10)
@@ -297,6 +298,6 @@ def test_config_checks(fake_fmnist):
 
 def test_grain_leaves_augmentation_to_tf_data(fake_fmnist):
     config = tiny_config(fake_fmnist, augment="light1")
-    assert "TensorFlow ops" in grain_input.unavailable(config, "jax")
-    assert grain_input.choose(config, "jax") == "tf.data"
-    assert grain_input.choose(tiny_config(fake_fmnist), "jax") == "grain"
+    assert "TensorFlow ops" in grain_pipeline.unavailable(config, "jax")
+    assert grain_pipeline.choose(config, "jax") == "tf.data"
+    assert grain_pipeline.choose(tiny_config(fake_fmnist), "jax") == "grain"

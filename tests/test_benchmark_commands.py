@@ -23,6 +23,7 @@ def test_input_pipeline_benchmark_runs_the_quickstart_config(fake_fmnist, tmp_pa
 
 
 
+@pytest.mark.processes
 def test_train_step_benchmark_times_the_quickstart_model(fake_fmnist):
     """`benchmarks/train_step.py --quickstart`: the driver's loop on the main job's config, with
     the stem's max-pool gradient computed by keras_vit and by XLA, side by side."""

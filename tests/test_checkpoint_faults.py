@@ -1,5 +1,5 @@
-"""Faults of training checkpoints (train/tf_checkpoints.py): damaged files, a lost index file,
-leftovers of killed saves, a full disk, and read-only workers.
+"""Faults of training checkpoints (train/engines/tf_checkpoints.py): damaged files, a lost index
+file, leftovers of killed saves, a full disk, and read-only workers.
 
 Every test saves a few checkpoints of a tiny state shaped like the trainer's (a Keras model, its
 built Adam optimizer and an EMA list) with every variable set to the step number, damages them,
@@ -25,8 +25,8 @@ import pytest
 import tensorflow as tf
 
 from keras_vit import fileio
-from train import tf_checkpoints
-from train.tf_checkpoints import (CheckpointMismatchError, CheckpointWriteError,
+from train.engines import tf_checkpoints
+from train.engines.tf_checkpoints import (CheckpointMismatchError, CheckpointWriteError,
                                   NoReadableCheckpointError)
 
 DATA = "ckpt-{}.data-00000-of-00001"
@@ -346,7 +346,7 @@ def test_disk_full_during_save_raises_one_line_and_keeps_earlier_checkpoints(tmp
 FILE_SIZE_LIMITED_SAVE = textwrap.dedent("""
     import json, resource, signal, sys
     import tensorflow as tf
-    from train import tf_checkpoints
+    from train.engines import tf_checkpoints
     from test_checkpoint_faults import State
 
     state = State()

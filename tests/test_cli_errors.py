@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from configs import common, finetune, pretrain, quickstart
-from train import config_checks
+from train.run import config_checks
 from train_fixtures import REPO, TINY, main_command, write_image_folder
 
 
@@ -137,7 +137,7 @@ def test_config_check_names_field_value_and_range(name):
 
 
 def test_every_common_field_has_a_rule():
-    assert set(config_checks.RULES) == set(common.get_config())
+    assert set(config_checks.rules()) == set(common.get_config())
 
 
 @pytest.mark.parametrize("config", [
@@ -164,7 +164,7 @@ def test_every_problem_is_reported_at_once():
 
 
 def test_trainer_check_config_uses_the_checks():
-    from train import tf_engine
+    from train.engines import tf_engine
     with pytest.raises(ValueError, match=r"config\.keep_checkpoints=0"):
         tf_engine.check_config(_config(keep_checkpoints=0), 1)
     tf_engine.check_config(_config(), 2)
@@ -209,7 +209,7 @@ def test_output_folder_checks(tmp_path, monkeypatch):
 
 
 def test_unreadable_images_are_named(tmp_path):
-    from train import input_pipeline
+    from train.data.sources import folder
     root = tmp_path / "images"
     write_image_folder(str(root), np.random.default_rng(0))
     broken = [root / "train" / "cat" / "broken.jpg", root / "test" / "dog" / "empty.png"]
@@ -217,7 +217,7 @@ def test_unreadable_images_are_named(tmp_path):
     broken[1].write_bytes(b"")
     paths = sorted(str(path) for path in root.rglob("*.*g"))
     with pytest.raises(ValueError) as error:
-        input_pipeline.check_image_files(paths)
+        folder.check_image_files(paths)
     message = str(error.value)
     assert f"2 of {len(paths)} image files cannot be decoded" in message
     assert str(broken[0]) in message and str(broken[1]) in message

@@ -1,7 +1,8 @@
-"""What `python -m train.main` prints (train/cli.py): by default our own progress lines, warnings
-and errors, without the INFO lines of TensorFlow's C++ runtime or of TFDS, and in a log file no
-progress bar; `--verbose` shows those too."""
+"""What `python -m train.main` prints (train/console/cli.py): by default our own progress lines,
+warnings and errors, without the INFO lines of TensorFlow's C++ runtime or of TFDS, and in a log
+file no progress bar; `--verbose` shows those too."""
 
+import glob
 import os
 import re
 import subprocess
@@ -14,8 +15,8 @@ from train_fixtures import REPO, main_command
 INFO_LINE = re.compile(r"^I\d{4} [\d:.]+\s+\d+ ([\w.]+):\d+\] (.*)$", re.M)
 # What TensorFlow's C++ libraries print before their INFO lines while they load.
 ABSL_BANNER = "All log messages before absl::InitializeLog()"
-OUR_FILES = {name for folder in ("train", "keras_vit")
-             for name in os.listdir(os.path.join(REPO, folder)) if name.endswith(".py")}
+OUR_FILES = {os.path.basename(path) for folder in ("train", "keras_vit")
+             for path in glob.glob(os.path.join(REPO, folder, "**", "*.py"), recursive=True)}
 
 
 @pytest.fixture(scope="module")

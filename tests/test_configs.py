@@ -1,4 +1,4 @@
-"""Experiment configs (configs/*.py) and the learning-rate schedule (train/schedules.py)."""
+"""Experiment configs (configs/*.py) and the learning-rate schedule (train/run/schedules.py)."""
 
 import ast
 import io
@@ -13,6 +13,7 @@ import pytest
 
 import keras_vit
 from configs import ablation, augreg, augreg_finetune, common, finetune, pretrain, quickstart
+from train.run import model_config
 from train_fixtures import FLAT_LAYOUT_CONFIG_JSON, TINY
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,7 +51,8 @@ def test_augreg_finetune_recipe():
     """AugReg's transfer settings (google-research/vision_transformer,
     vit_jax/configs/augreg.py): SGD 0.9 at 0.03, no weight decay, no dropout, no augmentation,
     100 warm-up steps, from the AugReg ImageNet-21k checkpoint of the variant."""
-    from train import augmentation, config_checks
+    from train.data import augmentation
+    from train.run import config_checks
     config = augreg_finetune.get_config("model=S/16,dataset=cifar100")
     assert (config.optimizer, config.momentum, config.weight_decay) == ("sgd", 0.9, 0.0)
     assert (config.learning_rate, config.warmup_steps, config.total_steps) == (0.03, 100, 10_000)
@@ -184,33 +186,50 @@ def test_config_model_is_every_spec_field_but_the_three_set_elsewhere():
     config's own, shared with the input pipeline), num_classes (the dataset's) and include_top
     (the objective's), at the spec's defaults; a training config builds exactly that spec."""
     import dataclasses
-    from train import config_checks
+    from train.run import config_checks
     fields = {field.name: field.default for field in dataclasses.fields(keras_vit.ViTConfig)}
     model = common.get_config().model
     assert set(model) == set(fields) - {"image_size", "num_classes", "include_top"}
     assert dict(model) == {name: fields[name] for name in model}
     config = quickstart.get_config()
-    spec = config_checks.model_spec(config, num_classes=10)
+    spec = model_config.model_spec(config, num_classes=10)
     assert spec == keras_vit.ViTConfig.from_variant(
         "R+Ti/16", patch_size=2, hidden_size=64, mlp_dim=128, num_heads=4, num_layers=4,
         image_size=32, num_classes=10)
-    assert not config_checks.model_spec(config, 10, include_top=False).include_top
+    assert not model_config.model_spec(config, 10, include_top=False).include_top
 
 
-# The position-embedding fields and the Axial models (configs/common.py, train/config_checks.py).
+# The position-embedding fields and the Axial models (configs/common.py,
+# train/run/config_checks.py).
 
 KINDS = keras_vit.spec.POSITION_EMBEDDINGS
 PLACEMENTS = keras_vit.spec.PLACEMENTS
 
 
-def test_config_checks_copies_of_the_training_choices_are_equal():
-    from train import config_checks
-    assert config_checks.MPP_TARGETS == keras_vit.masked_patches.TARGETS
-    assert config_checks.MPP_DOWNSCALED_CELLS == keras_vit.masked_patches.DOWNSCALED_CELLS
-    from train import objectives, optimizers, schedules
-    assert config_checks.OBJECTIVES == objectives.OBJECTIVES
-    assert config_checks.DECAYS == schedules.DECAYS
-    assert config_checks.RULES["optimizer"] == ("choice", optimizers.OPTIMIZERS)
+def test_each_field_has_one_owner_whose_choices_the_checks_read():
+    from train.data import augmentation, settings
+    from train.run import config_checks, engine, loop, objectives, optimizers, schedules
+    owners = [loop.RULES, objectives.RULES, settings.RULES, augmentation.RULES,
+              optimizers.RULES, engine.RULES]
+    names = [name for rules in owners for name in rules]
+    assert len(names) == len(set(names))  # no field has two owners
+    rules = config_checks.rules()
+    assert set(rules) == set(names) | {"model"}
+    assert rules["mpp_target"] == ("choice", keras_vit.masked_patches.TARGETS)
+    assert rules["objective"] == ("choice", objectives.OBJECTIVES)
+    assert rules["decay"] == ("choice", schedules.DECAYS)
+    assert rules["optimizer"] == ("choice", optimizers.OPTIMIZERS)
+
+
+def test_a_section_holds_its_fields_only():
+    from train.run import config_checks, optimizers
+    section = config_checks.section(common.get_config(), optimizers.FIELDS)
+    assert section.learning_rate == 0.03 and section["total_steps"] == 10_000
+    assert set(section) == set(optimizers.FIELDS)
+    with pytest.raises(AttributeError, match="config.batch_size is not in this section"):
+        section.batch_size
+    with pytest.raises(AttributeError, match="read-only"):
+        section.learning_rate = 1.0
 
 
 def _small(**model):
@@ -225,13 +244,13 @@ def _small(**model):
 
 
 def test_position_embedding_defaults_are_the_original_vit():
-    from train import config_checks
+    from train.run import config_checks
     config = common.get_config()
     assert (config.model.position_embedding, config.model.position_embedding_placement) == (
         "learned", "stem")
     assert config.model.classifier is None  # the variant's: a class token, GAP for Axial-*
-    assert config_checks.model_spec(config, 10).classifier == "token"
-    assert config_checks.model_spec(_small(variant="Axial-Ti/16"), 10).classifier == "gap"
+    assert model_config.model_spec(config, 10).classifier == "token"
+    assert model_config.model_spec(_small(variant="Axial-Ti/16"), 10).classifier == "gap"
 
 
 BAD_POSITION_CONFIGS = {
@@ -266,7 +285,7 @@ BAD_POSITION_CONFIGS = {
 
 @pytest.mark.parametrize("name", list(BAD_POSITION_CONFIGS))
 def test_position_and_axial_rules(name):
-    from train import config_checks
+    from train.run import config_checks
     overrides, words = BAD_POSITION_CONFIGS[name]
     with pytest.raises(ValueError) as error:
         config_checks.check(_small(**overrides))
@@ -281,7 +300,7 @@ def test_position_and_axial_rules(name):
 def test_config_checks_refuse_what_the_model_refuses(model, buildable):
     """Every kind x placement x classifier: config_checks passes exactly the combinations that
     keras_vit.vit() builds, so a run never fails after its slow start."""
-    from train import config_checks, objectives
+    from train.run import config_checks, objectives
     built = 0
     for kind in KINDS:
         for placement in PLACEMENTS:
@@ -302,7 +321,7 @@ def test_config_checks_refuse_what_the_model_refuses(model, buildable):
 
 
 def test_build_model_passes_the_position_fields():
-    from train import objectives
+    from train.run import objectives
 
     def names(config):
         return {layer.name for layer in objectives.build_model(config, 10).layers}
@@ -320,7 +339,7 @@ def test_runs_saved_before_the_position_fields_existed_still_resume(tmp_path):
     """A config.json without the new fields describes a run with their defaults (learned, at
     the stem); another position embedding is another run."""
     import json
-    from train import run_config
+    from train.run import run_config
     assert not {"model", "position_embedding", "position_embedding_placement"} & set(
         run_config.MAY_CHANGE_ON_RESUME)
     config = _small()
@@ -350,7 +369,7 @@ def test_config_json_in_the_flat_layout_is_read_with_config_model(tmp_path):
     it builds the same model (as train.analyze and train.studies.mpp build it)."""
     import json
     import ml_collections
-    from train import config_checks, run_config
+    from train.run import config_checks, run_config
     (tmp_path / "config.json").write_text(json.dumps(FLAT_LAYOUT_CONFIG_JSON, indent=2))
     saved = run_config.saved(str(tmp_path))
     assert saved["model"] == {
@@ -370,8 +389,8 @@ def test_config_json_in_the_flat_layout_is_read_with_config_model(tmp_path):
                                 str(tmp_path))
     assert "(model.classifier: 'token' -> 'gap', model.hidden_size: 16 -> 32)" in str(
         error.value)
-    assert config_checks.model_spec(ml_collections.ConfigDict(saved), 10) == \
-        config_checks.model_spec(config, 10)
+    assert model_config.model_spec(ml_collections.ConfigDict(saved), 10) == \
+        model_config.model_spec(config, 10)
     config_checks.check(ml_collections.ConfigDict(saved))
 
 
@@ -382,7 +401,7 @@ def _rates(schedule, steps):
 
 
 def test_schedule_cosine_reference_values():
-    from train.schedules import WarmupDecay
+    from train.run.schedules import WarmupDecay
     schedule = WarmupDecay(0.03, 500, 10_000, "cosine")
     np.testing.assert_allclose(_rates(schedule, [0, 250, 500, 5250, 10_000, 12_000]),
                                [0.0, 0.015, 0.03, 0.015, 0.0, 0.0], atol=1e-7)
@@ -393,7 +412,7 @@ def test_schedule_cosine_reference_values():
 
 
 def test_schedule_linear_values():
-    from train.schedules import WarmupDecay
+    from train.run.schedules import WarmupDecay
     schedule = WarmupDecay(0.03, 500, 10_000, "linear")
     np.testing.assert_allclose(
         _rates(schedule, [0, 100, 500, 2875, 5250, 7625, 10_000, 20_000]),
@@ -404,7 +423,7 @@ def test_schedule_linear_values():
 
 def test_schedule_serializes_and_works_in_an_optimizer():
     import keras
-    from train.schedules import WarmupDecay
+    from train.run.schedules import WarmupDecay
     schedule = WarmupDecay(0.03, 500, 10_000, "linear")
     again = WarmupDecay.from_config(schedule.get_config())
     assert again.get_config() == schedule.get_config()
@@ -423,7 +442,7 @@ def test_schedule_serializes_and_works_in_an_optimizer():
     (0.03, 0, -5, "linear"),
 ])
 def test_schedule_bad_arguments_raise(args):
-    from train.schedules import WarmupDecay
+    from train.run.schedules import WarmupDecay
     with pytest.raises(ValueError):
         WarmupDecay(*args)
 
@@ -433,7 +452,7 @@ def test_a_run_saved_with_approximate_gelu_resumes_as_its_activation(tmp_path):
     one resumes only with activation="gelu", and builds the same model."""
     import json
     import ml_collections
-    from train import config_checks, run_config
+    from train.run import config_checks, run_config
     today = json.loads(json.dumps(run_config._as_json(_tiny_quickstart())))
     model = dict(today["model"])
     del model["activation"]
@@ -445,4 +464,4 @@ def test_a_run_saved_with_approximate_gelu_resumes_as_its_activation(tmp_path):
     with pytest.raises(run_config.ConfigMismatchError,
                        match="model.activation: 'gelu' -> 'gelu_tanh'"):
         run_config.check_resume(_tiny_quickstart(), str(tmp_path))
-    assert config_checks.model_spec(ml_collections.ConfigDict(saved), 10).activation == "gelu"
+    assert model_config.model_spec(ml_collections.ConfigDict(saved), 10).activation == "gelu"

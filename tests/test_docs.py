@@ -23,6 +23,9 @@ directive per comment, `<!-- test: NAME: ARGUMENT -->`, which may span lines:
                        and check, every flag before it (the config file, its argument and the
                        `--config.field` overrides included), then exit without running. For
                        studies and benchmarks that take minutes or need a TPU's dataset.
+    processes          (shell) The block starts several training processes (workers, JAX
+                       processes, a study's runs): its test is marked `processes`, and runs
+                       with `pytest -m processes`, not in the default run (tests/conftest.py).
 
 How a block runs:
 - Python: the blocks of a page run in order in one namespace (a later block uses an earlier one's
@@ -41,7 +44,7 @@ How a block runs:
 - In both, absolute paths under /tmp/, /models/ and /data/ move under the temporary directory.
 
 The other tests hold the pages together: the README keeps the two commands CI and newcomers paste,
-its map of the code names every module, every relative link and #anchor resolves, and
+its map of the code names every folder of code, every relative link and #anchor resolves, and
 docs/index.md links every page.
 """
 
@@ -64,8 +67,9 @@ PAGES = ["README.md"] + sorted(os.path.relpath(path, REPO)
 LANGUAGES = ("python", "bash")
 MAIN_JOB = "python -m train.main --config=configs/quickstart.py --workdir=/tmp/vit_quickstart"
 TEST_COMMAND = "python -m pytest -q tests"  # .ci/run runs exactly this
+PROCESSES_COMMAND = "python -m pytest -q tests -m processes"  # and this
 README_MAX_LINES = 250  # a five-minute read
-MAPPED_FOLDERS = ("keras_vit", "train", "train/studies", "configs", "benchmarks", "tests")
+CODE_FOLDERS = ("keras_vit", "train", "configs", "benchmarks", "tests")
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~$-])/(tmp|models|data)/")
 _DIRECTIVE = re.compile(r"<!--\s*test:\s*([\w-]+)\s*(?::\s*(.*?))?\s*-->", re.DOTALL)
 
@@ -83,6 +87,7 @@ class Block:
     tiny: bool = False
     trained: str = None
     flags_only: bool = False
+    processes: bool = False
 
     @property
     def name(self):
@@ -122,6 +127,8 @@ def _apply(block, name, argument, problems):
         block.trained = argument
     elif name == "flags-only" and block.language == "bash" and not argument:
         block.flags_only = True
+    elif name == "processes" and block.language == "bash" and not argument:
+        block.processes = True
     else:
         problems.append(f"{where}: unknown directive {name!r} (with {argument!r}) for a "
                         f"{block.language} block")
@@ -197,9 +204,10 @@ def test_every_block_is_run_or_skipped_with_a_reason():
 def test_the_readme_gives_the_main_job_and_the_test_command_exactly():
     codes = [block.code.strip() for block in PARSED["README.md"][0]]
     assert MAIN_JOB in codes
-    assert TEST_COMMAND in codes
+    assert TEST_COMMAND in codes and PROCESSES_COMMAND in codes
     with open(os.path.join(REPO, ".ci", "run")) as handle:
-        assert f"\n{TEST_COMMAND}\n" in handle.read()
+        ci = handle.read()
+    assert f"\n{TEST_COMMAND}\n" in ci and f"\n{PROCESSES_COMMAND}\n" in ci
 
 
 def test_the_readme_is_a_short_read():
@@ -207,17 +215,17 @@ def test_the_readme_is_a_short_read():
         assert len(handle.read().splitlines()) <= README_MAX_LINES
 
 
-def test_the_readme_maps_every_module():
+def test_the_readme_maps_every_folder_of_code():
     with open(os.path.join(REPO, "README.md")) as handle:
-        linked = set(re.findall(r"\]\(((?:%s)/[\w./]+\.py)\)" % "|".join(MAPPED_FOLDERS),
-                                handle.read()))
-    modules = set()
-    for folder in MAPPED_FOLDERS:
-        for path in glob.glob(os.path.join(REPO, folder, "*.py")):
-            if os.path.getsize(path):  # an empty __init__.py says nothing
-                modules.add(os.path.relpath(path, REPO))
-    assert sorted(modules - linked) == [], "modules missing from the README's map of the code"
-    assert sorted(linked - modules) == [], "the README's map names files that do not exist"
+        text = handle.read()
+    mapped = text[text.index("## Map of the code"):text.index("## Documentation")]
+    linked = {path.rstrip("/") for path in re.findall(r"\]\(([\w./]+/)\)", mapped)}
+    folders = {os.path.relpath(os.path.dirname(path), REPO)
+               for top in CODE_FOLDERS
+               for path in glob.glob(os.path.join(REPO, top, "**", "*.py"), recursive=True)
+               if "__pycache__" not in path}
+    assert sorted(folders - linked) == [], "folders of code missing from the README's map"
+    assert sorted(linked - folders) == [], "the README's map names folders without code"
 
 
 def _anchors(path):
@@ -279,6 +287,8 @@ def _skip_params(language):
         if block.language != language:
             continue
         marks = [pytest.mark.skip(reason=f"{block.name}: {block.skip}")] if block.skip else []
+        if block.processes:
+            marks.append(pytest.mark.processes)
         params.append(pytest.param(block, id=block.name, marks=marks))
     return params
 
@@ -352,7 +362,8 @@ def _console_scripts(bin_dir):
         handle.write(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     os.chmod(os.path.join(bin_dir, "python"), 0o755)
     with open(os.path.join(REPO, "setup.py")) as handle:
-        scripts = re.findall(r'"(keras-vit-[\w-]+) = keras_vit\.train\.(\w+):run"', handle.read())
+        scripts = re.findall(r'"(keras-vit-[\w-]+) = keras_vit\.train\.([\w.]+):run"',
+                             handle.read())
     assert scripts
     for name, module in scripts:
         path = os.path.join(bin_dir, name)
@@ -366,7 +377,7 @@ TEST_VARIABLES = ("TINY", "REPO", "PORT_0", "PORT_1")
 
 
 def _shell_env(tmp_path, data):
-    from train.strategy import local_cluster
+    from train.engines.tf_strategy import local_cluster
     import json
 
     _console_scripts(str(tmp_path / "bin"))

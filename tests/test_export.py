@@ -438,7 +438,7 @@ def test_tflite_of_a_mixed_bfloat16_model(trained, tmp_path):
 
 
 def test_tflite_to_a_filesystem_path(model, tmp_path, monkeypatch):
-    """Workdirs may be gs://... (train/main.py), and Trainer.export writes its TFLite files into
+    """Workdirs may be gs://... (train/main.py), and the run's export writes its TFLite files into
     workdir/export: they must land there, not in a local folder named "gs:". TensorFlow's
     in-memory ram:// filesystem stands in for GCS."""
     monkeypatch.chdir(tmp_path)
@@ -511,6 +511,7 @@ def _run(command, env, timeout=240):
     return result
 
 
+@pytest.mark.processes
 def test_trainer_export_and_cli(fake_fmnist, tmp_path):
     workdir = str(tmp_path / "run")
     start = time.time()
@@ -521,7 +522,7 @@ def test_trainer_export_and_cli(fake_fmnist, tmp_path):
     assert sorted(os.listdir(os.path.join(directory, "saved_model"))) == ["1"]
     assert {"model.keras", "class_names.txt", "model_float32.tflite",
             "model_int8.tflite"} <= set(os.listdir(directory))
-    from train.fashion_mnist import CLASS_NAMES as FASHION_NAMES
+    from train.data.fashion_mnist import CLASS_NAMES as FASHION_NAMES
     with open(os.path.join(directory, "class_names.txt")) as handle:
         assert handle.read().splitlines() == list(FASHION_NAMES)
 

@@ -1,5 +1,5 @@
-"""The input pipeline without TensorFlow (train/grain_input.py): Grain over the offline default's
-arrays and over TFDS ArrayRecord files, preprocessed in NumPy.
+"""The input pipeline without TensorFlow (train/data/grain_pipeline.py): Grain over the offline
+default's arrays and over TFDS ArrayRecord files, preprocessed in NumPy.
 
 Its contract is the tf.data pipeline's: each host reads only its share of every global batch,
 the hosts' shares at a step make up the 1-host batch, every example once per epoch, a start at
@@ -20,7 +20,7 @@ import sys
 import numpy as np
 import pytest
 
-from train import grain_input
+from train.data import grain_pipeline
 from train_fixtures import NUM_TEST, NUM_TRAIN, REPO, fashion_mnist_dir, flags, tiny_config
 
 HAVE_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
@@ -36,8 +36,8 @@ def fake(fake_fmnist):
 
 
 def ids_of(config, hosts, host, start_step, steps, source=None):
-    source = source or grain_input.open_split(config, "train_split")
-    batches = grain_input.train_batches(source, config, start_step, hosts, host)
+    source = source or grain_pipeline.open_split(config, "train_split")
+    batches = grain_pipeline.train_batches(source, config, start_step, hosts, host)
     return [batch["id"].tolist() for _, batch in zip(range(steps), batches)]
 
 
@@ -59,11 +59,11 @@ def test_resize_is_tensorflows_bilinear_resize(size):
 
     image = np.random.default_rng(0).integers(0, 256, (37, 53, 3), dtype=np.uint8)
     # float32 rounding: 2e-3 of 255 levels is 8e-6 relative.
-    np.testing.assert_allclose(grain_input.resize(image, size), resize(image, size).numpy(),
+    np.testing.assert_allclose(grain_pipeline.resize(image, size), resize(image, size).numpy(),
                                atol=2e-3)
     batch = np.stack([image, image[::-1]])
-    np.testing.assert_allclose(grain_input.resize(batch, size)[1],
-                               grain_input.resize(image[::-1], size), atol=1e-4)
+    np.testing.assert_allclose(grain_pipeline.resize(batch, size)[1],
+                               grain_pipeline.resize(image[::-1], size), atol=1e-4)
 
 
 @needs_tensorflow
@@ -73,33 +73,33 @@ def test_png_decodes_as_tensorflow_decodes_it(mode):
     from PIL import Image
 
     from keras_vit.preprocessing import decode_image
-    from train import input_pipeline
+    from train.data import tf_pipeline
 
     image = np.random.default_rng(1).integers(0, 256, (19, 23, 3), dtype=np.uint8)
     encoded = image_bytes(np.asarray(Image.fromarray(image).convert(mode)), "PNG")
-    np.testing.assert_array_equal(grain_input.decode(encoded),
+    np.testing.assert_array_equal(grain_pipeline.decode(encoded),
                                   decode_image(tf.constant(encoded)).numpy())
-    np.testing.assert_allclose(grain_input.preprocess_eval([encoded], 32)[0],
-                               input_pipeline.preprocess_eval(tf.constant(encoded), 32).numpy(),
+    np.testing.assert_allclose(grain_pipeline.preprocess_eval([encoded], 32)[0],
+                               tf_pipeline.preprocess_eval(tf.constant(encoded), 32).numpy(),
                                atol=1e-5)
 
 
 def test_bytes_that_are_no_image_name_their_record():
     with pytest.raises(ValueError, match=r"Record 17 is not a readable image"):
-        grain_input.preprocess_eval([b"not an image"], 32, records=[17])
+        grain_pipeline.preprocess_eval([b"not an image"], 32, records=[17])
 
 
 def test_augmentation_is_a_function_of_seed_and_position(fake):
     config = tiny_config(fake, crop_min_area=0.3, flip=True, image_size=28)
     image = np.random.default_rng(2).integers(0, 256, (60, 80, 3), dtype=np.uint8)
     encoded = image_bytes(image, "PNG")
-    first = grain_input.preprocess_train([encoded] * 8, range(100, 108), config)
-    again = grain_input.preprocess_train([encoded] * 8, range(100, 108), config)
+    first = grain_pipeline.preprocess_train([encoded] * 8, range(100, 108), config)
+    again = grain_pipeline.preprocess_train([encoded] * 8, range(100, 108), config)
     np.testing.assert_array_equal(first, again)
     assert first.shape == (8, 28, 28, 3) and first.dtype == np.float32
     assert -1.0 <= first.min() and first.max() <= 1.0
     assert len({item.tobytes() for item in first}) == 8  # another crop at each position
-    other_seed = grain_input.preprocess_train([encoded] * 8, range(100, 108),
+    other_seed = grain_pipeline.preprocess_train([encoded] * 8, range(100, 108),
                                               tiny_config(fake, crop_min_area=0.3, flip=True,
                                                           image_size=28, seed=1))
     assert not np.array_equal(first, other_seed)
@@ -107,7 +107,7 @@ def test_augmentation_is_a_function_of_seed_and_position(fake):
 
 def test_inception_crop_keeps_its_area_and_aspect_ranges():
     image = np.zeros((120, 160, 3), np.uint8)
-    shapes = [grain_input.inception_crop(image, np.random.default_rng(seed), 0.1).shape[:2]
+    shapes = [grain_pipeline.inception_crop(image, np.random.default_rng(seed), 0.1).shape[:2]
               for seed in range(400)]
     areas = np.array([height * width for height, width in shapes]) / image[..., 0].size
     aspects = np.array([width / height for height, width in shapes])
@@ -142,9 +142,9 @@ def test_every_example_once_an_epoch_and_a_new_order_the_next(fake):
 
 def test_a_start_at_any_step_continues_the_same_stream(fake):
     config = tiny_config(fake, crop_min_area=0.5, flip=True)
-    source = grain_input.open_split(config, "train_split")
-    full = list(zip(range(30), grain_input.train_batches(source, config, 0, 2, 1)))
-    resumed = grain_input.train_batches(source, config, 21, 2, 1)
+    source = grain_pipeline.open_split(config, "train_split")
+    full = list(zip(range(30), grain_pipeline.train_batches(source, config, 0, 2, 1)))
+    resumed = grain_pipeline.train_batches(source, config, 21, 2, 1)
     for (step, expected), (_, batch) in zip(full[21:], zip(range(9), resumed)):
         for name in ("image", "label", "id"):
             np.testing.assert_array_equal(batch[name], expected[name], err_msg=f"{step} {name}")
@@ -157,9 +157,9 @@ def test_worker_processes_make_the_same_batches(fake):
     if not absl_flags.FLAGS.is_parsed():  # Grain reads its flags in the worker processes
         absl_flags.FLAGS.mark_as_parsed()
     config = tiny_config(fake, crop_min_area=0.5, flip=True)
-    source = grain_input.open_split(config, "train_split")
-    threads = grain_input.train_batches(source, config, 5, 2, 1)
-    processes = iter(grain_input.train_batches(source, config, 5, 2, 1, workers=2))
+    source = grain_pipeline.open_split(config, "train_split")
+    threads = grain_pipeline.train_batches(source, config, 5, 2, 1)
+    processes = iter(grain_pipeline.train_batches(source, config, 5, 2, 1, workers=2))
     try:
         for (_, expected), batch in zip(zip(range(6), threads), processes):
             for name in ("image", "label", "id"):
@@ -171,8 +171,8 @@ def test_worker_processes_make_the_same_batches(fake):
 def test_a_host_reads_only_its_share(fake):
     config = tiny_config(fake)
     for hosts in (1, 4):
-        source = grain_input.Counted(grain_input.open_split(config, "train_split"))
-        batches = grain_input.train_batches(source, config, 0, hosts, hosts - 1, threads=2)
+        source = grain_pipeline.Counted(grain_pipeline.open_split(config, "train_split"))
+        batches = grain_pipeline.train_batches(source, config, 0, hosts, hosts - 1, threads=2)
         for _, _ in zip(range(20), batches):
             pass
         share = BATCH // hosts
@@ -182,10 +182,10 @@ def test_a_host_reads_only_its_share(fake):
 
 def test_evaluation_counts_every_example_once_across_hosts(fake):
     config = tiny_config(fake, eval_batch_size=24)
-    source = grain_input.open_split(config, "eval_split")
+    source = grain_pipeline.open_split(config, "eval_split")
     seen, steps = [], set()
     for host in range(3):
-        batches = list(grain_input.eval_batches(source, config, 3, host))
+        batches = list(grain_pipeline.eval_batches(source, config, 3, host))
         steps.add(len(batches))
         for batch in batches:
             assert batch["image"].shape == (8, 28, 28, 3)
@@ -198,18 +198,19 @@ def test_evaluation_counts_every_example_once_across_hosts(fake):
 
 def test_array_record_files_read_as_the_tf_data_pipeline_numbers_them(fake):
     """A TFDS dataset prepared as ArrayRecord (here the fake prepared by the fixture): the same
-    record numbers and labels as train.records on tf.data."""
+    record numbers and labels as train.data.records on tf.data."""
     if not HAVE_TENSORFLOW:
         pytest.skip("TFDS prepares the fake dataset with TensorFlow")
     import tensorflow_datasets as tfds
     config = tiny_config(fake)
-    source = grain_input.ArrayRecords(
+    from train.data.sources import tfds_catalog
+    source = tfds_catalog.ArrayRecords(
         tfds.builder("fashion_mnist_local", data_dir=config.data_dir), "train")
     assert len(source) == NUM_TRAIN and source.class_names[0] == "T-shirt/top"
     image, label, record = source[37]
     assert record == 37 and isinstance(image, bytes)
-    from train import input_pipeline, records
-    split = records.Split(input_pipeline.get_builder(config), "train")
+    from train.data import tf_pipeline, records
+    split = records.Split(tf_pipeline.get_builder(config), "train")
     expected = next(split.read_range(37, 38).as_numpy_iterator())
     assert (expected["id"], expected["label"]) == (37, label)
     assert expected["image"] == image
@@ -217,21 +218,21 @@ def test_array_record_files_read_as_the_tf_data_pipeline_numbers_them(fake):
 
 def test_bad_hosts_and_small_splits_are_one_line_errors(fake):
     config = tiny_config(fake)
-    source = grain_input.open_split(config, "train_split")
+    source = grain_pipeline.open_split(config, "train_split")
     with pytest.raises(ValueError, match="hosts are 0 to 3"):
-        grain_input.train_batches(source, config, 0, 4, 4)
+        grain_pipeline.train_batches(source, config, 0, 4, 4)
     with pytest.raises(ValueError, match="does not divide over 3 hosts"):
-        grain_input.train_batches(source, config, 0, 3, 0)
+        grain_pipeline.train_batches(source, config, 0, 3, 0)
     with pytest.raises(ValueError, match="fewer than one global batch"):
-        grain_input.train_batches(source, tiny_config(fake, batch_size=1024), 0, 1, 0)
+        grain_pipeline.train_batches(source, tiny_config(fake, batch_size=1024), 0, 1, 0)
     with pytest.raises(ValueError, match=r"config.train_split='nope'.*Unknown split"):
-        grain_input.open_split(tiny_config(fake, train_split="nope"), "train_split")
+        grain_pipeline.open_split(tiny_config(fake, train_split="nope"), "train_split")
 
 
 def test_missing_offline_files_say_how_to_install_them(fake, tmp_path, monkeypatch):
     monkeypatch.setenv("FASHION_MNIST_DIR", str(tmp_path))
     with pytest.raises(FileNotFoundError, match=r"apt-get install dataset-fashion-mnist"):
-        grain_input.open_split(tiny_config(fake), "train_split")
+        grain_pipeline.open_split(tiny_config(fake), "train_split")
 
 
 # --- Which pipeline a run takes.
@@ -239,29 +240,34 @@ def test_missing_offline_files_say_how_to_install_them(fake, tmp_path, monkeypat
 
 def test_auto_takes_grain_on_jax_where_it_can_and_keeps_a_saved_runs_choice(fake, tmp_path):
     config = tiny_config(fake)
-    assert grain_input.choose(config, "jax") == "grain"
-    assert grain_input.choose(config, "jax", saved={"input_pipeline": "grain"}) == "grain"
+    assert grain_pipeline.choose(config, "jax") == "grain"
+    assert grain_pipeline.choose(config, "jax", saved_choice="grain") == "grain"
     if HAVE_TENSORFLOW:  # (without it, tf.data is an error: the next test)
-        assert grain_input.choose(config, "tensorflow") == "tf.data"
-        assert grain_input.choose(config, "jax", saved={"input_pipeline": "tf.data"}) == "tf.data"
-        assert grain_input.choose(config, "jax", saved={}) == "tf.data"  # older than Grain
+        assert grain_pipeline.choose(config, "tensorflow") == "tf.data"
+        assert grain_pipeline.choose(config, "jax", saved_choice="tf.data") == "tf.data"
+        from train.run import run_config
+
+        older = tmp_path / "older_run"  # a run saved before Grain: its config lacks the field
+        older.mkdir()
+        (older / "config.json").write_text(json.dumps({"seed": 0}))
+        assert run_config.saved(str(older))["input_pipeline"] == "tf.data"
         masked = tiny_config(fake, objective="masked_patch_prediction")
-        assert grain_input.choose(masked, "jax") == "tf.data"
+        assert grain_pipeline.choose(masked, "jax") == "tf.data"
     unprepared = tiny_config(fake, dataset="mnist", data_dir=str(tmp_path))
-    assert "not prepared" in grain_input.unavailable(unprepared, "jax")
+    assert "not prepared" in grain_pipeline.unavailable(unprepared, "jax")
 
 
 def test_a_pipeline_that_cannot_be_used_is_named_with_the_fix(fake, monkeypatch):
     with pytest.raises(ValueError, match=r"'grain' cannot be used: .* JAX engine .*tf.data"):
-        grain_input.choose(tiny_config(fake, input_pipeline="grain"), "tensorflow")
+        grain_pipeline.choose(tiny_config(fake, input_pipeline="grain"), "tensorflow")
     with pytest.raises(ValueError, match=r"'grain' cannot be used: .*masked_patch_prediction"):
-        grain_input.choose(tiny_config(fake, input_pipeline="grain",
+        grain_pipeline.choose(tiny_config(fake, input_pipeline="grain",
                                        objective="masked_patch_prediction"), "jax")
-    from train import cli
+    from train.console import cli
     monkeypatch.setattr(cli, "tensorflow_installed", lambda: False)
     with pytest.raises(ValueError, match=r"needs TensorFlow, which is not installed: pip "
                                          r"install tensorflow, or .*input_pipeline=grain"):
-        grain_input.choose(tiny_config(fake, input_pipeline="tf.data"), "jax")
+        grain_pipeline.choose(tiny_config(fake, input_pipeline="tf.data"), "jax")
 
 
 # --- Training with no TensorFlow to import.
@@ -281,6 +287,7 @@ runpy.run_module("train.main", run_name="__main__")
 """
 
 
+@pytest.mark.processes
 def test_the_jax_engine_trains_resumes_and_evaluates_without_tensorflow(fake, tmp_path):
     """Grain feeds the JAX engine with TensorFlow unimportable; resumed from its checkpoint of
     step 8, the run ends with the weights it ended with uninterrupted. (And the step compiles

@@ -1,6 +1,7 @@
-"""Input that scales with the hosts (train/records.py, train/input_pipeline.py, train/input.py):
-each host reads only its share, every example once per epoch, a resume reads no more than a
-fresh start, on random-access storage (ArrayRecord, image folders) and on TFRecord files.
+"""Input that scales with the hosts (train/data/records.py, train/data/tf_pipeline.py,
+train/input.py): each host reads only its share, every example once per epoch, a resume reads no
+more than a fresh start, on random-access storage (ArrayRecord, image folders) and on TFRecord
+files.
 
 In-process on the tiny fake Fashion-MNIST (512 train examples, batch 32: 16 steps an epoch),
 through `train.input.host_batches`, the stream that `python -m train.input` prints.
@@ -14,7 +15,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from train import input as train_input
-from train import input_order, input_pipeline, records
+from train.data import input_order, tf_pipeline, records
 from train_fixtures import (NUM_TRAIN, REPO, fashion_mnist_dir, tiny_config,
                             write_image_folder)
 
@@ -39,9 +40,9 @@ def shown(config, hosts, host, start_step, steps):
 
 
 def test_offline_default_is_random_access(fake_fmnist, tfrecord_dir):
-    builder = input_pipeline.get_builder(tiny_config(fake_fmnist))
+    builder = tf_pipeline.get_builder(tiny_config(fake_fmnist))
     assert records.Split(builder, "train").random_access
-    assert not records.Split(input_pipeline.get_builder(
+    assert not records.Split(tf_pipeline.get_builder(
         tiny_config(fake_fmnist, data_dir=tfrecord_dir)), "train").random_access
 
 
@@ -85,7 +86,7 @@ def test_every_example_once_per_epoch_across_hosts(fake_fmnist, tfrecord_dir, tm
         for step, step_ids in ids.items():
             epochs[step // steps].extend(step_ids)
         if storage == "tfrecord":  # each host reads its own consecutive part
-            start, stop = records.Split(input_pipeline.get_builder(config), "train").part(
+            start, stop = records.Split(tf_pipeline.get_builder(config), "train").part(
                 hosts, host)
             assert all(start <= i < stop for step_ids in ids.values() for i in step_ids)
     for epoch in epochs:
@@ -96,11 +97,11 @@ def test_every_example_once_per_epoch_across_hosts(fake_fmnist, tfrecord_dir, tm
 def test_tfrecord_hosts_read_whole_files(fake_fmnist, tfrecord_dir):
     """A TFRecord file is read from its start, so hosts split at file starts (32 records a file)
     where there are as many files as hosts; random-access storage splits evenly."""
-    tfrecord = records.Split(input_pipeline.get_builder(
+    tfrecord = records.Split(tf_pipeline.get_builder(
         tiny_config(fake_fmnist, data_dir=tfrecord_dir)), "train")
     assert tfrecord.part_bounds(3) == [0, 160, 352, 512]
     assert tfrecord.part_bounds(32) == list(range(0, 513, 16))  # fewer files: record ranges
-    array_record = records.Split(input_pipeline.get_builder(tiny_config(fake_fmnist)), "train")
+    array_record = records.Split(tf_pipeline.get_builder(tiny_config(fake_fmnist)), "train")
     assert array_record.part_bounds(3) == [0, 170, 341, 512]
 
 
@@ -118,7 +119,7 @@ def test_tfrecord_resume_sees_the_batches_of_an_uninterrupted_run(fake_fmnist, t
 
 def test_a_host_outside_the_host_count_and_a_split_too_small(fake_fmnist):
     config = tiny_config(fake_fmnist)
-    builder = input_pipeline.get_builder(config)
+    builder = tf_pipeline.get_builder(config)
     split = records.Split(builder, "train[:40]")
     with pytest.raises(ValueError, match=r"Input host 4 does not exist: the hosts are 0 to 3"):
         input_order.check_host_share(split, 32, 4, 4)

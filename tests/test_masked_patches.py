@@ -1,5 +1,5 @@
 """Masked patch prediction (paper section 4.6, appendix B.1.2): the corruption draw
-(train/masking.py), the targets, the corruption of the tokens and the loss
+(train/data/masking.py), the targets, the corruption of the tokens and the loss
 (keras_vit/masked_patches.py), the config checks, and loading the exported encoder."""
 
 import keras
@@ -10,7 +10,8 @@ import tensorflow as tf
 import keras_vit
 from keras_vit import checkpoint
 from keras_vit import masked_patches as mp
-from train import config_checks, masking
+from train.run import config_checks
+from train.data import masking
 
 NUM_PATCHES = 49  # the offline default's 7x7 grid
 DRAWS = 4000  # 196,000 patches: the standard error of a 50% share is 0.11 points

@@ -1,6 +1,6 @@
-"""The driver's optimizer (train/optimizers.py): layer-wise learning-rates exactly as the formula
-says, weight decay on kernels only, and the same updates as Keras' AdamW where neither option
-changes anything.
+"""The driver's optimizer (train/run/optimizers.py): layer-wise learning-rates exactly as the
+formula says, weight decay on kernels only, and the same updates as Keras' AdamW where neither
+option changes anything.
 """
 
 import keras
@@ -9,7 +9,7 @@ import pytest
 
 import keras_vit
 from keras_vit import masked_patches
-from train import optimizers, schedules
+from train.run import optimizers, schedules
 from train_fixtures import tiny_config
 
 pytestmark = pytest.mark.usefixtures("fresh_session")
@@ -45,7 +45,7 @@ def _expected_layer(path, depth):
 def test_layer_scales_are_the_formula(fields):
     model = _model(**fields)
     variables = model.trainable_variables
-    scales = optimizers.layer_scales(variables, DECAY)
+    scales = optimizers.layer_scales(model, variables, DECAY)
     depth = 3
     seen = set()
     for variable, scale in zip(variables, scales):
@@ -60,21 +60,36 @@ def test_layer_scales_of_masked_patch_prediction():
     model = masked_patches.MaskedPatchPredictor(encoder, target="mean_color")
     model.build((None, 16, 16, 3))
     scales = dict(zip((v.path for v in model.trainable_variables),
-                      optimizers.layer_scales(model.trainable_variables, DECAY)))
+                      optimizers.layer_scales(model, model.trainable_variables, DECAY)))
     assert scales["masked_patch_predictor/mask_embedding"] == DECAY ** 4
     assert scales["mpp_head/kernel"] == 1.0
 
 
-def test_a_weight_of_no_known_place_is_named():
+def test_layer_decay_needs_a_model_that_knows_its_depths():
     inputs = keras.Input((4,))
     model = keras.Model(inputs, keras.layers.Dense(2, name="adapter")(inputs))
-    with pytest.raises(ValueError, match="adapter/kernel is neither in an encoder block"):
-        optimizers.layer_scales(model.trainable_variables, DECAY)
+    with pytest.raises(ValueError, match="layer_decay=0.5: .*need a keras_vit model"):
+        optimizers.layer_scales(model, model.trainable_variables, DECAY)
+
+
+def test_a_weight_of_another_model_is_named():
+    model, other = _model(), _model(num_layers=1)
+    with pytest.raises(ValueError, match="Not weights of model .*: head/kernel"):
+        model.layer_indices([other.get_layer("head").kernel])
+
+
+def test_every_layer_placements_go_with_the_block_they_feed():
+    model = _model(position_embedding_placement="every_layer")
+    depths = dict(zip((v.path for v in model.trainable_variables),
+                      model.layer_indices(model.trainable_variables)))
+    assert depths["posembed_input/pos_embedding"] == 0
+    assert depths["posembed_1/pos_embedding"] == depths["encoderblock_1/LayerNorm_0/gamma"] == 2
+    assert depths["posembed_2/pos_embedding"] == 3
 
 
 def test_weight_decay_applies_to_kernels_only():
     model = _model(classifier="map", num_register_tokens=1, layer_scale_init=0.1)
-    decayed = {v.path for v in model.trainable_variables if optimizers.decays(v)}
+    decayed = {v.path for v in model.trainable_variables if model.decays(v)}
     assert decayed == {v.path for v in model.trainable_variables if v.path.endswith("/kernel")}
     kept = {v.path for v in model.trainable_variables} - decayed
     for name in ("posembed_input/pos_embedding", "reg/registers", "MAPHead_0/probe",
@@ -89,7 +104,7 @@ def _config(fake_fmnist, **fields):
 def _step(config, model, gradient):
     """One optimizer step of `config`'s optimizer on `model` with a constant gradient; returns
     {path: (before, after)}."""
-    optimizer = optimizers.build_optimizer(config)
+    optimizer = optimizers.build_optimizer(config, model)
     variables = model.trainable_variables
     optimizer.build(variables)
     before = {v.path: np.array(v.numpy()) for v in variables}
@@ -121,9 +136,10 @@ def test_same_updates_as_keras_adamw(fake_fmnist):
     before this module decided it (names containing bias, gamma, beta, pos_embedding, cls)."""
     config = _config(fake_fmnist, optimizer="adamw", weight_decay=0.05, warmup_steps=2)
 
-    def three_steps(optimizer):
+    def three_steps(make_optimizer):
         keras.utils.set_random_seed(0)
         model = _model(variant="R+Ti/16", patch_size=1)
+        optimizer = make_optimizer(model)
         optimizer.build(model.trainable_variables)
         rng = np.random.default_rng(0)
         for _ in range(3):
@@ -136,6 +152,6 @@ def test_same_updates_as_keras_adamw(fake_fmnist):
     reference = keras.optimizers.AdamW(schedule, weight_decay=0.05)
     reference.exclude_from_weight_decay(var_names=["bias", "gamma", "beta", "pos_embedding",
                                                    "cls"])
-    for ours, theirs in zip(three_steps(optimizers.build_optimizer(config)),
-                            three_steps(reference)):
+    for ours, theirs in zip(three_steps(lambda model: optimizers.build_optimizer(config, model)),
+                            three_steps(lambda model: reference)):
         np.testing.assert_array_equal(ours, theirs)

@@ -1,6 +1,6 @@
 """What an installed package holds (setup.py): one top-level name, keras_vit, with the training
 tools as keras_vit.train, the shipped configs as keras_vit.configs, and console scripts; and how
-`--config` reads a bare config name (train/config_flag.py)."""
+`--config` reads a bare config name (train/run/config_flag.py)."""
 
 import configparser
 import importlib.util
@@ -12,7 +12,7 @@ import zipfile
 
 import pytest
 
-from train import config_flag
+from train.run import config_flag
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONSOLE_SCRIPTS = {
@@ -101,7 +101,12 @@ def test_the_wheel_installs_only_keras_vit(tmp_path):
         top_level = {name.split("/")[0] for name in names}
         assert top_level == {"keras_vit", wheel.name.split("-py")[0] + ".dist-info"}
         assert "keras_vit/train/main.py" in names and "keras_vit/configs/common.py" in names
-        assert "keras_vit/train/studies/ablate.py" in names  # the subpackage of train/
+        rooms = [name for name in sorted(os.listdir(os.path.join(REPO, "train")))
+                 if os.path.isfile(os.path.join(REPO, "train", name, "__init__.py"))]
+        assert {"run", "engines", "data", "studies"} <= set(rooms), rooms
+        for room in rooms:  # every subpackage of train/, with its modules
+            assert f"keras_vit/train/{room}/__init__.py" in names, room
+        assert "keras_vit/train/data/sources/folder.py" in names
         assert "keras_vit/timm_architectures.json" in names  # from_pretrained reads it
         entry_points = configparser.ConfigParser()
         entry_points.read_string(archive.read(

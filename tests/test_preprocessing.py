@@ -11,7 +11,7 @@ import tensorflow as tf
 
 import keras_vit
 from keras_vit import export, preprocessing
-from train import input_pipeline
+from train.data import tf_pipeline
 
 SIZE = 8
 
@@ -32,7 +32,7 @@ def _user_path(content):
 
 def _input_pipeline_eval(content):
     dataset = tf.data.Dataset.from_tensors(content).map(
-        lambda encoded: input_pipeline.preprocess_eval(encoded, SIZE))
+        lambda encoded: tf_pipeline.preprocess_eval(encoded, SIZE))
     return next(iter(dataset)).numpy()
 
 

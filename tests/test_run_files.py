@@ -1,8 +1,8 @@
-"""The workdir layout (train/run_files.py): the paths the trainer writes and the tools read."""
+"""The workdir layout (train/run/run_files.py): the paths the trainer writes and the tools read."""
 
 import os
 
-from train import run_files
+from train.run import run_files
 
 
 def test_layout_of_a_workdir(tmp_path):

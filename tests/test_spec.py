@@ -235,3 +235,18 @@ def test_later_options_reach_the_tools():
     encoder = keras_vit.vit("S/16", **{**TINY, "include_top": False}, final_norm="none")
     with pytest.raises(ValueError, match="final_norm='tokens'"):
         MaskedPatchPredictor(encoder)
+
+
+def test_every_field_is_described_once_and_the_docs_table_is_made_from_it():
+    descriptions = keras_vit.spec.field_descriptions()
+    assert sorted(descriptions) == sorted(FIELDS)
+    with open(os.path.join(REPO, "docs", "models.md")) as handle:
+        page = handle.read()
+    shown = page.split("<!-- ViTConfig fields: start -->\n")[1].split(
+        "\n<!-- ViTConfig fields: end -->")[0]
+    assert shown == keras_vit.spec.fields_table(), (
+        "docs/models.md's table of fields differs from ViTConfig's docstring: put the output "
+        "of `python -c 'import keras_vit.spec as s; print(s.fields_table())'` between its "
+        "markers")
+    # vit() takes every field, and points at the spec rather than listing them again.
+    assert "ViTConfig" in keras_vit.vit.__doc__

@@ -1,7 +1,8 @@
-"""The start of a run of several processes, in-process (train/startup.py, train/strategy.py's
-TF_CONFIG checks), and the filter that turns JAX's fatal abort into one paragraph
-(train/jax_stderr.py) on the abort texts JAX 0.10 wrote when a peer was killed. The runs of
-two real processes are in test_train_driver.py (TensorFlow) and test_jax_engine.py (JAX)."""
+"""The start of a run of several processes, in-process (train/engines/startup.py,
+train/engines/tf_strategy.py's TF_CONFIG checks), and the filter that turns JAX's fatal abort into
+one paragraph (train/engines/jax_stderr.py) on the abort texts JAX 0.10 wrote when a peer was
+killed. The runs of two real processes are in test_train_driver.py (TensorFlow) and
+test_jax_engine.py (JAX)."""
 
 import io
 import json
@@ -13,7 +14,7 @@ import time
 
 import pytest
 
-from train import jax_stderr, startup, strategy
+from train.engines import jax_stderr, startup, tf_strategy
 
 
 def free_address():
@@ -117,7 +118,7 @@ CLUSTER = {"worker": ["host1:2222", "host2:2222"]}
 def test_tf_config_mistakes_name_the_field_and_the_range(monkeypatch, spec, words):
     monkeypatch.setenv("TF_CONFIG", json.dumps(spec))
     with pytest.raises(ValueError) as error:
-        strategy.is_chief_task()
+        tf_strategy.is_chief_task()
     for word in words:
         assert word in str(error.value)
 
@@ -127,8 +128,8 @@ def test_a_lost_task_is_named_with_its_address(monkeypatch):
                                                 "task": {"type": "worker", "index": 1}}))
     error = ("recvmsg:Connection reset by peer\nAdditional GRPC error information from remote "
              "target /job:worker/replica:0/task:0 while calling /tensorflow.WorkerService/RecvBuf")
-    assert strategy.lost_task(error) == "worker 0 (host1:2222)"
-    assert strategy.lost_task("/job:worker/replica:0/task:1 itself") is None
+    assert tf_strategy.lost_task(error) == "worker 0 (host1:2222)"
+    assert tf_strategy.lost_task("/job:worker/replica:0/task:1 itself") is None
 
 
 # --- JAX's fatal abort as one paragraph ------------------------------------------------------
@@ -157,7 +158,7 @@ The tasks have crashed.
 Fatal Python error: Aborted
 
 Thread 0x00007f47a9bf9b80 (most recent call first):
-  File "/work/train/jax_engine.py", line 372 in _host
+  File "/work/train/engines/jax_engine.py", line 372 in _host
 """
 COORDINATOR_GONE = b"""\
 I1125 17:06:57.000000 139945767312256 loop.py:95] step 8/100000  loss 2.2994

@@ -1,4 +1,4 @@
-"""The training driver end to end (train/main.py, train/tf_engine.py, train/metrics.py).
+"""The training driver end to end (train/main.py, train/engines/tf_engine.py, train/run/metrics.py).
 
 The multi-replica, multi-worker, XLA and interruption runs are `python -m train.main`
 subprocesses (the CPU can only be split into logical devices before TensorFlow starts). They all
@@ -36,11 +36,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from train import objectives, tf_engine
-from train.metrics import MetricsWriter
-from train.preemption import RESUMABLE_EXIT_CODE
-from train.schedules import WarmupDecay
-from train.strategy import local_cluster
+from train.run import objectives
+from train.engines import tf_engine
+from train.run.metrics import MetricsWriter
+from train.engines.preemption import RESUMABLE_EXIT_CODE
+from train.run.schedules import WarmupDecay
+from train.engines.tf_strategy import local_cluster
 from train_fixtures import (FLAT_LAYOUT_CONFIG_JSON, REPO, assert_same_values,
                             checkpoint_values, error_lines, latest_checkpoint_step, main_command,
                             merged, read_metrics, tiny_config, wait_then_exit,
@@ -138,8 +139,8 @@ def _loss_steps(workdir):
         return []
 
 
-# The AugReg/DeiT options (train/augmentation.py, train/optimizers.py), on the XLA runs: their
-# shapes must stay static, and 2 replicas must train what one does.
+# The AugReg/DeiT options (train/data/augmentation.py, train/run/optimizers.py), on the XLA runs:
+# their shapes must stay static, and 2 replicas must train what one does.
 RECIPE = {"augment": "medium2", "cutmix_alpha": 1.0, "random_erasing": 0.25,
           "label_smoothing": 0.1, "layer_decay": 0.75}
 
@@ -280,6 +281,7 @@ def _assert_no_duplicate_steps(records):
 
 # 1. Two replicas compute what one does.
 
+@pytest.mark.processes
 @pytest.mark.parametrize("one,two", [("one", "two"), ("mpp", "mpp_two")])
 def test_two_replicas_match_one_replica(runs, one, two):
     one, two = runs[one], runs[two]
@@ -337,6 +339,7 @@ def _only_the_chief_wrote(cluster):
     assert writers and writers <= set(cluster.workers[0].pids), (writers, cluster.workers[0].pids)
 
 
+@pytest.mark.processes
 def test_two_workers_match_two_replicas(runs):
     """TF_CONFIG with 2 workers on localhost: the same losses and weights as --cpu_devices=2."""
     workers, two = runs["workers"], runs["two"]
@@ -358,6 +361,7 @@ def test_two_workers_match_two_replicas(runs):
     assert "Saved the trained model" not in workers.workers[1].logs[0]
 
 
+@pytest.mark.processes
 def test_worker_killed_then_all_restarted_matches_uninterrupted(runs):
     run, reference = runs["workers_kill"], runs["workers"]
     reference.check()
@@ -382,6 +386,7 @@ def test_worker_killed_then_all_restarted_matches_uninterrupted(runs):
     _only_the_chief_wrote(run)
 
 
+@pytest.mark.processes
 def test_sigterm_to_one_worker_stops_all_at_one_checkpoint(runs):
     run, reference = runs["workers_term"], runs["workers"]
     reference.check()
@@ -401,6 +406,7 @@ def test_sigterm_to_one_worker_stops_all_at_one_checkpoint(runs):
     _only_the_chief_wrote(run)
 
 
+@pytest.mark.processes
 def test_a_worker_whose_peer_never_starts_gives_up_naming_it(fake_fmnist, tmp_path):
     """Worker 0 of a two-worker TF_CONFIG whose worker 1 never starts: after --startup_timeout
     it exits 1 naming worker 1's address (progress lines meanwhile); SIGTERM ends the wait at
@@ -431,6 +437,7 @@ def test_a_worker_whose_peer_never_starts_gives_up_naming_it(fake_fmnist, tmp_pa
 
 # 2. XLA.
 
+@pytest.mark.processes
 @pytest.mark.parametrize("name", ["xla", "mpp_xla"])
 def test_jit_compile_on_one_device(runs, name):
     run = runs[name]
@@ -442,6 +449,7 @@ def test_jit_compile_on_one_device(runs, name):
     assert sorted(evaluation) == [4]
 
 
+@pytest.mark.processes
 def test_jit_compile_on_two_replicas_matches_one_device(runs):
     run, reference = runs["xla2"], runs["xla"]
     run.check()
@@ -455,6 +463,7 @@ def test_jit_compile_on_two_replicas_matches_one_device(runs):
 
 # 3. Interruptions: SIGKILL and SIGTERM, then the same command again.
 
+@pytest.mark.processes
 @pytest.mark.parametrize("name,reference", [("kill", "one"), ("mpp_kill", "mpp")])
 def test_kill_9_then_rerun_matches_an_uninterrupted_run(runs, name, reference):
     run, reference = runs[name], runs[reference]
@@ -481,6 +490,7 @@ def test_kill_9_then_rerun_matches_an_uninterrupted_run(runs, name, reference):
                        1e-6)
 
 
+@pytest.mark.processes
 def test_sigterm_saves_stops_and_resumes(runs):
     run, reference = runs["term"], runs["one"]
     reference.check()
@@ -507,6 +517,7 @@ def test_sigterm_saves_stops_and_resumes(runs):
 
 # 9. What a run leaves in its workdir.
 
+@pytest.mark.processes
 def test_metrics_jsonl_and_tensorboard(runs):
     run = runs["one"]
     run.check()
@@ -544,6 +555,7 @@ def test_metrics_jsonl_and_tensorboard(runs):
         assert sorted(tags.get(tag, [])) == [50, 100], tag
 
 
+@pytest.mark.processes
 def test_checkpoints_kept_and_export(runs):
     import keras
 
@@ -564,6 +576,7 @@ def test_checkpoints_kept_and_export(runs):
 
 # In-process pieces.
 
+@pytest.mark.processes
 def test_masked_patch_prediction_learns_and_exports_its_encoder(runs, fake_fmnist):
     import keras
 
@@ -591,7 +604,7 @@ def test_masked_patch_prediction_learns_and_exports_its_encoder(runs, fake_fmnis
     for path in (os.path.join(export, "encoder.npz"), os.path.join(export, "model.keras")):
         config = tiny_config(fake_fmnist, model=dict(classifier="gap"), pretrained=path)
         with tempfile.TemporaryDirectory() as workdir:
-            model = tf_engine.Trainer(config, workdir,
+            model = tf_engine.TFEngine(config, workdir,
                                       tf.distribute.OneDeviceStrategy("/cpu:0")).model
         np.testing.assert_array_equal(model.get_layer("encoderblock_0").get_weights()[0],
                                       encoder.get_layer("encoderblock_0").get_weights()[0])
@@ -614,7 +627,7 @@ def test_step_is_gradient_descent_on_the_clipped_mean_gradient(fake_fmnist, clip
     batch = {"image": tf.constant(rng.uniform(-1, 1, (32, 28, 28, 3)), tf.float32),
              "label": tf.constant(rng.integers(0, 10, 32), tf.int32)}
     with tempfile.TemporaryDirectory() as workdir:
-        run = tf_engine.Trainer(config, workdir, tf.distribute.OneDeviceStrategy("/cpu:0"))
+        run = tf_engine.TFEngine(config, workdir, tf.distribute.OneDeviceStrategy("/cpu:0"))
         model, variables = run.model, run.model.trainable_variables
         learning_rate = float(run.optimizer.learning_rate)
         before = [v.numpy() for v in variables]
@@ -663,7 +676,7 @@ def test_adamw_decays_only_the_matrices(fake_fmnist):
     config = tiny_config(fake_fmnist, optimizer="adamw", weight_decay=0.5, learning_rate=0.1,
                          warmup_steps=0)
     model = objectives.build_model(config, 10)
-    optimizer = tf_engine.build_optimizer(config)
+    optimizer = tf_engine.build_optimizer(config, model)
     before = [variable.numpy() for variable in model.trainable_variables]
     optimizer.apply([tf.zeros_like(v) for v in model.trainable_variables],
                     model.trainable_variables)
@@ -839,7 +852,7 @@ def test_preemption_watcher_saves_once_then_stops(use_tf_handler):
     """SIGTERM: TensorFlow's handler saves at the loop after the next (its agreed step), the
     fallback used under TPUStrategy at the next one; both save once, raise Stopped, and give
     back the previous SIGTERM handler."""
-    from train.preemption import PreemptionWatcher, Stopped
+    from train.engines.preemption import PreemptionWatcher, Stopped
 
     previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     saves = []
@@ -865,7 +878,7 @@ def test_tensorflows_preemption_handler_is_quiet_about_a_lost_worker(monkeypatch
     """What TensorFlow's preemption handler raises when a worker is lost (its watcher thread's
     UnavailableError, its __del__ unable to join that thread) is dropped: train.main reports
     the loss in one paragraph. The same errors from elsewhere still reach the hooks."""
-    from train import preemption
+    from train.engines import preemption
 
     seen = []
     monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.exc_value))

@@ -1,4 +1,4 @@
-"""tf.data input of the training driver (train/input_pipeline.py, train/fashion_mnist.py).
+"""tf.data input of the training driver (train/data/tf_pipeline.py, train/data/fashion_mnist.py).
 
 Runs in-process on a tiny fake Fashion-MNIST (tests/train_fixtures.py): preprocessing (eager and
 inside tf.data), the padded eval split, the resumable train stream, folder datasets and errors.
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from train import fashion_mnist, input_pipeline
+from train.data import fashion_mnist, tf_pipeline
 from train_fixtures import (IMAGE_MAGIC, LABEL_MAGIC, NUM_TEST, NUM_TRAIN, REPO, fake_images,
                             idx_bytes, png_bytes as _png, tiny_config, write_fake_fashion_mnist,
                             write_image_folder)
@@ -22,7 +22,7 @@ from train_fixtures import (IMAGE_MAGIC, LABEL_MAGIC, NUM_TEST, NUM_TRAIN, REPO,
 
 @pytest.fixture(scope="module")
 def builder(fake_fmnist):
-    return input_pipeline.get_builder(tiny_config(fake_fmnist))
+    return tf_pipeline.get_builder(tiny_config(fake_fmnist))
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def noise_png():
 # Preprocessing.
 
 def _train(encoded, seed, image_size=24, crop_min_area=0.05, flip=True):
-    return input_pipeline.preprocess_train(tf.constant(encoded), tf.constant(seed, tf.int64),
+    return tf_pipeline.preprocess_train(tf.constant(encoded), tf.constant(seed, tf.int64),
                                            image_size, crop_min_area, flip)
 
 
@@ -44,7 +44,7 @@ def test_preprocess_train_shape_dtype_range(noise_png):
     values = image.numpy()
     assert values.min() >= -1.0 and values.max() <= 1.0
     assert values.max() - values.min() > 1.0  # spread over the range, not squashed
-    half = input_pipeline.preprocess_train(tf.constant(noise_png), tf.constant([0, 7], tf.int64),
+    half = tf_pipeline.preprocess_train(tf.constant(noise_png), tf.constant([0, 7], tf.int64),
                                            24, 0.05, True, dtype=tf.bfloat16)
     assert half.dtype == tf.bfloat16
 
@@ -57,7 +57,7 @@ def test_preprocess_train_seeded(noise_png):
 
 
 def test_preprocess_grayscale_to_three_channels(noise_png):
-    for image in (_train(noise_png, [1, 2]), input_pipeline.preprocess_eval(noise_png, 28)):
+    for image in (_train(noise_png, [1, 2]), tf_pipeline.preprocess_eval(noise_png, 28)):
         assert image.shape[-1] == 3
         values = image.numpy()
         np.testing.assert_array_equal(values[..., 0], values[..., 1])
@@ -66,10 +66,10 @@ def test_preprocess_grayscale_to_three_channels(noise_png):
 
 def test_preprocess_eval_exact_at_native_size(noise_png):
     pixels = tf.io.decode_png(noise_png).numpy().astype(np.float32)
-    image = input_pipeline.preprocess_eval(tf.constant(noise_png), 28)
+    image = tf_pipeline.preprocess_eval(tf.constant(noise_png), 28)
     assert image.shape == (28, 28, 3) and image.dtype == tf.float32
     np.testing.assert_allclose(image.numpy()[..., 0], (pixels[..., 0] - 127.5) / 127.5, atol=1e-6)
-    resized = input_pipeline.preprocess_eval(tf.constant(noise_png), 40).numpy()
+    resized = tf_pipeline.preprocess_eval(tf.constant(noise_png), 40).numpy()
     assert resized.shape == (40, 40, 3) and resized.min() >= -1 and resized.max() <= 1
 
 
@@ -79,13 +79,13 @@ def test_preprocess_same_inside_tf_data(noise_png):
     seeds = [[5, 0], [5, 1]]
     data = tf.data.Dataset.from_tensor_slices((encoded, tf.constant(seeds, tf.int64)))
     mapped = data.map(lambda image, seed: (
-        input_pipeline.preprocess_train(image, seed, 24, 0.05, True),
-        input_pipeline.preprocess_eval(image, 24)))
+        tf_pipeline.preprocess_train(image, seed, 24, 0.05, True),
+        tf_pipeline.preprocess_eval(image, 24)))
     for (train, evaluation), image, seed in zip(mapped, encoded, seeds):
         assert train.shape == (24, 24, 3) and evaluation.shape == (24, 24, 3)
         np.testing.assert_allclose(train.numpy(), _train(image, seed).numpy(), atol=1e-6)
         np.testing.assert_allclose(evaluation.numpy(),
-                                   input_pipeline.preprocess_eval(image, 24).numpy(), atol=1e-6)
+                                   tf_pipeline.preprocess_eval(image, 24).numpy(), atol=1e-6)
     assert mapped.element_spec[0].shape == (24, 24, 3)  # static inside tf.data as well
 
 
@@ -99,7 +99,7 @@ def _image_keys(images):
 
 def test_eval_counts_every_example_once(builder, fake_fmnist):
     config = tiny_config(fake_fmnist, eval_batch_size=32)
-    dataset = input_pipeline.eval_dataset_fn(builder, config)(tf.distribute.InputContext())
+    dataset = tf_pipeline.eval_dataset_fn(builder, config)(tf.distribute.InputContext())
     assert dataset.element_spec["image"].shape == (32, 28, 28, 3)  # static batches
     batches = list(dataset.as_numpy_iterator())
     assert len(batches) == 4  # 100 examples -> 128 with padding
@@ -121,7 +121,7 @@ def test_eval_split_over_two_replicas(builder, fake_fmnist):
     config = tiny_config(fake_fmnist, eval_batch_size=32)
     context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0,
                                          num_replicas_in_sync=2)
-    dataset = input_pipeline.eval_dataset_fn(builder, config)(context)
+    dataset = tf_pipeline.eval_dataset_fn(builder, config)(context)
     batches = list(dataset.as_numpy_iterator())
     assert len(batches) == 8 and all(batch["image"].shape[0] == 16 for batch in batches)
     assert sum(batch["mask"].sum() for batch in batches) == NUM_TEST
@@ -130,14 +130,14 @@ def test_eval_split_over_two_replicas(builder, fake_fmnist):
 def test_get_datasets_one_device(fake_fmnist):
     config = tiny_config(fake_fmnist, eval_batch_size=32)
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-    data = input_pipeline.get_datasets(config, strategy)
+    data = tf_pipeline.get_datasets(config, strategy)
     assert data.eval_examples == NUM_TEST
     assert sum(float(tf.reduce_sum(batch["mask"])) for batch in data.eval) == NUM_TEST
     batch = next(iter(data.train))
     assert batch["image"].shape == (32, 28, 28, 3) and batch["label"].dtype == tf.int32
     # One CPU replica reads the datasets themselves, not autotuned: a distributed dataset's
     # per-device pipeline, and autotuning, made deleting a consumed iterator wait for up to a
-    # minute (see input_pipeline.WITHOUT_AUTOTUNING).
+    # minute (see tf_pipeline.WITHOUT_AUTOTUNING).
     for dataset in (data.train, data.eval):
         assert isinstance(dataset, tf.data.Dataset)
         assert dataset.options().autotune.enabled is False
@@ -147,7 +147,7 @@ def test_get_datasets_one_device(fake_fmnist):
 def test_train_stream_ignores_a_global_seed(fake_fmnist, global_seed):
     """A caller's tf.random.set_seed changes nothing (with 0 it used to fail to build)."""
     config = tiny_config(fake_fmnist)
-    builder = input_pipeline.get_builder(config)
+    builder = tf_pipeline.get_builder(config)
 
     def first_labels():
         (batch,), _ = _train_batches(builder, config, start_step=0, count=1)
@@ -164,7 +164,7 @@ def test_train_stream_ignores_a_global_seed(fake_fmnist, global_seed):
 def test_get_datasets_several_devices_are_distributed(fake_fmnist):
     config = tiny_config(fake_fmnist, eval_batch_size=32)
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
-    data = input_pipeline.get_datasets(config, strategy)
+    data = tf_pipeline.get_datasets(config, strategy)
     assert isinstance(data.train, tf.distribute.DistributedDataset)
     assert data.train.element_spec["image"].shape == (32, 28, 28, 3)
 
@@ -172,8 +172,9 @@ def test_get_datasets_several_devices_are_distributed(fake_fmnist):
 # Two CPU replicas need a process of their own: the CPU splits only before TensorFlow starts.
 TWO_CPU_REPLICAS_READ_A_PIPELINE_EACH = """
 import tensorflow as tf
-from train import input_pipeline, strategy
-strategy.split_cpu(2)
+from train.data import tf_pipeline
+from train.engines import tf_strategy
+tf_strategy.split_cpu(2)
 mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 contexts = []
 
@@ -182,7 +183,7 @@ def dataset_fn(context):
     return tf.data.Dataset.range(8).shard(context.num_input_pipelines,
                                           context.input_pipeline_id).batch(2)
 
-batch = next(iter(input_pipeline._distributed(mirrored, dataset_fn)))
+batch = next(iter(tf_pipeline._distributed(mirrored, dataset_fn)))
 print(sorted(contexts), [v.numpy().tolist() for v in mirrored.experimental_local_results(batch)])
 """
 
@@ -202,9 +203,9 @@ def test_split_expressions(fake_fmnist):
     """common.py documents train_split/eval_split as TFDS split expressions."""
     config = tiny_config(fake_fmnist, train_split="train[:50%]", eval_split="test[:40]",
                          eval_batch_size=32)
-    builder = input_pipeline.get_builder(config)
+    builder = tf_pipeline.get_builder(config)
     assert builder.info.splits[config.train_split].num_examples == NUM_TRAIN // 2
-    data = input_pipeline.get_datasets(config, tf.distribute.OneDeviceStrategy("/cpu:0"),
+    data = tf_pipeline.get_datasets(config, tf.distribute.OneDeviceStrategy("/cpu:0"),
                                        builder=builder)
     assert data.eval_examples == 40
     assert sum(float(tf.reduce_sum(batch["mask"])) for batch in data.eval) == 40
@@ -213,7 +214,7 @@ def test_split_expressions(fake_fmnist):
 # The resumable train stream.
 
 def _train_batches(builder, config, start_step, count, context=None):
-    dataset = input_pipeline.train_dataset_fn(builder, config, start_step=start_step)(
+    dataset = tf_pipeline.train_dataset_fn(builder, config, start_step=start_step)(
         context or tf.distribute.InputContext())
     return list(dataset.take(count).as_numpy_iterator()), dataset.element_spec
 
@@ -297,7 +298,7 @@ def test_eval_split_over_two_hosts_counts_every_example_once(builder, fake_fmnis
     config = tiny_config(fake_fmnist, eval_batch_size=32)  # 100 examples: 4 global batches
     found, lengths = collections.Counter(), []
     for context in _two_hosts():
-        batches = list(input_pipeline.eval_dataset_fn(builder, config)(
+        batches = list(tf_pipeline.eval_dataset_fn(builder, config)(
             context).as_numpy_iterator())
         lengths.append(len(batches))
         assert all(batch["image"].shape == (16, 28, 28, 3) for batch in batches)
@@ -318,10 +319,10 @@ def test_folder_dataset_pipeline(tmp_path, fake_fmnist):
     counts = write_image_folder(root, np.random.default_rng(0))
     config = tiny_config(fake_fmnist, dataset=f"folder:{root}", image_size=16, batch_size=6,
                          eval_batch_size=4)
-    builder = input_pipeline.get_builder(config)
+    builder = tf_pipeline.get_builder(config)
     assert builder.info.features["label"].num_classes == 3
     assert builder.info.splits[config.train_split].num_examples == counts["train"]
-    data = input_pipeline.get_datasets(config, tf.distribute.OneDeviceStrategy("/cpu:0"),
+    data = tf_pipeline.get_datasets(config, tf.distribute.OneDeviceStrategy("/cpu:0"),
                                        builder=builder)
     assert data.eval_examples == counts["test"]
     batch = next(iter(data.train))
@@ -333,14 +334,14 @@ def test_unknown_dataset_is_a_clear_error(tmp_path, fake_fmnist):
     config = tiny_config(fake_fmnist, dataset="no_such_dataset_xyz",
                          data_dir=str(tmp_path / "tfds"))
     with pytest.raises(ValueError, match="no_such_dataset_xyz"):
-        input_pipeline.get_builder(config)
+        tf_pipeline.get_builder(config)
 
 
 def test_missing_folder_is_a_clear_error(tmp_path, fake_fmnist):
     missing = str(tmp_path / "nowhere")
     config = tiny_config(fake_fmnist, dataset=f"folder:{missing}")
     with pytest.raises(ValueError, match="nowhere.*not a folder"):
-        input_pipeline.get_builder(config)
+        tf_pipeline.get_builder(config)
 
 
 def test_missing_fashion_mnist_says_how_to_install(tmp_path, monkeypatch, fake_fmnist):
@@ -349,7 +350,7 @@ def test_missing_fashion_mnist_says_how_to_install(tmp_path, monkeypatch, fake_f
     monkeypatch.setenv("FASHION_MNIST_DIR", str(empty))
     config = tiny_config(fake_fmnist, data_dir=str(tmp_path / "tfds"))
     with pytest.raises(FileNotFoundError) as error:
-        input_pipeline.get_builder(config)
+        tf_pipeline.get_builder(config)
     message = str(error.value)
     assert "apt-get install dataset-fashion-mnist" in message
     assert str(empty) in message and "FASHION_MNIST_DIR" in message
@@ -383,5 +384,5 @@ def test_truncated_fashion_mnist_is_a_clear_error(tmp_path, monkeypatch, fake_fm
     monkeypatch.setenv("FASHION_MNIST_DIR", source)
     config = tiny_config(fake_fmnist, data_dir=str(tmp_path / "tfds"))
     with pytest.raises(ValueError, match="truncated") as error:
-        input_pipeline.get_builder(config)
+        tf_pipeline.get_builder(config)
     assert "train-images-idx3-ubyte.gz" in str(error.value)

@@ -158,8 +158,8 @@ def fake_fashion_mnist(root):
     if importlib.util.find_spec("tensorflow") is None:  # TFDS prepares with TensorFlow; the
         return data  # Grain pipeline reads the .gz files (CI's environment without it)
     with fashion_mnist_dir(data.source):
-        from train import input_pipeline
-        input_pipeline.get_builder(tiny_config(data))  # prepares it under data.data_dir
+        from train.data import tf_pipeline
+        tf_pipeline.get_builder(tiny_config(data))  # prepares it under data.data_dir
     return data
 
 
@@ -186,7 +186,7 @@ def merged(values, overrides):
 
 def override_flags(values):
     """`--config.name=value` for each of `values`, `--config.model.name=value` for its model's."""
-    from train.config_flag import flat_fields
+    from train.run.config_flag import flat_fields
     return [f"--config.{name}={value}" for name, value in flat_fields(values).items()]
 
 

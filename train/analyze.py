@@ -17,7 +17,8 @@ import time
 
 from absl import app, flags, logging
 
-from . import cli, config_checks, config_flag
+from .console import cli
+from .run import config_checks, config_flag, model_config
 
 config_flag.define_config_flag("Config (a shipped name or file.py, [:arg]); default: the "
                                "workdir's config.json. Names the dataset, and the model and "
@@ -35,7 +36,7 @@ flags.DEFINE_integer("few_shot_test", 10000, "Eval examples the few-shot accurac
 flags.DEFINE_float("l2_reg", None, "Ridge regularisation of the few-shot linear fit; "
                    "default keras_vit.analysis.DEFAULT_L2_REG.")
 flags.DEFINE_integer("draws", 5, "Random k-shot draws averaged per k.")
-flags.declare_key_flag("verbose")  # defined in train/cli.py; listed by --help
+flags.declare_key_flag("verbose")  # defined in train/console/cli.py; listed by --help
 flags.mark_flags_as_required(["out"])
 FLAGS = flags.FLAGS
 
@@ -43,7 +44,7 @@ FLAGS = flags.FLAGS
 def load_config(workdir):
     import ml_collections
 
-    from . import run_config
+    from .run import run_config
 
     config = config_flag.loaded_config(FLAGS)
     if config is None:
@@ -64,7 +65,7 @@ def load_model(config, workdir):
 
     import keras_vit
     from keras_vit import fileio
-    from . import run_files
+    from .run import run_files
 
     if workdir:
         path = run_files.model_file(workdir)
@@ -77,7 +78,7 @@ def load_model(config, workdir):
                              "--config.pretrained=<weights name or .npz> for a checkpoint.")
     arrays = keras_vit.checkpoint.read_npz(
         keras_vit.pretrained.resolve_weights(config.pretrained, config.model.variant))
-    spec = config_checks.model_spec(config, num_classes=1, include_top=False)
+    spec = model_config.model_spec(config, num_classes=1, include_top=False)
     # The paper's few-shot metric reads the pre-logits layer of checkpoints that have one.
     if spec.representation_size is None and "pre_logits/kernel" in arrays:
         spec = spec.replace(representation_size=arrays["pre_logits/kernel"].shape[-1])
@@ -120,9 +121,9 @@ def dataset_images(builder, split, size, count):
     """The first `count` examples of `split` resized to `size`: (pixels, inputs, labels)."""
     import numpy as np
 
-    from . import input_pipeline
+    from .data import tf_pipeline
 
-    pairs = list(input_pipeline.resized_examples(builder, split, size, count).as_numpy_iterator())
+    pairs = list(tf_pipeline.resized_examples(builder, split, size, count).as_numpy_iterator())
     if not pairs:
         raise app.UsageError(f"The {split!r} split of {builder.name} has no examples.")
     resized, labels = zip(*pairs)
@@ -166,13 +167,14 @@ def main(argv):
     import tensorflow as tf
 
     from keras_vit import analysis, plotting, resnet
-    from . import input_pipeline, metrics
+    from .data import tf_pipeline
+    from .run import metrics
 
     config = load_config(FLAGS.workdir)
     model, class_names = load_model(config, FLAGS.workdir)
     layout = analysis.token_layout(model)
     size = layout.image_size
-    builder = input_pipeline.get_builder(config, for_training=False)
+    builder = tf_pipeline.get_builder(config, for_training=False)
     if class_names is None and "label" in builder.info.features:
         class_names = builder.info.features["label"].names
     out = FLAGS.out
@@ -240,9 +242,9 @@ def main(argv):
         try:
             accuracy = analysis.few_shot_accuracy(
                 model,
-                input_pipeline.labelled_batches(builder, config.train_split, size,
+                tf_pipeline.labelled_batches(builder, config.train_split, size,
                                                 FLAGS.few_shot_train),
-                input_pipeline.labelled_batches(builder, config.eval_split, size,
+                tf_pipeline.labelled_batches(builder, config.eval_split, size,
                                                 FLAGS.few_shot_test),
                 shots=shots, l2_reg=l2_reg, draws=FLAGS.draws, progress=_log_progress)
         except ValueError as error:

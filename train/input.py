@@ -19,7 +19,8 @@ import time
 
 from absl import app, flags
 
-from . import cli, config_checks, config_flag
+from .console import cli
+from .run import config_checks, config_flag
 
 config_flag.define_config_flag("Config (a shipped name or file.py, [:arg]): the dataset, its "
                                "train split, batch_size, seed and shuffle_buffer.")
@@ -27,7 +28,7 @@ flags.DEFINE_integer("num_hosts", 1, "Hosts (input pipelines) the global batch i
 flags.DEFINE_integer("host", 0, "The host to show, 0 to num_hosts - 1.")
 flags.DEFINE_integer("start_step", 0, "The global step to start at, as a resumed run does.")
 flags.DEFINE_integer("steps", 1, "Global steps to show.")
-flags.declare_key_flag("verbose")  # defined in train/cli.py
+flags.declare_key_flag("verbose")  # defined in train/console/cli.py
 FLAGS = flags.FLAGS
 
 FIELDS = ("dataset", "data_dir", "train_split", "eval_split", "batch_size", "seed",
@@ -35,7 +36,7 @@ FIELDS = ("dataset", "data_dir", "train_split", "eval_split", "batch_size", "see
 
 
 def read_counter():
-    """`(observe, counts)`: a `train.records.Split` observer that counts the records and the
+    """`(observe, counts)`: a `train.data.records.Split` observer that counts the records and the
     encoded image bytes read, and its counts (tf.Variables)."""
     import tensorflow as tf
 
@@ -55,13 +56,15 @@ def read_counter():
 def host_batches(config, num_hosts, host, start_step, steps, builder=None):
     """Yields `{"step", "ids"}` for each of `steps` global steps from `start_step`, then the
     read counts; the train stream is the driver's: through `config.input_pipeline` as the
-    engine of KERAS_BACKEND chooses it (train.grain_input.choose), Grain's
-    (train.grain_input.train_batches) or tf.data's (train.input_order.train_examples)."""
-    from . import grain_input, run_files
+    engine of KERAS_BACKEND chooses it (train.data.grain_pipeline.choose), Grain's
+    (train.data.grain_pipeline.train_batches) or tf.data's
+    (train.data.input_order.train_examples)."""
+    from .data import grain_pipeline
+    from .run import run_files
 
-    if grain_input.choose(config, run_files.current_engine()) == "grain":
-        source = grain_input.Counted(grain_input.open_split(config, "train_split"))
-        batches = (batch["id"] for batch in grain_input.train_batches(
+    if grain_pipeline.choose(config, run_files.current_engine()) == "grain":
+        source = grain_pipeline.Counted(grain_pipeline.open_split(config, "train_split"))
+        batches = (batch["id"] for batch in grain_pipeline.train_batches(
             source, config, start_step, num_hosts, host))
         counts = lambda: {"records_read": source.records_read,  # noqa: E731
                           "bytes_read": source.bytes_read}
@@ -78,9 +81,9 @@ def host_batches(config, num_hosts, host, start_step, steps, builder=None):
 
 def _tf_data_ids(config, num_hosts, host, start_step, builder):
     """(the ids of each batch, a function returning the read counts) through tf.data."""
-    from . import input_order, input_pipeline, records
+    from .data import input_order, tf_pipeline, records
 
-    builder = builder or input_pipeline.get_builder(config)
+    builder = builder or tf_pipeline.get_builder(config)
     observe, counts = read_counter()
     split = records.Split(builder, config.train_split, observe=observe)
     stream = input_order.train_examples(split, config, start_step, num_hosts, host)

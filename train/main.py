@@ -1,5 +1,5 @@
 """Trains or fine-tunes a ViT from the command line, on TensorFlow (tf.distribute) or, with
-KERAS_BACKEND=jax, on JAX (train.jax_engine); the same configs, workdir and exit codes.
+KERAS_BACKEND=jax, on JAX (train.engines.jax_engine); the same configs, workdir and exit codes.
 
     python -m train.main --config=configs/quickstart.py --workdir=/tmp/vit_quickstart
     python -m train.main --config=configs/finetune.py:model=B/16,dataset=cifar10 \
@@ -16,8 +16,10 @@ import traceback
 
 from absl import app, flags, logging
 
-from . import cli, config_checks, config_flag, startup
-from .strategy import STRATEGIES
+from .console import cli
+from .run import config_checks, config_flag
+from .engines import startup
+from .engines.tf_strategy import STRATEGIES
 
 # Missing files, syntax errors and bad file.py:arguments as one line (see config_flag).
 config_flag.define_config_flag("Experiment config: a shipped one by name (quickstart, "
@@ -34,7 +36,7 @@ flags.DEFINE_integer("process_id", 0, "JAX: this process's index, 0 to --num_pro
 flags.DEFINE_integer("startup_timeout", startup.DEFAULT_TIMEOUT,
                      "Seconds a process of a multi-worker (TF_CONFIG) or multi-process (JAX) run "
                      "waits for the others to start before it gives up, naming them.")
-flags.declare_key_flag("verbose")  # defined in train/cli.py; listed by --help
+flags.declare_key_flag("verbose")  # defined in train/console/cli.py; listed by --help
 flags.mark_flags_as_required(["config", "workdir"])
 FLAGS = flags.FLAGS
 
@@ -59,7 +61,7 @@ def main(argv):
 
 
 def _log_run(config):
-    from . import run_files
+    from .run import run_files
 
     if FLAGS.verbose:
         logging.info("Config:\n%s", config)
@@ -87,7 +89,8 @@ def _train_on_jax(config):
         except ValueError:
             raise app.UsageError(f"--coordinator_address={FLAGS.coordinator_address} must be "
                                  "HOST:PORT, process 0's address and a free port.") from None
-    from . import jax_engine, loop
+    from .engines import jax_engine
+    from .run import loop
 
     several = FLAGS.num_processes > 1
     jax_engine.initialize(FLAGS.cpu_devices, FLAGS.coordinator_address, FLAGS.num_processes,
@@ -123,7 +126,7 @@ def _train_on_tensorflow(config):
     if FLAGS.tpu and FLAGS.strategy not in ("", "tpu"):
         raise app.UsageError(f"--tpu={FLAGS.tpu} applies only to --strategy=tpu (or no "
                              f"--strategy), not --strategy={FLAGS.strategy}.")
-    from . import strategy as strategies
+    from .engines import tf_strategy as strategies
 
     if strategies.is_chief_task():  # the others write nothing into the workdir
         config_checks.check_output_folder(FLAGS.workdir, "workdir")
@@ -140,7 +143,7 @@ def _train_on_tensorflow(config):
         cli.fail(failure, failure.exit_code)
     import tensorflow as tf
 
-    from . import preemption, tf_checkpoints, tf_engine
+    from .engines import preemption, tf_checkpoints, tf_engine
 
     _log_run(config)
     try:

@@ -38,7 +38,8 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-from .. import cli, config_checks, config_flag
+from ..console import cli
+from ..run import config_checks, config_flag, model_config
 from . import ablations, child_runs
 
 DEFAULT_CONFIG = "ablation"  # the shipped configs/ablation.py, for an unknown --study
@@ -55,7 +56,7 @@ config_flag.define_config_flag("Base config of every run (a shipped name or file
                                "configs/augreg.py; layer_decay: "
                                "configs/mpp_finetune.py:labels=6000). --config.field=value "
                                "overrides a field.")
-flags.declare_key_flag("verbose")  # defined in train/cli.py; listed by --help
+flags.declare_key_flag("verbose")  # defined in train/console/cli.py; listed by --help
 flags.mark_flags_as_required(["study", "out"])
 FLAGS = flags.FLAGS
 
@@ -147,7 +148,7 @@ def plan(study_name, base, steps, seeds, builder):
     """The arms' summaries (model size and cost, steps), the runs of every arm and seed, and
     `test_runs(picked)`: for the classifier study the runs are its sweep's, and its test runs
     are at the learning rates `picked` from their results ({arm name: rate})."""
-    from .. import objectives
+    from ..run import objectives
     from keras_vit import flops
 
     study = ablations.STUDIES[study_name]
@@ -206,7 +207,7 @@ def plan(study_name, base, steps, seeds, builder):
 
 def check_resumable(run):
     """Raises UsageError when the run's workdir holds a run of other settings."""
-    from .. import run_config as saved_runs
+    from ..run import run_config as saved_runs
 
     # Stricter than train.main: a finished run counts only if it trained what this invocation
     # would, for as many steps; where the data lives and how it evaluated, saved and logged
@@ -235,7 +236,7 @@ def train(run):
 
 
 def describe_model(config):
-    spec = config_checks.model_spec(config, num_classes=1)
+    spec = model_config.model_spec(config, num_classes=1)
     return (f"`{spec.variant}` with {spec.patch_size}x{spec.patch_size} patches, width "
             f"{spec.hidden_size}, MLP {spec.mlp_dim}, {spec.num_heads} heads, "
             f"{_count(spec.num_layers, 'block')}, classifier `{spec.classifier}`, position "
@@ -283,16 +284,17 @@ def main(argv):
     # The base config at these steps (each run's warm-up is set with its steps, below).
     config_checks.check(run_config(base, {"total_steps": steps, "warmup_steps": 0}))
     from keras_vit import fileio, plotting
-    from .. import input_pipeline, metrics
-    from ..loop import RESUMABLE_EXIT_CODE
+    from ..data import tf_pipeline
+    from ..run import metrics
+    from ..run.loop import RESUMABLE_EXIT_CODE
 
     study = ablations.STUDIES[FLAGS.study]
-    builder = input_pipeline.get_builder(base)  # the dataset and its splits, checked now
+    builder = tf_pipeline.get_builder(base)  # the dataset and its splits, checked now
     arms, runs, test_runs = plan(FLAGS.study, base, steps, FLAGS.seeds, builder)
     summary = summarize(base, steps, builder, arms)
     if study.sweep_learning_rate:
         summary["sweep_splits"] = [runs[0].config.train_split, runs[0].config.eval_split]
-        input_pipeline.get_builder(runs[0].config)  # the held-out split expressions, checked
+        tf_pipeline.get_builder(runs[0].config)  # the held-out split expressions, checked
     for run in runs:
         check_resumable(run)
     json_path = os.path.join(FLAGS.out, f"{FLAGS.study}.json")

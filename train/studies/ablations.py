@@ -16,7 +16,7 @@ import statistics
 
 from keras_vit.spec import LEARNED_POSITION_EMBEDDINGS
 
-from .. import augmentation
+from ..data import augmentation
 
 
 @dataclasses.dataclass(frozen=True)

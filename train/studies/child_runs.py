@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 
-from .. import run_files
+from ..run import run_files
 
 # The training tools' package (`train` in a checkout, `keras_vit.train` when installed), and
 # where its top-level package lies (the checkout, or site-packages): the child imports this same
@@ -58,7 +58,7 @@ def train(arguments, workdir, total_steps):
 def final_accuracy(workdir, total_steps):
     """The accuracy of the run's final evaluation (at `total_steps`), or None if the run has
     not finished."""
-    from .. import metrics
+    from ..run import metrics
 
     for record in reversed(metrics.read_records(workdir)):
         if record["step"] == total_steps and "eval_accuracy" in record:
@@ -69,7 +69,7 @@ def final_accuracy(workdir, total_steps):
 def final_losses(workdir, total_steps):
     """`{"train_loss", "eval_loss"}` of the run's last training log line and its final
     evaluation (at `total_steps`); a value the run did not log is None."""
-    from .. import metrics
+    from ..run import metrics
 
     losses = {"train_loss": None, "eval_loss": None}
     for record in metrics.read_records(workdir):

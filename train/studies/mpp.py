@@ -25,7 +25,8 @@ import time
 
 from absl import app, flags
 
-from .. import cli, config_checks, config_flag, run_files
+from ..console import cli
+from ..run import config_checks, config_flag, run_files
 from . import child_runs
 
 FINETUNE_CONFIG = "mpp_finetune"  # the shipped configs/mpp_finetune.py
@@ -47,7 +48,7 @@ class Stopped(Exception):
 
 def check_flags():
     """Every flag, before TensorFlow starts; returns the pre-training run's config."""
-    from .. import run_config
+    from ..run import run_config
 
     for name in ("seeds", "few_shot_train"):
         if FLAGS[name].value < 1:
@@ -87,14 +88,15 @@ def few_shot(config, shots):
     import ml_collections
 
     from keras_vit import analysis, checkpoint
-    from .. import input_pipeline, objectives
+    from ..data import tf_pipeline
+    from ..run import objectives
 
     config = ml_collections.ConfigDict(config)
-    builder = input_pipeline.get_builder(config, for_training=False)
+    builder = tf_pipeline.get_builder(config, for_training=False)
     size = (config.image_size, config.image_size)
     test_examples = builder.info.splits[config.eval_split].num_examples
-    train = input_pipeline.labelled_batches(builder, config.train_split, size, FLAGS.few_shot_train)
-    test = input_pipeline.labelled_batches(builder, config.eval_split, size, test_examples)
+    train = tf_pipeline.labelled_batches(builder, config.train_split, size, FLAGS.few_shot_train)
+    test = tf_pipeline.labelled_batches(builder, config.eval_split, size, test_examples)
     results = {"mpp": {}, "scratch": {}}
     for arm, seeds in (("mpp", [0]), ("scratch", range(FLAGS.seeds))):
         for seed in seeds:
@@ -175,7 +177,7 @@ def report(summary):
 
 
 def _pretrain_summary(config):
-    from .. import metrics
+    from ..run import metrics
 
     records = metrics.read_records(FLAGS.pretrain_workdir)
     final = [record for record in records if record["step"] == config["total_steps"]
@@ -194,8 +196,8 @@ def main(argv):
     config, shots = check_flags()
     from keras_vit import fileio
 
-    from .. import metrics
-    from ..loop import RESUMABLE_EXIT_CODE
+    from ..run import metrics
+    from ..run.loop import RESUMABLE_EXIT_CODE
 
     signal.signal(signal.SIGTERM, _raise_stopped)
     summary = {

@@ -10,8 +10,8 @@ traceback.
 It also owns how much the tools log. By default the terminal shows our own progress lines
 (INFO from train/ and keras_vit/) and everyone's warnings and errors; the INFO lines of
 TensorFlow's C++ runtime and of Python libraries (TFDS, TensorFlow) are hidden, and so are the
-routine lines of its start-up and TFLite converter (train.native_output), and, when stderr is not
-a terminal (a log file, CI), tqdm's progress bars. `--verbose` shows them all. An explicit
+routine lines of its start-up and TFLite converter (train.console.native_output), and, when stderr
+is not a terminal (a log file, CI), tqdm's progress bars. `--verbose` shows them all. An explicit
 TF_CPP_MIN_LOG_LEVEL or TQDM_DISABLE in the environment always wins.
 """
 
@@ -83,7 +83,8 @@ def _package_folder(name):
 
 # Whose INFO lines the terminal shows by default: ours (the trainer's progress, "Saved ..."):
 # this package (`train`, or `keras_vit.train` when installed) and keras_vit.
-OUR_FOLDERS = (os.path.dirname(os.path.abspath(__file__)) + os.sep, _package_folder("keras_vit"))
+OUR_FOLDERS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+               _package_folder("keras_vit"))
 
 
 class _OursOrImportant(logging.Filter):

@@ -6,8 +6,8 @@ service detected fatal errors ..."), a C++ stack trace and Python's dump of ever
 SIGABRT. At once when process 0, which hosts the coordinator, is gone; within the heartbeat
 timeout for another process. Nothing in Python runs in between, and JAX's hook for it
 (`missed_heartbeat_callback`) cannot be set from Python (jaxlib 0.10 fails to pass the status to
-a Python function: std::bad_cast). So train.jax_engine passes the process's stderr through this
-script, a child process: it copies everything until that line, then prints instead the one
+a Python function: std::bad_cast). So train.engines.jax_engine passes the process's stderr through
+this script, a child process: it copies everything until that line, then prints instead the one
 paragraph `message` makes of what JAX said, and drops the rest (with --verbose there is no
 filter). The process still ends by SIGABRT (exit status 134); this runs as
 `python jax_stderr.py COORDINATOR NUM_PROCESSES PROCESS_ID`, standard library only, so that

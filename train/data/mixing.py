@@ -19,7 +19,7 @@ partner's label) and `mix_weight` (the share of its own label: the mean of its o
 weight over the pixels, so CutMix's label weight is the box's true area after clipping at the
 edges). The loss is
 mix_weight * CE(label) + (1 - mix_weight) * CE(mix_label), the cross-entropy of the mixed
-one-hot targets (train.objectives).
+one-hot targets (train.run.objectives).
 
 Why not Keras' `MixUp` and `CutMix` layers (Keras 3.15): their draws come from a
 `SeedGenerator` whose state advances with every call (batch k depends on the batches before

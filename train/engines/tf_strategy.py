@@ -182,7 +182,7 @@ def make_strategy(name="", tpu="", startup_timeout=startup.DEFAULT_TIMEOUT):
 
 def _multi_worker_strategy(startup_timeout):
     """MultiWorkerMirroredStrategy, once every other worker of TF_CONFIG answers (see
-    train/startup.py for why it is not TensorFlow's own wait)."""
+    train/engines/startup.py for why it is not TensorFlow's own wait)."""
     import tensorflow as tf
 
     cluster, task_type, index = cluster_task()
@@ -206,7 +206,7 @@ def _multi_worker_strategy(startup_timeout):
 
 
 def _connect_timed_out(startup_timeout):
-    from . import cli
+    from ..console import cli
 
     cli.fail(f"TensorFlow did not connect the workers of TF_CONFIG within --startup_timeout="
              f"{startup_timeout} s, although all of them answered at first: one of them has "

@@ -1,20 +1,19 @@
 """The JAX engine: how a run steps, evaluates and saves on Keras' JAX backend.
 
-The loop (train.loop) decides when; this module does it on every device of every process:
+The loop (train.run.loop) decides when; this module does it on every device of every process:
 
 - The devices form a mesh of two axes, `batch` and `model`. With `config.model_parallel` M = 1
-  it is Keras' `DataParallel`; with M > 1 Keras' `ModelParallel`, whose `LayoutMap` splits the
-  attention's q/k/v and output kernels and the MLP's kernels over the `model` axis, Megatron's
-  way (columns of the first matrix of each pair, rows of the second), so each block needs one
-  all-reduce per pair. The optimizer's moments follow the layout of their weights.
+  it is Keras' `DataParallel`; with M > 1 Keras' `ModelParallel`, whose `LayoutMap` is the
+  model's own (`keras_vit.ViTModel.get_layout_map`: each block's matrix pairs split over the
+  `model` axis, Megatron's way). The optimizer's moments follow the layout of their weights.
 - A step is one `jax.jit` function of the whole state (weights, optimizer, EMA): the loss of
   the global batch through `keras.StatelessScope` (the objective is the one the TensorFlow engine
   uses, in `keras.ops`), its gradient, clipping and the update. XLA's partitioner places the
   collectives; nothing here names a device.
 - Each process reads its own share of every global batch and hands it over with
   `jax.make_array_from_process_local_data`: through Grain without TensorFlow
-  (train.grain_input) where it can read the data, else through the TensorFlow engine's tf.data
-  pipelines (`config.input_pipeline`).
+  (train.data.grain_pipeline) where it can read the data, else through the TensorFlow engine's
+  tf.data pipelines (`config.input_pipeline`).
 - Checkpoints are orbax-checkpoint directories, `workdir/checkpoints/<step>/`: every process
   writes its shards, orbax renames a finished save into place (a kill leaves the previous one
   readable), and a restore reshards onto the current mesh, so a run saved on 4 devices resumes
@@ -33,22 +32,17 @@ import keras
 import numpy as np
 from absl import logging
 
-from . import input_plan, objectives, run_files, schedules, startup
-from .config_checks import model_spec
-from .loop import Stopped, eval_results
-from .optimizers import build_optimizer
+from keras_vit.model import ViTModel
+
+from ..data import input_plan, settings
+from ..run import config_checks, objectives, optimizers, run_files, schedules, step_math
+from ..run.model_config import model_spec
+from ..run.engine import Engine, load_pretrained
+from ..run.loop import Stopped
+from ..run.optimizers import build_optimizer
+from . import startup
 
 BATCH_AXIS, MODEL_AXIS = "batch", "model"
-# Megatron-style split of each block's two matrix pairs over the model axis: the weights the
-# paper's large variants spend their memory on. Regexes over Keras' variable paths.
-MODEL_PARALLEL_LAYOUT = {
-    r".*MultiHeadDotProductAttention_1/(query|key|value)/kernel": (None, MODEL_AXIS),
-    r".*MultiHeadDotProductAttention_1/(query|key|value)/bias": (MODEL_AXIS,),
-    r".*MultiHeadDotProductAttention_1/out/kernel": (MODEL_AXIS, None),
-    r".*MlpBlock_3/Dense_0/kernel": (None, MODEL_AXIS),
-    r".*MlpBlock_3/Dense_0/bias": (MODEL_AXIS,),
-    r".*MlpBlock_3/Dense_1/kernel": (MODEL_AXIS, None),
-}
 
 
 def initialize(cpu_devices=1, coordinator_address="", num_processes=1, process_id=0,
@@ -62,7 +56,7 @@ def initialize(cpu_devices=1, coordinator_address="", num_processes=1, process_i
     a one-paragraph message and exit (see `_connect`). Once connected, JAX's heartbeats end
     every process within `heartbeat_timeout` seconds of one that stops answering (JAX's
     default is 100); `guard_stderr` turns JAX's C++ abort then into one paragraph
-    (train/jax_stderr.py). On a TPU VM slice JAX finds the other hosts by itself (give no
+    (train/engines/jax_stderr.py). On a TPU VM slice JAX finds the other hosts by itself (give no
     address), and its own `initialization_timeout` bounds the wait."""
     if cpu_devices > 1:
         jax.config.update("jax_num_cpu_devices", cpu_devices)
@@ -91,7 +85,7 @@ def _connect(address, num_processes, process_id, startup_timeout, heartbeat_time
     connect cannot be interrupted from Python and ends a timeout with a C++ abort, so the main
     thread keeps the deadline, the progress lines and the signals. A process other than 0
     first waits for the coordinator's port to answer, to say which peer it waits for."""
-    from . import cli
+    from ..console import cli
 
     started = time.monotonic()
     check = (f"Check that all {num_processes} processes were started with "
@@ -160,14 +154,13 @@ def make_distribution(model_parallel=1, devices=None):
         return keras.distribution.DataParallel(device_mesh=mesh)
     shape = (len(devices) // model_parallel, model_parallel)
     mesh = keras.distribution.DeviceMesh(shape, [BATCH_AXIS, MODEL_AXIS], devices)
-    layout = keras.distribution.LayoutMap(mesh)
-    for pattern, axes in MODEL_PARALLEL_LAYOUT.items():
-        layout[pattern] = axes
+    layout = ViTModel.get_layout_map(mesh, model_axis=MODEL_AXIS)
     return keras.distribution.ModelParallel(layout_map=layout, batch_dim_name=BATCH_AXIS)
 
 
-class JaxEngine:
-    """The state of a run on JAX and the compiled functions that advance it."""
+class JaxEngine(Engine):
+    """The state of a run on JAX and the compiled functions that advance it (train.run.engine's
+    contract)."""
 
     def __init__(self, config, workdir, distribution=None):
         import orbax.checkpoint as ocp
@@ -176,14 +169,11 @@ class JaxEngine:
         self.distribution = distribution or make_distribution(config.model_parallel)
         mesh = self.distribution.device_mesh
         self.batch_devices = mesh.shape[0]
-        for field in ("batch_size", "eval_batch_size"):
-            if config[field] % self.batch_devices:
-                raise ValueError(f"config.{field}={config[field]} must be divisible by the "
-                                 f"{self.batch_devices} devices of the batch axis.")
+        config_checks.check(config, num_replicas=self.batch_devices)
         keras.distribution.set_distribution(self.distribution)
         keras.utils.set_random_seed(input_plan.global_seed(config))
         self.is_chief = is_chief_process()
-        self.input = _process_input(config)
+        self.input = _process_input(config_checks.section(config, settings.FIELDS))
         self.class_names = self.input.class_names
         self.num_classes = len(self.class_names)
         spec = model_spec(config, self.num_classes)
@@ -193,7 +183,8 @@ class JaxEngine:
                                  f"the model's {field} ({getattr(spec, field)}).")
         self.objective = objectives.make(config, self.num_classes)
         self.model = self.objective.build()
-        self.optimizer = build_optimizer(config)
+        self.optimizer = build_optimizer(config_checks.section(config, optimizers.FIELDS),
+                                         self.model)
         self.optimizer.build(self.model.trainable_variables)
         self.schedule = schedules.WarmupDecay(config.learning_rate, config.warmup_steps,
                                               config.total_steps, config.decay)
@@ -204,7 +195,7 @@ class JaxEngine:
             os.path.abspath(run_files.checkpoint_dir(workdir)),
             options=ocp.CheckpointManagerOptions(max_to_keep=config.keep_checkpoints,
                                                  create=True))
-        self.step = 0  # optimizer steps done: counted here, so reading it needs no device
+        self._steps_done = 0  # counted here, so reading it needs no device
         self.saved_step = self._restore_newest()
         if self.saved_step is None and config.pretrained:
             self._load_pretrained()
@@ -232,19 +223,23 @@ class JaxEngine:
             lambda array: array if isinstance(array.sharding, jax.sharding.NamedSharding)
             else jax.device_put(array, replicated), state)
 
+    @property
+    def step(self):
+        return self._steps_done
+
     def learning_rate(self):
         return float(self.schedule(self.step))
 
     # The step.
 
-    def _item_losses(self, trainable, non_trainable, batch, training):
-        """The objective's `(losses, weights, correct)` with the given weights, and the
-        non-trainable variables' new values (the dropout seed's state)."""
+    def _stateless(self, compute, trainable, non_trainable, batch):
+        """`compute(objective, model, batch)` (of train.run.step_math) with the given weights,
+        and the non-trainable variables' new values (the dropout seed's state)."""
         model = self.model
         mapping = (list(zip(model.trainable_variables, trainable))
                    + list(zip(model.non_trainable_variables, non_trainable)))
         with keras.StatelessScope(state_mapping=mapping) as scope:
-            results = self.objective.item_losses(model, batch, training=training)
+            results = compute(self.objective, model, batch)
         updated = [scope.get_current_value(variable) for variable in
                    model.non_trainable_variables]
         updated = [old if new is None else new for old, new in zip(non_trainable, updated)]
@@ -252,34 +247,30 @@ class JaxEngine:
 
     def _step(self, state, batch):
         config = self.config
-        micro_batches = _micro_batches(batch, config.accum_steps, self.batch_devices)
+        non_trainable = state["non_trainable"]
 
         def micro_loss(trainable, non_trainable, micro):
-            (losses, weights, _), non_trainable = self._item_losses(
-                trainable, non_trainable, micro, training=True)
-            return keras.ops.sum(losses * weights), (keras.ops.sum(weights), non_trainable)
+            results, non_trainable = self._stateless(
+                step_math.loss_sums, trainable, non_trainable, micro)
+            loss_sum, count = results
+            return loss_sum, (count, non_trainable)
 
         gradient = jax.value_and_grad(micro_loss, has_aux=True)
-        grads, loss_sum, count = None, 0.0, 0.0
-        non_trainable = state["non_trainable"]
-        for micro in micro_batches:  # static: unrolled, as the TensorFlow engine does
-            (loss, (weight, non_trainable)), micro_grads = gradient(
+
+        def gradients_of(micro):
+            nonlocal non_trainable  # the dropout seed's state, threaded through the batches
+            (loss_sum, (count, non_trainable)), grads = gradient(
                 state["trainable"], non_trainable, micro)
-            grads = micro_grads if grads is None else jax.tree.map(
-                lambda a, b: a + b, grads, micro_grads)
-            loss_sum, count = loss_sum + loss, count + weight
-        # The gradient of the global mean loss, its norm, and clipping in one factor.
-        grad_norm = _global_norm(grads) / count
-        scale = 1.0 / count
-        if config.grad_clip_norm:
-            scale = scale * keras.ops.minimum(1.0, config.grad_clip_norm / grad_norm)
-        grads = [g * scale for g in grads]
+            return grads, loss_sum, count
+
+        grads, loss_sum, count = step_math.accumulate(
+            _micro_batches(batch, config.accum_steps, self.batch_devices), gradients_of)
+        grads, grad_norm = step_math.clipped_mean(grads, count, config.grad_clip_norm)
         trainable, optimizer = self.optimizer.stateless_apply(state["optimizer"], grads,
                                                               state["trainable"])
-        ema = [config.ema_decay * average + (1.0 - config.ema_decay) * weight
-               for average, weight in zip(state["ema"], trainable)]
         new_state = {"trainable": trainable, "non_trainable": non_trainable,
-                     "optimizer": optimizer, "ema": ema}
+                     "optimizer": optimizer,
+                     "ema": step_math.moving_averages(state["ema"], trainable, config.ema_decay)}
         return new_state, (loss_sum / count, grad_norm)
 
     def train_steps(self, steps):
@@ -289,7 +280,7 @@ class JaxEngine:
             batch = self._global_batch(next(self._train_iterator))
             self.state, (loss, grad_norm) = self._train_step(self.state, batch)
             losses.append(loss)
-            self.step += 1
+            self._steps_done += 1
         return float(np.mean([_host(loss) for loss in losses])), _host(grad_norm)
 
     def _global_batch(self, local):
@@ -301,20 +292,16 @@ class JaxEngine:
 
     def _eval_sums(self, state, batch):
         weights_key = "ema" if self.config.ema_decay else "trainable"
-        (losses, weights, correct), _ = self._item_losses(
-            state[weights_key], state["non_trainable"], batch, training=False)
-        mask = batch["mask"]
-        weights = weights * keras.ops.reshape(mask, [-1] + [1] * (len(weights.shape) - 1))
-        correct = keras.ops.zeros_like(losses) if correct is None else correct
-        return (keras.ops.sum(correct * weights), keras.ops.sum(losses * weights),
-                keras.ops.sum(weights), keras.ops.sum(mask))
+        sums, _ = self._stateless(step_math.eval_sums, state[weights_key],
+                                  state["non_trainable"], batch)
+        return sums
 
     def evaluate(self):
         """Top-1 accuracy (None without classes) and mean loss over the whole eval split."""
         batches = (self._eval_step(self.state, self._global_batch(local))
                    for local in self.input.eval(self.objective.num_patches))
-        return eval_results(([_host(value) for value in sums] for sums in batches),
-                            self.eval_examples, self.objective.has_accuracy)
+        return step_math.eval_results(([_host(value) for value in sums] for sums in batches),
+                                      self.eval_examples, self.objective.has_accuracy)
 
     # Checkpoints.
 
@@ -341,19 +328,13 @@ class JaxEngine:
             lambda array: jax.ShapeDtypeStruct(array.shape, array.dtype,
                                                sharding=array.sharding), self.state)
         self.state = self.checkpoints.restore(step, args=ocp.args.StandardRestore(target))
-        self.step = step
+        self._steps_done = step
         logging.info("Resumed from %s at step %d.",
                      os.path.join(run_files.checkpoint_dir(self.workdir), str(step)), self.step)
         return step
 
     def _load_pretrained(self):
-        import keras_vit
-
-        path = keras_vit.pretrained.resolve_weights(self.config.pretrained,
-                                                    self.config.model.variant)
-        report = keras_vit.checkpoint.load_npz(self.objective.encoder(self.model), path)
-        logging.info("Initialised from %s (%d weights, resized: %s, new head: %s).", path,
-                     len(report["loaded"]), report["resized"], report["new_head"])
+        load_pretrained(self.objective, self.model, self.config)
         self.state = self._initial_state()
 
     def close(self):
@@ -425,14 +406,14 @@ class SigtermWatcher:
 
 def _process_input(config):
     """This process's input through `config.input_pipeline` (chosen by
-    `grain_input.choose`)."""
+    `grain_pipeline.choose`); `config` is the input's section of the run's config."""
     if config.input_pipeline == "grain":
-        from . import grain_input
+        from ..data import grain_pipeline
 
-        return grain_input.process_input(config, jax.process_count(), jax.process_index())
-    from . import input_pipeline
+        return grain_pipeline.process_input(config, jax.process_count(), jax.process_index())
+    from ..data import tf_pipeline
 
-    return input_pipeline.process_input(config, jax.process_count(), jax.process_index())
+    return tf_pipeline.process_input(config, jax.process_count(), jax.process_index())
 
 
 def _micro_batches(batch, accum_steps, batch_devices):
@@ -466,6 +447,3 @@ def _host(value):
     processes' devices, which it cannot read)."""
     return float(np.asarray(value.addressable_data(0)))
 
-
-def _global_norm(arrays):
-    return keras.ops.sqrt(sum(keras.ops.sum(keras.ops.square(a)) for a in arrays))

@@ -1,5 +1,6 @@
 """The lines TensorFlow's C++ code writes to file descriptor 2 whatever TF_CPP_MIN_LOG_LEVEL says;
-the command-line tools drop them unless --verbose (see train.cli). No side effects on import."""
+the command-line tools drop them unless --verbose (see train.console.cli). No side effects on
+import."""
 
 import contextlib
 import os
@@ -8,8 +9,8 @@ import sys
 import tempfile
 
 # While its libraries load (tensorflow/tensorflow#100442): absl's banner and C++ INFO lines; on a
-# machine without an NVIDIA driver, the error of its first device listing (train.cli lists them
-# then). On every TFLite conversion: routine warnings and "fully_quantize: ...". When a file
+# machine without an NVIDIA driver, the error of its first device listing (train.console.cli lists
+# them then). On every TFLite conversion: routine warnings and "fully_quantize: ...". When a file
 # does not decode or a SavedModel cannot be written, the op's own lines (libjpeg's "Improper
 # call to JPEG library in state 201", the failed SaveV2 op's warnings): the error that follows
 # names the file and the reason.

@@ -13,14 +13,50 @@ from keras import ops
 import keras_vit
 from keras_vit import masked_patches
 
-from .config_checks import model_spec
+from .model_config import model_spec
 
 OBJECTIVES = ("classification", "masked_patch_prediction")
+# float32 everywhere, or bfloat16 compute with float32 weights (TPU, CPUs with AMX). No float16:
+# the step has no loss scaling, so float16 gradients would underflow.
+DTYPE_POLICIES = ("float32", "mixed_bfloat16")
+
+# The objective's config fields and their rules (as train.run.config_checks reads them);
+# `check` adds what masked patch prediction needs of the model.
+RULES = {
+    "objective": ("choice", OBJECTIVES),
+    "mpp_target": ("choice", masked_patches.TARGETS),
+    "label_smoothing": ("float", (0.0, 1.0, False)),
+    "dtype_policy": ("choice", DTYPE_POLICIES),
+}
+
+
+def check(config, report, spec):
+    """Adds to `report` (train.run.config_checks) what keras_vit.MaskedPatchPredictor and the
+    corruption draw need of the model `spec` (a keras_vit.ViTConfig) and its patches."""
+    if not report.ok("objective") or config.objective != "masked_patch_prediction":
+        return
+    patch_pixels, cells = spec.total_stride, masked_patches.DOWNSCALED_CELLS
+    if spec.dynamic_image_size:
+        report.add("model.dynamic_image_size", "config.model.dynamic_image_size=True",
+                   "masked patch prediction trains at one image size (its targets are the "
+                   "patches of that grid): set it to False, and build a model of any size to "
+                   "fine-tune")
+    if (report.ok("mpp_target") and config.mpp_target == "downscaled_color"
+            and patch_pixels % cells):
+        report.add("mpp_target", f"config.mpp_target={config.mpp_target!r}",
+                   f"averages each patch over {cells}x{cells} cells, so it needs patches of a "
+                   f"multiple of {cells} pixels, not {patch_pixels} (use 'mean_color' or "
+                   "'pixels')")
+    if report.ok("mpp_random_rate") and config.mpp_random_rate > 0 and (
+            config.image_size // patch_pixels) ** 2 < 2:
+        report.add("mpp_random_rate", f"config.mpp_random_rate={config.mpp_random_rate}",
+                   "replaces a patch by another patch of the image, but the image is one "
+                   "patch: set it to 0")
 
 
 def build_model(config, num_classes, include_top=True):
     """The ViT of `config` (with its classification head, or `include_top=False`: the encoder
-    that returns the pooled representation), as `config_checks.model_spec` describes it."""
+    that returns the pooled representation), as `model_config.model_spec` describes it."""
     return keras_vit.vit(model_spec(config, num_classes, include_top), dtype=config.dtype_policy)
 
 
@@ -48,7 +84,7 @@ class Classification:
         logits = ops.cast(model(batch["image"], training=training), "float32")
         smoothing = self.config.label_smoothing if training else 0.0
         losses = cross_entropy(batch["label"], logits, self.num_classes, smoothing)
-        if training and "mix_label" in batch:  # Mixup/CutMix (train.mixing): mixed targets
+        if training and "mix_label" in batch:  # Mixup/CutMix (train.data.mixing): mixed targets
             weight = ops.cast(batch["mix_weight"], "float32")
             losses = weight * losses + (1.0 - weight) * cross_entropy(
                 batch["mix_label"], logits, self.num_classes, smoothing)
@@ -64,7 +100,7 @@ class Classification:
 class MaskedPatchPrediction:
     """Self-supervised: predict the target of every corrupted patch (keras_vit.masked_patches)
     from the batch's `image` and its `corruption` and `source`, which the input pipeline draws
-    (train.masking). The labels are not used."""
+    (train.data.masking). The labels are not used."""
 
     def __init__(self, config, num_classes):
         del num_classes  # no classes: the head predicts patch targets

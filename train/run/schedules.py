@@ -5,7 +5,7 @@ import math
 import keras
 from keras import ops
 
-DECAYS = ("cosine", "linear")
+DECAYS = ("cosine", "linear")  # after the warm-up
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")

@@ -1,12 +1,13 @@
 """The layout of a training run's workdir, the one place that names its files:
 
     <workdir>/
-        config.json              the run's config (train.run_config)
-        metrics.jsonl            logged values (train.metrics), and tensorboard/
+        config.json              the run's config (train.run.run_config)
+        metrics.jsonl            logged values (train.run.metrics), and tensorboard/
         train.log                the output of a run that a study started (train.studies.child_runs)
         checkpoints/             the training state: ckpt-<step>.* files (TensorFlow engine,
-                                 train.tf_checkpoints) or <step>/ folders (JAX engine, orbax)
-        export/                  written at the end of training (train.loop.export)
+                                 train.engines.tf_checkpoints) or <step>/ folders (JAX engine,
+                                 orbax)
+        export/                  written at the end of training (train.run.export)
             model.keras          the final model (EMA weights if enabled)
             class_names.txt      a classifier's class names, one a line, in label order
             encoder.npz          a masked-patch-prediction run's encoder (original layout)

@@ -2,39 +2,37 @@
 Grain over TFDS datasets stored as ArrayRecord (`file_format="array_record"`) and over the
 offline default's arrays, decoded with Pillow and augmented in NumPy.
 
-The stream keeps the contract of the tf.data pipeline (train.input_pipeline): global batch s is
-positions [s * B, (s + 1) * B) and each host reads only its share (train.input_plan); position p
-is record `index_shuffle(p mod n)` of a permutation drawn for epoch p // n (Grain's
+The stream keeps the contract of the tf.data pipeline (train.data.tf_pipeline): global batch s is
+positions [s * B, (s + 1) * B) and each host reads only its share (train.data.input_plan); position
+p is record `index_shuffle(p mod n)` of a permutation drawn for epoch p // n (Grain's
 `MapDataset.shuffle`, reseeded each epoch), the same for any number of hosts, and a start at any
 step reads nothing before it. The augmentation of position p is drawn from NumPy's Philox
 generator keyed by (config.seed, p). So the stream is a pure function of (seed, step), as on
 tf.data, but not the same draws as TensorFlow's: a run keeps the pipeline it started with
 (`config.input_pipeline`).
 
-Record ids: the record number in the split, as train.records numbers them for ArrayRecord
+Record ids: the record number in the split, as train.data.records numbers them for ArrayRecord
 datasets; for the offline default, the image's index in its IDX file.
 """
 
-import dataclasses
 import functools
 import io
 
 import numpy as np
 
-from . import input_plan
-from .config_checks import DEFAULT_DATASET, FOLDER_PREFIX
+from . import input_plan, sources
 
 
-def choose(config, engine, saved=None):
+def choose(config, engine, saved_choice=None):
     """The input pipeline of a run on `engine` ("jax" or "tensorflow"): `config.input_pipeline`,
-    where "auto" is the saved run's (`saved`: its config.json as a dict, None for a new run)
-    or, for a new run, "grain" where Grain can read the data for this engine, else "tf.data".
+    where "auto" is the saved run's choice (`saved_choice`, None for a new run) or, for a new
+    run, "grain" where Grain can read the data for this engine, else "tf.data".
     Raises ValueError when the pipeline asked for cannot be used, saying why and what to do."""
-    from . import cli, run_config
+    from ..console import cli
 
     asked = config.input_pipeline
-    if asked == "auto" and saved is not None:
-        asked = saved.get("input_pipeline", run_config.OLDER_RUNS["input_pipeline"])
+    if asked == "auto" and saved_choice is not None:
+        asked = saved_choice
     if asked != "tf.data":  # "grain" or a new run's "auto": can Grain read the data?
         problem = unavailable(config, engine)
         if asked == "grain" and problem:
@@ -62,101 +60,11 @@ def unavailable(config, engine):
 
     if augmentation.of(config).active:
         return ("RandAugment, Mixup, CutMix and random erasing are TensorFlow ops "
-                "(train/randaugment.py, train/mixing.py)")
+                "(train/data/randaugment.py, train/data/mixing.py)")
     if config.objective != "classification":
         return (f"config.objective={config.objective!r} draws its patch corruption with "
-                "TensorFlow ops (train.masking)")
-    if config.dataset.startswith(FOLDER_PREFIX):
-        return "a folder of images is listed and checked with TensorFlow (TFDS' ImageFolder)"
-    if config.dataset == DEFAULT_DATASET:
-        return ""
-    file_format = _file_format(config)
-    if file_format == "array_record":
-        return ""
-    if file_format is None:
-        return (f"dataset {config.dataset!r} is not prepared in "
-                f"{config.data_dir or 'TFDS data_dir'}, and TFDS prepares datasets with "
-                "TensorFlow: prepare it where TensorFlow is installed, as ArrayRecord "
-                f"(`tfds build {config.dataset} --file_format=array_record`)")
-    return (f"dataset {config.dataset!r} is stored as {file_format}, which only TensorFlow "
-            f"reads (and not at random): prepare it as ArrayRecord (`tfds build "
-            f"{config.dataset} --file_format=array_record`)")
-
-
-def _file_format(config):
-    """The file format of the prepared TFDS dataset `config.dataset`; None if not prepared."""
-    import tensorflow_datasets as tfds
-
-    try:
-        builder = tfds.builder(config.dataset, data_dir=config.data_dir)
-    except Exception:  # an unknown name: the tf.data pipeline says so, listing the choices
-        return None
-    return builder.info.file_format.value if builder.is_prepared() else None
-
-
-# ----------------------------------------------------------------------------------------------
-# Sources: record i of a split as (image: encoded bytes or uint8 array, label, i).
-
-
-class OfflineArrays:
-    """The offline default's `split` (any TFDS split expression) read from its IDX files:
-    record i of "train" is image i of train-images-idx3-ubyte.gz."""
-
-    def __init__(self, split):
-        import tensorflow_datasets as tfds
-
-        from . import fashion_mnist
-
-        self.class_names = list(fashion_mnist.CLASS_NAMES)
-        arrays = {name: fashion_mnist.read_split(name) for name in fashion_mnist.SPLITS}
-        sizes = {name: _SplitSize(len(images)) for name, (images, _) in arrays.items()}
-        parts = tfds.core.ReadInstruction.from_spec(split).to_absolute(sizes)
-        self.images = np.concatenate([arrays[part.splitname][0][part.from_:part.to]
-                                      for part in parts])[..., None]
-        self.labels = np.concatenate([arrays[part.splitname][1][part.from_:part.to]
-                                      for part in parts]).astype(np.int64)
-
-    def __len__(self):
-        return len(self.labels)
-
-    def __getitem__(self, index):
-        return self.images[index], int(self.labels[index]), index
-
-
-@dataclasses.dataclass
-class _SplitSize:  # what TFDS' ReadInstruction.to_absolute reads of a split
-    num_examples: int
-
-
-class ArrayRecords:
-    """`split` of a TFDS dataset (`builder`) prepared as ArrayRecord, through TFDS' data
-    source (no TensorFlow): the image left encoded. Pickled as its folder and split, and opened
-    again (Grain's worker processes)."""
-
-    def __init__(self, builder, split):
-        self.class_names = input_plan.class_names(builder.info.features["label"])
-        self.directory, self.split = str(builder.data_dir), split
-        self._open()
-
-    def _open(self):
-        import tensorflow_datasets as tfds
-
-        self.records = tfds.builder_from_directory(self.directory).as_data_source(
-            self.split, decoders={"image": tfds.decode.SkipDecoding()})
-
-    def __getstate__(self):
-        return {name: value for name, value in self.__dict__.items() if name != "records"}
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._open()
-
-    def __len__(self):
-        return len(self.records)
-
-    def __getitem__(self, index):
-        record = self.records[index]
-        return record["image"], int(record["label"]), index
+                "TensorFlow ops (train.data.masking)")
+    return sources.of(config).grain_problem()
 
 
 def open_split(config, field):
@@ -164,12 +72,7 @@ def open_split(config, field):
     `config.dataset`; raises ValueError when the split is missing or empty."""
     split = config[field]
     try:
-        if config.dataset == DEFAULT_DATASET:
-            source = OfflineArrays(split)
-        else:
-            import tensorflow_datasets as tfds
-
-            source = ArrayRecords(tfds.builder(config.dataset, data_dir=config.data_dir), split)
+        source = sources.of(config).grain_split(split)
     except (KeyError, ValueError, AssertionError) as error:  # TFDS' words for a bad split
         raise ValueError(f"config.{field}={split!r} of dataset {config.dataset!r}: "
                          f"{error}".rstrip(".") + ".") from error
@@ -219,7 +122,7 @@ class Counted:
 
 
 # ----------------------------------------------------------------------------------------------
-# Preprocessing: the NumPy counterparts of train.input_pipeline's preprocess_train and
+# Preprocessing: the NumPy counterparts of train.data.tf_pipeline's preprocess_train and
 # preprocess_eval (tests compare them).
 
 
@@ -312,7 +215,7 @@ def preprocess_train(images, positions, config, records=None):
 
 def preprocess_eval(images, image_size, records=None):
     """A batch of encoded images (or arrays) decoded, resized and scaled to [-1, 1]:
-    `input_pipeline.preprocess_eval`. `records` (their record numbers) name a bad image."""
+    `tf_pipeline.preprocess_eval`. `records` (their record numbers) name a bad image."""
     records = records or [None] * len(images)
     return _scaled(_resized([decode(image, record) for image, record in zip(images, records)],
                             image_size))

@@ -7,7 +7,7 @@ a path; a config file that is missing, has a syntax error or a bad `file.py:argu
 line, not a traceback; overrides in the layout before `config.model` held the model's fields
 (`--config.model=B/16`, `--config.patch_size=2`) say what to write instead. `loaded_config`
 reads the flag's value; `flat_fields` names a config's fields as `--config.<name>` does. What the
-values may be is train.config_checks'.
+values may be is train.run.config_checks'.
 """
 
 import copy
@@ -20,11 +20,11 @@ import sys
 
 from absl import app
 
-from .config_checks import MODEL_FIELDS_MOVED
+from .model_config import MODEL_FIELDS_MOVED
 
 # The shipped experiment configs, the package beside this one: `configs` in a checkout (where
 # this package is `train`), `keras_vit.configs` when installed (where it is `keras_vit.train`).
-CONFIGS_PACKAGE = ".".join([*__package__.split(".")[:-1], "configs"])
+CONFIGS_PACKAGE = ".".join([*__package__.split(".")[:-2], "configs"])
 
 
 def shipped_config(name):

@@ -1,6 +1,6 @@
 """Which stream positions and records each host reads, in plain Python: the arithmetic that the
-tf.data pipeline (train.input_order) and the TensorFlow-free Grain pipeline (train.grain_input)
-share, and what either hands the JAX engine (`ProcessInput`).
+tf.data pipeline (train.data.input_order) and the TensorFlow-free Grain pipeline
+(train.data.grain_pipeline) share, and what either hands the JAX engine (`ProcessInput`).
 
 Global batch s is positions [s * B, (s + 1) * B) of the training stream; host k of N reads
 positions [s * B + k * B / N, s * B + (k + 1) * B / N), the examples that a single pipeline
@@ -60,7 +60,7 @@ def check_host_share(split_name, size, bounds, global_batch, hosts, host):
 @dataclasses.dataclass
 class ProcessInput:
     """What the JAX engine reads in one process, from either pipeline
-    (`grain_input.process_input`, `input_pipeline.process_input`): the classes, and the
+    (`grain_pipeline.process_input`, `tf_pipeline.process_input`): the classes, and the
     process's share of every train and eval batch as NumPy dicts."""
 
     class_names: list

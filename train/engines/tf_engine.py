@@ -1,7 +1,8 @@
-"""The tf.distribute engine: model, optimizer, steps on the devices, evaluation, checkpoints.
-train.loop decides when each happens; this module does it on TensorFlow.
+"""The tf.distribute engine (`TFEngine`, train.run.engine's contract): model, optimizer, steps
+on the devices, evaluation, checkpoints. train.run.loop decides when each happens; what a step
+computes is train.run.step_math's; this module does it on TensorFlow.
 
-What is trained, and its loss, is the config's objective (train.objectives): classification, or
+What is trained, and its loss, is the config's objective (train.run.objectives): classification, or
 masked patch prediction.
 
 One host call runs `steps_per_loop` steps inside a `tf.function` (the TPU idiom). Each step
@@ -24,25 +25,25 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-import keras_vit
-
-from . import (config_checks, input_pipeline, input_plan, loop, objectives, run_files,
-               tf_checkpoints)
-from .optimizers import build_optimizer
+from ..data import input_plan, settings, tf_pipeline
+from ..run import config_checks, objectives, optimizers, run_files, step_math
+from ..run.engine import Engine, load_pretrained
+from ..run.optimizers import build_optimizer
+from . import tf_checkpoints
 from .preemption import PreemptionWatcher
-from .strategy import is_chief, is_tpu
+from .tf_strategy import is_chief, is_tpu
 
 
 def check_config(config, num_replicas):
     """Rejects values that would fail later (or train nonsense), naming each bad field, its
-    value and the valid range: every field of configs/common.py (train.config_checks), and that
+    value and the valid range: every field of configs/common.py (train.run.config_checks), and that
     the batches split evenly over `num_replicas`."""
     config_checks.check(config, num_replicas)
 
 
-class Trainer:
-    """Holds the training state and the compiled step functions: train.loop's engine on
-    tf.distribute."""
+class TFEngine(Engine):
+    """The training state on a tf.distribute strategy and the compiled functions that advance
+    it."""
 
     def __init__(self, config, workdir, strategy):
         check_config(config, strategy.num_replicas_in_sync)
@@ -50,13 +51,15 @@ class Trainer:
         keras.utils.set_random_seed(input_plan.global_seed(config))
         self.input_dtype = (tf.bfloat16 if is_tpu(strategy) and "bfloat16" in config.dtype_policy
                             else tf.float32)
-        self.builder = builder = input_pipeline.get_builder(config)
+        inputs = config_checks.section(config, settings.FIELDS)  # what the input reads
+        self.builder = builder = tf_pipeline.get_builder(inputs)
         self.class_names = input_plan.class_names(builder.info.features["label"])
         self.num_classes = len(self.class_names)
         self.objective = objectives.make(config, self.num_classes)
         with strategy.scope():
             self.model = self.objective.build()
-            self.optimizer = build_optimizer(config)
+            self.optimizer = build_optimizer(
+                config_checks.section(config, optimizers.FIELDS), self.model)
             self.optimizer.build(self.model.trainable_variables)
             self.ema = [tf.Variable(v, trainable=False, name="ema",
                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
@@ -71,16 +74,12 @@ class Trainer:
             logging.info("Resumed from %s at step %d.",
                          os.path.join(self.checkpoint_dir, f"ckpt-{restored}"), self.step)
         elif config.pretrained:
-            path = keras_vit.pretrained.resolve_weights(config.pretrained,
-                                                       config.model.variant)
-            report = keras_vit.checkpoint.load_npz(self.objective.encoder(self.model), path)
-            logging.info("Initialised from %s (%d weights, resized: %s, new head: %s).", path,
-                         len(report["loaded"]), report["resized"], report["new_head"])
+            load_pretrained(self.objective, self.model, config)
         self._check_workers_agree(restored)
         self.saved_step = restored
         self.manager = tf.train.CheckpointManager(self.checkpoint, self.checkpoint_dir,
                                                   max_to_keep=config.keep_checkpoints)
-        self.data = input_pipeline.get_datasets(config, strategy, start_step=self.step,
+        self.data = tf_pipeline.get_datasets(inputs, strategy, start_step=self.step,
                                                 dtype=self.input_dtype, builder=builder,
                                                 num_patches=self.objective.num_patches)
         self.eval_examples = self.data.eval_examples
@@ -115,20 +114,15 @@ class Trainer:
         variables = model.trainable_variables
         # From the config, not the batch: multi-worker datasets have no static batch size.
         micro = config.batch_size // self.strategy.num_replicas_in_sync // config.accum_steps
-        grads = None
-        loss_sum = count = tf.constant(0.0)
-        for index in range(config.accum_steps):  # static: unrolled micro-batches
-            part = slice(index * micro, (index + 1) * micro)
+
+        def gradients_of(part):
             with tf.GradientTape() as tape:
-                losses, weights, _ = self.objective.item_losses(
-                    model, {name: value[part] for name, value in batch.items()}, training=True)
-                micro_loss = tf.reduce_sum(losses * weights)
-            micro_grads = tape.gradient(micro_loss, variables)
-            grads = micro_grads if grads is None else [
-                g + d for g, d in zip(grads, micro_grads)]
-            loss_sum += micro_loss
-            count += tf.reduce_sum(weights)
-        return grads, loss_sum, count
+                loss_sum, count = step_math.loss_sums(
+                    self.objective, model, {name: value[part] for name, value in batch.items()})
+            return tape.gradient(loss_sum, variables), loss_sum, count
+
+        return step_math.accumulate([slice(index * micro, (index + 1) * micro)
+                                     for index in range(config.accum_steps)], gradients_of)
 
     def _replica_train_step(self, batch, gradients):
         """One optimizer step on this replica's `batch`; `gradients` is `_replica_gradients`,
@@ -140,17 +134,14 @@ class Trainer:
         context = tf.distribute.get_replica_context()
         *grads, loss_sum, count = context.all_reduce(tf.distribute.ReduceOp.SUM,
                                                      grads + [loss_sum, count])
-        # The mean, the clipping and each replica's share in one factor: one pass over the
-        # gradients instead of three (each pass reads and writes every weight's gradient).
-        grad_norm = tf.linalg.global_norm(grads) / count  # of the mean gradient
-        # Keras' optimizer sums gradients over replicas again; give it each replica's share of
-        # the already reduced (and clipped) gradient so that sum is the gradient itself.
-        scale = 1.0 / (count * self.strategy.num_replicas_in_sync)
-        if config.grad_clip_norm:  # as tf.clip_by_global_norm: shrink only when above
-            scale *= tf.minimum(1.0, config.grad_clip_norm / grad_norm)
-        self.optimizer.apply([g * scale for g in grads], variables)
-        for average, variable in zip(self.ema, variables):
-            average.assign(config.ema_decay * average + (1.0 - config.ema_decay) * variable)
+        # Keras' optimizer sums gradients over replicas again: it gets each replica's share of
+        # the already reduced (and clipped) gradient, so that sum is the gradient itself.
+        grads, grad_norm = step_math.clipped_mean(grads, count, config.grad_clip_norm,
+                                                  shares=self.strategy.num_replicas_in_sync)
+        self.optimizer.apply(grads, variables)
+        averages = step_math.moving_averages(self.ema, variables, config.ema_decay)
+        for average, new in zip(self.ema, averages):
+            average.assign(new)
         return loss_sum / count, grad_norm
 
     def _make_train_loop(self):
@@ -180,17 +171,10 @@ class Trainer:
     def _make_eval_step(self):
         strategy, model, objective = self.strategy, self.model, self.objective
 
-        def replica_eval(batch):
-            losses, weights, correct = objective.item_losses(model, batch, training=False)
-            mask = batch["mask"]  # 0 for padding examples
-            weights = weights * tf.reshape(mask, [-1] + [1] * (len(weights.shape) - 1))
-            correct = tf.zeros_like(losses) if correct is None else correct
-            return (tf.reduce_sum(correct * weights), tf.reduce_sum(losses * weights),
-                    tf.reduce_sum(weights), tf.reduce_sum(mask))
-
         @tf.function
         def eval_step(batch):
-            results = strategy.run(replica_eval, args=(batch,))
+            results = strategy.run(lambda batch: step_math.eval_sums(objective, model, batch),
+                                   args=(batch,))
             return [strategy.reduce(tf.distribute.ReduceOp.SUM, r, axis=None) for r in results]
 
         return eval_step
@@ -228,7 +212,7 @@ class Trainer:
         if self.ema:
             self.swap_ema()
         try:
-            return loop.eval_results((self.eval_step(batch) for batch in self.data.eval),
+            return step_math.eval_results((self.eval_step(batch) for batch in self.data.eval),
                                      self.eval_examples, self.objective.has_accuracy)
         finally:
             if self.ema:
@@ -258,9 +242,11 @@ def train_and_evaluate(config, workdir, strategy):
     """Trains (or resumes) per `config` in `workdir` and exports at the end if asked.
 
     Raises `run_config.ConfigMismatchError` before anything is written when `workdir` holds a
-    run with another config, and `train.preemption.Stopped` when stopped by SIGTERM.
+    run with another config, and `train.engines.preemption.Stopped` when stopped by SIGTERM.
     """
-    metrics = loop.train_and_evaluate(lambda: Trainer(config, workdir, strategy), config,
+    from ..run import loop
+
+    metrics = loop.train_and_evaluate(lambda: TFEngine(config, workdir, strategy), config,
                                       workdir)
     _wait_for_every_worker(strategy)
     return metrics

@@ -22,9 +22,9 @@ import traceback
 import tensorflow as tf
 from absl import logging
 
-from .strategy import is_tpu
+from .tf_strategy import is_tpu
 
-from .loop import RESUMABLE_EXIT_CODE, Stopped  # noqa: F401  (train.main reads them here)
+from ..run.loop import RESUMABLE_EXIT_CODE, Stopped  # noqa: F401  (train.main reads them here)
 
 
 class PreemptionWatcher:

@@ -14,14 +14,14 @@ erasing 0.25). A DeiT-style run:
     --config.mixup_alpha=0.8 --config.cutmix_alpha=1.0 --config.random_erasing=0.25 \
     --config.label_smoothing=0.1 --config.model.drop_path_rate=0.1
 
-No TensorFlow here: train.config_checks reads this before anything loads it. The ops are in
-train/randaugment.py (per image) and train/mixing.py (per pair of images).
+No TensorFlow here: train.run.config_checks reads this before anything loads it. The ops are in
+train/data/randaugment.py (per image) and train/data/mixing.py (per pair of images).
 """
 
 import dataclasses
 
 # AugReg's levels: (RandAugment layers, RandAugment magnitude, Mixup alpha). light1 is
-# RandAugment at magnitude 0, which still changes images (see train/randaugment.py).
+# RandAugment at magnitude 0, which still changes images (see train/data/randaugment.py).
 PRESETS = {
     "none": (0, 0.0, 0.0),
     "light1": (2, 0.0, 0.0),
@@ -32,9 +32,18 @@ PRESETS = {
     "strong2": (2, 20.0, 0.8),
 }
 
-# The config fields of this module.
-FIELDS = ("augment", "randaugment_layers", "randaugment_magnitude", "mixup_alpha",
-          "cutmix_alpha", "cutmix_switch_prob", "random_erasing")
+# The config fields of this module and their rules (as train.run.config_checks reads them);
+# `problems` checks them together.
+RULES = {
+    "augment": ("choice", tuple(PRESETS)),
+    "randaugment_layers": ("optional_int", (0, 8)),
+    "randaugment_magnitude": ("optional_float", (0.0, 30.0, True)),
+    "mixup_alpha": ("optional_float", (0.0, None, False)),
+    "cutmix_alpha": ("float", (0.0, None, False)),
+    "cutmix_switch_prob": ("float", (0.0, 1.0, True)),
+    "random_erasing": ("float", (0.0, 1.0, True)),
+}
+FIELDS = tuple(RULES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +93,8 @@ def of(config):
 
 
 def problems(config, per_replica_batch):
-    """What is wrong with the augmentation of `config` beyond each field's own range
-    (train.config_checks.RULES), as `(fields, values, what is valid)` triples."""
+    """What is wrong with the augmentation of `config` beyond each field's own range (`RULES`),
+    as `(fields, values, what is valid)` triples."""
     found = []
     augmentation = of(config)
     given = tuple(name for name in FIELDS if name in config)

@@ -17,7 +17,7 @@ Why not the engines' own deadlines:
   `TF_CONFIG` port before TensorFlow starts, while Python still handles the signals.
 - JAX: `jax.distributed.initialize(initialization_timeout=...)` ends the wait with a C++ abort
   (a stack dump, not a message) and cannot be interrupted from Python while it connects. So
-  train.jax_engine runs it in a thread, with JAX's own timeout as a backstop set later than
+  train.engines.jax_engine runs it in a thread, with JAX's own timeout as a backstop set later than
   ours, and waits for that thread here.
 """
 
@@ -37,7 +37,7 @@ CTRL_C_EXIT_CODE = 130  # 128 + SIGINT, as shells report a command ended by Ctrl
 
 class StartupFailed(Exception):
     """The peers did not all answer in time, or a signal ended the wait: `exit_code` is 1 for
-    a timeout, train.loop.RESUMABLE_EXIT_CODE (75) for SIGTERM (nothing was lost; the same
+    a timeout, train.run.loop.RESUMABLE_EXIT_CODE (75) for SIGTERM (nothing was lost; the same
     command starts the run again), CTRL_C_EXIT_CODE for Ctrl-C."""
 
     def __init__(self, message, exit_code=1):
@@ -91,8 +91,8 @@ def wait_for(missing, timeout, what_to_check, verb="answer", started=None):
                 waiting = missing()
     if received and received[0] == signal.SIGTERM:
         # Imported here: train.main imports this module before the flags are parsed, and
-        # train.loop imports keras_vit, hence Keras and its backend.
-        from .loop import RESUMABLE_EXIT_CODE
+        # train.run.loop imports keras_vit, hence Keras and its backend.
+        from ..run.loop import RESUMABLE_EXIT_CODE
 
         raise StartupFailed(f"Stopped by SIGTERM while waiting for {_names(waiting)}, before "
                             "training began; nothing was written. Run the same command to "

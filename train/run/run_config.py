@@ -16,7 +16,7 @@ from keras_vit import fileio
 from keras_vit.spec import upgrade_fields
 
 from . import run_files
-from .config_checks import model_spec
+from .model_config import model_spec
 from .config_flag import flat_fields, shipped_config
 
 # What a rerun may change: how long to run and how to evaluate, save and export, where the same
@@ -58,16 +58,16 @@ def migrate(saved):
 
 
 def saved(workdir, fix="restore it, or use a new --workdir"):
-    """The saved config as a dict in today's layout (`migrate`), or None when the workdir has
-    none. A file that is not valid JSON is a ValueError naming it, with `fix`, what the
-    caller's user can do."""
+    """The saved config as a dict in today's layout (`migrate`, and `OLDER_RUNS` for the fields
+    it lacks), or None when the workdir has none. A file that is not valid JSON is a ValueError
+    naming it, with `fix`, what the caller's user can do."""
     path = run_files.config_file(workdir)
     if not fileio.exists(path):
         return None
     with fileio.open_file(path, "r") as handle:
         text = handle.read()
     try:
-        return migrate(json.loads(text))
+        return {**OLDER_RUNS, **migrate(json.loads(text))}
     except json.JSONDecodeError as error:
         raise ValueError(f"{path} is not valid JSON ({error}); it describes the run "
                          f"in this workdir: {fix}.") from error

@@ -1,41 +1,35 @@
 """What a training run decides, written once for both engines: when to step, log, evaluate,
 save, stop and export, and how a rerun resumes.
 
-An engine (`train.tf_engine.Trainer` on tf.distribute, `train.jax_engine.JaxEngine` on Keras'
-JAX backend) does it on the devices. It offers:
-
-    step, is_chief, eval_examples, objective, class_names, builder, config, workdir
-    train_steps(steps) -> (mean loss, gradient norm)   # `steps` optimizer steps
-    learning_rate() -> float                          # at the current step
-    evaluate() -> (accuracy or None, mean loss)       # the whole eval split, once
-    save()                                            # a checkpoint at the current step
-    preemption_watcher(save) -> .check(), .close()    # SIGTERM: save together, then stop
-    exported_weights() -> context manager             # the model holds the weights to export
-    close()                                           # releases input workers, saving threads
-
-Every process runs the same loop, so all take the same decisions at the same steps (the
-engines' collectives require it); only the chief writes the shared files.
+An engine (train.run.engine.Engine: `TFEngine` on tf.distribute, `JaxEngine` on Keras' JAX
+backend, in train/engines/) does it on the devices. Every process runs the same loop, so all
+take the same decisions at the same steps (the engines' collectives require it); only the chief
+writes the shared files.
 """
 
 import math
-import os
-import tempfile
 import time
 
 from absl import logging
 
 from keras_vit import fileio
 
-from . import run_config, run_files
+from . import export, run_config, run_files
 from .metrics import MetricsWriter
+
+# The loop's config fields and their rules (as train.run.config_checks reads them).
+RULES = {
+    "seed": ("int", (0, 2**31 - 1)),  # the model's initialisation, the data order, augmentation
+    "total_steps": ("int", (1, None)),
+    "steps_per_loop": ("int", (1, None)),
+    "eval_every_steps": ("int", (1, None)),
+    "checkpoint_every_steps": ("int", (1, None)),
+    "export": ("bool", None),
+}
 
 # EX_TEMPFAIL of sysexits.h: "temporary failure, retry". Distinct from success (0) and from
 # failures (1, or a signal): the run saved a checkpoint and stopped; the same command resumes.
 RESUMABLE_EXIT_CODE = 75
-
-
-# The TFLite files a run exports besides its SavedModel.
-TFLITE_KINDS = ("float32", "int8")
 
 
 class Stopped(Exception):
@@ -47,21 +41,23 @@ def train_and_evaluate(engine_factory, config, workdir):
     makes, and exports at the end if asked; returns the final eval metrics.
 
     Raises `run_config.ConfigMismatchError` before anything is written when `workdir` holds a
-    run with another config, and `train.preemption.Stopped` when stopped by SIGTERM.
+    run with another config, and `train.engines.preemption.Stopped` when stopped by SIGTERM.
     """
-    from . import grain_input
+    from ..data import grain_pipeline
 
     engine_name = run_files.current_engine()
     run_files.refuse_other_engine(workdir, engine_name)
-    config.input_pipeline = grain_input.choose(config, engine_name, run_config.saved(workdir))
+    saved = run_config.saved(workdir)
+    config.input_pipeline = grain_pipeline.choose(config, engine_name,
+                                                  saved and saved["input_pipeline"])
     run_config.check_resume(config, workdir)
     engine = engine_factory()
     if engine.is_chief:
         fileio.makedirs(workdir)
         run_config.write(config, workdir)  # now known to be valid; read back by train.export
     metrics = train(engine)
-    if config.export:
-        export(engine)  # every process: an engine may need them all to gather the weights
+    if config.export:  # every process: an engine may need them all to gather the weights
+        export.export_trained(engine)
     engine.close()
     return metrics
 
@@ -117,18 +113,6 @@ def train(engine):
         watcher.close()
 
 
-def eval_results(batch_sums, expected_examples, has_accuracy):
-    """`(accuracy or None, mean loss)` from each eval batch's summed `(correct, loss, weight,
-    examples)`, after checking that every eval example was counted once."""
-    correct = loss = count = examples = 0.0
-    for sums in batch_sums:
-        correct, loss, count, examples = (total + float(value) for total, value in zip(
-            (correct, loss, count, examples), sums))
-    if int(examples) != expected_examples:
-        raise RuntimeError(f"Evaluated {int(examples)} examples, expected {expected_examples}.")
-    return (correct / count if has_accuracy else None), loss / count
-
-
 def evaluate_and_log(engine, writer, final=False):
     config = engine.config
     accuracy, eval_loss = engine.evaluate()
@@ -143,53 +127,6 @@ def evaluate_and_log(engine, writer, final=False):
                  engine.eval_examples, what)
     writer.write(engine.step, **results)
     return results
-
-
-def export(engine):
-    """Writes the final model (EMA weights if enabled) into the run's export directory
-    (train.run_files). Every process calls it; only the chief writes.
-
-    A classifier: the `.keras` model and class names, a TF Serving SavedModel, and float32
-    and int8 TFLite files. A masked-patch-prediction run: its encoder without any head, as
-    `model.keras` (returning the pooled representation) and `encoder.npz` (the original
-    checkpoint layout), both ready for `--config.pretrained` of a fine-tuning run.
-    """
-    import keras
-
-    import keras_vit
-
-    from . import export as export_run  # `export` is this function
-
-    workdir, directory = engine.workdir, run_files.export_dir(engine.workdir)
-    path = run_files.model_file(workdir)
-    with engine.exported_weights() as trained:
-        model = engine.objective.encoder(trained)
-        if not engine.is_chief:  # only the chief writes into the workdir
-            return path
-        fileio.makedirs(directory)
-        export_run.remove_partial_files(workdir)  # left by an export that was killed
-        # Keras writes a .keras file only to a path of that name, so not straight to a
-        # temporary name beside `path`: into a local directory first, then copied over.
-        with tempfile.TemporaryDirectory(prefix="keras_vit_export_") as local:
-            model.save(os.path.join(local, "model.keras"))
-            with open(os.path.join(local, "model.keras"), "rb") as handle:
-                fileio.write_atomically(path, handle.read())
-        if model is not trained:  # a pre-trained encoder: nothing to serve yet
-            keras_vit.checkpoint.save_npz(model, run_files.encoder_file(workdir))
-        else:
-            run_files.write_class_names(workdir, engine.class_names)
-            if keras.config.backend() == "tensorflow":
-                representative = export_run.calibration_images(
-                    engine.builder, engine.config.train_split, engine.config.image_size, 200)
-                export_run.export_model(model, workdir, engine.class_names, TFLITE_KINDS,
-                                        representative)
-    if model is trained and keras.config.backend() != "tensorflow":
-        # The serving signatures decode images with TensorFlow ops: a TensorFlow process
-        # exports the model.keras just written, as `python -m train.export` does.
-        export_run.export_in_tensorflow(workdir, TFLITE_KINDS)
-    logging.info("Saved the trained %s to %s.",
-                 "model" if model is trained else "encoder", directory)
-    return path
 
 
 def _duration(seconds):

@@ -3,14 +3,14 @@ the offline Fashion-MNIST default.
 
 Train: pick records (still encoded) -> decode -> inception crop -> flip -> resize [->
 RandAugment] -> [-1, 1] [-> random erasing] -> batch [-> Mixup/CutMix of neighbouring pairs]
-(the bracketed steps where the config asks: train/augmentation.py), in a stream that is a pure
+(the bracketed steps where the config asks: train/data/augmentation.py), in a stream that is a pure
 function of (seed, step): augmentation uses stateless random ops keyed by the example's position
 in the stream (a pair's by the pair's), so a resumed run sees exactly the batches an
 uninterrupted one would. Eval: decode -> resize -> [-1, 1], padded with masked examples so every
 example is counted exactly once with static batch shapes.
 
 Several input pipelines (one per host of a multi-worker run or a TPU pod, one per replica on
-several CPU devices): each reads only its own examples (train.records says how each storage
+several CPU devices): each reads only its own examples (train.data.records says how each storage
 format is read). Random-access storage (ArrayRecord, the offline default, image folders) keeps
 one global order, so 1 device, 2 replicas and 2 workers train on the same examples at every
 step; TFRecord datasets are read as one consecutive part per pipeline. Sharding is by record,
@@ -19,14 +19,11 @@ not by file, so datasets with fewer files than hosts work.
 
 import dataclasses
 import functools
-import re
 
 import tensorflow as tf
-import tensorflow_datasets as tfds
 
 from keras_vit.preprocessing import decode_and_resize, decode_image, resize, scale_pixels
-from . import input_order, input_plan, records
-from .config_checks import DEFAULT_DATASET, FOLDER_PREFIX
+from . import input_order, input_plan, records, sources
 
 
 # tf.data's autotuning thread sleeps up to a minute between rounds, and deleting an iterator
@@ -48,76 +45,16 @@ class Datasets:
 
 
 def get_builder(config, for_training=True):
-    """The TFDS builder (or ImageFolder) named by `config.dataset`, prepared if needed.
+    """The TFDS builder (or ImageFolder) of `config.dataset` (train.data.sources), prepared if
+    needed.
 
     Raises ValueError, before any model is built, when the dataset or its splits (train and
     eval) are missing or empty, when a folder dataset holds an unreadable image (named by
     path), or, `for_training`, when the train split is smaller than one batch.
     """
-    name = config.dataset
-    if name.startswith(FOLDER_PREFIX):
-        builder = _folder_builder(name[len(FOLDER_PREFIX):], config)
-    else:
-        if name == DEFAULT_DATASET:
-            from . import fashion_mnist  # noqa: F401  (registers the builder)
-        try:
-            builder = tfds.builder(name, data_dir=config.data_dir)
-        except tfds.core.registered.DatasetNotFoundError as error:
-            raise ValueError(
-                f"Unknown dataset {name!r}: use a TFDS name (e.g. cifar10, imagenet2012), "
-                f"'{FOLDER_PREFIX}/path/to/root' for a folder of images, or "
-                f"'{DEFAULT_DATASET}' (offline Fashion-MNIST).") from error
-        # The offline default is written as ArrayRecord, for random access (train.records);
-        # a dataset already prepared keeps the format it has.
-        builder.download_and_prepare(
-            file_format="array_record" if name == DEFAULT_DATASET else None)
+    builder = sources.of(config).builder()
     check_splits(builder, config, for_training)
     return builder
-
-
-def _folder_builder(root, config):
-    if not tf.io.gfile.isdir(root):
-        raise ValueError(f"dataset={config.dataset!r}: {root!r} is not a folder. A folder "
-                         "dataset is root/<split>/<class>/<image files>.")
-    builder = tfds.folder_dataset.ImageFolder(root)
-    if not builder.info.splits:
-        raise ValueError(f"dataset={config.dataset!r}: {root} holds no images. A folder "
-                         "dataset is root/<split>/<class>/<image files> (.jpg, .jpeg, .png), "
-                         f"e.g. {root}/{config.train_split}/cat/1.jpg.")
-    check_image_files(sorted(example.image_path for examples in
-                             getattr(builder, "_split_examples", {}).values()
-                             for example in examples))
-    return builder
-
-
-def check_image_files(paths, threads=8):
-    """Decodes every file once; raises ValueError naming the files that are not readable
-    images (so that training does not stop on them hours later)."""
-    import concurrent.futures
-    import time
-
-    from absl import logging
-
-    from . import native_output
-
-    def problem(path):
-        try:
-            decode_image(tf.io.read_file(path))
-        except (tf.errors.OpError, ValueError) as error:
-            message = getattr(error, "message", str(error)).splitlines()[0]
-            message = re.sub(r"\{\{.*?\}\}|\[Op:.*$", "", message).strip()
-            return f"{path} ({message})"
-        return None
-
-    start = time.time()
-    # libjpeg's own lines ("Improper call to JPEG library") dropped: the error names each file.
-    with native_output.dropped(), concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        bad = [found for found in pool.map(problem, paths) if found]
-    logging.info("Checked %d image files in %.1f s.", len(paths), time.time() - start)
-    if bad:
-        shown = "; ".join(bad[:3]) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")
-        raise ValueError(f"{len(bad)} of {len(paths)} image files cannot be decoded: {shown}. "
-                         "Remove or replace them (PNG or JPEG).")
 
 
 def check_splits(builder, config, for_training=True):
@@ -172,7 +109,7 @@ AUGMENT_SEED_SALT = 0x524155
 def preprocess_train(encoded, seed, image_size, crop_min_area, flip, dtype=tf.float32,
                      augmentation=None):
     """Inception crop (area in [crop_min_area, 1], aspect 3/4 to 4/3) + flip + resize, then
-    the `augmentation` (train.augmentation.Augmentation) of one image: RandAugment, and random
+    the `augmentation` (train.data.augmentation.Augmentation) of one image: RandAugment, and random
     erasing after the scaling to [-1, 1] (Mixup and CutMix mix batches: `mix_pairs`).
 
     `seed` is a shape-[2] int tensor; the same seed gives the same augmentation.
@@ -215,7 +152,7 @@ CORRUPTION_SEED_SALT = 0x4D5050
 
 def with_corruption(example, seed, config, num_patches):
     """Adds the masked-patch-prediction inputs `corruption` and `source` to `example` (see
-    train.masking), drawn from `seed`; unchanged when `num_patches` is None."""
+    train.data.masking), drawn from `seed`; unchanged when `num_patches` is None."""
     if num_patches is None:
         return example
     from . import masking
@@ -247,7 +184,7 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patche
     from . import augmentation, mixing
 
     split = records.Split(builder, config.train_split)
-    chosen = augmentation.of(config)  # train.augmentation.Augmentation
+    chosen = augmentation.of(config)  # train.data.augmentation.Augmentation
 
     def dataset_fn(input_context):
         hosts, host = input_context.num_input_pipelines, input_context.input_pipeline_id

@@ -1,0 +1,122 @@
+"""What the loop (train.run.loop) asks of an engine: the contract the TensorFlow engine
+(train.engines.tf_engine, tf.distribute) and the JAX engine (train.engines.jax_engine, Keras'
+JAX backend) each fulfil. What a step computes is train.run.step_math's; an engine places it on its
+devices, compiles it, feeds it and saves what it holds.
+
+Every process of a run runs the same loop, so all take the same decisions at the same steps
+(the engines' collectives require it); only the chief writes the shared files.
+"""
+
+import abc
+import os
+
+from absl import logging
+
+# The config fields of how an engine runs the steps, and their rules (as train.run.config_checks
+# reads them); `check` adds what the devices and the checkpoint need of them.
+RULES = {
+    "pretrained": ("any_str", None),  # "", a published name, a URL or a file: `check`
+    "accum_steps": ("int", (1, None)),
+    "grad_clip_norm": ("float", (0.0, None, False)),
+    "ema_decay": ("float", (0.0, 1.0, False)),
+    "jit_compile": ("bool", None),
+    "model_parallel": ("int", (1, None)),
+    "keep_checkpoints": ("int", (1, None)),
+}
+
+
+def check(config, report, num_replicas=None):
+    """Adds to `report` (train.run.config_checks) what is wrong with the batches on
+    `num_replicas` replicas (None: not known yet) and with `config.pretrained`."""
+    for field in ("batch_size", "eval_batch_size"):
+        if report.ok(field) and num_replicas and config[field] % num_replicas:
+            report.add(field, f"config.{field}={config[field]}",
+                       f"must be divisible by the {num_replicas} replicas (each gets an equal "
+                       "share)")
+    if report.ok("batch_size", "accum_steps"):
+        per_replica = config.batch_size // (num_replicas or 1)
+        if per_replica % config.accum_steps:
+            where = (f"the per-replica batch {per_replica} (batch_size {config.batch_size} over "
+                     f"{num_replicas} replicas)" if num_replicas and num_replicas > 1
+                     else f"config.batch_size={config.batch_size}")
+            report.add("accum_steps", f"config.accum_steps={config.accum_steps}",
+                       f"must divide {where} into equal micro-batches")
+    if report.ok("pretrained", "model.variant") and config.pretrained:
+        _check_pretrained(config, report)
+
+
+def _check_pretrained(config, report):
+    from keras_vit import pretrained
+
+    weights, variant = config.pretrained, config.model["variant"]
+    if weights in pretrained.PUBLISHED:
+        if variant not in pretrained.PUBLISHED[weights]:
+            report.add("pretrained", f"config.pretrained={weights!r}",
+                       f"no such checkpoint was published for model {variant!r}; it exists for "
+                       f"{', '.join(sorted(pretrained.PUBLISHED[weights]))}")
+        return
+    if "://" in weights or weights.startswith("augreg/") or os.path.isfile(weights):
+        return
+    report.add("pretrained", f"config.pretrained={weights!r}",
+               "is neither an existing file, a URL, a gs:// path nor a published name "
+               f"({', '.join(sorted(pretrained.PUBLISHED))}); use '' to train from scratch")
+
+
+class Engine(abc.ABC):
+    """The state of one run on some devices and the compiled work that advances it.
+
+    Attributes an engine sets: `config` and `workdir` (as given), `objective` (train.run.
+    objectives), `class_names` (of the dataset, in label order), `eval_examples` (in the eval
+    split) and `is_chief` (whether this process writes the run's files).
+    """
+
+    config = workdir = objective = class_names = eval_examples = is_chief = None
+
+    @property
+    @abc.abstractmethod
+    def step(self):
+        """Optimizer steps done (restored ones included)."""
+
+    @abc.abstractmethod
+    def train_steps(self, steps):
+        """Runs `steps` optimizer steps; returns `(mean loss, last gradient norm)` as floats."""
+
+    @abc.abstractmethod
+    def learning_rate(self):
+        """The learning rate at the current step, as a float."""
+
+    @abc.abstractmethod
+    def evaluate(self):
+        """`(accuracy or None, mean loss)` over the whole eval split, once (EMA weights where
+        the run keeps them): `train.run.step_math.eval_results` of `eval_sums`."""
+
+    @abc.abstractmethod
+    def save(self):
+        """Saves a checkpoint at the current step (every process takes part; none twice)."""
+
+    @abc.abstractmethod
+    def preemption_watcher(self, save):
+        """An object whose `check()`, called by every process at the same point of the loop,
+        calls `save` and raises `train.run.loop.Stopped` once SIGTERM reached any process, and
+        whose `close()` restores the signal handling."""
+
+    @abc.abstractmethod
+    def exported_weights(self):
+        """A context manager giving a Keras model that holds the weights to export (the EMA
+        where the run keeps one); every process enters it."""
+
+    def close(self):
+        """Releases what the engine holds beyond the process (input workers, threads)."""
+
+
+def load_pretrained(objective, model, config):
+    """Initialises `model`'s encoder from `config.pretrained` (a published name or `.npz`
+    path, resolved as `keras_vit.vit(weights=...)` does): the one place both engines start
+    a fine-tuning run from."""
+    import keras_vit
+
+    path = keras_vit.pretrained.resolve_weights(config.pretrained, config.model.variant)
+    report = keras_vit.checkpoint.load_npz(objective.encoder(model), path)
+    logging.info("Initialised from %s (%d weights, resized: %s, new head: %s).", path,
+                 len(report["loaded"]), report["resized"], report["new_head"])
+

@@ -1,0 +1,202 @@
+"""A run's export: the trained model of a workdir as a `.keras` file, a TF Serving SavedModel
+and TFLite files, written at the end of training (`export_trained`, from train.run.loop) and
+again by `python -m train.export` (`export_model`). The conversions themselves are
+keras_vit.export's; the files' places are train.run.run_files'.
+
+Local paths are checked without importing TensorFlow, so that the command's flag errors are
+reported at once.
+"""
+
+import os
+import sys
+import tempfile
+
+import numpy as np
+from absl import logging
+
+from ..console import cli, native_output
+from . import run_files
+
+# The package of the commands (`train`, or `keras_vit.train` when installed), whose `export`
+# command exports a model trained on JAX in a TensorFlow process.
+COMMANDS_PACKAGE = __package__.rpartition(".")[0]
+
+# The TFLite kinds: the name users give, and keras_vit.export's quantization for it.
+TFLITE_KINDS = {"float32": "none", "float16": "float16", "dynamic": "dynamic", "int8": "int8"}
+
+# The TFLite files a training run exports besides its SavedModel.
+RUN_TFLITE_KINDS = ("float32", "int8")
+
+
+def export_trained(engine):
+    """Writes the final model (EMA weights if enabled) into the run's export directory
+    (train.run.run_files). Every process calls it; only the chief writes.
+
+    A classifier: the `.keras` model and class names, a TF Serving SavedModel, and float32
+    and int8 TFLite files. A masked-patch-prediction run: its encoder without any head, as
+    `model.keras` (returning the pooled representation) and `encoder.npz` (the original
+    checkpoint layout), both ready for `--config.pretrained` of a fine-tuning run.
+    """
+    import keras
+
+    import keras_vit
+    from keras_vit import fileio
+
+    workdir, directory = engine.workdir, run_files.export_dir(engine.workdir)
+    path = run_files.model_file(workdir)
+    with engine.exported_weights() as trained:
+        model = engine.objective.encoder(trained)
+        if not engine.is_chief:  # only the chief writes into the workdir
+            return path
+        fileio.makedirs(directory)
+        remove_partial_files(workdir)  # left by an export that was killed
+        # Keras writes a .keras file only to a path of that name, so not straight to a
+        # temporary name beside `path`: into a local directory first, then copied over.
+        with tempfile.TemporaryDirectory(prefix="keras_vit_export_") as local:
+            model.save(os.path.join(local, "model.keras"))
+            with open(os.path.join(local, "model.keras"), "rb") as handle:
+                fileio.write_atomically(path, handle.read())
+        if model is not trained:  # a pre-trained encoder: nothing to serve yet
+            keras_vit.checkpoint.save_npz(model, run_files.encoder_file(workdir))
+        else:
+            run_files.write_class_names(workdir, engine.class_names)
+            if keras.config.backend() == "tensorflow":
+                representative = calibration_images(
+                    engine.builder, engine.config.train_split, engine.config.image_size, 200)
+                export_model(model, workdir, engine.class_names, RUN_TFLITE_KINDS,
+                             representative)
+    if model is trained and keras.config.backend() != "tensorflow":
+        # The serving signatures decode images with TensorFlow ops: a TensorFlow process
+        # exports the model.keras just written, as `python -m train.export` does.
+        export_in_tensorflow(workdir, RUN_TFLITE_KINDS)
+    logging.info("Saved the trained %s to %s.",
+                 "model" if model is trained else "encoder", directory)
+    return path
+
+
+def exists_and_isdir(path):
+    """(exists, is a directory) of a local path, or of a URL through tf.io.gfile (gs://...).
+    Not keras_vit.fileio: importing keras_vit loads TensorFlow, and flag errors are reported
+    before that."""
+    if "://" in path:
+        import tensorflow as tf
+
+        return tf.io.gfile.exists(path), tf.io.gfile.isdir(path)
+    return os.path.exists(path), os.path.isdir(path)
+
+
+def path_exists(path):
+    return exists_and_isdir(path)[0]
+
+
+def _rerun_hint(workdir):
+    return (f"Write it again by rerunning the training command with the same --config and "
+            f"--workdir={workdir} (and --config.export=True): it resumes from the last "
+            "checkpoint and exports the model.")
+
+
+def check_model_file(path, workdir):
+    """Raises ValueError unless `path` looks like a complete `.keras` file (a zip archive with
+    the model's config); says what is wrong and how to write it again. No TensorFlow import
+    for a local path."""
+    import zipfile
+
+    if exists_and_isdir(path)[1]:
+        raise ValueError(f"{path} is a directory, not a .keras model file. "
+                         f"{_rerun_hint(workdir)}")
+    if "://" in path:
+        import tensorflow as tf
+
+        opener, size = tf.io.gfile.GFile, tf.io.gfile.stat(path).length
+    else:
+        opener, size = open, os.path.getsize(path)
+    try:
+        # A .keras file is a zip archive: a truncated or overwritten one has no central
+        # directory at its end (Keras' own message for this is "File not found").
+        with opener(path, "rb") as handle, zipfile.ZipFile(handle) as archive:
+            names = set(archive.namelist())
+    except (zipfile.BadZipFile, EOFError) as error:
+        raise ValueError(f"{path} is damaged ({size} bytes, not a complete .keras zip file: "
+                         "truncated, e.g. by an interrupted copy, or overwritten). "
+                         f"{_rerun_hint(workdir)}") from error
+    if "config.json" not in names:
+        raise ValueError(f"{path} is a zip file but not a Keras model (no config.json inside). "
+                         f"{_rerun_hint(workdir)}")
+    return path
+
+
+def load_trained_model(path, workdir):
+    """The model saved at the end of training (`run_files.model_file`, safe mode), or a
+    ValueError that says what is wrong with the file and how to write it again."""
+    import keras
+
+    check_model_file(path, workdir)
+    try:
+        return keras.models.load_model(path, safe_mode=True)
+    except Exception as error:  # Keras raises many types for damaged or foreign content
+        first = " ".join(str(error).split())[:300]
+        raise ValueError(f"{path} could not be loaded as a keras_vit model "
+                         f"({type(error).__name__}: {first}). It is damaged or was written by "
+                         f"other code. {_rerun_hint(workdir)}") from error
+
+
+def remove_partial_files(workdir):
+    """Removes what killed exports left in the run's export directory and its `saved_model/`:
+    the temporary files and directories of `keras_vit.fileio`'s atomic writes. Call only
+    where no other export is writing at the same time (a run's own export directory)."""
+    from keras_vit import fileio
+
+    for folder in (run_files.export_dir(workdir), run_files.saved_model_dir(workdir)):
+        fileio.remove_partial_files(folder)
+
+
+def calibration_images(builder, split, image_size, count):
+    """The first `count` images of `split` (from `builder`, as `tf_pipeline.get_builder`
+    returns it) in 0..255 at the model's size, for int8 calibration. Pass the training split:
+    the test split stays unseen by everything that shapes the file."""
+    from ..data import tf_pipeline
+
+    examples = tf_pipeline.resized_examples(builder, split, (image_size, image_size), count)
+    return np.stack([image for image, _ in examples.as_numpy_iterator()]).astype(np.float32)
+
+
+def export_model(model, workdir, class_names=None, tflite_kinds=(), representative=None,
+                 export_dir=None):
+    """SavedModel at `<export_dir or the run's saved_model/>/<version>` and the run's TFLite
+    files `model_<kind>.tflite`. Returns {name: path}."""
+    from keras_vit import export
+
+    with native_output.dropped():  # a failed save's C++ warnings: the error names the path
+        paths = {"saved_model": export.export_saved_model(
+            model, export_dir or run_files.saved_model_dir(workdir), class_names=class_names)}
+    for kind in tflite_kinds:
+        path = run_files.tflite_file(workdir, kind)
+        with native_output.dropped():
+            size = export.export_tflite(model, path, quantization=TFLITE_KINDS[kind],
+                                        representative_data=representative)
+        logging.info("TFLite %s: %s (%.2f MB)", kind, path, size / 2**20)
+        paths[f"tflite_{kind}"] = path
+    logging.info("SavedModel: %s", paths["saved_model"])
+    return paths
+
+
+def export_in_tensorflow(workdir, tflite_kinds):
+    """The SavedModel and TFLite files of a run trained on another Keras backend (JAX): its
+    `model.keras` exported by `train.export` in a TensorFlow process, serving the same
+    signatures as a TensorFlow run's export. Without TensorFlow, a warning says the command
+    to run where it is installed."""
+    import subprocess
+
+    command = [sys.executable, "-m", f"{COMMANDS_PACKAGE}.export", f"--workdir={workdir}",
+               f"--tflite={','.join(tflite_kinds) or 'none'}"]
+    if not cli.tensorflow_installed():
+        logging.warning("The SavedModel and TFLite export need TensorFlow, which is not "
+                        "installed; where it is, run: KERAS_BACKEND=tensorflow python %s",
+                        " ".join(command[1:]))
+        return
+    environment = dict(os.environ, KERAS_BACKEND="tensorflow")
+    if subprocess.run(command, env=environment).returncode:
+        raise RuntimeError(f"The export in TensorFlow failed (above); model.keras is in "
+                           f"{run_files.export_dir(workdir)}. Retry with: KERAS_BACKEND="
+                           f"tensorflow python -m {COMMANDS_PACKAGE}.export --workdir={workdir} "
+                           f"--tflite={','.join(tflite_kinds)}")
