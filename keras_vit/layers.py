@@ -222,7 +222,22 @@ class RegisterTokens(keras.layers.Layer):
         return {**super().get_config(), "count": self.count}
 
 
-POSITION_EMBEDDINGS = ("learned", "learned_2d", "none")
+POSITION_EMBEDDINGS = ("learned", "learned_2d", "none", "sincos_2d")
+
+
+def sincos_2d(rows, columns, width, temperature=10_000.0):
+    """Fixed 2-D position embeddings of a `rows` x `columns` patch grid, `[rows * columns,
+    width]` in row-major order: for each of width / 4 frequencies from 1 to 1 / temperature
+    (geometric), the sine and the cosine of the column index, then of the row index
+    (big_vision's `posemb_sincos_2d`, as MAE's)."""
+    quarter = width // 4
+    omega = 1.0 / temperature ** (ops.arange(quarter, dtype="float32") / (quarter - 1))
+    row = ops.broadcast_to(ops.arange(rows, dtype="float32")[:, None], (rows, columns))
+    column = ops.broadcast_to(ops.arange(columns, dtype="float32")[None, :], (rows, columns))
+    row = ops.reshape(row, (-1, 1)) * omega[None]
+    column = ops.reshape(column, (-1, 1)) * omega[None]
+    return ops.concatenate([ops.sin(column), ops.cos(column), ops.sin(row), ops.cos(row)],
+                           axis=1)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -237,7 +252,10 @@ class AddPositionEmbs(keras.layers.Layer):
                 `pos_embedding` of shape `(1, prefix + rows * columns, D)` as in the checkpoints;
             "learned_2d": learned row and column embeddings of size D/2 each, concatenated
                 (`row_embedding`, `column_embedding`), plus `prefix_embedding` for prefix tokens;
-            "none": nothing is added.
+            "none": nothing is added;
+            "sincos_2d": fixed sines and cosines of each patch's row and column (`sincos_2d`),
+                no weights, nothing for the prefix tokens; computed for any grid, so it is
+                never resampled.
         interpolation: how the embeddings are resampled for another grid, "bilinear" (the
             original code's) or "bicubic" (timm's); see `keras_vit.resample`.
         embed_prefix: False to add embeddings to the patches only (timm's `no_embed_class`):
@@ -276,8 +294,11 @@ class AddPositionEmbs(keras.layers.Layer):
 
     def build(self, input_shape):
         _check_rank(self, input_shape, 3, "tokens [batch, tokens, hidden]")
-        hidden = input_shape[-1]
+        hidden = self.hidden_size = input_shape[-1]
         init = keras.initializers.RandomNormal(stddev=0.02)
+        if self.kind == "sincos_2d" and (hidden % 4 or hidden < 8):
+            raise ValueError(f"sincos_2d position embeddings need a width that is a multiple of "
+                             f"4, at least 8, got {hidden}.")
         if self.kind == "learned":
             rows = self.num_embedded_prefix + self.grid_size[0] * self.grid_size[1]
             self.pos_embedding = self.add_weight(
@@ -304,6 +325,9 @@ class AddPositionEmbs(keras.layers.Layer):
         same = _is_static(sides, self.grid_size)
         rows, columns = sides
         prefix = self.num_embedded_prefix
+        if self.kind == "sincos_2d":
+            grid = sincos_2d(rows, columns, self.hidden_size)
+            return ops.pad(grid, [(prefix, 0), (0, 0)])[None]  # nothing for the prefix
         if self.kind == "learned":
             if same:
                 return self.pos_embedding

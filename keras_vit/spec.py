@@ -24,8 +24,8 @@ from keras_vit.variants import _describe
 
 CLASSIFIERS = ("token", "gap", "map")
 # Paper appendix D.4: the absolute kinds (added to tokens) and the relative kinds (in the
-# attention).
-POSITION_EMBEDDINGS = ("learned", "learned_2d", "none", "relative", "relative_2d")
+# attention); and the fixed 2-D sine-cosine embedding of later ViTs.
+POSITION_EMBEDDINGS = ("learned", "learned_2d", "none", "relative", "relative_2d", "sincos_2d")
 # Only embeddings added to the tokens can be added again before every block (Table 8).
 LEARNED_POSITION_EMBEDDINGS = ("learned", "learned_2d")
 PLACEMENTS = ("stem", "every_layer", "every_layer_shared")
@@ -92,7 +92,10 @@ class ViTConfig:
         representation_size: width of the tanh "pre_logits" layer before the head; None: none.
         position_embedding: appendix D.4's kinds: "learned" (1-D, the default), "learned_2d"
             (row and column halves), "none", "relative" or "relative_2d" (logits in every
-            block's attention).
+            block's attention); or "sincos_2d", fixed sines and cosines of each patch's row
+            and column (no weights; the patches only, not the class and register tokens; as
+            big_vision's `posemb_sincos_2d`, used by MAE and by "Better plain ViT baselines for
+            ImageNet-1k", Beyer et al., 2022).
         position_embedding_placement: where learned kinds are added (Table 8): "stem" (once,
             before the encoder), "every_layer" (a new one before every block) or
             "every_layer_shared" (the same one before every block).
@@ -424,6 +427,11 @@ def _resolved(fields):
             and values["hidden_size"] % 2):
         add(("position_embedding", "hidden_size"),
             "learned_2d embeddings need an even hidden_size (half for rows, half for columns)")
+    if (ok("position_embedding", "hidden_size") and values["position_embedding"] == "sincos_2d"
+            and (values["hidden_size"] % 4 or values["hidden_size"] < 8)):
+        add(("position_embedding", "hidden_size"),
+            "sincos_2d embeddings need a hidden_size that is a multiple of 4, at least 8 (a sine "
+            "and a cosine of at least two frequencies for rows, and for columns)")
     if ok("variant", "patch_size", "image_size"):
         units = row["resnet_units"]
         resnet_stride = 1 if units is None else 4 * 2 ** max(len(units) - 1, 0)

@@ -28,6 +28,7 @@ CASES = {
     "relative_2d": dict(variant="Ti/16", position_embedding="relative_2d"),
     "axial": dict(variant="Axial-Ti/16"),
     "bicubic": dict(variant="Ti/16", position_embedding_interpolation="bicubic"),
+    "sincos_2d": dict(variant="Ti/16", position_embedding="sincos_2d"),
 }
 
 

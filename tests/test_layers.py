@@ -211,6 +211,42 @@ def test_learned_2d_needs_an_even_width():
         layer(np.zeros((1, 4, 7), "float32"))
 
 
+def _posemb_sincos_2d(h, w, width, temperature=10_000.0):
+    """big_vision's `posemb_sincos_2d` (models/vit.py), transcribed to NumPy."""
+    y, x = np.mgrid[:h, :w]
+    omega = np.arange(width // 4) / (width // 4 - 1)
+    omega = 1.0 / (temperature**omega)
+    y = np.einsum("m,d->md", y.flatten(), omega)
+    x = np.einsum("m,d->md", x.flatten(), omega)
+    return np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
+
+
+def test_sincos_2d_is_big_visions_and_leaves_the_prefix_alone():
+    rows, columns, hidden = 3, 5, 16
+    layer = L.AddPositionEmbs((rows, columns), num_prefix_tokens=2, kind="sincos_2d")
+    x = np.random.default_rng(0).normal(size=(2, 2 + rows * columns, hidden)).astype("float32")
+    out = to_np(layer(x))
+    assert layer.weights == []  # fixed: nothing to train, load or save
+    np.testing.assert_array_equal(out[:, :2], x[:, :2])
+    np.testing.assert_allclose(out[:, 2:] - x[:, 2:],
+                               np.broadcast_to(_posemb_sincos_2d(rows, columns, hidden),
+                                               (2, rows * columns, hidden)), atol=1e-5)
+    # For another grid (a model of any size) it is computed, not resampled.
+    np.testing.assert_allclose(to_np(layer.embeddings((4, 2)))[0, 2:],
+                               _posemb_sincos_2d(4, 2, hidden), atol=1e-5)
+
+
+def test_sincos_2d_needs_a_width_of_four_quarters():
+    layer = L.AddPositionEmbs((2, 2), num_prefix_tokens=0, kind="sincos_2d")
+    with pytest.raises(ValueError, match="multiple of 4"):
+        layer(np.zeros((1, 4, 10), "float32"))
+    with pytest.raises(ValueError, match="sincos_2d embeddings need a hidden_size"):
+        keras_vit.ViTConfig(position_embedding="sincos_2d", hidden_size=18, num_heads=2)
+    with pytest.raises(ValueError, match="placement other than 'stem'"):
+        keras_vit.ViTConfig(position_embedding="sincos_2d",
+                            position_embedding_placement="every_layer")
+
+
 def test_token_pooling():
     x = np.random.default_rng(0).normal(size=(2, 5, 4)).astype("float32")
     np.testing.assert_array_equal(to_np(L.TokenPooling("token")(x)), x[:, 0])

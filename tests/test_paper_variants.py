@@ -256,6 +256,7 @@ VARIANTS = {
                                     position_embedding_placement="every_layer")),
     "every_layer_shared": ("B/16", dict(position_embedding_placement="every_layer_shared")),
     "axial": ("Axial-B/16", {}),
+    "sincos_2d": ("B/16", dict(position_embedding="sincos_2d")),
 }
 
 
