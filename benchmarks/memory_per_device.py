@@ -57,7 +57,7 @@ def measure(model_parallel, cpu_devices):
     import keras
 
     import keras_vit
-    from train.engines.jax_engine import make_distribution
+    from train.engines.jax_mesh import make_distribution
 
     hidden, mlp, layers, patch = 64, 256, 2, 16
     keras.distribution.set_distribution(make_distribution(model_parallel))

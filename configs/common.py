@@ -87,6 +87,7 @@ def get_config():
     # JAX engine (KERAS_BACKEND=jax): devices of the mesh's model axis, over which each block's
     # attention and MLP matrices are split; the batch axis takes the other devices.
     config.model_parallel = 1  # 1: data parallel only
+    config.fsdp = False  # JAX engine: weights and optimizer state also split over the batch axis
     config.export = True  # at the end, write the trained model into workdir/export
     return config
 

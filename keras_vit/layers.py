@@ -12,7 +12,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit import resample
-from keras_vit.spec import ACTIVATIONS, CLASSIFIERS, LAYER_NORM_EPSILON
+from keras_vit.spec import ACTIVATIONS, ATTENTION_IMPLS, CLASSIFIERS, LAYER_NORM_EPSILON
 
 
 def _xavier_uniform_flat(fan_in, fan_out):
@@ -597,6 +597,10 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         num_prefix_tokens: tokens before the grid; used with `relative_position`.
         interpolation: how the relative tables are resampled for another grid.
         qkv_bias: biases in the query, key and value projections (the original has them).
+        attention_impl: "fused" (`keras.ops.dot_product_attention`, relative logits as its
+            bias), "explicit" (logits, softmax, weighted sum) or "auto" (fused except on the
+            TensorFlow backend); the weights, when returned, and dropout on them in training
+            always take the explicit path.
         **kwargs: base `Layer` arguments.
 
     `call(x, training, return_attention_scores=False, grid=None)` returns `[batch, tokens, D]`,
@@ -605,11 +609,13 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     """
 
     def __init__(self, num_heads, dropout=0.0, relative_position=None, grid_size=None,
-                 num_prefix_tokens=0, interpolation="bilinear", qkv_bias=True, **kwargs):
+                 num_prefix_tokens=0, interpolation="bilinear", qkv_bias=True,
+                 attention_impl="auto", **kwargs):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
         self.qkv_bias = bool(qkv_bias)
         self.dropout = float(dropout)
+        self.attention_impl = _attention_impl(attention_impl)
         if relative_position is not None and grid_size is None:
             raise ValueError("relative_position needs the grid_size (rows, columns) of the "
                              "patch grid.")
@@ -661,6 +667,9 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                                    axis=0)
             qkv = ops.add(qkv, ops.cast(bias, x.dtype))  # ops.add: a BiasAdd that fuses on TF
         qkv = ops.reshape(qkv, (batch, tokens, 3, heads, head_dim))
+        if _fused(self.attention_impl, self.dropout, training, return_attention_scores):
+            attended = self._fused_attention(qkv, grid)
+            return ops.reshape(self.out(attended), (batch, tokens, hidden))
         qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # [3, batch, heads, tokens, head_dim]
         # Unstacked, not indexed: each slice's gradient would be a zero-filled copy of all of
         # qkv, summed (S/16 trains 1.17x faster without XLA this way; the same with XLA).
@@ -678,6 +687,19 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             return output, weights
         return output
 
+    def _fused_attention(self, qkv, grid):
+        """`[batch * tokens, D]` attended values of `qkv` `[batch, tokens, 3, heads,
+        head_dim]` (queries scaled) by `keras.ops.dot_product_attention`, which never returns
+        the score matrix (and on GPUs and TPUs, on JAX, never forms it whole)."""
+        query, key, value = ops.unstack(qkv, 3, axis=2)  # [batch, tokens, heads, head_dim]
+        bias = None
+        if self.relative is not None:  # the relative logits, [batch, heads, tokens, tokens]
+            bias = self.relative(ops.transpose(query, (0, 2, 1, 3)), grid=grid)
+        # With a bias, XLA's kernel: Keras' TPU kernel (splash attention) takes none.
+        attended = ops.dot_product_attention(query, key, value, bias=bias, scale=1.0,
+                                             flash_attention=False if bias is not None else None)
+        return ops.reshape(attended, (-1, qkv.shape[-1] * self.num_heads))
+
     def compute_output_spec(self, x, training=False, return_attention_scores=False, grid=None):
         return _attention_output_spec(self, x, return_attention_scores)
 
@@ -685,7 +707,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         return {**super().get_config(), "num_heads": self.num_heads, "dropout": self.dropout,
                 "relative_position": self.relative_position, "grid_size": self.grid_size,
                 "num_prefix_tokens": self.num_prefix_tokens,
-                "interpolation": self.interpolation, "qkv_bias": self.qkv_bias}
+                "interpolation": self.interpolation, "qkv_bias": self.qkv_bias,
+                "attention_impl": self.attention_impl}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -724,6 +747,38 @@ def _activation(activation, approximate_gelu=None):
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}.")
     return activation
+
+
+class _SeedStream:
+    """Seeds for a random layer from one seed tensor and a stream number, drawn in turn with no
+    state to update: the k-th draw is `seed + (stream, k)` (`EncoderBlock._rematerialized`)."""
+
+    def __init__(self, seed, stream):
+        self.seed, self.stream, self.drawn = seed, stream, 0
+
+    def next(self, ordered=True):
+        del ordered
+        self.drawn += 1
+        return ops.add(self.seed, ops.convert_to_tensor([self.stream, self.drawn],
+                                                        dtype=self.seed.dtype))
+
+
+def _attention_impl(value):
+    if value not in ATTENTION_IMPLS:
+        raise ValueError(f"attention_impl must be one of {ATTENTION_IMPLS}, got {value!r}.")
+    return value
+
+
+def _fused(attention_impl, dropout, training, return_attention_scores):
+    """Whether attention runs fused (`keras.ops.dot_product_attention`): as `attention_impl`
+    says, "auto" meaning everywhere but on the TensorFlow backend (no fused kernel there, and
+    Keras' einsum form of it is slower than the explicit ops on CPU); never where the weights
+    are returned or dropped out."""
+    if return_attention_scores or (training and dropout):
+        return False
+    if attention_impl == "auto":
+        return keras.backend.backend() != "tensorflow"
+    return attention_impl == "fused"
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -813,6 +868,9 @@ class EncoderBlock(keras.layers.Layer):
         relative_position, grid_size, num_prefix_tokens, interpolation: relative position
             logits in the attention, see `MultiHeadSelfAttention` (None: none, the original).
         qkv_bias: biases in the query, key and value projections.
+        attention_impl: how the attention is computed, see `MultiHeadSelfAttention`.
+        remat: True to keep only the block's input for the backward pass, which computes the
+            block again (see `_rematerialized`).
         layer_scale_init: None (the original), or LayerScale's initial value: each residual
             branch is multiplied by a learned per-channel scale (`layer_scale_0` after the
             attention, `layer_scale_1` after the MLP).
@@ -828,10 +886,12 @@ class EncoderBlock(keras.layers.Layer):
                  drop_path_rate=0.0, activation="gelu_tanh", relative_position=None,
                  grid_size=None, num_prefix_tokens=0, layer_norm_epsilon=LAYER_NORM_EPSILON,
                  interpolation="bilinear", qkv_bias=True, layer_scale_init=None,
-                 approximate_gelu=None, **kwargs):
+                 approximate_gelu=None, attention_impl="auto", remat=False, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
+        self.attention_impl = _attention_impl(attention_impl)
+        self.remat = bool(remat)
         self.dropout = float(dropout)
         self.attention_dropout = float(attention_dropout)
         self.drop_path_rate = float(drop_path_rate)
@@ -854,7 +914,8 @@ class EncoderBlock(keras.layers.Layer):
             self.num_heads, dropout=self.attention_dropout,
             relative_position=self.relative_position, grid_size=self.grid_size,
             num_prefix_tokens=self.num_prefix_tokens, interpolation=self.interpolation,
-            qkv_bias=self.qkv_bias, name="MultiHeadDotProductAttention_1", dtype=policy)
+            qkv_bias=self.qkv_bias, attention_impl=self.attention_impl,
+            name="MultiHeadDotProductAttention_1", dtype=policy)
         self.norm_2 = LayerNorm(self.layer_norm_epsilon, name="LayerNorm_2", dtype=policy)
         self.mlp = MlpBlock(self.mlp_dim, dropout=self.dropout, activation=self.activation,
                             name="MlpBlock_3", dtype=policy)
@@ -880,6 +941,34 @@ class EncoderBlock(keras.layers.Layer):
                               return_attention_scores=return_attention_scores, grid=grid)
 
     def call(self, x, training=False, return_attention_scores=False, grid=None):
+        if self.remat and not return_attention_scores and self.attention_recorder is None:
+            return self._rematerialized(x, training, grid)
+        return self._forward(x, training, return_attention_scores, grid)
+
+    def _rematerialized(self, x, training, grid):
+        """The block through `keras.remat`, so that the backward pass computes its activations
+        again instead of keeping them. Keras' own `RematScope` cannot do this here: the block's
+        random layers would update their seed generators inside the recomputed function (on
+        JAX a tracer that escapes it, on TensorFlow other masks the second time). So in
+        training one seed is drawn outside, and each random layer draws from it without state,
+        the same in the forward pass and in its recomputation."""
+        random = [layer for layer in (self.attention.attention_dropout, self.dropout_layer,
+                                      self.mlp.dropout_layer, self.drop_path)
+                  if training and getattr(layer, "seed_generator", None) is not None]
+        seed = random[0].seed_generator.next() if random else None
+
+        def forward(tokens):
+            for stream, layer in enumerate(random, 1):  # (an attribute of the generator, not
+                layer.seed_generator.next = _SeedStream(seed, stream).next  # of the layer)
+            try:
+                return self._forward(tokens, training, False, grid)
+            finally:
+                for layer in random:
+                    del layer.seed_generator.next
+
+        return keras.remat(forward)(x)
+
+    def _forward(self, x, training, return_attention_scores, grid):
         record = self.attention_recorder is not None
         attended = self.attend(self.norm_0(x), training, return_attention_scores or record, grid)
         if return_attention_scores or record:
@@ -909,7 +998,8 @@ class EncoderBlock(keras.layers.Layer):
                 "relative_position": self.relative_position, "grid_size": self.grid_size,
                 "num_prefix_tokens": self.num_prefix_tokens,
                 "interpolation": self.interpolation, "qkv_bias": self.qkv_bias,
-                "layer_scale_init": self.layer_scale_init}
+                "layer_scale_init": self.layer_scale_init, "attention_impl": self.attention_impl,
+                "remat": self.remat}
 
 
 AXES = ("row", "column")
@@ -1001,18 +1091,20 @@ class AttentionPooling(keras.layers.Layer):
         num_heads: attention heads.
         mlp_dim: hidden size of the MLP.
         num_prefix_tokens: tokens before the patches (class, registers), not attended to.
-        layer_norm_epsilon, activation: as the encoder blocks'.
+        layer_norm_epsilon, activation, attention_impl: as the encoder blocks'.
 
     `[batch, tokens, D]` -> `[batch, D]`. Weights `probe` `(1, 1, D)`, `query`, `key`, `value`,
     `out` (D, D), `LayerNorm_0`, `MlpBlock_0`.
     """
 
     def __init__(self, num_heads, mlp_dim, num_prefix_tokens=0,
-                 layer_norm_epsilon=LAYER_NORM_EPSILON, activation="gelu_tanh", **kwargs):
+                 layer_norm_epsilon=LAYER_NORM_EPSILON, activation="gelu_tanh",
+                 attention_impl="auto", **kwargs):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
         self.num_prefix_tokens = int(num_prefix_tokens)
+        self.attention_impl = _attention_impl(attention_impl)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.activation = _activation(activation)
 
@@ -1040,16 +1132,22 @@ class AttentionPooling(keras.layers.Layer):
         batch, hidden = ops.shape(tokens)[0], tokens.shape[-1]
         heads, head_dim = self.num_heads, self.head_dim
 
-        def split_heads(x):  # [b, n, D] -> [b, heads, n, head_dim]
-            return ops.transpose(ops.reshape(x, (ops.shape(x)[0], -1, heads, head_dim)),
-                                 (0, 2, 1, 3))
+        def split_heads(x):  # [b, n, D] -> [b, n, heads, head_dim]
+            return ops.reshape(x, (ops.shape(x)[0], -1, heads, head_dim))
 
-        query = split_heads(self.query(ops.cast(self.probe, tokens.dtype)))
+        probe = ops.cast(self.probe, tokens.dtype)
+        if _fused(self.attention_impl, 0.0, False, False):  # a query per image, as keys
+            probe = ops.broadcast_to(probe, (batch, 1, hidden))
+        query = split_heads(self.query(probe))
         query = query * ops.cast(1.0 / math.sqrt(head_dim), query.dtype)
         keys, values = split_heads(self.key(tokens)), split_heads(self.value(tokens))
-        weights = ops.softmax(ops.matmul(query, ops.transpose(keys, (0, 1, 3, 2))), axis=-1)
-        pooled = ops.matmul(weights, values)  # [batch, heads, 1, head_dim]
-        pooled = self.out(ops.reshape(ops.transpose(pooled, (0, 2, 1, 3)), (batch, 1, hidden)))
+        if _fused(self.attention_impl, 0.0, False, False):
+            pooled = ops.dot_product_attention(query, keys, values, scale=1.0)
+        else:
+            query, keys, values = (ops.transpose(x, (0, 2, 1, 3)) for x in (query, keys, values))
+            weights = ops.softmax(ops.matmul(query, ops.transpose(keys, (0, 1, 3, 2))), axis=-1)
+            pooled = ops.transpose(ops.matmul(weights, values), (0, 2, 1, 3))
+        pooled = self.out(ops.reshape(pooled, (batch, 1, hidden)))  # pooled: [b, 1, heads, d]
         pooled = pooled + self.mlp(self.norm(pooled))
         return pooled[:, 0]
 
@@ -1059,7 +1157,8 @@ class AttentionPooling(keras.layers.Layer):
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "mlp_dim": self.mlp_dim,
                 "num_prefix_tokens": self.num_prefix_tokens,
-                "layer_norm_epsilon": self.layer_norm_epsilon, "activation": self.activation}
+                "layer_norm_epsilon": self.layer_norm_epsilon, "activation": self.activation,
+                "attention_impl": self.attention_impl}
 
 
 POOLINGS = tuple(kind for kind in CLASSIFIERS if kind != "map")

@@ -370,7 +370,9 @@ def _build(spec, policy, name):
                          activation=spec.activation,
                          layer_norm_epsilon=spec.layer_norm_epsilon,
                          interpolation=interpolation, qkv_bias=spec.qkv_bias,
-                         layer_scale_init=spec.layer_scale_init, dtype=policy)
+                         layer_scale_init=spec.layer_scale_init,
+                         attention_impl=spec.attention_impl, remat=spec.remat == "blocks",
+                         dtype=policy)
     # Only the blocks that need the grid's size get it.
     block_grid = grid_input if relative or spec.axial else {}
     placement = spec.position_embedding_placement
@@ -399,7 +401,7 @@ def _build(spec, policy, name):
         x = vit_layers.AttentionPooling(
             spec.num_heads, spec.mlp_dim, num_prefix_tokens=prefix,
             layer_norm_epsilon=spec.layer_norm_epsilon, activation=spec.activation,
-            name="MAPHead_0", dtype=policy)(x)
+            attention_impl=spec.attention_impl, name="MAPHead_0", dtype=policy)(x)
     else:
         x = vit_layers.TokenPooling(spec.classifier, num_prefix_tokens=prefix,
                                     name="pool", dtype=head_dtype)(x)

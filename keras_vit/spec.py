@@ -37,6 +37,11 @@ FINAL_NORMS = ("tokens", "pooled", "none")
 # The MLP's activation: the original's tanh-approximate GELU, the exact one, or OpenAI CLIP's
 # x * sigmoid(1.702 x).
 ACTIVATIONS = ("gelu_tanh", "gelu", "quick_gelu")
+# How self-attention is computed: Keras' fused `dot_product_attention`, the paper's three ops,
+# or the fused one where the backend has a fused kernel and nothing asks for the weights.
+ATTENTION_IMPLS = ("auto", "fused", "explicit")
+# What the backward pass computes again instead of keeping: nothing, or every encoder block.
+REMAT = ("none", "blocks")
 # The fields a variant name fills in, and that a spec may change.
 TABLE_FIELDS = variants.OVERRIDABLE_FIELDS
 LAYER_NORM_EPSILON = 1e-6  # the original's (Keras' default is 1e-3)
@@ -117,6 +122,20 @@ class ViTConfig:
         position_embedding_interpolation: how position embeddings (and relative tables) are
             resampled for another grid, when weights load and at call time: "bilinear" (the
             original code's) or "bicubic" (timm's `resample_abs_pos_embed`).
+        attention_impl: how self-attention is computed; the same weights, files and outputs
+            (to float rounding) whichever: "fused" (`keras.ops.dot_product_attention`, which
+            on Keras' JAX backend runs cuDNN's flash attention on GPUs and Pallas' splash
+            attention on TPUs, and PyTorch's `scaled_dot_product_attention` on torch: the
+            score matrix is not kept for the backward pass), "explicit" (the paper's three
+            ops: logits, softmax, weighted sum), or "auto" (fused on the JAX and PyTorch
+            backends, explicit on TensorFlow, which has no fused kernel). The attention
+            weights, when asked for (`attention_model`, `features(attention=True)`), and
+            attention dropout in training always take the explicit path.
+        remat: "none", or "blocks": in training, each encoder block keeps only its input for
+            the backward pass, which computes the block again (`keras.remat`: jax.checkpoint,
+            tf.recompute_grad, torch's checkpoint): the activations of one block at a time
+            instead of all, for about a third more compute. Dropout and stochastic depth draw
+            the same masks again. The same weights, files and outputs.
 
     Options of later ViTs (as timm's `VisionTransformer` names them), off by default:
         qkv_bias: biases in the query, key and value projections (False: none, as some
@@ -154,6 +173,8 @@ class ViTConfig:
     dynamic_image_size: bool = False
     dynamic_image_pad: bool = False
     position_embedding_interpolation: str = "bilinear"
+    attention_impl: str = "auto"
+    remat: str = "none"
     qkv_bias: bool = True
     layer_scale_init: float = None
     num_register_tokens: int = 0
@@ -378,6 +399,9 @@ def _resolved(fields):
         check(field, lambda value, name=field: variants.check_bool(name, value))
     check("position_embedding_interpolation", lambda value: variants.check_choice(
         "position_embedding_interpolation", value, INTERPOLATIONS))
+    check("attention_impl", lambda value: variants.check_choice(
+        "attention_impl", value, ATTENTION_IMPLS))
+    check("remat", lambda value: variants.check_choice("remat", value, REMAT))
     for field in ("qkv_bias", "prefix_position_embeddings", "pre_norm"):
         check(field, lambda value, name=field: variants.check_bool(name, value))
     if fields.get("layer_scale_init") is None:
@@ -419,6 +443,11 @@ def _resolved(fields):
             add(("variant", "position_embedding"),
                 "Axial-ViT takes no relative position embeddings: use 'learned', "
                 "'learned_2d' or 'none'")
+    if ok("attention_impl", "attention_dropout") and (
+            values["attention_impl"] == "fused" and values["attention_dropout"]):
+        add(("attention_impl", "attention_dropout"),
+            "fused attention never forms the attention weights that dropout would drop: use "
+            "attention_impl='auto' (explicit in training, fused otherwise) or 'explicit'")
     if ok("hidden_size", "num_heads") and values["hidden_size"] % values["num_heads"]:
         add(("hidden_size", "num_heads"),
             "num_heads must divide hidden_size (each head gets an equal share); choose "

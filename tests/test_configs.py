@@ -169,7 +169,7 @@ def test_every_common_field_has_a_comment():
 
 def test_no_dead_config_fields():
     """Every field is read somewhere in train/: a field nobody reads is a setting that silently
-    does nothing. The model's fields all go to keras_vit.ViTConfig (config_checks.model_spec)."""
+    does nothing. The model's fields all go to keras_vit.ViTConfig (model_config.model_spec)."""
     text = ""
     for root, _, names in os.walk(os.path.join(REPO, "train")):  # train/studies/ too
         for name in names:

@@ -5,6 +5,7 @@ the weights of 1 device; a checkpoint saved on 4 devices resumes on 1 and on 2x2
 refuse each other's checkpoints; SIGTERM saves and exits 75; the export is the TensorFlow
 engine's."""
 
+import json
 import os
 import shutil
 import signal
@@ -68,7 +69,7 @@ def assert_close(first, second, rtol=1e-4, atol=1e-5):
 
 # 12 steps of the tiny model, a checkpoint every 4 (kept: 4, 8, 12).
 SHORT = dict(total_steps=12, steps_per_loop=4, checkpoint_every_steps=4, eval_every_steps=12,
-             eval_batch_size=20)  # 4 devices share every batch
+             eval_batch_size=40)  # 4 or 8 devices share every batch
 
 
 # A run that SIGTERM stops long before its end (the tiny model runs ~900 steps a second).
@@ -78,11 +79,13 @@ LONG = dict(total_steps=100_000, steps_per_loop=2, checkpoint_every_steps=100_00
 
 @pytest.fixture(scope="module")
 def short_runs(fake_fmnist, tmp_path_factory):
-    """SHORT on one device, on 4 (data parallel) and on a 2x2 mesh, each run once for the
-    module: {name: workdir}."""
+    """SHORT on one device, on 4 (data parallel), on a 2x2 mesh, and fully sharded over 8 (and
+    over 4 batch x 2 model devices), each run once for the module: {name: workdir}."""
     root = tmp_path_factory.mktemp("short_runs")
     layouts = {"one": ((), {}), "four": (("--cpu_devices=4",), {}),
-               "two_by_two": (("--cpu_devices=4",), {"model_parallel": 2})}
+               "two_by_two": (("--cpu_devices=4",), {"model_parallel": 2}),
+               "fsdp": (("--cpu_devices=8",), {"fsdp": True}),
+               "fsdp_4x2": (("--cpu_devices=8",), {"fsdp": True, "model_parallel": 2})}
     runs = {}
     for name, (extra, overrides) in layouts.items():
         runs[name] = str(root / name)
@@ -111,18 +114,20 @@ def test_a_jax_run_trains_evaluates_checkpoints_and_resumes(fake_fmnist, tmp_pat
 @pytest.mark.processes
 def test_data_and_model_parallel_train_the_weights_of_one_device(short_runs):
     reference = saved_state(short_runs["one"])
-    assert_close(saved_state(short_runs["four"]), reference)
-    assert_close(saved_state(short_runs["two_by_two"]), reference)
+    for name in ("four", "two_by_two", "fsdp", "fsdp_4x2"):
+        assert_close(saved_state(short_runs[name]), reference)
     losses = [record["loss"] for record in read_metrics(short_runs["one"]) if "loss" in record]
     assert losses[-1] < losses[0]  # the runs learned: equal weights are not a no-op
 
 
 @pytest.mark.processes
-def test_a_checkpoint_of_4_devices_resumes_on_1_and_on_2x2(fake_fmnist, short_runs, tmp_path):
+@pytest.mark.parametrize("written_by", ["four", "fsdp"])
+def test_a_checkpoint_of_several_devices_resumes_on_1_and_on_2x2(fake_fmnist, short_runs,
+                                                                 tmp_path, written_by):
     for name, extra, overrides in (("on_one", (), {}),
                                    ("on_2x2", ("--cpu_devices=4",), {"model_parallel": 2})):
         workdir = str(tmp_path / name)
-        shutil.copytree(short_runs["four"], workdir)
+        shutil.copytree(short_runs[written_by], workdir)
         shutil.rmtree(os.path.join(workdir, "checkpoints", "12"))  # as if killed after step 8
         result = run_jax(fake_fmnist, workdir, *extra, **SHORT, **overrides)
         assert "at step 8" in result.stderr, result.stderr[-2000:]
@@ -318,3 +323,86 @@ def test_a_model_axis_that_does_not_divide_the_widths_is_one_line(fake_fmnist, t
                      model_parallel=3, batch_size=48, eval_batch_size=30)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "config.model_parallel=3 must divide the model's hidden_size (16)" in result.stderr
+
+
+@pytest.mark.processes
+def test_remat_trains_as_without_it(fake_fmnist, tmp_path):
+    """`--config.model.remat=blocks` on the JAX engine (jax.checkpoint of each block): 20 steps
+    log the same losses as without it."""
+    losses = {}
+    for remat in ("none", "blocks"):
+        workdir = str(tmp_path / remat)
+        run_jax(fake_fmnist, workdir, model=dict(remat=remat, num_layers=2), total_steps=20,
+                steps_per_loop=1, eval_every_steps=20, checkpoint_every_steps=20)
+        losses[remat] = [r["loss"] for r in read_metrics(workdir) if "loss" in r]
+    assert len(losses["none"]) == 20
+    np.testing.assert_allclose(losses["blocks"], losses["none"], atol=1e-4)
+
+
+# What one process holds of the JAX engine's state, per device: a script run with 8 CPU devices.
+STATE_BYTES = """
+import json, sys
+import jax
+jax.config.update("jax_num_cpu_devices", 8)
+sys.path.insert(0, "tests")
+from train_fixtures import FakeData, tiny_config
+from train.engines import jax_engine
+config = tiny_config(FakeData(sys.argv[1]), fsdp=sys.argv[2] == "fsdp", eval_batch_size=40,
+                     model=dict(num_layers=2, hidden_size=32, mlp_dim=64))
+engine = jax_engine.JaxEngine(config, sys.argv[3])
+device = jax.devices()[0]
+total = on_device = 0
+whole = []
+for kind in ("trainable", "optimizer"):
+    variables = (engine.model.trainable_variables if kind == "trainable"
+                 else engine.optimizer.variables)
+    for variable, array in zip(variables, engine.state[kind]):
+        total += array.nbytes
+        held = sum(shard.data.nbytes for shard in array.addressable_shards
+                   if shard.device == device)
+        on_device += held
+        if held == array.nbytes:
+            whole.append((variable.path, array.shape, array.nbytes))
+print(json.dumps({"total": total, "device_0": on_device, "whole": whole}))
+engine.close()
+"""
+
+
+@pytest.mark.processes
+def test_fsdp_holds_an_eighth_of_the_state_on_each_device(fake_fmnist, tmp_path):
+    results = {}
+    for layout in ("replicated", "fsdp"):
+        result = subprocess.run(
+            [sys.executable, "-c", STATE_BYTES, fake_fmnist.root, layout,
+             str(tmp_path / layout)], cwd=REPO, env=dict(fake_fmnist.env(), KERAS_BACKEND="jax"),
+            capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        results[layout] = json.loads(result.stdout.strip().splitlines()[-1])
+    replicated, fsdp = results["replicated"], results["fsdp"]
+    assert replicated["device_0"] == replicated["total"] == fsdp["total"]
+    # Whole on every device: only arrays no dimension of which the 8 devices divide: here the
+    # head's bias (10 classes) and its Adam moments, and the optimizer's scalars.
+    whole = {path: (shape, size) for path, shape, size in fsdp["whole"]}
+    assert all(all(side % 8 for side in shape) for shape, _ in whole.values()), whole
+    assert {path for path, (shape, _) in whole.items() if shape} == {
+        "head/bias", "adam_w/head_bias_momentum", "adam_w/head_bias_velocity"}, whole
+    whole_bytes = sum(size for _, size in whole.values())
+    assert fsdp["device_0"] <= (fsdp["total"] - whole_bytes) / 8 + whole_bytes, fsdp
+
+
+@pytest.mark.processes
+def test_fsdp_steps_equal_the_replicated_steps(fake_fmnist, tmp_path):
+    """One step's updated weights within 1e-6 of the replicated run's on the same 8 devices;
+    20 steps log the same losses within 1e-4."""
+    runs = {}
+    for layout, overrides in (("replicated", {}), ("fsdp", {"fsdp": True})):
+        runs[layout] = str(tmp_path / layout)
+        run_jax(fake_fmnist, runs[layout], "--cpu_devices=8", total_steps=20, steps_per_loop=1,
+                checkpoint_every_steps=1, keep_checkpoints=20, eval_every_steps=20,
+                eval_batch_size=40, **overrides)
+    assert_close(saved_state(runs["fsdp"], step=1), saved_state(runs["replicated"], step=1),
+                 rtol=1e-6, atol=1e-7)
+    losses = {layout: [r["loss"] for r in read_metrics(workdir) if "loss" in r]
+              for layout, workdir in runs.items()}
+    assert len(losses["fsdp"]) == 20
+    np.testing.assert_allclose(losses["fsdp"], losses["replicated"], atol=1e-4)

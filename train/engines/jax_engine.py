@@ -2,14 +2,11 @@
 
 The loop (train.run.loop) decides when; this module does it on every device of every process:
 
-- The devices form a mesh of two axes, `batch` and `model`. With `config.model_parallel` M = 1
-  it is Keras' `DataParallel`; with M > 1 Keras' `ModelParallel`, whose `LayoutMap` is the
-  model's own (`keras_vit.ViTModel.get_layout_map`: each block's matrix pairs split over the
-  `model` axis, Megatron's way). The optimizer's moments follow the layout of their weights.
-- A step is one `jax.jit` function of the whole state (weights, optimizer, EMA): the loss of
-  the global batch through `keras.StatelessScope` (the objective is the one the TensorFlow engine
-  uses, in `keras.ops`), its gradient, clipping and the update. XLA's partitioner places the
-  collectives; nothing here names a device.
+- The devices form a mesh of a batch axis and a model axis (train.engines.jax_mesh): the
+  weights are split over the model axis as the model's layout map says (`config.model_parallel`)
+  and, with `config.fsdp`, over the batch axis too; the optimizer's moments follow them.
+- A step is one `jax.jit` function of the whole state (train.engines.jax_step), the arithmetic
+  of train.run.step_math.
 - Each process reads its own share of every global batch and hands it over with
   `jax.make_array_from_process_local_data`: through Grain without TensorFlow
   (train.data.grain_pipeline) where it can read the data, else through the TensorFlow engine's
@@ -32,18 +29,14 @@ import keras
 import numpy as np
 from absl import logging
 
-from keras_vit.model import ViTModel
-
-from ..data import input_plan, settings
-from ..run import config_checks, objectives, optimizers, run_files, schedules, step_math
-from ..run.model_config import model_spec
+from ..data import settings
+from ..run import config_checks, run_files, schedules, step_math
 from ..run.engine import Engine, load_pretrained
 from ..run.loop import Stopped
-from ..run.optimizers import build_optimizer
+from ..run.model_config import model_spec
 from . import startup
-
-BATCH_AXIS, MODEL_AXIS = "batch", "model"
-
+from .jax_mesh import make_distribution
+from .jax_step import JaxStep
 
 def initialize(cpu_devices=1, coordinator_address="", num_processes=1, process_id=0,
                startup_timeout=startup.DEFAULT_TIMEOUT, heartbeat_timeout=30,
@@ -143,35 +136,18 @@ def is_chief_process():
     return jax.process_index() == 0
 
 
-def make_distribution(model_parallel=1, devices=None):
-    """Keras' distribution over `devices` (default: every device of every process)."""
-    devices = jax.devices() if devices is None else devices
-    if len(devices) % model_parallel:
-        raise ValueError(f"config.model_parallel={model_parallel} must divide the "
-                         f"{len(devices)} devices (the batch axis takes the rest).")
-    if model_parallel == 1:  # (Keras' DataParallel takes a mesh of one axis)
-        mesh = keras.distribution.DeviceMesh((len(devices),), [BATCH_AXIS], devices)
-        return keras.distribution.DataParallel(device_mesh=mesh)
-    shape = (len(devices) // model_parallel, model_parallel)
-    mesh = keras.distribution.DeviceMesh(shape, [BATCH_AXIS, MODEL_AXIS], devices)
-    layout = ViTModel.get_layout_map(mesh, model_axis=MODEL_AXIS)
-    return keras.distribution.ModelParallel(layout_map=layout, batch_dim_name=BATCH_AXIS)
-
-
 class JaxEngine(Engine):
     """The state of a run on JAX and the compiled functions that advance it (train.run.engine's
-    contract)."""
+    contract): the step (train.engines.jax_step), this process's input, orbax checkpoints."""
 
     def __init__(self, config, workdir, distribution=None):
         import orbax.checkpoint as ocp
 
         self.config, self.workdir = config, workdir
-        self.distribution = distribution or make_distribution(config.model_parallel)
-        mesh = self.distribution.device_mesh
-        self.batch_devices = mesh.shape[0]
+        self.distribution = distribution or make_distribution(config.model_parallel,
+                                                              fsdp=config.fsdp)
+        self.batch_devices = self.distribution.device_mesh.shape[0]
         config_checks.check(config, num_replicas=self.batch_devices)
-        keras.distribution.set_distribution(self.distribution)
-        keras.utils.set_random_seed(input_plan.global_seed(config))
         self.is_chief = is_chief_process()
         self.input = _process_input(config_checks.section(config, settings.FIELDS))
         self.class_names = self.input.class_names
@@ -181,16 +157,11 @@ class JaxEngine(Engine):
             if getattr(spec, field) % config.model_parallel:
                 raise ValueError(f"config.model_parallel={config.model_parallel} must divide "
                                  f"the model's {field} ({getattr(spec, field)}).")
-        self.objective = objectives.make(config, self.num_classes)
-        self.model = self.objective.build()
-        self.optimizer = build_optimizer(config_checks.section(config, optimizers.FIELDS),
-                                         self.model)
-        self.optimizer.build(self.model.trainable_variables)
+        self.jax_step = JaxStep(config, self.num_classes, self.distribution)
+        self.objective, self.model = self.jax_step.objective, self.jax_step.model
+        self.optimizer, self.state = self.jax_step.optimizer, self.jax_step.state
         self.schedule = schedules.WarmupDecay(config.learning_rate, config.warmup_steps,
                                               config.total_steps, config.decay)
-        self.state = self._initial_state()
-        self.batch_sharding = jax.sharding.NamedSharding(
-            mesh.backend_mesh, jax.sharding.PartitionSpec(BATCH_AXIS))
         self.checkpoints = ocp.CheckpointManager(
             os.path.abspath(run_files.checkpoint_dir(workdir)),
             options=ocp.CheckpointManagerOptions(max_to_keep=config.keep_checkpoints,
@@ -201,27 +172,6 @@ class JaxEngine(Engine):
             self._load_pretrained()
         self.eval_examples = self.input.eval_examples
         self._train_iterator = self.input.train(self.step, self.objective.num_patches)
-        self._train_step = jax.jit(self._step, donate_argnums=0)
-        self._eval_step = jax.jit(self._eval_sums)
-
-    # State: plain lists of arrays, in the order of the Keras variables they stand for.
-
-    def _initial_state(self):
-        trainable = [v.value for v in self.model.trainable_variables]
-        state = {
-            "trainable": trainable,
-            "non_trainable": [v.value for v in self.model.non_trainable_variables],
-            "optimizer": [v.value for v in self.optimizer.variables],
-            "ema": list(trainable) if self.config.ema_decay else [],
-        }
-        # Arrays Keras left without a layout (on one device, or the optimizer's counters)
-        # replicated over the mesh, as the step returns them: the step then compiles once,
-        # not again on its second call.
-        replicated = jax.sharding.NamedSharding(self.distribution.device_mesh.backend_mesh,
-                                                jax.sharding.PartitionSpec())
-        return jax.tree.map(
-            lambda array: array if isinstance(array.sharding, jax.sharding.NamedSharding)
-            else jax.device_put(array, replicated), state)
 
     @property
     def step(self):
@@ -230,75 +180,26 @@ class JaxEngine(Engine):
     def learning_rate(self):
         return float(self.schedule(self.step))
 
-    # The step.
-
-    def _stateless(self, compute, trainable, non_trainable, batch):
-        """`compute(objective, model, batch)` (of train.run.step_math) with the given weights,
-        and the non-trainable variables' new values (the dropout seed's state)."""
-        model = self.model
-        mapping = (list(zip(model.trainable_variables, trainable))
-                   + list(zip(model.non_trainable_variables, non_trainable)))
-        with keras.StatelessScope(state_mapping=mapping) as scope:
-            results = compute(self.objective, model, batch)
-        updated = [scope.get_current_value(variable) for variable in
-                   model.non_trainable_variables]
-        updated = [old if new is None else new for old, new in zip(non_trainable, updated)]
-        return results, updated
-
-    def _step(self, state, batch):
-        config = self.config
-        non_trainable = state["non_trainable"]
-
-        def micro_loss(trainable, non_trainable, micro):
-            results, non_trainable = self._stateless(
-                step_math.loss_sums, trainable, non_trainable, micro)
-            loss_sum, count = results
-            return loss_sum, (count, non_trainable)
-
-        gradient = jax.value_and_grad(micro_loss, has_aux=True)
-
-        def gradients_of(micro):
-            nonlocal non_trainable  # the dropout seed's state, threaded through the batches
-            (loss_sum, (count, non_trainable)), grads = gradient(
-                state["trainable"], non_trainable, micro)
-            return grads, loss_sum, count
-
-        grads, loss_sum, count = step_math.accumulate(
-            _micro_batches(batch, config.accum_steps, self.batch_devices), gradients_of)
-        grads, grad_norm = step_math.clipped_mean(grads, count, config.grad_clip_norm)
-        trainable, optimizer = self.optimizer.stateless_apply(state["optimizer"], grads,
-                                                              state["trainable"])
-        new_state = {"trainable": trainable, "non_trainable": non_trainable,
-                     "optimizer": optimizer,
-                     "ema": step_math.moving_averages(state["ema"], trainable, config.ema_decay)}
-        return new_state, (loss_sum / count, grad_norm)
+    # Training and evaluation.
 
     def train_steps(self, steps):
         """Runs `steps` optimizer steps; returns the mean loss and the last gradient norm."""
         losses, grad_norm = [], None
         for _ in range(steps):  # dispatched asynchronously: read back once, at the end
             batch = self._global_batch(next(self._train_iterator))
-            self.state, (loss, grad_norm) = self._train_step(self.state, batch)
+            self.state, (loss, grad_norm) = self.jax_step.train_step(self.state, batch)
             losses.append(loss)
             self._steps_done += 1
         return float(np.mean([_host(loss) for loss in losses])), _host(grad_norm)
 
     def _global_batch(self, local):
-        return {name: jax.make_array_from_process_local_data(self.batch_sharding,
+        return {name: jax.make_array_from_process_local_data(self.jax_step.batch_sharding,
                                                              np.asarray(value))
                 for name, value in local.items() if name != "id"}  # ids: for train.input
 
-    # Evaluation.
-
-    def _eval_sums(self, state, batch):
-        weights_key = "ema" if self.config.ema_decay else "trainable"
-        sums, _ = self._stateless(step_math.eval_sums, state[weights_key],
-                                  state["non_trainable"], batch)
-        return sums
-
     def evaluate(self):
         """Top-1 accuracy (None without classes) and mean loss over the whole eval split."""
-        batches = (self._eval_step(self.state, self._global_batch(local))
+        batches = (self.jax_step.eval_step(self.state, self._global_batch(local))
                    for local in self.input.eval(self.objective.num_patches))
         return step_math.eval_results(([_host(value) for value in sums] for sums in batches),
                                       self.eval_examples, self.objective.has_accuracy)
@@ -335,7 +236,7 @@ class JaxEngine(Engine):
 
     def _load_pretrained(self):
         load_pretrained(self.objective, self.model, self.config)
-        self.state = self._initial_state()
+        self.state = self.jax_step.initial_state()
 
     def close(self):
         """Ends the input's worker processes (their shared memory freed) and the checkpoint
@@ -414,21 +315,6 @@ def _process_input(config):
     from ..data import tf_pipeline
 
     return tf_pipeline.process_input(config, jax.process_count(), jax.process_index())
-
-
-def _micro_batches(batch, accum_steps, batch_devices):
-    """The global batch as `accum_steps` micro-batches, each made of every device's next slice
-    of its own share (as each TensorFlow replica splits its share), so no example moves."""
-    if accum_steps == 1:
-        return [batch]
-    micro = []
-    for index in range(accum_steps):
-        part = {}
-        for name, value in batch.items():
-            shares = value.reshape((batch_devices, accum_steps, -1) + value.shape[1:])
-            part[name] = shares[:, index].reshape((-1,) + value.shape[1:])
-        micro.append(part)
-    return micro
 
 
 def _on_host(array):

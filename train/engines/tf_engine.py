@@ -36,9 +36,13 @@ from .tf_strategy import is_chief, is_tpu
 
 def check_config(config, num_replicas):
     """Rejects values that would fail later (or train nonsense), naming each bad field, its
-    value and the valid range: every field of configs/common.py (train.run.config_checks), and that
-    the batches split evenly over `num_replicas`."""
+    value and the valid range: every field of configs/common.py (train.run.config_checks), that
+    the batches split evenly over `num_replicas`, and the JAX engine's own options."""
     config_checks.check(config, num_replicas)
+    if config.fsdp:
+        raise ValueError("config.fsdp=True splits the weights over the devices of the JAX "
+                         "engine (KERAS_BACKEND=jax); tf.distribute keeps a whole copy on every "
+                         "replica. Run on JAX, or set it to False.")
 
 
 class TFEngine(Engine):

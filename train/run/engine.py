@@ -21,6 +21,7 @@ RULES = {
     "ema_decay": ("float", (0.0, 1.0, False)),
     "jit_compile": ("bool", None),
     "model_parallel": ("int", (1, None)),
+    "fsdp": ("bool", None),
     "keep_checkpoints": ("int", (1, None)),
 }
 

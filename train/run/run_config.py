@@ -20,11 +20,13 @@ from .model_config import model_spec
 from .config_flag import flat_fields, shipped_config
 
 # What a rerun may change: how long to run and how to evaluate, save and export, where the same
-# data lives, how the JAX engine lays the model over the devices and how many processes make its
-# batches; not what is trained.
+# data lives, how the JAX engine lays the model over the devices, how many processes make its
+# batches, how attention is computed and what the backward pass computes again; not what is
+# trained.
 MAY_CHANGE_ON_RESUME = ("total_steps", "steps_per_loop", "eval_every_steps",
                         "checkpoint_every_steps", "keep_checkpoints", "eval_batch_size",
-                        "jit_compile", "export", "data_dir", "model_parallel", "input_workers")
+                        "jit_compile", "export", "data_dir", "model_parallel", "fsdp",
+                        "input_workers", "model.attention_impl", "model.remat")
 
 
 # Fields added to configs/common.py whose default does something else than the code did before

@@ -1,0 +1,130 @@
+"""Fused attention (`attention_impl`, keras.ops.dot_product_attention) against the explicit
+ops: the same logits and gradients for every architecture, at two grid sizes, on whichever
+Keras backend runs the tests (CI runs this file on TensorFlow, JAX and PyTorch); the weights,
+when asked for, from the explicit path."""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit import layers as L
+from model_fixtures import TINY_VIT, randomise
+
+pytestmark = pytest.mark.usefixtures("fresh_session")
+
+BASE = dict(variant="Ti/16", image_size=32, patch_size=8, num_classes=5, **TINY_VIT)
+ARCHITECTURES = {
+    "learned": {},
+    "learned_2d": dict(position_embedding="learned_2d"),
+    "none": dict(position_embedding="none"),
+    "sincos_2d": dict(position_embedding="sincos_2d"),
+    "relative": dict(position_embedding="relative"),
+    "relative_2d": dict(position_embedding="relative_2d", classifier="gap"),
+    "every_layer": dict(position_embedding_placement="every_layer"),
+    "axial": dict(variant="Axial-Ti/16"),
+    "registers_map": dict(num_register_tokens=2, classifier="map"),
+    "any_size_relative": dict(position_embedding="relative", dynamic_image_size=True),
+}
+
+
+def to_np(x):
+    return np.asarray(keras.ops.convert_to_numpy(x), np.float64)
+
+
+def relative_error(got, expected, floor=1e-12):
+    """The largest difference relative to the largest expected value (at least `floor`)."""
+    return float(np.max(np.abs(to_np(got) - to_np(expected))) /
+                 max(np.max(np.abs(to_np(expected))), floor))
+
+
+def pair(fields, dtype=None):
+    """The same weights behind explicit and fused attention."""
+    explicit = keras_vit.vit(keras_vit.ViTConfig(**{**BASE, **fields}, attention_impl="explicit"),
+                             dtype=dtype)
+    randomise(explicit, scale=0.3)
+    fused = keras_vit.vit(explicit.spec.replace(attention_impl="fused"), dtype=dtype)
+    fused.set_weights(explicit.get_weights())
+    return explicit, fused
+
+
+def images(size=32, batch=2, seed=0):
+    return np.random.default_rng(seed).uniform(-1, 1, (batch, size, size, 3)).astype("float32")
+
+
+def gradients(model, x):
+    """The gradients of the summed squared logits with respect to every trainable weight."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(model(x)))
+        return tape.gradient(loss, model.trainable_variables)
+    if backend == "jax":
+        import jax
+
+        non_trainable = [v.value for v in model.non_trainable_variables]
+
+        def loss(trainable):
+            logits, _ = model.stateless_call(trainable, non_trainable, x)
+            return jax.numpy.sum(jax.numpy.square(logits))
+
+        return jax.grad(loss)([v.value for v in model.trainable_variables])
+    if backend == "torch":
+        for variable in model.trainable_variables:
+            variable.value.grad = None
+        (model(x) ** 2).sum().backward()
+        return [variable.value.grad for variable in model.trainable_variables]
+    pytest.skip(f"no gradients on the {backend} backend")
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_fused_equals_explicit_logits_and_gradients(name):
+    explicit, fused = pair(ARCHITECTURES[name])
+    sizes = (32, 48) if explicit.spec.dynamic_image_size else (32,)
+    for size in sizes:  # a model of any size: the trained grid and a larger one
+        x = images(size)
+        assert relative_error(fused(x), explicit(x)) < 1e-5, (name, size)
+        expected = [to_np(g) for g in gradients(explicit, x)]
+        # Gradients that are zero in exact arithmetic (the keys' bias: a softmax ignores what
+        # it adds to every logit of a row) are rounding noise, measured against the largest.
+        floor = 1e-2 * max(np.max(np.abs(g)) for g in expected)
+        for got, wanted, variable in zip(gradients(fused, x), expected,
+                                         explicit.trainable_variables):
+            assert relative_error(got, wanted, floor) < 1e-5, (name, size, variable.path)
+
+
+def test_fused_in_bfloat16_is_explicit_within_its_rounding():
+    explicit, fused = pair(dict(position_embedding="relative"), dtype="mixed_bfloat16")
+    x = images()
+    # bfloat16 keeps 8 bits of mantissa (relative steps of 2**-8); the fused kernel sums the
+    # logits and the softmax in float32 where the explicit ops round them to bfloat16.
+    assert relative_error(fused(x), explicit(x)) < 2**-5
+
+
+def test_the_weights_asked_for_come_from_the_explicit_path():
+    explicit, fused = pair(dict(position_embedding="relative"))
+    x = images()
+    got = keras_vit.attention_model(fused)(x)
+    expected = keras_vit.attention_model(explicit)(x)
+    assert len(got) == explicit.spec.num_layers
+    for weights, reference in zip(got, expected):
+        np.testing.assert_allclose(to_np(weights), to_np(reference), atol=1e-6)
+        np.testing.assert_allclose(to_np(keras.ops.sum(weights, axis=-1)), 1.0, atol=1e-5)
+
+
+def test_auto_is_fused_except_on_tensorflow_and_never_with_dropout_in_training():
+    fused_here = keras.backend.backend() != "tensorflow"
+    assert L._fused("auto", 0.0, True, False) == fused_here
+    assert not L._fused("auto", 0.1, True, False)  # dropout on the weights needs them
+    assert L._fused("auto", 0.1, False, False) == fused_here
+    assert L._fused("fused", 0.0, True, False) and not L._fused("fused", 0.0, False, True)
+    assert not L._fused("explicit", 0.0, False, False)
+
+
+def test_fused_with_attention_dropout_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match="attention_impl='auto'"):
+        keras_vit.ViTConfig(attention_impl="fused", attention_dropout=0.1)
+    with pytest.raises(ValueError, match="attention_impl='flash': must be one of"):
+        keras_vit.ViTConfig(attention_impl="flash")
