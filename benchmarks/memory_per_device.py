@@ -1,20 +1,34 @@
-"""Training memory per device on the JAX engine, by mesh: weights, gradients and optimizer
-state, float32, for every plain ViT size of the paper and a ViT-22B-sized example.
+"""Training memory per device on the JAX engine: what XLA plans for the compiled train step, and
+the formula of the weights and optimizer state by mesh.
 
-    python benchmarks/memory_per_device.py                    # the computed table
+    KERAS_BACKEND=jax python benchmarks/memory_per_device.py --xla   # XLA's plan, 8 devices
+    python benchmarks/memory_per_device.py                           # the formula's table
     KERAS_BACKEND=jax python benchmarks/memory_per_device.py --measure --cpu_devices=4
 
-`config.model_parallel` M splits each block's attention (q, k, v, out) and MLP matrices over M
-devices (keras_vit.ViTModel.get_layout_map); everything else (embeddings, norms, biases
-of the second matrices, the head) is on every device, and the batch axis does not change a device's
-share of the weights. Activations depend on the batch and are not counted. `--measure` builds a
-small model and its AdamW state under the engine's distribution on virtual CPU devices and
-reads what device 0 holds, against the same formula.
+`--xla` compiles the JAX engine's real train step (train.engines.jax_step.JaxStep: the model,
+AdamW, clipping, the update) for B/16, L/16, H/14 and a ViT-g/14-sized model at 224 px,
+mixed_bfloat16, 32 images per device, on `--cpu_devices` virtual CPU devices, by attention
+(explicit, fused) x remat (none, blocks) x sharding (replicated: data parallel; FSDP over all
+devices), and prints XLA's own count per device (`compiled.memory_analysis()`): arguments (the
+state and the batch; the outputs reuse them, donated), temporaries, and their sum; the time to
+compile; and the largest batch per device whose step fits `--gib` GiB (predicted from plans at
+two batch sizes, the temporaries growing about linearly with the batch, and checked by a plan
+at the prediction). The model is abstract (shapes and
+layouts, no weights in memory: Keras defers the variables' initialisation), so a model larger
+than this machine's memory is planned all the same; the numbers are XLA's plan of the same
+program for CPU devices, whose fusions differ somewhat from a TPU's or a GPU's.
+
+The formula: `config.model_parallel` M splits each block's attention (q, k, v, out) and MLP
+matrices over M devices (keras_vit.ViTModel.get_layout_map); everything else is on every device
+unless `config.fsdp` splits it over the batch axis too. Activations depend on the batch and are
+not counted. `--measure` builds a small model and its AdamW state under the engine's
+distribution on virtual CPU devices and reads what device 0 holds, against the formula.
 """
 
 import argparse
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -25,6 +39,13 @@ SIZES = {"Ti/16": (192, 768, 12, 16), "S/16": (384, 1536, 12, 16), "B/16": (768,
          "22B-width/14": (6144, 24576, 48, 14)}
 # Copies of each weight that training keeps: the weight, its gradient, the optimizer's moments.
 OPTIMIZER_SLOTS = {"sgd": 1, "adam": 2, "adamw": 2}
+# The models XLA plans: a variant, with the fields that make ViT-g/14 (Zhai et al., 2022:
+# width 1408, 40 blocks, MLP 6144, 16 heads) from H/14.
+PLANNED = {"B/16": {"variant": "B/16"}, "L/16": {"variant": "L/16"}, "H/14": {"variant": "H/14"},
+           "g/14": {"variant": "H/14", "hidden_size": 1408, "mlp_dim": 6144, "num_heads": 16,
+                    "num_layers": 40},
+           "Ti/16": {"variant": "Ti/16"}}  # (not planned by default: the tests' small case)
+DEFAULT_PLANNED = ("B/16", "L/16", "H/14", "g/14")
 
 
 def parameters(hidden, mlp, layers, patch, image_size=224, classes=1000):
@@ -80,12 +101,108 @@ def measure(model_parallel, cpu_devices):
     return held, weights_and_slots + scalars
 
 
+def planned_step(model_fields, attention, remat, fsdp, per_device_batch, image_size):
+    """(memory_analysis of the compiled step, seconds to compile) for one configuration."""
+    import jax
+
+    from configs import common
+    from train.engines.jax_mesh import make_distribution
+    from train.engines.jax_step import JaxStep
+
+    config = common.get_config()
+    config.model.update(dict(model_fields, attention_impl=attention, remat=remat))
+    config.update(dict(image_size=image_size, dtype_policy="mixed_bfloat16", optimizer="adamw",
+                       weight_decay=0.05, fsdp=fsdp))
+    step = JaxStep(config, 1000, make_distribution(1, fsdp=fsdp), abstract=True)
+    batch = step.batch_spec(per_device_batch * jax.device_count(), image_size)
+    lowered = step.train_step.lower(step.state, batch)
+    start = time.perf_counter()
+    compiled = lowered.compile()
+    return compiled.memory_analysis(), time.perf_counter() - start
+
+
+def _total(memory):
+    return memory.argument_size_in_bytes + memory.temp_size_in_bytes
+
+
+def largest_batch(planned, memory, batch, limit):
+    """The largest batch per device whose step XLA plans within `limit` bytes: the temporaries
+    grow about linearly with the batch, so two plans predict it (`memory`, the plan at `batch`,
+    and one at half of it); a plan at the prediction checks it and, with the first, predicts
+    again from two points further apart; the largest batch that fitted is the answer."""
+    known = {batch: _total(memory), batch // 2: _total(planned(batch // 2)[0])}
+    fitted = max((size for size, total in known.items() if total <= limit), default=0)
+    for _ in range(3):
+        (small, low), (large, high) = sorted(known.items())[0], sorted(known.items())[-1]
+        per_image = (high - low) / (large - small)
+        if per_image <= 0:
+            break
+        guess = int((limit - (high - per_image * large)) // per_image)
+        if guess < 1 or guess in known:
+            break
+        known[guess] = _total(planned(guess)[0])
+        if known[guess] <= limit:
+            fitted = max(fitted, guess)
+    return fitted
+
+
+def plan(args):
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", args.cpu_devices)
+    from machine import cpu_name
+
+    print(f"{cpu_name()}, {os.cpu_count()} cores (the compile times are this CPU's)")
+    gib = 2**30
+    print(f"XLA's plan of one train step per device, {args.cpu_devices} CPU devices, "
+          f"{args.image_size}px, mixed_bfloat16, AdamW, {args.per_device_batch} images per "
+          f"device (GiB; the outputs reuse the arguments):\n")
+    print(f"| model | attention | remat | sharding | arguments | temporaries | total | "
+          f"compile | largest batch in {args.gib:g} GiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in args.models.split(","):
+        for attention in ("explicit", "fused"):
+            for remat in ("none", "blocks"):
+                for fsdp in (False, True):
+                    def planned(batch):
+                        return planned_step(PLANNED[name], attention, remat, fsdp, batch,
+                                            args.image_size)
+
+                    memory, seconds = planned(args.per_device_batch)
+                    largest = (largest_batch(planned, memory, args.per_device_batch,
+                                             args.gib * gib) if args.gib else "-")
+                    total = memory.argument_size_in_bytes + memory.temp_size_in_bytes
+                    print(f"| {name} | {attention} | {remat} | "
+                          f"{'FSDP' if fsdp else 'replicated'} | "
+                          f"{memory.argument_size_in_bytes / gib:.2f} | "
+                          f"{memory.temp_size_in_bytes / gib:.2f} | {total / gib:.2f} | "
+                          f"{seconds:.0f} s | {largest} |", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--xla", action="store_true", help="XLA's plan of the compiled step")
     parser.add_argument("--measure", action="store_true")
-    parser.add_argument("--cpu_devices", type=int, default=4)
+    parser.add_argument("--cpu_devices", type=int, default=None,
+                        help="virtual CPU devices (default 8 with --xla, 4 with --measure)")
+    parser.add_argument("--models", default=",".join(DEFAULT_PLANNED),
+                        help=f"with --xla, a comma list of {', '.join(PLANNED)}")
+    parser.add_argument("--per_device_batch", type=int, default=32)
+    parser.add_argument("--image_size", type=int, default=224)
+    parser.add_argument("--gib", type=float, default=16.0,
+                        help="device memory for the largest batch (16: a TPU v5e chip; 0: "
+                        "no search)")
     args = parser.parse_args()
-    if args.measure:
+    unknown = set(args.models.split(",")) - set(PLANNED)
+    if unknown:
+        parser.error(f"--models: unknown {sorted(unknown)}; known: {', '.join(PLANNED)}")
+    if args.per_device_batch < 2:
+        parser.error("--per_device_batch must be at least 2 (a second plan at half of it)")
+    if args.xla:
+        args.cpu_devices = args.cpu_devices or 8
+        plan(args)
+    elif args.measure:
+        args.cpu_devices = args.cpu_devices or 4
         for model_parallel in (1, 2, 4):
             if args.cpu_devices % model_parallel == 0:
                 measure(model_parallel, args.cpu_devices)

@@ -127,8 +127,9 @@ class ViTConfig:
             on Keras' JAX backend runs cuDNN's flash attention on GPUs and Pallas' splash
             attention on TPUs, and PyTorch's `scaled_dot_product_attention` on torch: the
             score matrix is not kept for the backward pass), "explicit" (the paper's three
-            ops: logits, softmax, weighted sum), or "auto" (fused on the JAX and PyTorch
-            backends, explicit on TensorFlow, which has no fused kernel). The attention
+            ops: logits, softmax, weighted sum), or "auto" (fused where that is faster: on
+            PyTorch and on JAX's GPUs and TPUs; explicit on JAX's CPU, whose XLA reference
+            attention is slower, and on TensorFlow, which has no fused kernel). The attention
             weights, when asked for (`attention_model`, `features(attention=True)`), and
             attention dropout in training always take the explicit path.
         remat: "none", or "blocks": in training, each encoder block keeps only its input for

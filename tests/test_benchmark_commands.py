@@ -22,7 +22,6 @@ def test_input_pipeline_benchmark_runs_the_quickstart_config(fake_fmnist, tmp_pa
     assert "images/s" in result.stdout
 
 
-
 @pytest.mark.processes
 def test_train_step_benchmark_times_the_quickstart_model(fake_fmnist):
     """`benchmarks/train_step.py --quickstart`: the driver's loop on the main job's config, with
@@ -109,3 +108,63 @@ def test_input_scaling_benchmark_reads_about_one_share_per_host(tmp_path):
     assert len(rows) == 4 + 6 + 6, rows
     timed = [("tfrecord", "tf.data"), ("array_record", "tf.data"), ("array_record", "grain")]
     assert [(row[0][2:], row[1]) for row in rows[-6:]] == [run for run in timed for _ in (1, 4)]
+
+
+def test_accelerator_benchmark_runs_its_tiny_model_on_the_cpu():
+    """`benchmarks/accelerator.py --tiny`: the whole benchmark (the JAX engine's train step in
+    four configurations, inference, timm where installed) on a small model, one table."""
+    pytest.importorskip("jax")
+    result = subprocess.run([sys.executable, "benchmarks/accelerator.py", "--tiny"], cwd=REPO,
+                            env=dict(os.environ, KERAS_BACKEND="jax", CUDA_VISIBLE_DEVICES=""),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| keras_vit")]
+    assert len(rows) == 5, result.stdout
+    for row in rows[:4]:  # training: images/s and MFU
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert float(cells[2].replace(",", "")) > 0 and cells[3].endswith("%"), row
+    assert "matmul peak measured" in result.stdout
+
+
+@pytest.mark.processes
+def test_memory_benchmark_plans_the_train_step_with_xla():
+    """`benchmarks/memory_per_device.py --xla` on Ti/16: XLA's plan of the JAX engine's step per
+    device, for every attention, remat and sharding; remat needs less, FSDP holds less."""
+    pytest.importorskip("jax")
+    result = subprocess.run(
+        [sys.executable, "benchmarks/memory_per_device.py", "--xla", "--models=Ti/16",
+         "--per_device_batch=8", "--cpu_devices=2", "--gib=0"],
+        cwd=REPO, env=dict(os.environ, KERAS_BACKEND="jax"), capture_output=True, text=True,
+        timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {tuple(cells[1:4]): [float(cells[4]), float(cells[6])]
+            for line in result.stdout.splitlines() if line.startswith("| Ti/16")
+            for cells in [[cell.strip() for cell in line.strip("|").split("|")]]}
+    assert len(rows) == 8, result.stdout
+    for attention in ("explicit", "fused"):
+        for sharding in ("replicated", "FSDP"):
+            none, blocks = rows[(attention, "none", sharding)], rows[(attention, "blocks", sharding)]
+            assert blocks[1] < none[1], (attention, sharding, rows)  # total per device
+        for remat in ("none", "blocks"):  # arguments: the state, half of it on each device
+            assert rows[(attention, remat, "FSDP")][0] < rows[(attention, remat, "replicated")][0]
+
+
+def test_the_largest_batch_is_predicted_from_two_plans_and_checked():
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import memory_per_device
+
+    class Memory:  # what compiled.memory_analysis() gives, for a plan of `batch` images
+        def __init__(self, batch):
+            self.argument_size_in_bytes = 1000
+            self.temp_size_in_bytes = 50 * batch + (5 * batch if batch > 100 else 0)
+
+    planned_batches = []
+
+    def planned(batch):
+        planned_batches.append(batch)
+        return Memory(batch), 0.0
+
+    # 1000 + 50 b fits 8000 up to b = 140, but above 100 each image takes 55: b = 127.
+    assert memory_per_device.largest_batch(planned, Memory(32), 32, 8000) == 127
+    assert planned_batches[0] == 16 and len(planned_batches) <= 4
+

@@ -22,7 +22,8 @@ directive per comment, `<!-- test: NAME: ARGUMENT -->`, which may span lines:
     flags-only         (shell) Each command runs with `--help` appended: absl and argparse parse,
                        and check, every flag before it (the config file, its argument and the
                        `--config.field` overrides included), then exit without running. For
-                       studies and benchmarks that take minutes or need a TPU's dataset.
+                       studies and benchmarks that take minutes or need a TPU's dataset (leading
+                       `NAME=value` words set the environment).
     processes          (shell) The block starts several training processes (workers, JAX
                        processes, a study's runs): its test is marked `processes`, and runs
                        with `pytest -m processes`, not in the default run (tests/conftest.py).
@@ -404,10 +405,14 @@ def _commands(code):
 def _run_flags_only(block, cwd, env):
     variables = {name: env[name] for name in TEST_VARIABLES}
     for words in _commands(block.text(cwd, variables)):
-        assert words[0] == "python" or words[0].startswith("keras-vit-"), (
-            f"{block.name}: flags-only runs python and keras-vit-* commands, not {words[0]!r}")
-        result = subprocess.run([*words, "--help"], cwd=cwd, env=env, capture_output=True,
-                                text=True, timeout=120)
+        assignments = {}  # leading NAME=value words, as the shell reads them
+        while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+            name, _, value = words.pop(0).partition("=")
+            assignments[name] = value
+        assert words and (words[0] == "python" or words[0].startswith("keras-vit-")), (
+            f"{block.name}: flags-only runs python and keras-vit-* commands, not {words!r}")
+        result = subprocess.run([*words, "--help"], cwd=cwd, env={**env, **assignments},
+                                capture_output=True, text=True, timeout=120)
         output = result.stdout + result.stderr
         helped = ((result.returncode == 0 and "usage:" in result.stdout) or  # argparse
                   (result.returncode == 1 and "Try --helpfull" in result.stdout))  # absl

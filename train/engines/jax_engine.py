@@ -136,6 +136,25 @@ def is_chief_process():
     return jax.process_index() == 0
 
 
+def allocator_hint():
+    """A line for a run on JAX's CPU devices under glibc's malloc, None elsewhere. JAX's CPU
+    runtime allocates a step's temporaries afresh at every call, and glibc maps and unmaps
+    large blocks each time: in `perf`, the kernel's page-fault handling is among the hottest
+    symbols of a step. With tcmalloc, which keeps the pages, the README's main job ran in
+    1 min 43 s against 2 min 35 s (2-core AMD EPYC; TensorFlow's engine: 1 min 34 s)."""
+    if jax.devices()[0].platform != "cpu":
+        return None
+    try:
+        with open("/proc/self/maps") as handle:
+            if "tcmalloc" in handle.read():
+                return None
+    except OSError:  # not Linux: nothing known to say
+        return None
+    return ("JAX on CPU runs this engine about 1.5x faster with tcmalloc: `sudo apt-get install "
+            "libtcmalloc-minimal4`, then start the command with "
+            "LD_PRELOAD=libtcmalloc_minimal.so.4 (Cloud TPU VMs preload tcmalloc already).")
+
+
 class JaxEngine(Engine):
     """The state of a run on JAX and the compiled functions that advance it (train.run.engine's
     contract): the step (train.engines.jax_step), this process's input, orbax checkpoints."""
@@ -144,6 +163,9 @@ class JaxEngine(Engine):
         import orbax.checkpoint as ocp
 
         self.config, self.workdir = config, workdir
+        hint = allocator_hint()
+        if hint and is_chief_process():
+            logging.info(hint)
         self.distribution = distribution or make_distribution(config.model_parallel,
                                                               fsdp=config.fsdp)
         self.batch_devices = self.distribution.device_mesh.shape[0]

@@ -39,6 +39,8 @@ class FullyShardedParallel(keras.distribution.ModelParallel):
 
     def get_variable_layout(self, variable):
         layout = super().get_variable_layout(variable)
+        if BATCH_AXIS in layout.axes:  # laid out already (an optimizer slot takes its weight's)
+            return layout
         mesh = self.device_mesh
         devices = dict(zip(mesh.axis_names, mesh.shape))
         # A dimension mapped to an axis of one device is not split: it is free.

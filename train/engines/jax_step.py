@@ -15,6 +15,9 @@ import contextlib
 import jax
 import keras
 
+from keras_vit.layers import EncoderBlock
+from keras_vit.model import ViTModel
+
 from ..data import input_plan
 from ..run import config_checks, objectives, optimizers, step_math
 from ..run.optimizers import build_optimizer
@@ -56,6 +59,9 @@ class JaxStep:
             self.optimizer.build(self.model.trainable_variables)
         self.batch_sharding = jax.sharding.NamedSharding(self.mesh,
                                                          jax.sharding.PartitionSpec(BATCH_AXIS))
+        # With remat, blocks that are alike run as one checkpointed loop (`_ScannedBlocks`).
+        self.scanned_chain = (_ScannedBlocks.of(self.model)
+                              if config.model.get("remat") == "blocks" else None)
         self.state = self.initial_state()
         # The state keeps its layout from step to step (one compilation, donated buffers reused).
         replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
@@ -106,14 +112,19 @@ class JaxStep:
     def _stateless(self, compute, trainable, non_trainable, batch):
         """`compute(objective, model, batch)` (of train.run.step_math) with the given weights,
         and the non-trainable variables' new values (the dropout seed's state)."""
-        model = self.model
+        model = runner = self.model
         mapping = (list(zip(model.trainable_variables, trainable))
                    + list(zip(model.non_trainable_variables, non_trainable)))
         # (Nothing to initialise on leaving it: an abstract model's variables stay shapes.)
         with keras.StatelessScope(state_mapping=mapping, initialize_variables=False) as scope:
-            results = compute(self.objective, model, batch)
+            if self.scanned_chain is not None:
+                runner = _ScannedBlocks(model, self.scanned_chain, trainable, non_trainable)
+            results = compute(self.objective, runner, batch)
         updated = [scope.get_current_value(variable) for variable in
                    model.non_trainable_variables]
+        if runner is not model:  # the blocks' seed states, updated inside the loop
+            updated = [runner.updated.get(id(variable), new)
+                       for variable, new in zip(model.non_trainable_variables, updated)]
         updated = [old if new is None else new for old, new in zip(non_trainable, updated)]
         return results, updated
 
@@ -165,3 +176,80 @@ def _micro_batches(batch, accum_steps, batch_devices):
             part[name] = shares[:, index].reshape((-1,) + value.shape[1:])
         micro.append(part)
     return micro
+
+
+class _ScannedBlocks:
+    """The model's forward pass with its encoder blocks as one `jax.lax.scan` over their stacked
+    weights, each step of the loop checkpointed (`jax.checkpoint`): the backward pass keeps
+    each block's input only and computes the block again. Unrolled, with each block
+    checkpointed (`keras.remat`), XLA's memory plan on CPU kept every block's activations all
+    the same (measured: benchmarks/memory_per_device.py); the loop leaves it no other order.
+    The blocks draw from their own seed generators as they would unrolled, so dropout and
+    stochastic depth mask what they would without remat.
+
+    For models whose blocks are alike and form a chain with the other layers (`of`); the
+    objective calls it in place of the model."""
+
+    def __init__(self, model, chain, trainable, non_trainable):
+        self.model, self.chain = model, chain
+        self.blocks = [layer for layer in chain if isinstance(layer, EncoderBlock)]
+        self.trainable = dict(zip(map(id, model.trainable_variables), trainable))
+        self.non_trainable = dict(zip(map(id, model.non_trainable_variables), non_trainable))
+        self.updated = {}  # id(variable) -> the blocks' new seed states
+
+    @staticmethod
+    def of(model):
+        """The chain of `model`'s layers (no input layer) when its encoder can run as a loop:
+        a classifier (not masked patch prediction's wrapper) of one image size whose blocks
+        follow each other and are alike but for their weights (not Axial-ViT's row and column
+        blocks, no position embedding between them, and no stochastic depth, whose rate rises
+        from block to block). None otherwise."""
+        spec = getattr(model, "spec", None)
+        if spec is None or not isinstance(model, ViTModel) or spec.dynamic_image_size:
+            return None
+        chain = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+        positions = [i for i, layer in enumerate(chain) if isinstance(layer, EncoderBlock)]
+        if len(positions) < 2 or positions != list(range(positions[0], positions[-1] + 1)):
+            return None
+        configs = [{**chain[i].get_config(), "name": None} for i in positions]
+        if any(config != configs[0] for config in configs):
+            return None
+        return chain
+
+    def __call__(self, images, training=False):
+        first, last = self.blocks[0], self.blocks[-1]
+        x = images
+        for layer in self.chain[:self.chain.index(first)]:
+            x = layer(x, training=training)
+        x = self._blocks(x, training)
+        for layer in self.chain[self.chain.index(last) + 1:]:
+            x = layer(x, training=training)
+        return x
+
+    def _stacked(self, values, kind):
+        """Each of the first block's variables of `kind`, stacked over the blocks."""
+        count = len(getattr(self.blocks[0], kind))
+        return [jax.numpy.stack([values[id(getattr(block, kind)[index])]
+                                 for block in self.blocks]) for index in range(count)]
+
+    def _blocks(self, x, training):
+        template = self.blocks[0]
+
+        def body(tokens, weights):
+            trainable, non_trainable = weights
+            tokens, non_trainable = template.stateless_call(trainable, non_trainable, tokens,
+                                                            training=training)
+            return tokens, non_trainable
+
+        remat, template.remat = template.remat, False  # the loop's checkpoint does it
+        try:
+            x, states = jax.lax.scan(
+                jax.checkpoint(body, prevent_cse=False), x,
+                (self._stacked(self.trainable, "trainable_variables"),
+                 self._stacked(self.non_trainable, "non_trainable_variables")))
+        finally:
+            template.remat = remat
+        for index in range(len(template.non_trainable_variables)):
+            for number, block in enumerate(self.blocks):
+                self.updated[id(block.non_trainable_variables[index])] = states[index][number]
+        return x
