@@ -41,11 +41,11 @@ SIZES = {"Ti/16": (192, 768, 12, 16), "S/16": (384, 1536, 12, 16), "B/16": (768,
 OPTIMIZER_SLOTS = {"sgd": 1, "adam": 2, "adamw": 2}
 # The models XLA plans: a variant, with the fields that make ViT-g/14 (Zhai et al., 2022:
 # width 1408, 40 blocks, MLP 6144, 16 heads) from H/14.
-PLANNED = {"B/16": {"variant": "B/16"}, "L/16": {"variant": "L/16"}, "H/14": {"variant": "H/14"},
+PLANNED = {"Ti/16": {"variant": "Ti/16"}, "S/16": {"variant": "S/16"},
+           "B/16": {"variant": "B/16"}, "L/16": {"variant": "L/16"}, "H/14": {"variant": "H/14"},
            "g/14": {"variant": "H/14", "hidden_size": 1408, "mlp_dim": 6144, "num_heads": 16,
-                    "num_layers": 40},
-           "Ti/16": {"variant": "Ti/16"}}  # (not planned by default: the tests' small case)
-DEFAULT_PLANNED = ("B/16", "L/16", "H/14", "g/14")
+                    "num_layers": 40}}
+DEFAULT_PLANNED = tuple(PLANNED)
 
 
 def parameters(hidden, mlp, layers, patch, image_size=224, classes=1000):

@@ -28,7 +28,23 @@ def get_config():
     # here; None (the default of the variant's table fields, classifier and dropout) takes the
     # variant's. E.g. --config.model.variant=Ti/16 --config.model.hidden_size=64.
     config.model = model_fields(variant="B/16")  # variant e.g. "Ti/16", "R50+B/16", "Axial-B/16"
-    config.pretrained = ""  # "" for none, or a keras_vit weights name or .npz path/URL
+    # What the run starts from: "" (from scratch), a published name or .npz (the config's
+    # architecture), or a checkpoint that says its own: a hub name (hf:..., timm:...), a
+    # transformers or timm directory, an .npz with its spec, an exported model.keras; its
+    # architecture fills the config.model fields left at their defaults.
+    config.pretrained = ""  # "": from scratch (docs/training.md#starting-from-a-checkpoint)
+    config.pretrained_head = False  # keep the checkpoint's head (the dataset's classes)
+    # LoRA: low-rank adapters on the blocks' attention and MLP kernels, which stay frozen with
+    # every other weight but the head (train/run/objectives.py); 0 trains every weight.
+    config.lora_rank = 0  # the adapters' rank (8 is common); 0: no LoRA
+    config.lora_alpha = placeholder(float)  # scales the adapters by alpha / rank; None: rank
+    config.lora_norms = False  # the LayerNorms train too
+    # DeiT's distillation (train/run/distillation.py): a trained teacher's logits on the same
+    # batch join the labels in the loss.
+    config.distill = "none"  # "none", "soft" (KL at a temperature) or "hard" (its arg-max)
+    config.distill_teacher = ""  # a checkpoint, as config.pretrained, or a trained run's workdir
+    config.distill_weight = 0.5  # w: (1 - w) x the labels' loss + w x the teacher's
+    config.distill_temperature = 1.0  # T of soft distillation (DeiT's soft runs: 3.0)
 
     # Objective: supervised, or the paper's self-supervised pre-training (section 4.6,
     # configs/mpp.py): masked patches of each image, with targets from their pixels, no labels.

@@ -24,7 +24,7 @@ from keras_vit.variants import VARIANT_NAMES
 
 __version__ = "0.1.0"
 
-_LAZY_MODULES = ("analysis", "checkpoint", "export", "fileio", "flops", "hub", "plotting",
+_LAZY_MODULES = ("analysis", "checkpoint", "export", "fileio", "flops", "hub", "lora", "plotting",
                  "pretrained", "resample", "serving")
 _LAZY_FUNCTIONS = {"from_pretrained": "hub", "save_pretrained": "hub"}  # name -> its module
 

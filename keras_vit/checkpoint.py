@@ -18,9 +18,10 @@ import logging
 import os
 import zipfile
 
+import keras
 import numpy as np
 
-from keras_vit import fileio
+from keras_vit import fileio, lora
 from keras_vit import layers as vit_layers
 from keras_vit import resample
 # Also public here, where it lived before keras_vit.resample.
@@ -78,12 +79,15 @@ def _checkpoint_shape(key, keras_shape, num_heads):
 
 
 def _model_variables(model):
-    """Yields `(checkpoint key, variable, checkpoint shape)` for every weight of `model`."""
+    """Yields `(checkpoint key, variable, checkpoint shape)` for every weight of `model` (of a
+    model adapted by keras_vit.lora: the base kernels, not the adapters)."""
     heads = {}
     for layer in model.layers:
         if isinstance(layer, vit_layers.EncoderBlock):
             heads[layer.name] = layer.num_heads
     for variable in model.weights:
+        if lora.is_adapter(variable):
+            continue
         key = checkpoint_key(variable.path)
         num_heads = heads.get(variable.path.split("/")[0], 1)
         yield key, variable, _checkpoint_shape(key, variable.shape, num_heads)
@@ -132,23 +136,30 @@ def read_weights(path):
     """The arrays of a checkpoint, by key: an `.npz` (`read_npz`), or a keras_vit `.keras`
     model file (loaded in Keras' safe mode), e.g. the encoder a pre-training run exported."""
     if os.fspath(path).endswith(".keras"):
-        import keras
-
-        if not os.path.exists(path) and "://" not in os.fspath(path):
-            raise FileNotFoundError(f"No model file at {os.fspath(path)!r}.")
-        try:
-            model = keras.saving.load_model(path, compile=False, safe_mode=True)
-        except (OSError, ValueError, TypeError, zipfile.BadZipFile) as error:
-            raise CheckpointError(f"{os.fspath(path)!r} is not a loadable keras_vit .keras "
-                                  f"model: {error}") from error
-        return model_arrays(model)
+        return model_arrays(read_keras_model(path))
     return read_npz(path)
 
 
+def read_keras_model(path):
+    """A keras_vit `.keras` model file, loaded in Keras' safe mode, uncompiled; a
+    `FileNotFoundError` or `CheckpointError` naming the path when it cannot be."""
+    import keras
+
+    if not os.path.exists(path) and "://" not in os.fspath(path):
+        raise FileNotFoundError(f"No model file at {os.fspath(path)!r}.")
+    try:
+        return keras.saving.load_model(path, compile=False, safe_mode=True)
+    except (OSError, ValueError, TypeError, zipfile.BadZipFile) as error:
+        raise CheckpointError(f"{os.fspath(path)!r} is not a loadable keras_vit .keras "
+                              f"model: {error}") from error
+
+
 def model_arrays(model):
-    """A keras_vit model's weights as the arrays of its `.npz` checkpoint, by key."""
-    return {key: np.asarray(variable.numpy()).reshape(shape)
-            for key, variable, shape in _model_variables(model)}
+    """A keras_vit model's weights as the arrays of its `.npz` checkpoint, by key (LoRA's
+    adapters merged into their kernels)."""
+    merged = lora.merged_kernels(model)
+    return {key: np.asarray(keras.ops.convert_to_numpy(merged.get(variable.path, variable)))
+            .reshape(shape) for key, variable, shape in _model_variables(model)}
 
 
 def _read_archive(path, handle):

@@ -14,6 +14,7 @@ and names on the hub download through `huggingface_hub` (cached; offline, the ca
 both come with `pip install "keras_vit[hub]"` and load only when used.
 """
 
+import dataclasses
 import importlib
 import json
 import os
@@ -103,7 +104,8 @@ def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, preprocess
         source: a directory holding transformers' or timm's `config.json` and
             `model.safetensors`, a hub name ("hf:google/vit-base-patch16-224",
             "timm:vit_base_patch16_224.augreg2_in21k_ft_in1k"), or an original `.npz` file
-            written by `checkpoint.save_npz` (its spec sidecar says the architecture).
+            written by `checkpoint.save_npz` (its spec sidecar says the architecture), or a
+            keras_vit `.keras` model (loaded in safe mode).
         dtype, name: as `keras_vit.vit`.
         cache_dir: the Hugging Face cache (default: huggingface_hub's).
         preprocessing: a `keras_vit.EvalPreprocessing` to use instead of the checkpoint's
@@ -118,22 +120,49 @@ def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, preprocess
     (transformers' default is 1e-12, timm's 1e-6). transformers' `ViTForImageClassification`
     gives its logits, its `ViTModel` the pooler's output.
     """
-    if not isinstance(source, (str, os.PathLike)):
-        raise TypeError(f"source must be a directory, a hub name or an .npz path, got "
-                        f"{type(source).__name__}.")
     if preprocessing is not None and not isinstance(preprocessing, EvalPreprocessing):
         raise TypeError(f"preprocessing must be a keras_vit.EvalPreprocessing or None (the "
                         f"checkpoint's), got {type(preprocessing).__name__}.")
+    found = read_checkpoint(source, cache_dir, preprocessing)
+    if found.spec is None:
+        raise checkpoint.CheckpointError(
+            f"{source!r} has no spec beside it ({checkpoint.spec_file(source)}), so its "
+            "architecture is unknown: load it with keras_vit.vit(variant, weights=path).")
+    model = vit(found.spec.replace(**fields), dtype=dtype, name=name)
+    checkpoint.load_npz(model, found.arrays)
+    model.preprocessing = found.preprocessing
+    return model
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    """What `read_checkpoint` found: the architecture (`spec`, None for an original `.npz`
+    without a spec beside it), the weights as `.npz` arrays for keras_vit's [-1, 1] inputs (the
+    checkpoint's normalisation folded in), its evaluation resize and crop, and its `layout`
+    ("transformers", "timm", "npz" or "keras")."""
+
+    spec: object
+    arrays: dict
+    preprocessing: EvalPreprocessing
+    layout: str
+
+
+def read_checkpoint(source, cache_dir=None, preprocessing=None):
+    """The `Checkpoint` of `source`, as `from_pretrained` reads it, without building a model:
+    a directory in transformers' or timm's layout, a hub name ("hf:...", "timm:..."), an
+    `.npz` (its spec from the file `save_npz` writes beside it), or a keras_vit `.keras` model
+    (loaded in Keras' safe mode). `preprocessing`, when given, replaces the checkpoint's."""
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(f"source must be a directory, a hub name, an .npz or a .keras path, "
+                        f"got {type(source).__name__}.")
     source = os.fspath(source)
-    if source.endswith(".npz"):
-        spec = checkpoint.read_spec(source)
-        if spec is None:
-            raise checkpoint.CheckpointError(
-                f"{source!r} has no spec beside it ({checkpoint.spec_file(source)}), so its "
-                "architecture is unknown: load it with keras_vit.vit(variant, weights=path).")
-        model = vit(spec.replace(**fields), weights=source, dtype=dtype, name=name)
-        model.preprocessing = preprocessing  # the original's: bilinear, straight to the size
-        return model
+    if source.endswith(".npz"):  # the original's preprocessing: bilinear, straight to the size
+        return Checkpoint(checkpoint.read_spec(source), checkpoint.read_npz(source),
+                          preprocessing or EvalPreprocessing(), "npz")
+    if source.endswith(".keras"):
+        model = checkpoint.read_keras_model(source)
+        return Checkpoint(getattr(model, "spec", None), checkpoint.model_arrays(model),
+                          preprocessing or model.preprocessing, "keras")
     source_directory = local_directory(source, cache_dir)
     config, state = read_directory(source_directory)
     layout = torch_layouts.detect(config)
@@ -144,12 +173,8 @@ def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, preprocess
     else:
         spec = torch_layouts.spec_from_timm(config, state)
     arrays = torch_layouts.to_npz_arrays(state, spec, layout)
-    mean, std = _normalization(config, processor)
-    _fold_normalization(arrays, mean, std)
-    model = vit(spec.replace(**fields), dtype=dtype, name=name)
-    checkpoint.load_npz(model, arrays)
-    model.preprocessing = preprocessing
-    return model
+    _fold_normalization(arrays, *_normalization(config, processor))
+    return Checkpoint(spec, arrays, preprocessing, layout)
 
 
 def _processor(directory):

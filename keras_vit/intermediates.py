@@ -69,8 +69,8 @@ def _chosen(layers, depth):
     """1-based layer numbers (negative ones count from the last) -> 0-based indices."""
     if layers is None:
         return list(range(depth))
-    if isinstance(layers, (int, np.integer)) and not isinstance(layers, bool):
-        layers = (layers,)
+    if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
+        layers = (layers,)  # one number (or a float, a string: refused below, by name)
     chosen = []
     for number in layers:
         valid = (isinstance(number, (int, np.integer)) and not isinstance(number, bool)

@@ -230,10 +230,14 @@ def prepare_images(model, images):
         if images.shape.rank not in (0, 1):
             raise ValueError(f"prepare_images takes one encoded file or a list of them, got a "
                              f"string tensor of shape {tuple(images.shape)}.")
-        if images.shape.rank == 0:
-            pixels = decode_and_resize(images, size, preprocessing)
-        else:
-            pixels = decode_and_resize_files(images, size, preprocessing)
+        if not tf.executing_eagerly():  # in tf.data or a tf.function
+            pixels = (decode_and_resize(images, size, preprocessing) if images.shape.rank == 0
+                      else decode_and_resize_files(images, size, preprocessing))
+        elif images.shape.rank == 0:
+            pixels = _decoded(images, "the file", size, preprocessing)
+        else:  # one at a time, so that a file that does not decode is named
+            pixels = tf.stack([_decoded(item, f"item {index}", size, preprocessing)
+                               for index, item in enumerate(tf.unstack(images))])
     else:
         if images.shape.rank not in (3, 4) or images.shape[-1] != 3:
             raise ValueError(f"prepare_images takes RGB pixels [height, width, 3] or "
@@ -245,6 +249,20 @@ def prepare_images(model, images):
     return pixels
 
 
+def _decoded(file, name, size, preprocessing):
+    """`decode_and_resize` of one encoded file (eager), or a ValueError naming it (`name`) by
+    its size and first bytes when it does not decode."""
+    import tensorflow as tf
+
+    try:
+        return decode_and_resize(file, size, preprocessing)
+    except tf.errors.InvalidArgumentError:
+        data = file.numpy()
+        raise ValueError(f"prepare_images: {name} ({len(data)} bytes, starting {data[:16]!r}) "
+                         "is not an image TensorFlow decodes (JPEG, PNG, GIF, BMP or WebP); "
+                         "pass the bytes of an image file.") from None
+
+
 def _images_tensor(images):
     """`images` as a TensorFlow tensor: strings for encoded files, else numbers."""
     import tensorflow as tf
@@ -252,6 +270,12 @@ def _images_tensor(images):
     if isinstance(images, str):
         raise TypeError("prepare_images takes the image file's bytes, got a str; read the "
                         "file first: open(path, 'rb').read().")
+    if isinstance(images, (list, tuple)):
+        for index, item in enumerate(images):
+            if isinstance(item, str):
+                raise TypeError(f"prepare_images takes the image files' bytes, but item {index} "
+                                f"is a str ({item[:80]!r}); read the files first: "
+                                "[open(path, 'rb').read() for path in paths].")
     if isinstance(images, bytes) or (isinstance(images, (list, tuple)) and images
                                      and all(isinstance(item, bytes) for item in images)):
         return tf.constant(images)  # not through numpy, whose bytes lose trailing zeros

@@ -15,6 +15,7 @@ architecture has is in `timm_architectures.json`.
 import functools
 import json
 import logging
+import math
 import os
 import re
 
@@ -292,9 +293,21 @@ def spec_from_transformers(config, state):
     if classifier and config.get("pooler_act", "tanh") != "tanh":
         raise LayoutError(f"pooler_act {config['pooler_act']!r}: only tanh (the original's).")
     hidden = config.get("hidden_size", 768)
+    prefix = "vit." if classifier else ""
+    patch, image_size = config.get("patch_size", 16), config.get("image_size", 224)
+    kernel = _tensor(state, prefix + "embeddings.patch_embeddings.projection.weight",
+                     "transformers")
+    if tuple(kernel.shape[-2:]) != (patch, patch):
+        raise LayoutError(
+            f"config.json says patch_size {patch}, but model.safetensors holds "
+            f"{kernel.shape[-2]}x{kernel.shape[-1]} patch kernels: the two files contradict each "
+            "other (transformers refuses them too). Use the config.json written with these "
+            "weights; to resize the patches, pass patch_size= to from_pretrained.")
+    _check_grid(_tensor(state, prefix + "embeddings.position_embeddings", "transformers"),
+                image_size, patch, 1, "image_size")
     return _spec(hidden, config.get("intermediate_size", 3072),
                  config.get("num_attention_heads", 12), config.get("num_hidden_layers", 12),
-                 config.get("patch_size", 16), image_size=config.get("image_size", 224),
+                 patch, image_size=image_size,
                  include_top=classifier, num_classes=max(len(labels), 1) if classifier else 1,
                  representation_size=None if classifier or "pooler.dense.weight" not in state
                  else hidden,
@@ -408,10 +421,13 @@ def spec_from_timm(config, state):
     if missing:
         raise LayoutError(f"timm architecture {architecture!r} needs {', '.join(missing)}, "
                           "which keras_vit has no option for yet.")
-    kernel = state["patch_embed.proj.weight"]
+    kernel = _tensor(state, "patch_embed.proj.weight", "timm")
     hidden, patch = kernel.shape[0], kernel.shape[-1]
     layers = len({key.split(".")[1] for key in state if key.startswith("blocks.")})
-    mlp = state["blocks.0.mlp.fc1.weight"].shape[0]
+    mlp = _tensor(state, "blocks.0.mlp.fc1.weight", "timm").shape[0]
+    prefix_tokens = int(bool(args["class_token"])) + args["reg_tokens"]
+    _check_grid(_tensor(state, "pos_embed", "timm"), args["img_size"], patch,
+                0 if args["no_embed_class"] else prefix_tokens, "img_size")
     gap = args["global_pool"] == "avg"
     fc_norm = gap if args["fc_norm"] is None else args["fc_norm"]  # timm's rule
     final_norm = "none" if not args["final_norm"] else "pooled" if fc_norm else "tokens"
@@ -429,6 +445,34 @@ def spec_from_timm(config, state):
                  dynamic_image_size=args["dynamic_img_size"],
                  dynamic_image_pad=args["dynamic_img_pad"],
                  position_embedding_interpolation="bicubic")  # as timm resamples
+
+
+def _tensor(state, name, layout):
+    """`state[name]`, or a LayoutError saying that the weights are not in the layout of their
+    config.json (`layout`), naming a tensor they do hold."""
+    if name in state:
+        return state[name]
+    found = next((key for key in sorted(state) if "patch" in key), None) or min(state, default="")
+    raise LayoutError(
+        f"config.json is {layout}'s, but model.safetensors has no {name!r} (it holds "
+        f"{found!r}, ...): the two files come from different libraries or models. Put the "
+        "config.json written with these weights beside them.")
+
+
+def _check_grid(position_embeddings, image_size, patch, prefix_tokens, field):
+    """A LayoutError unless `position_embeddings` [1, tokens, D] hold `prefix_tokens` and one
+    per patch of `image_size` (an int or [height, width]) in patches of `patch` pixels."""
+    sides = [image_size] * 2 if isinstance(image_size, int) else list(image_size)
+    rows, columns = (side // patch for side in sides)
+    held = position_embeddings.shape[1] - prefix_tokens
+    if held != rows * columns:
+        side = math.isqrt(max(held, 0))
+        grid = f"{side}x{side}" if side * side == held else f"{held}"
+        raise LayoutError(
+            f"config.json says {field} {image_size} ({rows}x{columns} patches of {patch} "
+            f"pixels), but model.safetensors holds position embeddings for {grid} patches: the "
+            "two files contradict each other. Use the config.json written with these weights; "
+            "to resample the position embeddings, pass image_size= to from_pretrained.")
 
 
 def _whole_patches(image_size, patch, architecture):

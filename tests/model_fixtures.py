@@ -1,4 +1,4 @@
-"""Shared by the model tests: the tiny ViT's size and `randomise`."""
+"""Shared by the model tests: the tiny ViT's size, `randomise` and `random_tiny_vit`."""
 
 import numpy as np
 
@@ -13,3 +13,14 @@ def randomise(layer, seed=1, scale=0.3):
     rng = np.random.default_rng(seed)
     for variable in layer.weights:
         variable.assign(rng.normal(0.0, scale, size=tuple(variable.shape)).astype(variable.dtype))
+
+
+def random_tiny_vit(**fields):
+    """A TINY_VIT classifier of 32 px in 8-pixel patches and 5 classes (`fields` change any
+    of that), its weights random (`randomise`)."""
+    import keras_vit
+
+    model = keras_vit.vit("Ti/16", **{**TINY_VIT, "image_size": 32, "patch_size": 8,
+                                      "num_classes": 5, **fields})
+    randomise(model)
+    return model

@@ -170,6 +170,18 @@ def test_trainer_check_config_uses_the_checks():
     tf_engine.check_config(_config(), 2)
 
 
+@pytest.mark.parametrize("field, value, shown", [
+    ("fsdp", True, "config.fsdp=True splits the weights over the devices of the JAX engine"),
+    ("model_parallel", 2, "config.model_parallel=2 splits the blocks' matrices over devices "
+                          "on the JAX engine"),
+])
+def test_the_tensorflow_engine_refuses_the_jax_engines_sharding(field, value, shown):
+    """Not a data-parallel run that ignores the option and exits 0."""
+    from train.engines import tf_engine
+    with pytest.raises(ValueError, match=shown + r".*Run on JAX, or set it to"):
+        tf_engine.check_config(_config(**{field: value}), 2)
+
+
 def test_analyze_checks_only_what_it_reads():
     config = _config(batch_size=0, image_size=30)
     with pytest.raises(ValueError) as error:

@@ -208,9 +208,10 @@ PLACEMENTS = keras_vit.spec.PLACEMENTS
 
 def test_each_field_has_one_owner_whose_choices_the_checks_read():
     from train.data import augmentation, settings
-    from train.run import config_checks, engine, loop, objectives, optimizers, schedules
+    from train.run import (config_checks, distillation, engine, loop, objectives, optimizers,
+                           schedules, starting_point)
     owners = [loop.RULES, objectives.RULES, settings.RULES, augmentation.RULES,
-              optimizers.RULES, engine.RULES]
+              optimizers.RULES, engine.RULES, starting_point.RULES, distillation.RULES]
     names = [name for rules in owners for name in rules]
     assert len(names) == len(set(names))  # no field has two owners
     rules = config_checks.rules()

@@ -232,7 +232,7 @@ def test_features_attention_equals_attention_model_at_any_size():
 
 def test_features_refuses_layers_that_are_not_there():
     model = tiny(num_layers=2)
-    for bad in ((0,), (3,), (-3,), (1.5,), ()):
+    for bad in ((0,), (3,), (-3,), (1.5,), (), 1.0, "2", True):
         with pytest.raises(ValueError, match=r"layers .*1 to 2|layers is empty"):
             keras_vit.features(model, layers=bad)
     with pytest.raises(ValueError, match="output must be one of"):

@@ -194,6 +194,19 @@ def test_prepare_images_errors_say_what_to_pass(images, error, message):
         keras_vit.prepare_images(tiny(), images)
 
 
+def test_prepare_images_names_the_item_that_is_a_path_or_not_an_image():
+    png = tf.io.encode_png(noise(8, 8)).numpy()
+    with pytest.raises(TypeError, match=r"item 1 is a str \('no_such_photo.jpg'\); read the "
+                                        r"files first"):
+        keras_vit.prepare_images(tiny(), [png, "no_such_photo.jpg"])
+    for bad, shown in ((b"not an image at all", "19 bytes, starting b'not an image at '"),
+                       (png[:30], r"30 bytes, starting b'\\x89PNG")):
+        with pytest.raises(ValueError, match=rf"item 1 \({shown}.*is not an image"):
+            keras_vit.prepare_images(tiny(), [png, bad])
+    with pytest.raises(ValueError, match=r"the file \(4 bytes, starting b'junk'\)"):
+        keras_vit.prepare_images(tiny(), b"junk")
+
+
 def test_the_saved_model_prepares_images_as_prepare_images(tmp_path):
     model = tiny_vit()
     model.preprocessing = TIMM_VIT

@@ -105,17 +105,24 @@ def test_augmentation_is_a_function_of_seed_and_position(fake):
     assert not np.array_equal(first, other_seed)
 
 
-def test_inception_crop_keeps_its_area_and_aspect_ranges():
-    image = np.zeros((120, 160, 3), np.uint8)
-    shapes = [grain_pipeline.inception_crop(image, np.random.default_rng(seed), 0.1).shape[:2]
-              for seed in range(400)]
-    areas = np.array([height * width for height, width in shapes]) / image[..., 0].size
-    aspects = np.array([width / height for height, width in shapes])
-    whole = (areas == 1.0)
-    assert whole.mean() < 0.2  # the fallback to the whole image is rare
-    assert areas[~whole].min() >= 0.09 and aspects[~whole].min() >= 0.7
-    assert aspects[~whole].max() <= 1.4 and areas[~whole].max() <= 1.0
-    assert areas.std() > 0.1  # and the crops vary
+@needs_tensorflow
+@pytest.mark.parametrize("start_step", [0, 3 * NUM_TRAIN // BATCH + 5])
+def test_both_pipelines_read_the_same_examples_cropped_and_flipped_alike(fake, start_step):
+    """One stream per seed: at step 0 and deep in the fourth epoch, host 1 of 2 gets the same
+    records from Grain as from tf.data, the same labels, and the same crops and flips (the
+    images equal to the bilinear resizes' float rounding)."""
+    from train import input as inspector
+    from train.data import tf_pipeline
+    config = tiny_config(fake, crop_min_area=0.3, flip=True)
+    source = grain_pipeline.open_split(config, "train_split")
+    grain_batches = grain_pipeline.train_batches(source, config, start_step, 2, 1)
+    tf_batches = tf_pipeline.process_input(config, 2, 1).train(start_step)
+    tf_ids, _ = inspector._tf_data_ids(config, 2, 1, start_step, None)
+    for step, grain_batch, tf_batch, ids in zip(range(3), grain_batches, tf_batches, tf_ids):
+        assert grain_batch["id"].tolist() == ids.tolist(), step
+        np.testing.assert_array_equal(grain_batch["label"], tf_batch["label"])
+        np.testing.assert_allclose(grain_batch["image"], tf_batch["image"], atol=1e-4,
+                                   err_msg=f"step {start_step + step}")
 
 
 # --- The stream across hosts.

@@ -13,7 +13,7 @@ pytest.importorskip("safetensors")
 import keras_vit  # noqa: E402
 from keras_vit import checkpoint, torch_layouts  # noqa: E402
 from keras_vit.hub import from_pretrained, save_pretrained  # noqa: E402
-from model_fixtures import TINY_VIT, randomise  # noqa: E402
+from model_fixtures import random_tiny_vit  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("fresh_session")
 
@@ -22,11 +22,7 @@ def to_np(x):
     return np.asarray(keras.ops.convert_to_numpy(x))
 
 
-def tiny(**fields):
-    model = keras_vit.vit("Ti/16", **{**TINY_VIT, "image_size": 32, "patch_size": 8,
-                                      "num_classes": 5, **fields})
-    randomise(model)
-    return model
+tiny = random_tiny_vit
 
 
 def pixels(size=32):
@@ -147,6 +143,49 @@ def test_directories_that_are_not_models_are_clear_errors(tmp_path):
         {"architecture": "vit_base_patch16_224", "model_args": {"norm_layer": "rmsnorm"}}))
     with pytest.raises(torch_layouts.LayoutError, match="needs norm_layer='rmsnorm'"):
         from_pretrained(str(other))
+
+
+@pytest.mark.parametrize("layout, field, value, shown", [
+    ("transformers", "patch_size", 4, "config.json says patch_size 4, but model.safetensors "
+                                      "holds 8x8 patch kernels"),
+    ("transformers", "image_size", 64, r"config.json says image_size 64 \(8x8 patches of 8 "
+                                       r"pixels\), but model.safetensors holds position "
+                                       "embeddings for 4x4 patches"),
+    ("timm", "img_size", 64, r"config.json says img_size 64 \(8x8 patches of 8 pixels\), "
+                             "but model.safetensors holds position embeddings for 4x4"),
+])
+def test_a_config_that_contradicts_its_weights_names_both_values(tmp_path, layout, field,
+                                                                 value, shown):
+    """Nothing is resized unless asked: a file that contradicts itself is an error."""
+    save_pretrained(tiny(), tmp_path / "saved", format=layout)
+    path = tmp_path / "saved" / "config.json"
+    config = json.loads(path.read_text())
+    if layout == "timm":
+        config["model_args"][field] = value
+    else:
+        config[field] = value
+    path.write_text(json.dumps(config))
+    with pytest.raises(torch_layouts.LayoutError, match=shown):
+        from_pretrained(str(tmp_path / "saved"))
+    # What the user asks for is resized, from the consistent files.
+    save_pretrained(tiny(), tmp_path / "good", format=layout)
+    asked = from_pretrained(str(tmp_path / "good"), image_size=64, patch_size=4)
+    assert asked.spec.image_size == (64, 64) and asked.spec.patch_size == 4
+
+
+def test_one_librarys_config_beside_the_others_weights_is_a_layout_error(tmp_path):
+    save_pretrained(tiny(), tmp_path / "timm", format="timm")
+    save_pretrained(tiny(), tmp_path / "transformers", format="transformers")
+    for config_from, weights_from in (("timm", "transformers"), ("transformers", "timm")):
+        mixed = tmp_path / f"{config_from}_config"
+        mixed.mkdir()
+        (mixed / "config.json").write_text((tmp_path / config_from / "config.json").read_text())
+        (mixed / "model.safetensors").write_bytes(
+            (tmp_path / weights_from / "model.safetensors").read_bytes())
+        with pytest.raises(torch_layouts.LayoutError,
+                           match=f"config.json is {config_from}'s, but model.safetensors has "
+                                 "no '.*patch.*' \\(it holds '.*patch.*'"):
+            from_pretrained(str(mixed))
 
 
 def test_a_checkpoints_normalisation_folds_into_the_patch_embedding(tmp_path):

@@ -283,13 +283,25 @@ def test_a_process_whose_peers_never_start_gives_up_naming_them(fake_fmnist, tmp
         assert not (tmp_path / name).exists()  # nothing written
 
 
+# Each engine on its default input: with RandAugment, Mixup, CutMix and random erasing the JAX
+# engine reads tf.data (Grain has none of them); with crops and flips alone, Grain.
+RECIPES = {
+    "augreg": (dict(augment="medium2", cutmix_alpha=1.0, random_erasing=0.25,
+                    label_smoothing=0.1, layer_decay=0.75), "tf.data"),
+    "crop_flip": (dict(crop_min_area=0.3, flip=True), "grain"),
+    # DeiT's distillation from a teacher (written by the test) inside the step: Grain's input.
+    "distill_soft": (dict(distill="soft", distill_weight=0.5, distill_temperature=3.0,
+                          crop_min_area=0.3, flip=True), "grain"),
+}
+
+
 @pytest.mark.processes
-def test_both_engines_fine_tune_an_npz_to_the_same_losses(fake_fmnist, tmp_path):
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_both_engines_fine_tune_an_npz_to_the_same_losses(fake_fmnist, tmp_path, recipe):
     """From the same original-layout encoder (its head zero-initialised, as the paper
-    fine-tunes) and the same stream, TensorFlow and JAX log the same loss at every step, with
-    AugReg/DeiT's augmentation and layer-wise learning-rate decay: the JAX engine's "auto"
-    input is then tf.data (Grain would draw other augmentations), and both engines mix the
-    labels and scale the rates alike."""
+    fine-tunes) and the same seed, TensorFlow and JAX log the same loss at every step, each
+    engine on its default input pipeline: one stream per seed (train.data.stream), and both
+    engines crop, mix the labels and scale the rates alike."""
     import keras
 
     import keras_vit
@@ -300,22 +312,45 @@ def test_both_engines_fine_tune_an_npz_to_the_same_losses(fake_fmnist, tmp_path)
                             **{k: v for k, v in TINY["model"].items() if k != "variant"})
     weights = str(tmp_path / "encoder.npz")
     keras_vit.checkpoint.save_npz(encoder, weights)
+    options, jax_pipeline = RECIPES[recipe]
+    if "distill" in options:  # a teacher of the dataset's classes, of another width
+        keras.utils.set_random_seed(5)
+        teacher = keras_vit.vit("Ti/16", image_size=28, num_classes=10, **{
+            **{k: v for k, v in TINY["model"].items() if k != "variant"}, "hidden_size": 32})
+        for variable in teacher.weights:
+            variable.assign(np.random.default_rng(5).normal(0, 0.2, variable.shape))
+        options = dict(options, distill_teacher=str(tmp_path / "teacher.npz"))
+        keras_vit.checkpoint.save_npz(teacher, options["distill_teacher"])
     run = dict(total_steps=30, steps_per_loop=1, eval_every_steps=30,
-               checkpoint_every_steps=30, warmup_steps=5, pretrained=weights,
-               augment="medium2", cutmix_alpha=1.0, random_erasing=0.25, label_smoothing=0.1,
-               layer_decay=0.75)
+               checkpoint_every_steps=30, warmup_steps=5, pretrained=weights, **options)
     losses = {}
     for backend in ("tensorflow", "jax"):
         workdir = str(tmp_path / backend)
         result = subprocess.run(jax_command(fake_fmnist, workdir, **run), cwd=REPO,
                                 env=dict(fake_fmnist.env(), KERAS_BACKEND=backend),
                                 capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0 and "Initialised from" in result.stderr, \
+        assert result.returncode == 0 and "Started from " in result.stderr, \
             result.stderr[-3000:]
         losses[backend] = [r["loss"] for r in read_metrics(workdir) if "loss" in r]
+        with open(os.path.join(workdir, "config.json")) as handle:
+            pipeline = json.load(handle)["input_pipeline"]
+        assert pipeline == ("tf.data" if backend == "tensorflow" else jax_pipeline)
     assert len(losses["jax"]) == len(losses["tensorflow"]) == 30
     assert max(abs(a - b) for a, b in zip(losses["jax"], losses["tensorflow"])) < 1e-3
     assert losses["jax"][-1] < losses["jax"][0]
+
+
+@pytest.mark.parametrize("address, shown", [
+    ("localhost:99999", "'localhost:99999': port 99999 is outside 1 to 65535"),
+    ("localhost", "'localhost' is not a host:port address"),
+])
+def test_a_coordinator_address_that_cannot_be_is_refused_before_anything_starts(
+        fake_fmnist, tmp_path, address, shown):
+    result = run_jax(fake_fmnist, str(tmp_path / "run"), f"--coordinator_address={address}",
+                     "--num_processes=2", "--process_id=0", check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert shown in result.stderr and "HOST:PORT" in result.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_model_axis_that_does_not_divide_the_widths_is_one_line(fake_fmnist, tmp_path):

@@ -114,6 +114,10 @@ CLUSTER = {"worker": ["host1:2222", "host2:2222"]}
                             '"task": {"type": "worker", "index": N}']),
     ({"cluster": {"worker": "host1:2222"}, "task": {"type": "worker", "index": 0}},
      ['"cluster" must map each job to a list of host:port addresses']),
+    ({"cluster": {"worker": ["host1:2222", "host2:99999"]}, "task": {"type": "worker"}},
+     ['cluster "worker": \'host2:99999\': port 99999 is outside 1 to 65535']),
+    ({"cluster": {"worker": ["host1"]}, "task": {"type": "worker"}},
+     ["cluster \"worker\": 'host1' is not a host:port address"]),
 ])
 def test_tf_config_mistakes_name_the_field_and_the_range(monkeypatch, spec, words):
     monkeypatch.setenv("TF_CONFIG", json.dumps(spec))

@@ -17,7 +17,7 @@ import traceback
 from absl import app, flags, logging
 
 from .console import cli
-from .run import config_checks, config_flag
+from .run import config_checks, config_flag, run_config, starting_point
 from .engines import startup
 from .engines.tf_strategy import STRATEGIES
 
@@ -47,6 +47,8 @@ def main(argv):
     # Everything the user gave is checked before TensorFlow starts and any slow work.
     config = config_flag.loaded_config(FLAGS)
     config_checks.check(config)  # the replica count is checked again once it is known
+    if starting_point.adopt_architecture(config, run_config.saved(FLAGS.workdir)):
+        config_checks.check(config)  # the checkpoint's architecture with the rest
     if FLAGS.cpu_devices < 1:
         raise app.UsageError(f"--cpu_devices={FLAGS.cpu_devices} must be at least 1.")
     if FLAGS.startup_timeout < 1:
@@ -86,9 +88,9 @@ def _train_on_jax(config):
     if FLAGS.coordinator_address:
         try:
             startup.split_address(FLAGS.coordinator_address)
-        except ValueError:
-            raise app.UsageError(f"--coordinator_address={FLAGS.coordinator_address} must be "
-                                 "HOST:PORT, process 0's address and a free port.") from None
+        except ValueError as error:
+            raise app.UsageError(f"--coordinator_address: {error} It must be HOST:PORT, process "
+                                 "0's address and a free port (1 to 65535).") from None
     from .engines import jax_engine
     from .run import loop
 

@@ -2,14 +2,11 @@
 Grain over TFDS datasets stored as ArrayRecord (`file_format="array_record"`) and over the
 offline default's arrays, decoded with Pillow and augmented in NumPy.
 
-The stream keeps the contract of the tf.data pipeline (train.data.tf_pipeline): global batch s is
-positions [s * B, (s + 1) * B) and each host reads only its share (train.data.input_plan); position
-p is record `index_shuffle(p mod n)` of a permutation drawn for epoch p // n (Grain's
-`MapDataset.shuffle`, reseeded each epoch), the same for any number of hosts, and a start at any
-step reads nothing before it. The augmentation of position p is drawn from NumPy's Philox
-generator keyed by (config.seed, p). So the stream is a pure function of (seed, step), as on
-tf.data, but not the same draws as TensorFlow's: a run keeps the pipeline it started with
-(`config.input_pipeline`).
+The stream is the tf.data pipeline's (train.data.tf_pipeline): global batch s is positions
+[s * B, (s + 1) * B), each host reads only its share (train.data.input_plan), and position p
+reads the record and gets the crop and flip that train.data.stream computes from (config.seed,
+p) for both pipelines: the same examples at every step on either, for any number of hosts, and a
+start at any step reads nothing before it.
 
 Record ids: the record number in the split, as train.data.records numbers them for ArrayRecord
 datasets; for the offline default, the image's index in its IDX file.
@@ -20,7 +17,7 @@ import io
 
 import numpy as np
 
-from . import input_plan, sources
+from . import input_plan, sources, stream
 
 
 def choose(config, engine, saved_choice=None):
@@ -178,36 +175,22 @@ def resize(images, size, out=None):
     return out
 
 
-def inception_crop(image, rng, min_area):
-    """A random crop of area in [min_area, 1] of the image and aspect ratio 3/4 to 4/3, ten
-    tries, else the whole image: the sampling `tf.image.sample_distorted_bounding_box` does."""
-    height, width = image.shape[:2]
-    for _ in range(10):
-        area = rng.uniform(min_area, 1.0) * height * width
-        aspect = rng.uniform(3 / 4, 4 / 3)
-        crop_height = int(round(np.sqrt(area / aspect)))
-        crop_width = int(round(crop_height * aspect))
-        if 0 < crop_height <= height and 0 < crop_width <= width:
-            top = rng.integers(0, height - crop_height + 1)
-            left = rng.integers(0, width - crop_width + 1)
-            return image[top:top + crop_height, left:left + crop_width]
-    return image
-
-
 def preprocess_train(images, positions, config, records=None):
     """A batch of encoded images (or arrays) to float32 [batch, size, size, 3] in [-1, 1]:
     decode, inception crop, resize to config.image_size, flip, each drawn from (config.seed,
-    the image's stream position). `records` (their record numbers) name a bad image."""
+    the image's stream position) by `stream.crop_box`, as the tf.data pipeline draws them.
+    `records` (their record numbers) name a bad image."""
     records = records or [None] * len(positions)
-    crops, flips = [], []
-    for image, position, record in zip(images, positions, records):
-        image = decode(image, record)
-        if config.crop_min_area < 1.0 or config.flip:
-            rng = np.random.Generator(np.random.Philox(key=[config.seed, position]))
-            image = inception_crop(image, rng, config.crop_min_area)
-            flips.append(config.flip and rng.random() < 0.5)
-        crops.append(image)
-    batch = _resized(crops, config.image_size)
+    images = [decode(image, record) for image, record in zip(images, records)]
+    flips = []
+    if config.crop_min_area < 1.0 or config.flip:
+        for index, draws in enumerate(stream.crop_draws(positions, config.seed)):
+            height, width = images[index].shape[:2]
+            top, left, height, width, flip = stream.crop_box(height, width, draws,
+                                                             config.crop_min_area)
+            images[index] = images[index][top:top + height, left:left + width]
+            flips.append(config.flip and flip)
+    batch = _resized(images, config.image_size)
     for index in np.flatnonzero(flips):
         batch[index] = batch[index, :, ::-1]
     return _scaled(batch)
@@ -298,22 +281,20 @@ class TrainBatch:
 
     def __init__(self, source, config, hosts, host):
         self.source, self.config, self.hosts, self.host = source, config, hosts, host
-        self.shuffled = None
+        self.threads_limited = False
 
     def __getstate__(self):
-        return dict(self.__dict__, shuffled=None)
+        return dict(self.__dict__, threads_limited=False)
 
     def __call__(self, step):
-        import grain
-
         config = self.config
-        if self.shuffled is None:  # once in each process
+        if not self.threads_limited:  # once in each process
             _one_blas_thread()
-            self.shuffled = grain.MapDataset.source(self.source).shuffle(
-                seed=config.seed % 2**32).repeat()
+            self.threads_limited = True
         first = input_plan.first_position(step, config.batch_size, self.hosts, self.host)
-        positions = range(first, first + config.batch_size // self.hosts)
-        images, labels, ids = zip(*(self.shuffled[position] for position in positions))
+        positions = np.arange(first, first + config.batch_size // self.hosts)
+        records = stream.records_at(positions, len(self.source), config.seed)
+        images, labels, ids = zip(*(self.source[int(record)] for record in records))
         return {"image": preprocess_train(images, positions, config, ids),
                 "label": np.array(labels, np.int32), "id": np.array(ids, np.int64)}
 

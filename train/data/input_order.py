@@ -4,8 +4,9 @@ every global batch and the eval split are divided among the hosts (input pipelin
 Global batch s is positions [s * B, (s + 1) * B) of the stream; host k of N reads positions
 [k * B / N, (k + 1) * B / N) of each batch (`share_positions`). On random-access storage the
 position picks its record through an index shuffle of the whole split (`shuffled_records`), the
-same for any N; on TFRecord each host reads its own consecutive part (`records.Split.part`)
-in shuffled windows (`_host_order`). Either way a start at any step needs no pass over
+same for any N and the same as the Grain pipeline's (`train.data.stream`); on TFRecord each
+host reads its own consecutive part (`records.Split.part`) in shuffled windows
+(`_host_order`). Either way a start at any step needs no pass over
 earlier positions.
 """
 
@@ -13,7 +14,7 @@ import math
 
 import tensorflow as tf
 
-from . import input_plan, records
+from . import input_plan, records, stream
 
 
 def share_positions(step, global_batch, num_hosts, host):
@@ -26,18 +27,12 @@ def share_positions(step, global_batch, num_hosts, host):
 
 def shuffled_records(positions, size, seed):
     """The records at `positions` (a vector) of the endless stream over a random-access split
-    of `size` records: epoch after epoch, each a permutation of the split drawn from (seed,
-    epoch) by TensorFlow's index shuffle, so any position is found without reading the ones
-    before it (a resume starts at once) and without knowing the number of hosts.
-
-    The raw op of `tf.random.experimental.index_shuffle`, whose Python wrapper takes one seed
-    for all positions (or pads a seed per position along the wrong axis, TensorFlow 2.21):
-    each position needs its epoch's seed, padded as the wrapper pads one."""
-    epochs, offsets = positions // size, positions % size
-    fill = lambda value: tf.fill(tf.shape(positions), tf.constant(value, tf.int64))  # noqa: E731
-    seeds = tf.stack([fill(498247692), fill(seed), epochs], axis=1)
-    return tf.raw_ops.RandomIndexShuffle(index=offsets, seed=seeds, max_index=fill(size - 1),
-                                         rounds=4)
+    of `size` records: `stream.records_at`, the order the Grain pipeline reads too, run as
+    NumPy inside the tf.data graph (`tf.numpy_function`, on the host that reads the data: a
+    TPU VM's or a worker's own Python process)."""
+    records_at = tf.numpy_function(lambda positions: stream.records_at(positions, size, seed),
+                                   [positions], tf.int64, stateful=False)
+    return tf.ensure_shape(records_at, positions.shape)
 
 
 def train_positions(config, start_step, hosts, host):

@@ -23,7 +23,7 @@ import functools
 import tensorflow as tf
 
 from keras_vit.preprocessing import decode_and_resize, decode_image, resize, scale_pixels
-from . import input_order, input_plan, records, sources
+from . import input_order, input_plan, records, sources, stream
 
 
 # tf.data's autotuning thread sleeps up to a minute between rounds, and deleting an iterator
@@ -107,23 +107,25 @@ AUGMENT_SEED_SALT = 0x524155
 
 
 def preprocess_train(encoded, seed, image_size, crop_min_area, flip, dtype=tf.float32,
-                     augmentation=None):
+                     augmentation=None, draws=None):
     """Inception crop (area in [crop_min_area, 1], aspect 3/4 to 4/3) + flip + resize, then
     the `augmentation` (train.data.augmentation.Augmentation) of one image: RandAugment, and random
     erasing after the scaling to [-1, 1] (Mixup and CutMix mix batches: `mix_pairs`).
 
-    `seed` is a shape-[2] int tensor; the same seed gives the same augmentation.
+    `seed` is a shape-[2] int tensor (config.seed, stream position); the same seed gives the
+    same augmentation. The crop and flip are `stream.crop_box` of the position's
+    `stream.crop_draws` (`draws`, computed here when not given), as the Grain pipeline draws
+    them.
     """
     image = decode_image(encoded)
-    crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-        tf.shape(image), bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
-        seed=crop_seed, min_object_covered=0.0, area_range=(crop_min_area, 1.0),
-        aspect_ratio_range=(3 / 4, 4 / 3), max_attempts=10, use_image_if_no_bounding_boxes=True)
-    image = tf.slice(image, begin, size)
+    if crop_min_area < 1.0 or flip:
+        if draws is None:
+            draws = crop_draws(seed[1:], seed[0])[0]
+        top, left, height, width, flipped = crop_box(tf.shape(image), draws, crop_min_area)
+        image = image[top:top + height, left:left + width]
+        if flip:
+            image = tf.cond(flipped, lambda: tf.reverse(image, [1]), lambda: image)
     image = resize(image, (image_size, image_size))
-    if flip:
-        image = tf.image.stateless_random_flip_left_right(image, flip_seed)
     if augmentation is None or not (augmentation.randaugment_layers
                                     or augmentation.random_erasing):
         return to_model_range(image, dtype)
@@ -138,6 +140,34 @@ def preprocess_train(encoded, seed, image_size, crop_min_area, flip, dtype=tf.fl
     if augmentation.random_erasing:
         image = randaugment.random_erasing(image, erasing_seed, augmentation.random_erasing)
     return tf.cast(image, dtype)
+
+
+def crop_draws(positions, seed):
+    """`stream.crop_draws` of a vector of stream positions, in a TensorFlow graph."""
+    draws = tf.numpy_function(lambda positions, seed: stream.crop_draws(positions, seed),
+                              [positions, seed], tf.float64, stateful=False)
+    return tf.ensure_shape(draws, [positions.shape[0], 4 * stream.CROP_TRIES + 1])
+
+
+def crop_box(shape, draws, min_area):
+    """`stream.crop_box` in TensorFlow ops (the same float64 arithmetic, so the same box): the
+    int32 `(top, left, height, width)` and the flip of an image of `shape` [height, width, C]."""
+    height, width = tf.cast(shape[0], tf.float64), tf.cast(shape[1], tf.float64)
+    tries = tf.reshape(draws[:4 * stream.CROP_TRIES], [stream.CROP_TRIES, 4])
+    area = (min_area + tries[:, 0] * (1.0 - min_area)) * height * width
+    aspect = 3 / 4 + tries[:, 1] * (4 / 3 - 3 / 4)
+    crop_height = tf.floor(tf.sqrt(area / aspect) + 0.5)
+    crop_width = tf.floor(crop_height * aspect + 0.5)
+    fits = ((crop_height >= 1) & (crop_height <= height) & (crop_width >= 1)
+            & (crop_width <= width))
+    first = tf.argmax(tf.cast(fits, tf.int32))  # the first that fits
+    found = tf.reduce_any(fits)
+    crop_height = tf.where(found, crop_height[first], height)
+    crop_width = tf.where(found, crop_width[first], width)
+    top = tf.where(found, tf.floor(tries[first, 2] * (height - crop_height + 1)), 0.0)
+    left = tf.where(found, tf.floor(tries[first, 3] * (width - crop_width + 1)), 0.0)
+    box = [tf.cast(value, tf.int32) for value in (top, left, crop_height, crop_width)]
+    return (*box, draws[4 * stream.CROP_TRIES] < 0.5)
 
 
 def preprocess_eval(encoded, image_size, dtype=tf.float32):
@@ -192,12 +222,16 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patche
         if chosen.mixes and per_replica % 2:  # pairs of positions must share a batch
             raise ValueError(f"Mixup and CutMix need an even batch per replica, not "
                              f"{per_replica}: change config.batch_size.")
-        stream = input_order.train_examples(split, config, start_step, hosts, host)
+        examples = input_order.train_examples(split, config, start_step, hosts, host)
+        if config.crop_min_area < 1.0 or config.flip:  # the crops' numbers, a chunk at a time
+            examples = examples.batch(records.READ_CHUNK).map(
+                lambda positions, chunk: (positions, chunk,
+                                          crop_draws(positions, config.seed))).unbatch()
 
-        def preprocess(position, example):
+        def preprocess(position, example, draws=None):
             seed = tf.stack([tf.constant(config.seed, tf.int64), position])
             image = preprocess_train(example["image"], seed, config.image_size,
-                                     config.crop_min_area, config.flip, dtype, chosen)
+                                     config.crop_min_area, config.flip, dtype, chosen, draws)
             example = {"image": image, "label": tf.cast(example["label"], tf.int32)}
             if chosen.mixes:
                 example["mix_params"] = mixing.mix_params(
@@ -205,13 +239,14 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patche
                     config.image_size, chosen)
             return with_corruption(example, seed, config, num_patches)
 
-        stream = stream.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        stream = stream.batch(per_replica, drop_remainder=True)
-        if chosen.mixes:
-            stream = stream.map(mixing.mix_pairs, num_parallel_calls=tf.data.AUTOTUNE,
+        examples = examples.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE,
                                 deterministic=True)
-        stream = stream.prefetch(tf.data.AUTOTUNE)
-        return stream.with_options(WITHOUT_AUTOTUNING)
+        batches = examples.batch(per_replica, drop_remainder=True)
+        if chosen.mixes:
+            batches = batches.map(mixing.mix_pairs, num_parallel_calls=tf.data.AUTOTUNE,
+                                  deterministic=True)
+        batches = batches.prefetch(tf.data.AUTOTUNE)
+        return batches.with_options(WITHOUT_AUTOTUNING)
 
     return dataset_fn
 

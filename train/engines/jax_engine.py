@@ -31,7 +31,8 @@ from absl import logging
 
 from ..data import settings
 from ..run import config_checks, run_files, schedules, step_math
-from ..run.engine import Engine, load_pretrained
+from ..run import starting_point
+from ..run.engine import Engine
 from ..run.loop import Stopped
 from ..run.model_config import model_spec
 from . import startup
@@ -257,7 +258,7 @@ class JaxEngine(Engine):
         return step
 
     def _load_pretrained(self):
-        load_pretrained(self.objective, self.model, self.config)
+        starting_point.load(self.objective, self.model, self.config)
         self.state = self.jax_step.initial_state()
 
     def close(self):

@@ -107,10 +107,13 @@ def _names(items):
 
 
 def split_address(address):
-    """`host:port` (or `[v6]:port`) to (host, port); ValueError naming `address` otherwise."""
+    """`host:port` (or `[v6]:port`) to (host, port); ValueError naming `address` otherwise (a
+    port outside 1 to 65535 too)."""
     host, _, port = str(address).rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(f"{address!r} is not a host:port address.")
+    if not 1 <= int(port) <= 65535:
+        raise ValueError(f"{address!r}: port {int(port)} is outside 1 to 65535.")
     return host.strip("[]"), int(port)
 
 

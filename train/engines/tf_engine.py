@@ -27,7 +27,8 @@ from absl import logging
 
 from ..data import input_plan, settings, tf_pipeline
 from ..run import config_checks, objectives, optimizers, run_files, step_math
-from ..run.engine import Engine, load_pretrained
+from ..run import starting_point
+from ..run.engine import Engine
 from ..run.optimizers import build_optimizer
 from . import tf_checkpoints
 from .preemption import PreemptionWatcher
@@ -43,6 +44,11 @@ def check_config(config, num_replicas):
         raise ValueError("config.fsdp=True splits the weights over the devices of the JAX "
                          "engine (KERAS_BACKEND=jax); tf.distribute keeps a whole copy on every "
                          "replica. Run on JAX, or set it to False.")
+    if config.model_parallel != 1:
+        raise ValueError(f"config.model_parallel={config.model_parallel} splits the blocks' "
+                         "matrices over devices on the JAX engine (KERAS_BACKEND=jax); "
+                         "tf.distribute's strategies here are data-parallel, a whole copy of "
+                         "every weight on every replica. Run on JAX, or set it to 1.")
 
 
 class TFEngine(Engine):
@@ -78,7 +84,7 @@ class TFEngine(Engine):
             logging.info("Resumed from %s at step %d.",
                          os.path.join(self.checkpoint_dir, f"ckpt-{restored}"), self.step)
         elif config.pretrained:
-            load_pretrained(self.objective, self.model, config)
+            starting_point.load(self.objective, self.model, config)
         self._check_workers_agree(restored)
         self.saved_step = restored
         self.manager = tf.train.CheckpointManager(self.checkpoint, self.checkpoint_dir,

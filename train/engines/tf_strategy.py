@@ -68,6 +68,13 @@ def cluster_task():
         raise ValueError('TF_CONFIG\'s "cluster" must map each job to a list of host:port '
                          'addresses, e.g. {"worker": ["host1:port", "host2:port"]}; got '
                          f"{json.dumps(cluster)}.")
+    for job, tasks in cluster.items():
+        for address in tasks:
+            try:
+                startup.split_address(address)
+            except ValueError as error:
+                raise ValueError(f'TF_CONFIG\'s cluster "{job}": {error} Each task is '
+                                 "HOST:PORT, a port from 1 to 65535.") from None
     example = '"task": {"type": "worker", "index": N}'
     task = spec.get("task") or {}
     if not isinstance(task, dict) or not task:

@@ -5,12 +5,12 @@ each string against its known values, plus the combinations that would fail late
 longer than the run, a batch that does not split over the replicas or accumulation steps, ...).
 Each part of the trainer owns its fields: their rules (`RULES`) and the checks between them
 (`check`) stand in its module (train.data.settings and .augmentation, train.run.objectives,
-.optimizers, .engine and .loop), and this module gathers them (`rules`). The model,
-`config.model` with `config.image_size`, is checked by `keras_vit.ViTConfig` itself
-(`train.run.model_config.model_spec` makes the spec of a config). Every bad field is reported at once, each as
-`config.<field>=<value>: <what is valid>` (`config.model.<field>` for the model's), in one
-ValueError. A test checks that every field of `configs/common.py` has a rule; a field added to
-the spec needs nothing here.
+.optimizers, .engine, .loop, .starting_point and .distillation), and this module gathers them
+(`rules`). The model, `config.model` with `config.image_size`, is checked by
+`keras_vit.ViTConfig` itself (`train.run.model_config.model_spec` makes the spec of a config).
+Every bad field is reported at once, each as `config.<field>=<value>: <what is valid>`
+(`config.model.<field>` for the model's), in one ValueError. A test checks that every field of
+`configs/common.py` has a rule; a field added to the spec needs nothing here.
 
 A part is handed only its fields: `section(config, fields)` (the input pipelines get
 train.data.settings.FIELDS, the optimizer train.run.optimizers.FIELDS).
@@ -38,10 +38,11 @@ def rules():
     "any_str": may be empty; "optional_str": a string or None; "spec": the fields of
     keras_vit.ViTConfig, checked by the spec (`_check_model`)."""
     from ..data import augmentation, settings
-    from . import engine, loop, objectives, optimizers
+    from . import distillation, engine, loop, objectives, optimizers, starting_point
 
     return {"model": ("spec", None), **loop.RULES, **objectives.RULES, **settings.RULES,
-            **augmentation.RULES, **optimizers.RULES, **engine.RULES}
+            **augmentation.RULES, **optimizers.RULES, **engine.RULES, **starting_point.RULES,
+            **distillation.RULES}
 
 
 class Section:
@@ -160,7 +161,7 @@ def problems(config, num_replicas=None, fields=None):
     skipped.
     """
     from ..data import augmentation, settings
-    from . import engine, objectives, optimizers
+    from . import distillation, engine, objectives, optimizers, starting_point
 
     every_rule = rules()
     fields = set(every_rule if fields is None else fields)
@@ -179,6 +180,8 @@ def problems(config, num_replicas=None, fields=None):
 
     optimizers.check(config, report)
     engine.check(config, report, num_replicas)
+    starting_point.check(config, report)
+    distillation.check(config, report)
     if report.ok(*(name for name in augmentation.FIELDS if name in config)):
         per_replica = config.batch_size // (num_replicas or 1) if report.ok("batch_size") else 2
         for names, shown, message in augmentation.problems(config, per_replica):

@@ -8,14 +8,10 @@ Every process of a run runs the same loop, so all take the same decisions at the
 """
 
 import abc
-import os
-
-from absl import logging
 
 # The config fields of how an engine runs the steps, and their rules (as train.run.config_checks
 # reads them); `check` adds what the devices and the checkpoint need of them.
 RULES = {
-    "pretrained": ("any_str", None),  # "", a published name, a URL or a file: `check`
     "accum_steps": ("int", (1, None)),
     "grad_clip_norm": ("float", (0.0, None, False)),
     "ema_decay": ("float", (0.0, 1.0, False)),
@@ -28,7 +24,7 @@ RULES = {
 
 def check(config, report, num_replicas=None):
     """Adds to `report` (train.run.config_checks) what is wrong with the batches on
-    `num_replicas` replicas (None: not known yet) and with `config.pretrained`."""
+    `num_replicas` replicas (None: not known yet)."""
     for field in ("batch_size", "eval_batch_size"):
         if report.ok(field) and num_replicas and config[field] % num_replicas:
             report.add(field, f"config.{field}={config[field]}",
@@ -42,25 +38,6 @@ def check(config, report, num_replicas=None):
                      else f"config.batch_size={config.batch_size}")
             report.add("accum_steps", f"config.accum_steps={config.accum_steps}",
                        f"must divide {where} into equal micro-batches")
-    if report.ok("pretrained", "model.variant") and config.pretrained:
-        _check_pretrained(config, report)
-
-
-def _check_pretrained(config, report):
-    from keras_vit import pretrained
-
-    weights, variant = config.pretrained, config.model["variant"]
-    if weights in pretrained.PUBLISHED:
-        if variant not in pretrained.PUBLISHED[weights]:
-            report.add("pretrained", f"config.pretrained={weights!r}",
-                       f"no such checkpoint was published for model {variant!r}; it exists for "
-                       f"{', '.join(sorted(pretrained.PUBLISHED[weights]))}")
-        return
-    if "://" in weights or weights.startswith("augreg/") or os.path.isfile(weights):
-        return
-    report.add("pretrained", f"config.pretrained={weights!r}",
-               "is neither an existing file, a URL, a gs:// path nor a published name "
-               f"({', '.join(sorted(pretrained.PUBLISHED))}); use '' to train from scratch")
 
 
 class Engine(abc.ABC):
@@ -108,16 +85,3 @@ class Engine(abc.ABC):
 
     def close(self):
         """Releases what the engine holds beyond the process (input workers, threads)."""
-
-
-def load_pretrained(objective, model, config):
-    """Initialises `model`'s encoder from `config.pretrained` (a published name or `.npz`
-    path, resolved as `keras_vit.vit(weights=...)` does): the one place both engines start
-    a fine-tuning run from."""
-    import keras_vit
-
-    path = keras_vit.pretrained.resolve_weights(config.pretrained, config.model.variant)
-    report = keras_vit.checkpoint.load_npz(objective.encoder(model), path)
-    logging.info("Initialised from %s (%d weights, resized: %s, new head: %s).", path,
-                 len(report["loaded"]), report["resized"], report["new_head"])
-

@@ -45,7 +45,10 @@ def export_trained(engine):
     workdir, directory = engine.workdir, run_files.export_dir(engine.workdir)
     path = run_files.model_file(workdir)
     with engine.exported_weights() as trained:
-        model = engine.objective.encoder(trained)
+        # Masked patch prediction exports its encoder alone; a classifier is served.
+        pretraining = engine.config.objective != "classification"
+        # The classifier (a distilling run's student), LoRA's adapters merged into its kernels.
+        model = keras_vit.lora.merged(engine.objective.encoder(trained))
         if not engine.is_chief:  # only the chief writes into the workdir
             return path
         fileio.makedirs(directory)
@@ -56,7 +59,7 @@ def export_trained(engine):
             model.save(os.path.join(local, "model.keras"))
             with open(os.path.join(local, "model.keras"), "rb") as handle:
                 fileio.write_atomically(path, handle.read())
-        if model is not trained:  # a pre-trained encoder: nothing to serve yet
+        if pretraining:  # a pre-trained encoder: nothing to serve yet
             keras_vit.checkpoint.save_npz(model, run_files.encoder_file(workdir))
         else:
             run_files.write_class_names(workdir, engine.class_names)
@@ -65,12 +68,12 @@ def export_trained(engine):
                     engine.builder, engine.config.train_split, engine.config.image_size, 200)
                 export_model(model, workdir, engine.class_names, RUN_TFLITE_KINDS,
                              representative)
-    if model is trained and keras.config.backend() != "tensorflow":
+    if not pretraining and keras.config.backend() != "tensorflow":
         # The serving signatures decode images with TensorFlow ops: a TensorFlow process
         # exports the model.keras just written, as `python -m train.export` does.
         export_in_tensorflow(workdir, RUN_TFLITE_KINDS)
     logging.info("Saved the trained %s to %s.",
-                 "model" if model is trained else "encoder", directory)
+                 "encoder" if pretraining else "model", directory)
     return path
 
 

@@ -13,6 +13,7 @@ from keras import ops
 import keras_vit
 from keras_vit import masked_patches
 
+from . import distillation
 from .model_config import model_spec
 
 OBJECTIVES = ("classification", "masked_patch_prediction")
@@ -27,13 +28,24 @@ RULES = {
     "mpp_target": ("choice", masked_patches.TARGETS),
     "label_smoothing": ("float", (0.0, 1.0, False)),
     "dtype_policy": ("choice", DTYPE_POLICIES),
+    # LoRA (keras_vit.lora): adapters of this rank on the blocks' attention and MLP kernels; 0
+    # trains every weight. Alpha scales them by alpha / rank (None: the rank, a scale of 1).
+    "lora_rank": ("int", (0, None)),
+    "lora_alpha": ("optional_float", (0.0, None, False)),
+    "lora_norms": ("bool", None),  # the LayerNorms train too
 }
 
 
 def check(config, report, spec):
     """Adds to `report` (train.run.config_checks) what keras_vit.MaskedPatchPredictor and the
     corruption draw need of the model `spec` (a keras_vit.ViTConfig) and its patches."""
-    if not report.ok("objective") or config.objective != "masked_patch_prediction":
+    if not report.ok("objective"):
+        return
+    if report.ok("lora_rank") and config.lora_rank and config.objective != "classification":
+        report.add("lora_rank", f"config.lora_rank={config.lora_rank}",
+                   "adapts a classifier being fine-tuned; masked patch prediction trains every "
+                   "weight: set it to 0")
+    if config.objective != "masked_patch_prediction":
         return
     patch_pixels, cells = spec.total_stride, masked_patches.DOWNSCALED_CELLS
     if spec.dynamic_image_size:
@@ -56,8 +68,12 @@ def check(config, report, spec):
 
 def build_model(config, num_classes, include_top=True):
     """The ViT of `config` (with its classification head, or `include_top=False`: the encoder
-    that returns the pooled representation), as `model_config.model_spec` describes it."""
-    return keras_vit.vit(model_spec(config, num_classes, include_top), dtype=config.dtype_policy)
+    that returns the pooled representation), as `model_config.model_spec` describes it, adapted
+    by LoRA where `config.lora_rank` asks."""
+    model = keras_vit.vit(model_spec(config, num_classes, include_top), dtype=config.dtype_policy)
+    if config.lora_rank:  # before any weight is loaded or restored: the adapters are weights
+        keras_vit.lora.enable(model, config.lora_rank, config.lora_alpha, config.lora_norms)
+    return model
 
 
 def cross_entropy(labels, logits, num_classes, label_smoothing):
@@ -77,7 +93,12 @@ class Classification:
         self.config, self.num_classes = config, num_classes
 
     def build(self):
-        return build_model(self.config, self.num_classes)
+        """The classifier; with `config.distill`, with its frozen teacher beside it."""
+        student = build_model(self.config, self.num_classes)
+        if self.config.distill == "none":
+            return student
+        return distillation.StudentAndTeacher(
+            student, distillation.load_teacher(self.config, self.num_classes))
 
     def item_losses(self, model, batch, training):
         """`(losses, weights, correct)`, one of each per example."""
@@ -88,13 +109,18 @@ class Classification:
             weight = ops.cast(batch["mix_weight"], "float32")
             losses = weight * losses + (1.0 - weight) * cross_entropy(
                 batch["mix_label"], logits, self.num_classes, smoothing)
+        if training and self.config.distill != "none":  # the teacher sees the same images
+            weight = self.config.distill_weight
+            losses = (1.0 - weight) * losses + weight * distillation.losses(
+                self.config.distill, logits, model.teacher_logits(batch["image"]),
+                self.config.distill_temperature)
         predicted = ops.cast(ops.argmax(logits, -1), "int32")
         correct = ops.cast(ops.equal(predicted, ops.cast(batch["label"], "int32")), "float32")
         return losses, ops.ones_like(losses), correct
 
     def encoder(self, model):
-        """The model that the run exports."""
-        return model
+        """The model that the run exports: the classifier (a distilling run's student)."""
+        return getattr(model, "student", model)
 
 
 class MaskedPatchPrediction:

@@ -1,0 +1,112 @@
+"""DeiT's distillation in the driver (train/run/distillation.py): the losses, the frozen teacher
+inside the trained model, the checks; both engines' runs are in tests/test_jax_engine.py."""
+
+import tempfile
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from train.run import config_checks, distillation, objectives
+from train_fixtures import tiny_config
+
+pytestmark = pytest.mark.usefixtures("fresh_session")
+
+
+def to_np(x):
+    return np.asarray(keras.ops.convert_to_numpy(x))
+
+
+def write_teacher(path, num_classes=10, seed=4, **fields):
+    """A random TINY-sized classifier of the fake data's classes, as an .npz with its spec."""
+    keras.utils.set_random_seed(seed)
+    teacher = keras_vit.vit("Ti/16", hidden_size=16, mlp_dim=32, num_heads=2, num_layers=1,
+                            patch_size=7, image_size=28, num_classes=num_classes, **fields)
+    for variable in teacher.weights:  # a head that is not all zeros
+        variable.assign(np.random.default_rng(seed).normal(0, 0.3, variable.shape))
+    keras_vit.checkpoint.save_npz(teacher, str(path))
+    return teacher
+
+
+def batch(count=8, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"image": rng.uniform(-1, 1, (count, 28, 28, 3)).astype("float32"),
+            "label": rng.integers(0, 10, count).astype("int32")}
+
+
+def test_soft_distillation_from_the_student_itself_at_temperature_one_adds_nothing():
+    logits = keras.ops.convert_to_tensor(np.random.default_rng(1).normal(0, 3, (16, 10)),
+                                         "float32")
+    np.testing.assert_allclose(to_np(distillation.losses("soft", logits, logits, 1.0)), 0.0,
+                               atol=1e-6)
+    other = keras.ops.convert_to_tensor(np.random.default_rng(2).normal(0, 3, (16, 10)),
+                                        "float32")
+    assert (to_np(distillation.losses("soft", logits, other, 1.0)) > 0).all()
+
+
+def test_hard_distillation_is_cross_entropy_on_the_teachers_choice():
+    rng = np.random.default_rng(3)
+    student, teacher = rng.normal(0, 3, (16, 10)), rng.normal(0, 3, (16, 10))
+    choice = teacher.argmax(-1)
+    shifted = student - student.max(-1, keepdims=True)
+    expected = -(shifted[np.arange(16), choice] - np.log(np.exp(shifted).sum(-1)))
+    got = distillation.losses("hard", keras.ops.convert_to_tensor(student, "float32"),
+                              keras.ops.convert_to_tensor(teacher, "float32"), 4.0)
+    np.testing.assert_allclose(to_np(got), expected, rtol=1e-5)
+
+
+def test_the_objective_mixes_the_labels_and_the_teacher_by_the_weight(fake_fmnist, tmp_path):
+    teacher = write_teacher(tmp_path / "teacher.npz")
+    config = tiny_config(fake_fmnist, distill="soft", distill_teacher=str(tmp_path /
+                                                                        "teacher.npz"),
+                         distill_weight=0.25, distill_temperature=1.0)
+    objective = objectives.make(config, 10)
+    model = objective.build()
+    assert isinstance(model, distillation.StudentAndTeacher)
+    assert not model.teacher.trainable_variables and model.trainable_variables == \
+        model.student.trainable_variables
+    for mine, theirs in zip(model.teacher.weights, teacher.weights):
+        np.testing.assert_array_equal(to_np(mine), to_np(theirs))
+    # The student as its own teacher: soft distillation at T = 1 adds a zero term.
+    model.teacher.set_weights(model.student.get_weights())
+    data = batch()
+    losses, _, _ = objective.item_losses(model, data, training=True)
+    plain = objectives.cross_entropy(data["label"], model(data["image"]), 10, 0.0)
+    np.testing.assert_allclose(to_np(losses), 0.75 * to_np(plain), rtol=1e-5, atol=1e-6)
+    evaluated, _, _ = objective.item_losses(model, data, training=False)  # the student alone
+    np.testing.assert_allclose(to_np(evaluated), to_np(plain), rtol=1e-5, atol=1e-6)
+    assert objective.encoder(model) is model.student
+
+
+def test_training_leaves_the_teacher_bit_unchanged(fake_fmnist, tmp_path):
+    import tensorflow as tf
+
+    from train.engines import tf_engine
+    write_teacher(tmp_path / "teacher.npz")
+    config = tiny_config(fake_fmnist, distill="hard", distill_teacher=str(tmp_path /
+                                                                        "teacher.npz"),
+                         warmup_steps=0)
+    with tempfile.TemporaryDirectory() as workdir:
+        run = tf_engine.TFEngine(config, workdir, tf.distribute.OneDeviceStrategy("/cpu:0"))
+        teacher = [to_np(variable) for variable in run.model.teacher.weights]
+        student = [to_np(variable) for variable in run.model.student.weights]
+        data = {name: tf.constant(value) for name, value in batch(32).items()}
+        run.train_loop(iter(tf.data.Dataset.from_tensors(data).repeat()), tf.constant(3))
+        for before, variable in zip(teacher, run.model.teacher.weights):
+            np.testing.assert_array_equal(to_np(variable), before)
+        assert any(not np.array_equal(to_np(variable), before)
+                   for before, variable in zip(student, run.model.student.weights))
+        assert len(run.optimizer.variables) <= 2 + 2 * len(run.model.student.trainable_variables)
+
+
+def test_a_teacher_of_other_classes_or_no_teacher_is_one_error(fake_fmnist, tmp_path):
+    write_teacher(tmp_path / "five.npz", num_classes=5)
+    config = tiny_config(fake_fmnist, distill="soft", distill_teacher=str(tmp_path / "five.npz"))
+    with pytest.raises(ValueError, match="has 5 classes, the dataset 10"):
+        objectives.make(config, 10).build()
+    for fields, shown in (({"distill": "soft"}, "config.distill='soft' needs a teacher"),
+                          ({"distill_teacher": "x.npz"}, "say how to distill from it"),
+                          ({"distill": "warm"}, "config.distill='warm'")):
+        with pytest.raises(ValueError, match=shown):
+            config_checks.check(tiny_config(fake_fmnist, **fields))

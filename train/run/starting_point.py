@@ -1,0 +1,179 @@
+"""What a run starts from: `config.pretrained`, any checkpoint `keras_vit.from_pretrained`
+reads (a hub name "hf:..." or "timm:...", a directory in transformers' or timm's layout, an
+`.npz` with the spec `save_npz` writes beside it, a run's exported `model.keras`), or the
+paper's published names and original `.npz` files, whose architecture is the config's.
+
+A checkpoint that says its architecture gives it to the run: each `config.model` field left at
+its default (configs/common.py's) takes the checkpoint's value, and the run's config.json records
+it; a field the user set that the checkpoint contradicts is one error naming both. The run keeps
+its own image size (the position embeddings are resampled, as `from_pretrained` resamples them),
+dropout rates, stochastic depth and how attention and the backward pass are computed. The head
+starts from zeros for the dataset's classes (the paper's fine-tuning) unless
+`config.pretrained_head` keeps the checkpoint's, which must then have those classes.
+"""
+
+import os
+
+from absl import logging
+
+RULES = {
+    "pretrained": ("any_str", None),  # "", a published name, a URL, a file or a directory: check
+    "pretrained_head": ("bool", None),
+}
+
+# The model fields a run decides for itself, whatever it starts from.
+RUN_FIELDS = ("variant", "dropout", "attention_dropout", "drop_path_rate", "attention_impl",
+              "remat", "dynamic_image_size", "dynamic_image_pad")
+# What the variant name stands for: the fields a `variant` set by the user must agree on.
+VARIANT_FIELDS = ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers")
+HUB_PREFIXES = ("hf:", "timm:")
+
+
+def has_architecture(pretrained):
+    """Whether `pretrained` names a checkpoint that says its architecture (everything but ""
+    and the paper's published names, URLs and `.npz` files without a spec beside them)."""
+    from keras_vit import checkpoint
+
+    if pretrained.startswith(HUB_PREFIXES) or pretrained.endswith(".keras"):
+        return True
+    if pretrained.endswith(".npz"):
+        return "://" not in pretrained and checkpoint.read_spec(pretrained) is not None
+    return os.path.isdir(pretrained)
+
+
+def check(config, report):
+    """Adds to `report` (train.run.config_checks) a `config.pretrained` that names nothing
+    readable: neither a published name, a URL, an existing file or directory nor a hub name."""
+    from keras_vit import pretrained as published
+
+    if not report.ok("pretrained", "model.variant") or not config.pretrained:
+        return
+    weights, variant = config.pretrained, config.model["variant"]
+    if weights in published.PUBLISHED:
+        if variant not in published.PUBLISHED[weights]:
+            report.add("pretrained", f"config.pretrained={weights!r}",
+                       f"no such checkpoint was published for model {variant!r}; it exists for "
+                       f"{', '.join(sorted(published.PUBLISHED[weights]))}")
+        return
+    if ("://" in weights or weights.startswith(("augreg/",) + HUB_PREFIXES)
+            or os.path.exists(weights)):
+        return
+    report.add("pretrained", f"config.pretrained={weights!r}",
+               "is neither an existing file or directory, a URL, a gs:// path, a hub name "
+               "(hf:<owner>/<name>, timm:<architecture>.<tag>) nor a published name "
+               f"({', '.join(sorted(published.PUBLISHED))}); use '' to train from scratch")
+
+
+def adopt_architecture(config, saved=None):
+    """Fills `config.model` (in place) with the architecture of the checkpoint
+    `config.pretrained`, where its fields are at their defaults; returns the fields taken, by
+    name. `saved`: the config.json of the run in the workdir (train.run.run_config.saved), whose
+    fields a rerun takes instead, reading no checkpoint. Raises ValueError naming the fix when
+    the checkpoint cannot be read or contradicts a field the user set."""
+    if not config.pretrained:
+        return {}
+    defaults = _default_model()
+    if saved is not None and saved.get("pretrained") == config.pretrained:
+        theirs = saved["model"]  # a rerun: what the run took, without reading the checkpoint
+    elif has_architecture(config.pretrained):
+        spec = read(config.pretrained).spec
+        _refuse_contradictions(config, spec, defaults)
+        theirs = spec.to_dict()
+    else:
+        return {}
+    taken = {name: value for name, value in theirs.items()
+             if name in config.model and (name == "variant" or name not in RUN_FIELDS)
+             and config.model[name] == defaults.get(name)
+             and _normal(value) != _normal(config.model[name])}
+    for name, value in taken.items():
+        config.model[name] = list(value) if isinstance(value, tuple) else value
+    return taken
+
+
+def read(pretrained):
+    """`keras_vit.hub.read_checkpoint` of `pretrained`, its errors as one ValueError naming
+    `config.pretrained` and the fix."""
+    from keras_vit import checkpoint, hub, torch_layouts
+
+    try:
+        return hub.read_checkpoint(pretrained)
+    except (OSError, ImportError, checkpoint.CheckpointError, torch_layouts.LayoutError) as error:
+        raise ValueError(f"config.pretrained={pretrained!r} cannot be read: {error}") from None
+
+
+def _default_model():
+    from .config_flag import shipped_config
+
+    model = shipped_config("common").get_config().model
+    return {name: model[name] for name in model}
+
+
+def _refuse_contradictions(config, spec, defaults):
+    """A ValueError naming each field the user set (not at its default) to another value than
+    the checkpoint `spec` has."""
+    from keras_vit.spec import ViTConfig
+
+    theirs = spec.to_dict()
+    clashes = [(name, value, theirs[name]) for name, value in config.model.items()
+               if name in theirs and name not in RUN_FIELDS and value != defaults.get(name)
+               and _normal(value) != _normal(theirs[name])]
+    variant = config.model.variant
+    if variant != defaults["variant"]:
+        sizes = ViTConfig(variant=variant).to_dict()
+        clashes += [(f"{name} (of variant {variant!r})", sizes[name], theirs[name])
+                    for name in VARIANT_FIELDS
+                    if config.model[name] == defaults.get(name)
+                    and _normal(sizes[name]) != _normal(theirs[name])]
+    if clashes:
+        listed = "; ".join(f"config.model.{name}={ours!r} but the checkpoint has {their!r}"
+                           for name, ours, their in clashes)
+        raise ValueError(
+            f"config.pretrained={config.pretrained!r} is another architecture than the config "
+            f"asks for: {listed}. Leave those fields out (the checkpoint's are taken), or "
+            "start from another checkpoint.")
+
+
+def _normal(value):
+    """Lists and tuples alike (config.json holds lists), a square pair as its side."""
+    if isinstance(value, (list, tuple)):
+        value = tuple(value)
+        return value[0] if len(set(value)) == 1 else value
+    return value
+
+
+def load(objective, model, config):
+    """Initialises `model`'s encoder from `config.pretrained` and logs one paragraph of what
+    the run started from: the one place both engines start a fine-tuning run from."""
+    import keras_vit
+
+    if has_architecture(config.pretrained):
+        source = read(config.pretrained)
+        arrays, spec = source.arrays, source.spec
+    else:  # the paper's: the config's architecture
+        arrays = keras_vit.pretrained.resolve_weights(config.pretrained, config.model.variant)
+        spec = None
+    encoder = objective.encoder(model)
+    report = keras_vit.checkpoint.load_npz(encoder, arrays, new_head=not config.pretrained_head)
+    if config.pretrained_head and report["new_head"]:
+        raise ValueError(
+            f"config.pretrained_head=True keeps the checkpoint's head, but {config.pretrained!r} "
+            f"has no head for the dataset's {encoder.spec.num_classes} classes; set it to False "
+            "for a new one.")
+    logging.info("%s", describe(config.pretrained, spec, report, encoder.spec))
+    return report
+
+
+def describe(pretrained, spec, report, model_spec):
+    """One paragraph: the checkpoint, its architecture, what was resampled and what is new."""
+    architecture = ("" if spec is None else
+                    f", a ViT of width {spec.hidden_size}, {spec.num_layers} blocks of "
+                    f"{spec.num_heads} heads, {spec.patch_size}-pixel patches, classifier "
+                    f"{spec.classifier!r}" + (f", {spec.num_register_tokens} registers"
+                                              if spec.num_register_tokens else ""))
+    resampled = (f" Resampled to the run's {model_spec.image_size[0]} px: "
+                 f"{', '.join(report['resized'])}." if report["resized"] else "")
+    head = (f" The head is new (zeros) for {model_spec.num_classes} classes."
+            if report["new_head"] else " The head is the checkpoint's."
+            if model_spec.include_top else "")
+    return (f"Started from {pretrained}{architecture}: {len(report['loaded'])} weights "
+            f"loaded.{resampled}{head}")
