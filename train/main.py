@@ -46,9 +46,9 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     # Everything the user gave is checked before TensorFlow starts and any slow work.
     config = config_flag.loaded_config(FLAGS)
+    # A checkpoint's architecture first (its patch size decides which image sizes are valid).
+    starting_point.adopt_architecture(config, run_config.saved(FLAGS.workdir))
     config_checks.check(config)  # the replica count is checked again once it is known
-    if starting_point.adopt_architecture(config, run_config.saved(FLAGS.workdir)):
-        config_checks.check(config)  # the checkpoint's architecture with the rest
     if FLAGS.cpu_devices < 1:
         raise app.UsageError(f"--cpu_devices={FLAGS.cpu_devices} must be at least 1.")
     if FLAGS.startup_timeout < 1:

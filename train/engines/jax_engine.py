@@ -142,7 +142,7 @@ def allocator_hint():
     runtime allocates a step's temporaries afresh at every call, and glibc maps and unmaps
     large blocks each time: in `perf`, the kernel's page-fault handling is among the hottest
     symbols of a step. With tcmalloc, which keeps the pages, the README's main job ran in
-    1 min 43 s against 2 min 35 s (2-core AMD EPYC; TensorFlow's engine: 1 min 34 s)."""
+    1 min 44 s against 2 min 33 s (2-core AMD EPYC; TensorFlow's engine: 1 min 36 s)."""
     if jax.devices()[0].platform != "cpu":
         return None
     try:
