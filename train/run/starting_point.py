@@ -70,17 +70,15 @@ def adopt_architecture(config, saved=None):
     name. `saved`: the config.json of the run in the workdir (train.run.run_config.saved), whose
     fields a rerun takes instead, reading no checkpoint. Raises ValueError naming the fix when
     the checkpoint cannot be read or contradicts a field the user set."""
-    if not config.pretrained:
-        return {}
+    if not config.pretrained or not has_architecture(config.pretrained):
+        return {}  # the config's architecture
     defaults = _default_model()
     if saved is not None and saved.get("pretrained") == config.pretrained:
         theirs = saved["model"]  # a rerun: what the run took, without reading the checkpoint
-    elif has_architecture(config.pretrained):
+    else:
         spec = read(config.pretrained).spec
         _refuse_contradictions(config, spec, defaults)
         theirs = spec.to_dict()
-    else:
-        return {}
     taken = {name: value for name, value in theirs.items()
              if name in config.model and (name == "variant" or name not in RUN_FIELDS)
              and config.model[name] == defaults.get(name)
