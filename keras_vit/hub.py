@@ -138,13 +138,11 @@ def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, preprocess
 class Checkpoint:
     """What `read_checkpoint` found: the architecture (`spec`, None for an original `.npz`
     without a spec beside it), the weights as `.npz` arrays for keras_vit's [-1, 1] inputs (the
-    checkpoint's normalisation folded in), its evaluation resize and crop, and its `layout`
-    ("transformers", "timm", "npz" or "keras")."""
+    checkpoint's normalisation folded in) and its evaluation resize and crop."""
 
     spec: object
     arrays: dict
     preprocessing: EvalPreprocessing
-    layout: str
 
 
 def read_checkpoint(source, cache_dir=None, preprocessing=None):
@@ -158,11 +156,11 @@ def read_checkpoint(source, cache_dir=None, preprocessing=None):
     source = os.fspath(source)
     if source.endswith(".npz"):  # the original's preprocessing: bilinear, straight to the size
         return Checkpoint(checkpoint.read_spec(source), checkpoint.read_npz(source),
-                          preprocessing or EvalPreprocessing(), "npz")
+                          preprocessing or EvalPreprocessing())
     if source.endswith(".keras"):
         model = checkpoint.read_keras_model(source)
         return Checkpoint(getattr(model, "spec", None), checkpoint.model_arrays(model),
-                          preprocessing or model.preprocessing, "keras")
+                          preprocessing or model.preprocessing)
     source_directory = local_directory(source, cache_dir)
     config, state = read_directory(source_directory)
     layout = torch_layouts.detect(config)
@@ -174,7 +172,7 @@ def read_checkpoint(source, cache_dir=None, preprocessing=None):
         spec = torch_layouts.spec_from_timm(config, state)
     arrays = torch_layouts.to_npz_arrays(state, spec, layout)
     _fold_normalization(arrays, *_normalization(config, processor))
-    return Checkpoint(spec, arrays, preprocessing, layout)
+    return Checkpoint(spec, arrays, preprocessing)
 
 
 def _processor(directory):

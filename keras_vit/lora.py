@@ -38,7 +38,7 @@ def enable(model, rank, alpha=None, train_norms=False):
     layers = adapted_layers(model)
     if not layers:
         raise ValueError(f"Model {model.name!r} has no encoder blocks to adapt.")
-    if any(layer.lora_enabled for layer in layers):
+    if is_adapted(model):
         raise ValueError(f"Model {model.name!r} is adapted already.")
     for layer in layers:
         layer.enable_lora(rank, lora_alpha=alpha)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import keras_vit
+from model_fixtures import randomise
 from train.run import config_checks, distillation, objectives
 from train_fixtures import tiny_config
 
@@ -20,11 +21,9 @@ def to_np(x):
 
 def write_teacher(path, num_classes=10, seed=4, **fields):
     """A random TINY-sized classifier of the fake data's classes, as an .npz with its spec."""
-    keras.utils.set_random_seed(seed)
     teacher = keras_vit.vit("Ti/16", hidden_size=16, mlp_dim=32, num_heads=2, num_layers=1,
                             patch_size=7, image_size=28, num_classes=num_classes, **fields)
-    for variable in teacher.weights:  # a head that is not all zeros
-        variable.assign(np.random.default_rng(seed).normal(0, 0.3, variable.shape))
+    randomise(teacher, seed=seed)  # a head that is not all zeros
     keras_vit.checkpoint.save_npz(teacher, str(path))
     return teacher
 

@@ -305,6 +305,7 @@ def test_both_engines_fine_tune_an_npz_to_the_same_losses(fake_fmnist, tmp_path,
     import keras
 
     import keras_vit
+    from model_fixtures import randomise
     from train_fixtures import TINY
 
     keras.utils.set_random_seed(3)
@@ -314,11 +315,9 @@ def test_both_engines_fine_tune_an_npz_to_the_same_losses(fake_fmnist, tmp_path,
     keras_vit.checkpoint.save_npz(encoder, weights)
     options, jax_pipeline = RECIPES[recipe]
     if "distill" in options:  # a teacher of the dataset's classes, of another width
-        keras.utils.set_random_seed(5)
         teacher = keras_vit.vit("Ti/16", image_size=28, num_classes=10, **{
             **{k: v for k, v in TINY["model"].items() if k != "variant"}, "hidden_size": 32})
-        for variable in teacher.weights:
-            variable.assign(np.random.default_rng(5).normal(0, 0.2, variable.shape))
+        randomise(teacher, seed=5, scale=0.2)
         options = dict(options, distill_teacher=str(tmp_path / "teacher.npz"))
         keras_vit.checkpoint.save_npz(teacher, options["distill_teacher"])
     run = dict(total_steps=30, steps_per_loop=1, eval_every_steps=30,

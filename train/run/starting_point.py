@@ -26,15 +26,14 @@ RUN_FIELDS = ("variant", "dropout", "attention_dropout", "drop_path_rate", "atte
               "remat", "dynamic_image_size", "dynamic_image_pad")
 # What the variant name stands for: the fields a `variant` set by the user must agree on.
 VARIANT_FIELDS = ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers")
-HUB_PREFIXES = ("hf:", "timm:")
 
 
 def has_architecture(pretrained):
     """Whether `pretrained` names a checkpoint that says its architecture (everything but ""
     and the paper's published names, URLs and `.npz` files without a spec beside them)."""
-    from keras_vit import checkpoint
+    from keras_vit import checkpoint, hub
 
-    if pretrained.startswith(HUB_PREFIXES) or pretrained.endswith(".keras"):
+    if pretrained.startswith(tuple(hub.PREFIXES)) or pretrained.endswith(".keras"):
         return True
     if pretrained.endswith(".npz"):
         return "://" not in pretrained and checkpoint.read_spec(pretrained) is not None
@@ -44,6 +43,7 @@ def has_architecture(pretrained):
 def check(config, report):
     """Adds to `report` (train.run.config_checks) a `config.pretrained` that names nothing
     readable: neither a published name, a URL, an existing file or directory nor a hub name."""
+    from keras_vit import hub
     from keras_vit import pretrained as published
 
     if not report.ok("pretrained", "model.variant") or not config.pretrained:
@@ -55,7 +55,7 @@ def check(config, report):
                        f"no such checkpoint was published for model {variant!r}; it exists for "
                        f"{', '.join(sorted(published.PUBLISHED[weights]))}")
         return
-    if ("://" in weights or weights.startswith(("augreg/",) + HUB_PREFIXES)
+    if ("://" in weights or weights.startswith(("augreg/", *hub.PREFIXES))
             or os.path.exists(weights)):
         return
     report.add("pretrained", f"config.pretrained={weights!r}",
