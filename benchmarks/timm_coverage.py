@@ -1,6 +1,8 @@
 """How many of timm's pretrained ViTs keras_vit reads, each checked against timm itself.
 
-For every architecture in `timm.list_pretrained("vit_*")`, timm builds it with random weights
+For every architecture in `timm.list_pretrained("vit_*")`, then (a second count) in
+`timm.list_pretrained("deit*")` (DeiT, DeiT III, and DeiT's distilled models: timm's
+`VisionTransformerDistilled`), timm builds it with random weights
 of order 1 (its depth cut to `--depth` blocks: every block has the same options, and the whole
 list then runs in minutes on a CPU), saves it as its hub files do (`config.json` +
 `model.safetensors`), `keras_vit.from_pretrained` loads the directory, and the logits of one
@@ -8,13 +10,16 @@ image are compared; then `keras_vit.save_pretrained(..., format="timm")` writes 
 `timm.create_model("local-dir:...")` must give the same logits. An architecture keras_vit has no
 option for is reported with the reason `from_pretrained` gives.
 
-    KERAS_BACKEND=torch python benchmarks/timm_coverage.py              # the table
+    KERAS_BACKEND=torch python benchmarks/timm_coverage.py              # the tables
+    KERAS_BACKEND=torch python benchmarks/timm_coverage.py --only deit  # DeiT's only
     python benchmarks/timm_coverage.py --write_table    # keras_vit/timm_architectures.json
 
-`--write_table` records, for each `vit_*` architecture timm registers, its model class and the
-arguments its entry point passes that differ from `VisionTransformer`'s defaults: the options a
-checkpoint's `config.json` does not repeat (heads, activation, LayerNorm epsilon, pooling...),
-which `from_pretrained` reads from there. Needs torch and timm (CI's torch leg has both).
+`--write_table` records, for each `vit_*` and `deit*` architecture timm registers, its model
+class and (for `VisionTransformer` and its subclass `VisionTransformerDistilled`, which takes
+the same arguments) the arguments its entry point passes that differ from
+`VisionTransformer`'s defaults: the options a checkpoint's `config.json` does not repeat
+(heads, activation, LayerNorm epsilon, pooling...), which `from_pretrained` reads from there.
+Needs torch and timm (CI's torch leg has both).
 """
 
 import argparse
@@ -35,6 +40,11 @@ TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What every build passes that is not an architecture option.
 _BUILD_ARGUMENTS = {"pretrained_cfg", "pretrained_cfg_overlay", "cache_dir", "feature_cfg",
                     "pretrained_filter_fn", "pretrained_strict"}
+# The name patterns of timm's architectures: `vit_*` first (the count quoted in the docs), then
+# DeiT's, whose distilled models are a class of their own.
+FAMILIES = ("vit_*", "deit*")
+# timm's classes whose arguments are VisionTransformer's (the table records them).
+_ARGUMENT_CLASSES = ("VisionTransformer", "VisionTransformerDistilled")
 
 
 def parse_args(argv=None):
@@ -88,7 +98,7 @@ def architecture_table(timm):
         module.build_model_with_cfg = capture
     table = {}
     try:
-        for architecture in timm.list_models("vit_*"):
+        for architecture in (name for family in FAMILIES for name in timm.list_models(family)):
             try:
                 timm.create_model(architecture, pretrained=False)
             except _Captured:
@@ -97,7 +107,7 @@ def architecture_table(timm):
             if model_class is None:
                 continue
             entry = {"class": model_class.__name__}
-            if model_class is VisionTransformer:
+            if model_class.__name__ in _ARGUMENT_CLASSES:
                 entry["args"] = {
                     name: _json_value(value) for name, value in sorted(kwargs.items())
                     if name not in _BUILD_ARGUMENTS and not (
@@ -130,7 +140,7 @@ def order_one(torch, model):
     return model.eval()
 
 
-_TOKENS = ("pos_embed", "cls_token", "reg_token")
+_TOKENS = ("pos_embed", "cls_token", "reg_token", "dist_token")
 
 
 def check(architecture, depth, tolerance, workdir):
@@ -144,7 +154,7 @@ def check(architecture, depth, tolerance, workdir):
     from keras_vit import torch_layouts
 
     entry = torch_layouts.timm_architectures()[architecture]
-    if entry["class"] != "VisionTransformer":
+    if entry["class"] not in torch_layouts.TIMM_CLASSES:
         return "missing", f"timm's {entry['class']} class"
     theirs = order_one(torch, timm.create_model(architecture, pretrained=False, depth=depth))
     directory = os.path.join(workdir, architecture)
@@ -190,32 +200,47 @@ def main(argv=None):
             handle.write("\n")
         print(f"{len(table['architectures'])} architectures written to {TABLE}")
         return
-    tags = collections.Counter(name.split(".")[0] for name in timm.list_pretrained("vit_*"))
-    results = {}
     with tempfile.TemporaryDirectory() as workdir:
-        for architecture in sorted(tags):
-            if args.only not in architecture:
-                continue
-            try:
-                results[architecture] = check(architecture, args.depth, args.tolerance, workdir)
-            except Exception as error:  # a row of the table, not the end of the run
-                results[architecture] = ("error", f"{type(error).__name__}: "
-                                                  f"{str(error).splitlines()[0][:120]}")
-            status, detail = results[architecture]
-            print(f"| {architecture} | {tags[architecture]} | {status} | {detail} |", flush=True)
+        for family in FAMILIES:
+            tags = collections.Counter(name.split(".")[0]
+                                       for name in timm.list_pretrained(family))
+            results = {}
+            for architecture in sorted(tags):
+                if args.only not in architecture:
+                    continue
+                results[architecture] = _checked(architecture, args, workdir)
+                status, detail = results[architecture]
+                print(f"| {architecture} | {tags[architecture]} | {status} | {detail} |",
+                      flush=True)
+            if results:  # --only may leave a family out
+                summarise(timm, family, tags, results)
+
+
+def _checked(architecture, args, workdir):
+    try:
+        return check(architecture, args.depth, args.tolerance, workdir)
+    except Exception as error:  # a row of the table, not the end of the run
+        return "error", f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
+
+
+def summarise(timm, family, tags, results):
+    """The counts of one family's table, by pretrained tag, and the reasons for the missing."""
     counts = collections.Counter()
     for architecture, (status, _) in results.items():
         counts[status] += tags[architecture]
     total = sum(tags[architecture] for architecture in results)
-    print(f"\ntimm {timm.__version__}: {counts['covered']} of {total} pretrained tags covered "
-          f"({len([r for r in results.values() if r[0] == 'covered'])} of {len(results)} "
-          f"architectures); missing an option: {counts['missing']}; errors: {counts['error']}.")
+    covered = len([result for result in results.values() if result[0] == "covered"])
+    named = "" if family == FAMILIES[0] else f", {family}"  # the first line as it always was
+    print(f"\ntimm {timm.__version__}{named}: {counts['covered']} of {total} pretrained tags "
+          f"covered ({covered} of {len(results)} architectures); missing an option: "
+          f"{counts['missing']}; errors: {counts['error']}.")
     reasons = collections.Counter()
     for architecture, (status, detail) in results.items():
         if status == "missing":
             reasons[detail] += tags[architecture]
     for reason, count in reasons.most_common():
         print(f"- {count} tags: {reason}")
+    print()
 
 
 if __name__ == "__main__":

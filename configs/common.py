@@ -62,6 +62,13 @@ def get_config():
     config.image_size = 224  # training and evaluation resolution (square)
     config.crop_min_area = 0.05  # inception crop: smallest fraction of the image kept
     config.flip = True  # random horizontal flips in training
+    # How evaluation images are resized to image_size (keras_vit.EvalPreprocessing): keras_vit's
+    # own straight resize by default; config.pretrained's (e.g. timm's crop_pct) fills those
+    # left at these defaults. The export's SavedModel resizes the same way.
+    config.eval_interpolation = "bilinear"  # bilinear, bicubic or nearest
+    config.eval_crop_fraction = 1.0  # resize to image_size / this, then crop the centre
+    config.eval_crop_mode = "squash"  # squash (each side to its size) or center (keep aspect)
+    config.eval_antialias = False  # filter when downscaling, as PIL does
     config.shuffle_buffer = 50_000  # TFRecord only: examples in a host's shuffle window
     # Augmentation beyond crop and flip (train/data/augmentation.py): an AugReg level sets
     # RandAugment and Mixup; a field below given a value replaces the level's (None: the level's).

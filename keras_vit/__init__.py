@@ -8,7 +8,7 @@
 `import keras_vit` loads the architecture spec, the layers and the model (and registers the
 layers for `keras.models.load_model`); the tools load on first use (PEP 562): `analysis`,
 `checkpoint`, `export`, `fileio`, `flops`, `hub` (`from_pretrained`, `save_pretrained`),
-`plotting`, `pretrained`, `resample`, `serving`.
+`lora`, `npz_architecture`, `plotting`, `pretrained`, `resample`, `serving`.
 """
 
 import importlib
@@ -17,15 +17,15 @@ from keras_vit import layers, masked_patches, resnet  # noqa: F401  (registered 
 from keras_vit.builders import *  # noqa: F401,F403  (ViT_B16, ...: one per VARIANT_NAMES)
 from keras_vit.masked_patches import MaskedPatchPredictor
 from keras_vit.intermediates import attention_model, features
-from keras_vit.model import vit
+from keras_vit.model import distillation_heads, vit
 from keras_vit.preprocessing import EvalPreprocessing, prepare_images, preprocess_inputs
 from keras_vit.spec import ViTConfig, parse_variant
 from keras_vit.variants import VARIANT_NAMES
 
 __version__ = "0.1.0"
 
-_LAZY_MODULES = ("analysis", "checkpoint", "export", "fileio", "flops", "hub", "lora", "plotting",
-                 "pretrained", "resample", "serving")
+_LAZY_MODULES = ("analysis", "checkpoint", "export", "fileio", "flops", "hub", "lora",
+                 "npz_architecture", "plotting", "pretrained", "resample", "serving")
 _LAZY_FUNCTIONS = {"from_pretrained": "hub", "save_pretrained": "hub"}  # name -> its module
 
 

@@ -30,7 +30,7 @@ from keras_vit.resample import resize_position_embeddings  # noqa: F401
 logger = logging.getLogger(__name__)
 
 _TRANSFORMER_LAYERS = ("posembed_", "encoderblock_", "encoder_norm")
-_HEAD_KEYS = ("head/kernel", "head/bias")
+_HEAD_KEYS = ("head/kernel", "head/bias", "head_dist/kernel", "head_dist/bias")
 _PRE_LOGITS_KEYS = ("pre_logits/kernel", "pre_logits/bias")
 _PROJECTIONS = ("query", "key", "value", "out")  # stored per head: (D, heads, D / heads)
 # Weights whose first axis is a grid axis (learned_2d), or the offsets along one (relative).
@@ -56,8 +56,8 @@ def checkpoint_key(variable_path):
     parts = variable_path.split("/")
     if parts[0] == "resnet_root":  # the ResNet root lives at the top of the original tree
         parts = parts[1:]
-    if parts == ["cls", "cls"]:
-        parts = ["cls"]
+    if parts in (["cls", "cls"], ["dist", "dist"]):  # the class and distillation tokens
+        parts = parts[:1]
     parts[-1] = {"gamma": "scale", "beta": "bias"}.get(parts[-1], parts[-1])
     if parts[0].startswith(_TRANSFORMER_LAYERS):
         parts = ["Transformer"] + parts
@@ -235,9 +235,10 @@ def _resized(key, value, shape, position, file_prefix):
         return resample.resize_patch_embedding(value, shape[:2])
     if name == "pos_embedding":
         if file_prefix != position.num_embedded_prefix:
-            raise ValueError(f"the file has {file_prefix} rows for class and register tokens, "
-                             f"the model {position.num_embedded_prefix} (classifier 'token' vs "
-                             "'gap', or another num_register_tokens)")
+            raise ValueError(f"the file has {file_prefix} rows for class, distillation and "
+                             f"register tokens, the model {position.num_embedded_prefix} "
+                             "(classifier 'token' vs 'gap', distillation_token, or another "
+                             "num_register_tokens)")
         return resize_position_embeddings(value, position.grid_size,
                                           num_prefix_tokens=file_prefix,
                                           interpolation=interpolation)
@@ -253,12 +254,13 @@ def _resized(key, value, shape, position, file_prefix):
 
 
 def _file_prefix_rows(arrays, position):
-    """Rows for prefix tokens in the file's position embeddings: its class and register
-    tokens, where the model embeds prefix tokens (it cannot tell otherwise)."""
+    """Rows for prefix tokens in the file's position embeddings: its class, distillation and
+    register tokens, where the model embeds prefix tokens (it cannot tell otherwise)."""
     if position is None or not position.embed_prefix:
         return 0
     registers = arrays.get("reg/registers")
-    return int("cls" in arrays) + (0 if registers is None else registers.shape[1])
+    return (int("cls" in arrays) + int("dist" in arrays)
+            + (0 if registers is None else registers.shape[1]))
 
 
 def _position_layer(model):

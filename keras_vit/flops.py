@@ -34,6 +34,7 @@ _FREE = (
     vit_layers.RegisterTokens,
     vit_layers.AddPositionEmbs,
     vit_layers.TokenPooling,
+    keras.layers.Average,  # DeiT's two heads' mean
 )
 
 

@@ -1,6 +1,7 @@
 """ViT weights where users keep them: `from_pretrained` reads a directory of Hugging Face
-transformers' or timm's files (`config.json` + `model.safetensors`), a name on the Hugging Face
-hub, or an original `.npz`; `save_pretrained` writes a model for either library.
+transformers' or timm's files (`config.json` + `model.safetensors`: their ViTs, and DeiT's
+distilled models), a name on the Hugging Face hub, or an original `.npz`; `save_pretrained`
+writes a model for either library.
 
     model = keras_vit.from_pretrained("hf:google/vit-base-patch16-224")
     model = keras_vit.from_pretrained("timm:vit_base_patch16_224.augreg2_in21k_ft_in1k",
@@ -17,12 +18,13 @@ both come with `pip install "keras_vit[hub]"` and load only when used.
 import dataclasses
 import importlib
 import json
+import math
 import os
 import warnings
 
 import numpy as np
 
-from keras_vit import checkpoint, fileio, torch_layouts
+from keras_vit import checkpoint, fileio, npz_architecture, torch_layouts
 from keras_vit.model import vit
 from keras_vit.preprocessing import EvalPreprocessing
 
@@ -103,9 +105,11 @@ def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, preprocess
     Args:
         source: a directory holding transformers' or timm's `config.json` and
             `model.safetensors`, a hub name ("hf:google/vit-base-patch16-224",
-            "timm:vit_base_patch16_224.augreg2_in21k_ft_in1k"), or an original `.npz` file
-            written by `checkpoint.save_npz` (its spec sidecar says the architecture), or a
-            keras_vit `.keras` model (loaded in safe mode).
+            "timm:vit_base_patch16_224.augreg2_in21k_ft_in1k"), an `.npz` file (its
+            architecture from the spec `checkpoint.save_npz` writes beside it, or for the
+            paper's files, which have none, from its tensors: `keras_vit.npz_architecture`,
+            with the original's tanh GELU and LayerNorm epsilon 1e-6), or a keras_vit
+            `.keras` model (loaded in safe mode).
         dtype, name: as `keras_vit.vit`.
         cache_dir: the Hugging Face cache (default: huggingface_hub's).
         preprocessing: a `keras_vit.EvalPreprocessing` to use instead of the checkpoint's
@@ -118,16 +122,20 @@ def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, preprocess
     Every tensor is loaded strictly: a missing, extra or mis-shaped one is an error that
     names it, and nothing is loaded. The config says which GELU and which LayerNorm epsilon
     (transformers' default is 1e-12, timm's 1e-6). transformers' `ViTForImageClassification`
-    gives its logits, its `ViTModel` the pooler's output.
+    gives its logits, its `ViTModel` the pooler's output. DeiT's distilled models (timm's
+    `VisionTransformerDistilled`, transformers' `DeiTForImageClassificationWithTeacher`) give
+    the mean of their two heads' logits, as both libraries evaluate them;
+    `keras_vit.distillation_heads(model)` gives each head's.
     """
     if preprocessing is not None and not isinstance(preprocessing, EvalPreprocessing):
         raise TypeError(f"preprocessing must be a keras_vit.EvalPreprocessing or None (the "
                         f"checkpoint's), got {type(preprocessing).__name__}.")
     found = read_checkpoint(source, cache_dir, preprocessing)
-    if found.spec is None:
+    if found.spec is None:  # an .npz always has one (its sidecar's or its tensors')
         raise checkpoint.CheckpointError(
-            f"{source!r} has no spec beside it ({checkpoint.spec_file(source)}), so its "
-            "architecture is unknown: load it with keras_vit.vit(variant, weights=path).")
+            f"{source!r} has no keras_vit spec, so its architecture is unknown: build the model "
+            "with keras_vit.vit(variant, ...) and load the weights with "
+            "keras_vit.checkpoint.load_npz(model, path).")
     model = vit(found.spec.replace(**fields), dtype=dtype, name=name)
     checkpoint.load_npz(model, found.arrays)
     model.preprocessing = found.preprocessing
@@ -136,9 +144,9 @@ def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, preprocess
 
 @dataclasses.dataclass
 class Checkpoint:
-    """What `read_checkpoint` found: the architecture (`spec`, None for an original `.npz`
-    without a spec beside it), the weights as `.npz` arrays for keras_vit's [-1, 1] inputs (the
-    checkpoint's normalisation folded in) and its evaluation resize and crop."""
+    """What `read_checkpoint` found: the architecture (`spec`; for an `.npz` without a spec
+    beside it, the one its tensors say), the weights as `.npz` arrays for keras_vit's [-1, 1]
+    inputs (the checkpoint's normalisation folded in) and its evaluation resize and crop."""
 
     spec: object
     arrays: dict
@@ -148,15 +156,20 @@ class Checkpoint:
 def read_checkpoint(source, cache_dir=None, preprocessing=None):
     """The `Checkpoint` of `source`, as `from_pretrained` reads it, without building a model:
     a directory in transformers' or timm's layout, a hub name ("hf:...", "timm:..."), an
-    `.npz` (its spec from the file `save_npz` writes beside it), or a keras_vit `.keras` model
-    (loaded in Keras' safe mode). `preprocessing`, when given, replaces the checkpoint's."""
+    `.npz` (its spec from the file `save_npz` writes beside it, or where there is none, as
+    for the paper's files, read from its tensors and logged: `npz_architecture.spec_from_npz`),
+    or a keras_vit `.keras` model (loaded in Keras' safe mode). `preprocessing`, when given,
+    replaces the checkpoint's."""
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"source must be a directory, a hub name, an .npz or a .keras path, "
                         f"got {type(source).__name__}.")
     source = os.fspath(source)
     if source.endswith(".npz"):  # the original's preprocessing: bilinear, straight to the size
-        return Checkpoint(checkpoint.read_spec(source), checkpoint.read_npz(source),
-                          preprocessing or EvalPreprocessing())
+        arrays = checkpoint.read_npz(source)
+        spec = checkpoint.read_spec(source)  # the spec save_npz wrote says it all
+        if spec is None:  # the paper's files: their tensors say the architecture
+            spec = npz_architecture.spec_from_npz(arrays, source)
+        return Checkpoint(spec, arrays, preprocessing or EvalPreprocessing())
     if source.endswith(".keras"):
         model = checkpoint.read_keras_model(source)
         return Checkpoint(getattr(model, "spec", None), checkpoint.model_arrays(model),
@@ -188,8 +201,8 @@ def _eval_preprocessing(config, layout, processor):
     """How the checkpoint's library resizes evaluation images: timm's `pretrained_cfg` (where
     it is silent, timm's defaults: bicubic, crop_pct 0.875, centre crop), or the `resample` of
     transformers' `preprocessor_config.json`, `processor` (its ViTImageProcessor resizes
-    straight to the size; no file: keras_vit's own). Both libraries resize with PIL, which
-    filters when downscaling: antialias."""
+    straight to the size; DeiT's resizes, then crops the centre; no file: keras_vit's own).
+    Both libraries resize with PIL, which filters when downscaling: antialias."""
     if layout == "timm":
         cfg = config.get("pretrained_cfg") or {}
         fields = {"interpolation": cfg.get("interpolation") or "bicubic",
@@ -200,7 +213,8 @@ def _eval_preprocessing(config, layout, processor):
         if not processor:
             return EvalPreprocessing()
         resample = processor.get("resample", 2)
-        fields = {"interpolation": RESAMPLE.get(resample, f"PIL resample {resample}")}
+        fields = {"interpolation": RESAMPLE.get(resample, f"PIL resample {resample}"),
+                  **_processor_crop(processor)}
         where = PREPROCESSOR_FILE
     try:
         return EvalPreprocessing(antialias=True, **fields)
@@ -209,6 +223,47 @@ def _eval_preprocessing(config, layout, processor):
             f"The checkpoint's evaluation preprocessing ({where}) is not one keras_vit has: "
             f"{error} Pass preprocessing=keras_vit.EvalPreprocessing(...) to from_pretrained "
             "to choose the nearest one.") from error
+
+
+def _sides(size):
+    """A transformers size (an int, or a dict of height and width) as [height, width]."""
+    if isinstance(size, dict):
+        return [size.get("height"), size.get("width")]
+    return [size, size]
+
+
+def _processor_crop(processor):
+    """The crop_mode and crop_fraction of a transformers image processor that resizes, then
+    crops the centre (DeiT's: to 256x256, then 224x224, timm's "squash"; to a shortest edge,
+    timm's "center"); {} for one that resizes straight to the size."""
+    if not (processor.get("do_center_crop") and processor.get("do_resize", True)):
+        return {}
+    size, crop = processor.get("size"), _sides(processor.get("crop_size"))
+    if isinstance(size, dict) and "shortest_edge" in size:
+        mode, resized = "center", [size["shortest_edge"]] * 2
+    else:
+        mode, resized = "squash", _sides(size)
+    fraction = _fraction(crop, resized) if mode == "squash" or crop[0] == crop[1] else None
+    if fraction is None:
+        raise checkpoint.CheckpointError(
+            f"{PREPROCESSOR_FILE} resizes to {size} and crops {processor.get('crop_size')}, "
+            "which is not a resize-and-crop keras_vit has (one crop fraction for both sides). "
+            "Pass preprocessing=keras_vit.EvalPreprocessing(...) to from_pretrained to choose "
+            "the nearest one.")
+    return {"crop_mode": mode, "crop_fraction": fraction}
+
+
+def _fraction(crop, resized):
+    """The crop fraction f for which keras_vit resizes each side of `crop` to
+    floor(crop / f) == `resized`, or None."""
+    if not all(isinstance(side, int) and side > 0 for side in [*crop, *resized]):
+        return None
+    fraction = crop[0] / resized[0]
+    for candidate in (fraction, math.nextafter(fraction, 0)):  # crop / (crop / resized) < resized
+        if candidate <= 1 and all(math.floor(side / candidate) == target
+                                  for side, target in zip(crop, resized)):
+            return candidate
+    return None
 
 
 def _normalization(config, processor):
@@ -242,21 +297,51 @@ def _fold_normalization(arrays, mean, std):
 
 
 def _preprocessor_config(spec, preprocessing):
-    """transformers' ViTImageProcessor for keras_vit's [-1, 1] inputs; it resizes straight to
-    the size and cannot crop (a warning says so for a model that crops)."""
-    if preprocessing.crop_mode != "squash" or preprocessing.crop_fraction != 1.0:
-        warnings.warn(
-            f"transformers' ViTImageProcessor resizes straight to the size and does not crop: "
-            f"{PREPROCESSOR_FILE} keeps the model's {preprocessing.interpolation} resize but not "
-            f"its crop (crop_fraction {preprocessing.crop_fraction}, crop_mode "
-            f"{preprocessing.crop_mode!r}); crop images before transformers' pipelines, or save "
-            "with format=\"timm\", which keeps it.", stacklevel=3)
+    """transformers' image processor for keras_vit's [-1, 1] inputs: its ViTImageProcessor,
+    which resizes straight to the size and cannot crop (a warning says so for a model that
+    crops), or for a model with DeiT's distillation token its DeiTImageProcessor, which crops
+    the centre after resizing as timm does (a warning for timm's crops of non-square images
+    that keep the aspect ratio)."""
     height, width = spec.image_size
     resample = {name: code for code, name in RESAMPLE.items()}[preprocessing.interpolation]
-    return {"image_processor_type": "ViTImageProcessor", "do_resize": True,
-            "size": {"height": height, "width": width}, "resample": resample,
-            "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
-            "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+    common = {"do_resize": True, "resample": resample, "do_rescale": True,
+              "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5],
+              "image_std": [0.5, 0.5, 0.5]}
+    if spec.distillation_token:
+        return {"image_processor_type": "DeiTImageProcessor", **common,
+                **_deit_resize(preprocessing, height, width)}
+    if preprocessing.crop_mode != "squash" or preprocessing.crop_fraction != 1.0:
+        _warn_uncropped("ViTImageProcessor resizes straight to the size and does not crop",
+                        preprocessing, stacklevel=4)
+    return {"image_processor_type": "ViTImageProcessor", **common,
+            "size": {"height": height, "width": width}}
+
+
+def _deit_resize(preprocessing, height, width):
+    """DeiTImageProcessor's size and centre crop for `preprocessing` (the sizes keras_vit's
+    resize computes: floor(side / crop_fraction), the shorter side's for "center")."""
+    scale = [math.floor(side / preprocessing.crop_fraction) for side in (height, width)]
+    crops = preprocessing.crop_fraction != 1.0 or preprocessing.crop_mode != "squash"
+    if preprocessing.crop_mode == "squash":
+        size = {"height": scale[0], "width": scale[1]}
+    elif height == width:  # torchvision's Resize(int), as transformers' shortest_edge
+        size = {"shortest_edge": scale[0]}
+    else:  # timm's ResizeKeepRatio, which transformers has no size for
+        _warn_uncropped("DeiTImageProcessor cannot keep the aspect ratio of a non-square crop",
+                        preprocessing, stacklevel=5)
+        size, crops = {"height": height, "width": width}, False
+    return {"size": size, "do_center_crop": crops,
+            "crop_size": {"height": height, "width": width}}
+
+
+def _warn_uncropped(why, preprocessing, stacklevel):
+    """A warning, at save_pretrained's caller (`stacklevel`), that transformers will not crop."""
+    warnings.warn(
+        f"transformers' {why}: {PREPROCESSOR_FILE} keeps the model's "
+        f"{preprocessing.interpolation} resize but not its crop (crop_fraction "
+        f"{preprocessing.crop_fraction}, crop_mode {preprocessing.crop_mode!r}); crop images "
+        "before transformers' pipelines, or save with format=\"timm\", which keeps it.",
+        stacklevel=stacklevel)
 
 
 def save_pretrained(model, directory, format="transformers"):
@@ -266,9 +351,11 @@ def save_pretrained(model, directory, format="transformers"):
     The directory appears complete or not at all. What the library cannot express (a hybrid,
     relative or 2-D position embeddings; for transformers GAP, attention pooling, registers,
     LayerScale and timm's other options; pre_logits with a head) is a `LayoutError` naming it,
-    before anything is written. The model's `preprocessing` goes into
-    timm's `pretrained_cfg` (interpolation, crop_pct, crop_mode) or transformers'
-    `preprocessor_config.json` (resample; its ViTImageProcessor cannot crop: a warning)."""
+    before anything is written. A model with DeiT's distillation token is written as timm's
+    `VisionTransformerDistilled` or transformers' `DeiTForImageClassificationWithTeacher`. The
+    model's `preprocessing` goes into timm's `pretrained_cfg` (interpolation, crop_pct,
+    crop_mode) or transformers' `preprocessor_config.json` (resample; its ViTImageProcessor
+    cannot crop: a warning; DeiT's crops as timm does)."""
     if format not in torch_layouts.FORMATS:
         raise ValueError(f"format must be one of {torch_layouts.FORMATS}, got {format!r}.")
     spec = getattr(model, "spec", None)

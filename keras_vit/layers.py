@@ -170,14 +170,25 @@ class ClassToken(keras.layers.Layer):
     like the original's.
     """
 
+    token_name = "cls"
+
+    def token_initializer(self):
+        return "zeros"
+
     def build(self, input_shape):
         _check_rank(self, input_shape, 3, "tokens [batch, tokens, hidden]")
-        self.cls = self.add_weight(name="cls", shape=(1, 1, input_shape[-1]), initializer="zeros")
+        self.token = self.add_weight(name=self.token_name, shape=(1, 1, input_shape[-1]),
+                                     initializer=self.token_initializer())
+
+    @property
+    def cls(self):  # the name it had before DistillationToken shared the code
+        return self.token
 
     def call(self, tokens):
         batch = ops.shape(tokens)[0]
-        cls = ops.broadcast_to(ops.cast(self.cls, tokens.dtype), (batch, 1, tokens.shape[-1]))
-        return ops.concatenate([cls, tokens], axis=1)
+        token = ops.broadcast_to(ops.cast(self.token, tokens.dtype),
+                                 (batch, 1, tokens.shape[-1]))
+        return ops.concatenate([token, tokens], axis=1)
 
     def compute_output_shape(self, input_shape):
         tokens = None if input_shape[1] is None else input_shape[1] + 1
@@ -187,6 +198,20 @@ class ClassToken(keras.layers.Layer):
         # Not a no-op: Keras refuses to serialise a layer built with a non-basic argument (a
         # DTypePolicy object, as mixed precision passes) unless the class overrides get_config.
         return super().get_config()
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class DistillationToken(ClassToken):
+    """Prepends DeiT's distillation token (Touvron et al., 2021), a second learned token that a
+    head of its own reads; the class token is prepended after it, so it comes first (as timm
+    and transformers order them). The weight is named `dist`, initialised as DeiT's (truncated
+    normal, standard deviation 0.02)."""
+
+    token_name = "dist"
+
+    def token_initializer(self):
+        # Made when built, so that it draws from the seed keras.utils.set_random_seed set.
+        return keras.initializers.TruncatedNormal(stddev=0.02)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -1181,25 +1206,28 @@ POOLINGS = tuple(kind for kind in CLASSIFIERS if kind != "map")
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class TokenPooling(keras.layers.Layer):
-    """Reduces `[batch, tokens, D]` to `[batch, D]`: the class token ("token", the first) or
-    the mean of the patch tokens ("gap").
+    """Reduces `[batch, tokens, D]` to `[batch, D]`: one token ("token": the class token, or
+    the token at `token_index`, 1 for DeiT's distillation token) or the mean of the patch
+    tokens ("gap").
 
     Args:
         classifier: "token" or "gap".
         num_prefix_tokens: tokens before the patches (register tokens), left out of the mean.
+        token_index: the token "token" reads.
     """
 
-    def __init__(self, classifier="token", num_prefix_tokens=0, **kwargs):
+    def __init__(self, classifier="token", num_prefix_tokens=0, token_index=0, **kwargs):
         super().__init__(**kwargs)
         if classifier not in POOLINGS:
             raise ValueError(f"classifier must be {' or '.join(map(repr, POOLINGS))}, got "
                              f"{classifier!r} (attention pooling is AttentionPooling).")
         self.classifier = classifier
         self.num_prefix_tokens = int(num_prefix_tokens)
+        self.token_index = int(token_index)
 
     def call(self, tokens):
         if self.classifier == "token":
-            return tokens[:, 0]
+            return tokens[:, self.token_index]
         if self.num_prefix_tokens:  # registers (no slice otherwise: the same graph as before)
             tokens = tokens[:, self.num_prefix_tokens:]
         return ops.mean(tokens, axis=1)
@@ -1208,5 +1236,8 @@ class TokenPooling(keras.layers.Layer):
         return (input_shape[0], input_shape[-1])
 
     def get_config(self):
-        return {**super().get_config(), "classifier": self.classifier,
-                "num_prefix_tokens": self.num_prefix_tokens}
+        config = {**super().get_config(), "classifier": self.classifier,
+                  "num_prefix_tokens": self.num_prefix_tokens}
+        if self.token_index:  # files of other models unchanged
+            config["token_index"] = self.token_index
+        return config

@@ -344,6 +344,8 @@ def _build(spec, policy, name):
     grid, prefix = spec.grid_size, spec.num_prefix_tokens
     if spec.num_register_tokens:  # the class token goes before them
         x = vit_layers.RegisterTokens(spec.num_register_tokens, name="reg", dtype=policy)(x)
+    if spec.distillation_token:  # the class token goes before it
+        x = vit_layers.DistillationToken(name="dist", dtype=policy)(x)
     if spec.classifier == "token":
         x = vit_layers.ClassToken(name="cls", dtype=policy)(x)
     relative = {"relative": "1d", "relative_2d": "2d"}.get(spec.position_embedding)
@@ -402,6 +404,8 @@ def _build(spec, policy, name):
             spec.num_heads, spec.mlp_dim, num_prefix_tokens=prefix,
             layer_norm_epsilon=spec.layer_norm_epsilon, activation=spec.activation,
             attention_impl=spec.attention_impl, name="MAPHead_0", dtype=policy)(x)
+    elif spec.distillation_token:
+        return ViTModel(images, _distilled_top(spec, x, head_dtype), name=name, spec=spec)
     else:
         x = vit_layers.TokenPooling(spec.classifier, num_prefix_tokens=prefix,
                                     name="pool", dtype=head_dtype)(x)
@@ -415,3 +419,30 @@ def _build(spec, policy, name):
         x = keras.layers.Dense(spec.num_classes, name="head", kernel_initializer="zeros",
                                dtype=head_dtype)(x)
     return ViTModel(images, x, name=name, spec=spec)
+
+
+def _distilled_top(spec, tokens, dtype):
+    """DeiT's two heads, on the class token (`head`) and on the distillation token
+    (`head_dist`), and the mean of their logits; without a head, the mean of the two tokens
+    (as timm's `VisionTransformerDistilled`)."""
+    pooled = [vit_layers.TokenPooling("token", token_index=index, name=name, dtype=dtype)(tokens)
+              for index, name in ((0, "pool"), (1, "pool_dist"))]
+    if spec.include_top:
+        pooled = [keras.layers.Dense(spec.num_classes, name=name, kernel_initializer="zeros",
+                                     dtype=dtype)(token)
+                  for token, name in zip(pooled, ("head", "head_dist"))]
+    return keras.layers.Average(name="head_mean", dtype=dtype)(pooled)
+
+
+def distillation_heads(model):
+    """For a model with DeiT's distillation token (`distillation_token=True`), a functional
+    model of the same weights that maps images to `(class_logits, distillation_logits)`: the
+    logits of `head` and `head_dist`, which the model itself averages. A distilling run trains
+    the first on the labels and the second on the teacher (DeiT, section 5.1)."""
+    spec = getattr(model, "spec", None)
+    if spec is None or not spec.distillation_token or not spec.include_top:
+        raise ValueError(f"Model {model.name!r} has no distillation head: build it with "
+                         "distillation_token=True (and a head).")
+    return keras.Model(model.input, [model.get_layer("head").output,
+                                      model.get_layer("head_dist").output],
+                       name=f"{model.name}_heads")

@@ -151,6 +151,14 @@ class ViTConfig:
         pre_norm: a LayerNorm (`pre_norm`) on the tokens before the first block (CLIP).
         final_norm: "tokens" (the original: `encoder_norm` on every token, then pooling),
             "pooled" (`fc_norm` on the pooled vector: timm's default for GAP) or "none".
+        distillation_token: True for DeiT's distillation token (Touvron et al., "Training
+            data-efficient image transformers & distillation through attention", 2021;
+            timm's `dist_token`): a second learned token after the class token, with a head of
+            its own (`head_dist`) that a distilling run trains on the teacher's logits while
+            the class token's head learns the labels. The model outputs the mean of the two
+            heads' logits (as DeiT evaluates; without a head, the mean of the two tokens);
+            `keras_vit.distillation_heads(model)` gives both. Needs classifier "token", no
+            register tokens, final_norm "tokens" and no representation_size.
     """
 
     variant: str = "B/16"
@@ -182,6 +190,7 @@ class ViTConfig:
     prefix_position_embeddings: bool = True
     pre_norm: bool = False
     final_norm: str = "tokens"
+    distillation_token: bool = False
 
     def __post_init__(self):
         values, problems = _resolved(dataclasses.asdict(self))
@@ -270,8 +279,10 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self):
-        """Tokens before the patches: the class token (if any), then the register tokens."""
-        return int(self.classifier == "token") + self.num_register_tokens
+        """Tokens before the patches: the class token (if any), the distillation token (if
+        any), then the register tokens."""
+        return (int(self.classifier == "token") + int(self.distillation_token)
+                + self.num_register_tokens)
 
     @property
     def default_name(self):
@@ -403,7 +414,7 @@ def _resolved(fields):
     check("attention_impl", lambda value: variants.check_choice(
         "attention_impl", value, ATTENTION_IMPLS))
     check("remat", lambda value: variants.check_choice("remat", value, REMAT))
-    for field in ("qkv_bias", "prefix_position_embeddings", "pre_norm"):
+    for field in ("qkv_bias", "prefix_position_embeddings", "pre_norm", "distillation_token"):
         check(field, lambda value, name=field: variants.check_bool(name, value))
     if fields.get("layer_scale_init") is None:
         values["layer_scale_init"] = None
@@ -444,6 +455,17 @@ def _resolved(fields):
             add(("variant", "position_embedding"),
                 "Axial-ViT takes no relative position embeddings: use 'learned', "
                 "'learned_2d' or 'none'")
+    if ok("distillation_token") and values["distillation_token"]:
+        # DeiT's layout (timm's VisionTransformerDistilled): the class token, the distillation
+        # token, the patches; each of the two tokens has its own head.
+        needs = (("classifier", "token", "the heads read the class and distillation tokens"),
+                 ("num_register_tokens", 0, "DeiT's layout has no register tokens"),
+                 ("final_norm", "tokens", "the heads read the normed tokens"),
+                 ("representation_size", None, "the heads read the tokens directly"))
+        for field, value, reason in needs:
+            if ok(field, "distillation_token") and values[field] != value:
+                add((field, "distillation_token"), f"{reason}: use {field}={value!r} with a "
+                    "distillation token")
     if ok("attention_impl", "attention_dropout") and (
             values["attention_impl"] == "fused" and values["attention_dropout"]):
         add(("attention_impl", "attention_dropout"),

@@ -10,6 +10,13 @@ Linear layers under `vit.encoder.layer.N.attention.attention.*` (no `vit.` prefi
 (`reg_token`), a norm before the blocks (`norm_pre`, with no patch bias), LayerScale
 (`blocks.N.ls1.gamma`, `ls2.gamma`) and a norm after pooling (`fc_norm`); which of these an
 architecture has is in `timm_architectures.json`.
+
+DeiT's distilled models (Touvron et al., "Training data-efficient image transformers &
+distillation through attention", 2021) add a distillation token after the class token, its
+own position-embedding row and a second head on it: timm's `VisionTransformerDistilled`
+(`dist_token`, `head_dist`) and transformers' `DeiTForImageClassificationWithTeacher`
+(`deit.embeddings.distillation_token`, `cls_classifier`, `distillation_classifier`), whose
+outputs are the mean of the two heads' logits, as keras_vit's `distillation_token=True`.
 """
 
 import functools
@@ -27,7 +34,22 @@ from keras_vit.spec import ACTIVATIONS, DEFAULTS, ViTConfig
 logger = logging.getLogger(__name__)
 
 FORMATS = ("transformers", "timm")
-TRANSFORMERS_ARCHITECTURES = ("ViTForImageClassification", "ViTModel")
+# transformers' architectures keras_vit reads -> the prefix of their encoder's weights.
+TRANSFORMERS_ARCHITECTURES = {"ViTForImageClassification": "vit.", "ViTModel": "",
+                              "DeiTForImageClassificationWithTeacher": "deit."}
+# transformers' model types keras_vit reads -> the class of a config that names none.
+_TRANSFORMERS_MODEL_TYPES = {"vit": "ViTModel", "deit": "DeiTModel"}
+# transformers' DeiT classes keras_vit has no model of, with why.
+_TRANSFORMERS_REFUSED = {
+    "DeiTForImageClassification": "it classifies from the class token alone while its "
+                                  "distillation token still attends, where keras_vit's distilled "
+                                  "models average a head on each token",
+    "DeiTModel": "its pooler reads the class token alone, where keras_vit's distilled models "
+                 "without a head average the class and distillation tokens",
+}
+# timm's model classes keras_vit reads -> whether it has DeiT's distillation token;
+# VisionTransformerDistilled takes VisionTransformer's arguments.
+TIMM_CLASSES = {"VisionTransformer": False, "VisionTransformerDistilled": True}
 # transformers' hidden_act -> the spec's activation (the tanh GELU is the original's).
 _TRANSFORMERS_ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
                              "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh",
@@ -102,13 +124,16 @@ def _pairs(spec, layout, prefix=""):
                 ("cls", "embeddings.cls_token", "copy"),
                 ("Transformer/posembed_input/pos_embedding", "embeddings.position_embeddings",
                  "copy")]
+        if spec.distillation_token:
+            stem.append(("dist", "embeddings.distillation_token", "copy"))
         norm = "layernorm"
         block = "encoder.layer.{}."
         names = {"query": "attention.attention.query", "key": "attention.attention.key",
                  "value": "attention.attention.value", "out": "attention.output.dense",
                  "norm_0": "layernorm_before", "norm_2": "layernorm_after",
                  "fc_0": "intermediate.dense", "fc_1": "output.dense"}
-        head = "classifier"
+        heads = ([("head", "cls_classifier"), ("head_dist", "distillation_classifier")]
+                 if spec.distillation_token else [("head", "classifier")])
     else:
         stem = [("embedding/kernel", "patch_embed.proj.weight", "conv"),
                 ("Transformer/posembed_input/pos_embedding", "pos_embed", "copy")]
@@ -116,6 +141,8 @@ def _pairs(spec, layout, prefix=""):
             stem.append(("embedding/bias", "patch_embed.proj.bias", "copy"))
         if spec.classifier == "token":
             stem.append(("cls", "cls_token", "copy"))
+        if spec.distillation_token:
+            stem.append(("dist", "dist_token", "copy"))
         if spec.num_register_tokens:
             stem.append(("reg/registers", "reg_token", "copy"))
         if spec.pre_norm:
@@ -126,7 +153,8 @@ def _pairs(spec, layout, prefix=""):
         names = {"query": "attn.q", "key": "attn.k", "value": "attn.v", "out": "attn.proj",
                  "norm_0": "norm1", "norm_2": "norm2", "fc_0": "mlp.fc1", "fc_1": "mlp.fc2",
                  "scale_0": "ls1", "scale_1": "ls2"}
-        head = "head"
+        heads = [("head", "head")] + ([("head_dist", "head_dist")] if spec.distillation_token
+                                      else [])
     pairs = [(ours, prefix + theirs, kind) for ours, theirs, kind in stem]
     for index in range(spec.num_layers):
         theirs = {key: prefix + block.format(index) + value for key, value in names.items()}
@@ -142,9 +170,10 @@ def _pairs(spec, layout, prefix=""):
     if layout == "transformers" and spec.representation_size is not None:
         pairs += [("pre_logits/kernel", "pooler.dense.weight", "linear"),
                   ("pre_logits/bias", "pooler.dense.bias", "copy")]
-    if spec.include_top:
-        pairs += [("head/kernel", head + ".weight", "linear"),
-                  ("head/bias", head + ".bias", "copy")]
+    if spec.include_top:  # the heads are outside transformers' encoder: no prefix
+        for ours, theirs in heads:
+            pairs += [(ours + "/kernel", theirs + ".weight", "linear"),
+                      (ours + "/bias", theirs + ".bias", "copy")]
     return pairs
 
 
@@ -157,6 +186,17 @@ def _map_pairs(prefix):
                   (ours + name + "/bias", theirs + their_name + ".bias", "copy")]
     return pairs + [(ours + "LayerNorm_0/scale", theirs + "norm.weight", "copy"),
                     (ours + "LayerNorm_0/bias", theirs + "norm.bias", "copy")]
+
+
+def _transformers_architecture(spec):
+    if spec.distillation_token:
+        return "DeiTForImageClassificationWithTeacher"
+    return "ViTForImageClassification" if spec.include_top else "ViTModel"
+
+
+def _transformers_prefix(spec):
+    """What transformers' class for `spec` puts before its encoder's weights."""
+    return TRANSFORMERS_ARCHITECTURES[_transformers_architecture(spec)]
 
 
 def _split_qkv(state):
@@ -194,9 +234,7 @@ def _fuse_qkv(state):
 def to_npz_arrays(state, spec, layout):
     """Their state dict (name -> array) as the `.npz` layout `checkpoint.load_npz` reads.
     Every tensor must be used and every expected one present: a LayoutError names the rest."""
-    prefix = ""
-    if layout == "transformers" and spec.include_top:
-        prefix = "vit."
+    prefix = _transformers_prefix(spec) if layout == "transformers" else ""
     state = _split_qkv(state) if layout == "timm" else dict(state)
     transforms = _transforms(spec.num_heads)
     arrays, missing = {}, []
@@ -220,7 +258,7 @@ def to_npz_arrays(state, spec, layout):
 
 def from_npz_arrays(arrays, spec, layout):
     """The `.npz` layout (`checkpoint.model_arrays`) as their state dict."""
-    prefix = "vit." if layout == "transformers" and spec.include_top else ""
+    prefix = _transformers_prefix(spec) if layout == "transformers" else ""
     transforms = _transforms(spec.num_heads)
     if layout == "timm" and spec.pre_norm:
         arrays = _fold_patch_bias(arrays, spec)
@@ -264,36 +302,48 @@ def _spec(hidden, mlp, heads, layers, patch, **fields):
 
 def detect(config):
     """"transformers" or "timm": which library wrote this `config.json`."""
-    if config.get("model_type") == "vit":
+    if config.get("model_type") in _TRANSFORMERS_MODEL_TYPES:
         return "transformers"
     if "architecture" in config:
         return "timm"
     model_type = config.get("model_type") or config.get("architectures")
     raise LayoutError(
-        f"config.json is neither transformers' ViT (model_type 'vit') nor timm's (an "
-        f"'architecture' field); it describes {model_type!r}. keras_vit reads those two, and "
-        "the original .npz checkpoints.")
+        f"config.json is neither transformers' ViT nor DeiT (model_type 'vit', 'deit') nor "
+        f"timm's (an 'architecture' field); it describes {model_type!r}. keras_vit reads those, "
+        "and the original .npz checkpoints.")
+
+
+def _transformers_architecture_of(config):
+    """The transformers class a `config.json` names, or a LayoutError for one keras_vit has
+    no model of."""
+    default = _TRANSFORMERS_MODEL_TYPES.get(config.get("model_type"), "ViTModel")
+    architecture = (config.get("architectures") or [default])[0]
+    if architecture in _TRANSFORMERS_REFUSED:
+        raise LayoutError(f"transformers' {architecture} has no keras_vit equivalent yet: "
+                          f"{_TRANSFORMERS_REFUSED[architecture]}.")
+    if architecture not in TRANSFORMERS_ARCHITECTURES:
+        raise LayoutError(f"architecture {architecture!r}: keras_vit reads "
+                          f"{', '.join(TRANSFORMERS_ARCHITECTURES)}.")
+    return architecture
 
 
 def spec_from_transformers(config, state):
-    """The `ViTConfig` of transformers' ViT `config.json`, with the weights `state` saying
-    whether a `ViTModel` has its pooler."""
+    """The `ViTConfig` of transformers' ViT or DeiT `config.json`, with the weights `state`
+    saying whether a `ViTModel` has its pooler and how many classes DeiT's heads have."""
     act = config.get("hidden_act", "gelu")
     if act not in _TRANSFORMERS_ACTIVATIONS:
         raise LayoutError(f"hidden_act {act!r}: keras_vit reads "
                           f"{', '.join(_TRANSFORMERS_ACTIVATIONS)}.")
     if config.get("num_channels", 3) != 3:
         raise LayoutError(f"num_channels {config['num_channels']}: keras_vit takes RGB images.")
-    architecture = (config.get("architectures") or ["ViTModel"])[0]
-    if architecture not in TRANSFORMERS_ARCHITECTURES:
-        raise LayoutError(f"architecture {architecture!r}: keras_vit reads "
-                          f"{' and '.join(TRANSFORMERS_ARCHITECTURES)}.")
+    architecture = _transformers_architecture_of(config)
     classifier = architecture == "ViTForImageClassification"
+    distilled = architecture == "DeiTForImageClassificationWithTeacher"
     labels = config.get("id2label") or {}
     if classifier and config.get("pooler_act", "tanh") != "tanh":
         raise LayoutError(f"pooler_act {config['pooler_act']!r}: only tanh (the original's).")
     hidden = config.get("hidden_size", 768)
-    prefix = "vit." if classifier else ""
+    prefix = TRANSFORMERS_ARCHITECTURES[architecture]
     patch, image_size = config.get("patch_size", 16), config.get("image_size", 224)
     kernel = _tensor(state, prefix + "embeddings.patch_embeddings.projection.weight",
                      "transformers")
@@ -304,13 +354,18 @@ def spec_from_transformers(config, state):
             "other (transformers refuses them too). Use the config.json written with these "
             "weights; to resize the patches, pass patch_size= to from_pretrained.")
     _check_grid(_tensor(state, prefix + "embeddings.position_embeddings", "transformers"),
-                image_size, patch, 1, "image_size")
+                image_size, patch, 1 + distilled, "image_size")  # rows: cls (, distillation)
+    if distilled:  # a config of num_labels 0 has no heads: the mean of the two tokens
+        head = state.get("cls_classifier.weight")
+        top = dict(include_top=head is not None, distillation_token=True,
+                   num_classes=1 if head is None else int(head.shape[0]))
+    else:
+        top = dict(include_top=classifier, num_classes=max(len(labels), 1) if classifier else 1,
+                   representation_size=None if classifier or "pooler.dense.weight" not in state
+                   else hidden)
     return _spec(hidden, config.get("intermediate_size", 3072),
                  config.get("num_attention_heads", 12), config.get("num_hidden_layers", 12),
-                 patch, image_size=image_size,
-                 include_top=classifier, num_classes=max(len(labels), 1) if classifier else 1,
-                 representation_size=None if classifier or "pooler.dense.weight" not in state
-                 else hidden,
+                 patch, image_size=image_size, **top,
                  activation=_TRANSFORMERS_ACTIVATIONS[act],
                  layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
                  qkv_bias=config.get("qkv_bias", True),
@@ -319,13 +374,14 @@ def spec_from_transformers(config, state):
 
 
 def transformers_config(spec):
-    """transformers' `config.json` for a model of `spec` (a LayoutError for what its ViT cannot
-    express)."""
-    _check_plain(spec, "transformers' ViT")
+    """transformers' `config.json` for a model of `spec`: its ViT, or its DeiT with a teacher
+    for a model with DeiT's distillation token (a LayoutError for what they cannot express)."""
+    family = "DeiT" if spec.distillation_token else "ViT"
+    _check_plain(spec, f"transformers' {family}")
     later = [f"{name}={getattr(spec, name)!r}" for name in _LATER_OPTIONS
              if getattr(spec, name) != DEFAULTS[name]]
     if later:
-        raise LayoutError(f"transformers' ViT has no {', '.join(later)} (options of later "
+        raise LayoutError(f"transformers' {family} has no {', '.join(later)} (options of later "
                           "ViTs); save this model for timm (format='timm').")
     if spec.classifier != "token":
         raise LayoutError("transformers' ViT classifies from the class token; a model pooled "
@@ -333,16 +389,19 @@ def transformers_config(spec):
     if spec.include_top and spec.representation_size is not None:
         raise LayoutError("transformers' ViTForImageClassification has no pre_logits layer "
                           "before its head; save a model without representation_size.")
-    if not spec.include_top and spec.representation_size != spec.hidden_size:
+    if (not spec.include_top and not spec.distillation_token
+            and spec.representation_size != spec.hidden_size):
         raise LayoutError(
             "transformers' ViTModel has a pooler (a tanh Dense of the class token's width, "
             "the original's pre_logits) that its from_pretrained would start at random: save "
             "a model with representation_size=hidden_size, or with a head.")
-    labels = {str(index): f"LABEL_{index}" for index in range(spec.num_classes)}
+    # DeiT without a head is its num_labels 0 (the heads are identities), which must be said.
+    classes = spec.num_classes if spec.include_top else 0
+    labels = {str(index): f"LABEL_{index}" for index in range(classes)}
     height, width = spec.image_size
     config = {
-        "model_type": "vit",
-        "architectures": ["ViTForImageClassification" if spec.include_top else "ViTModel"],
+        "model_type": family.lower(),
+        "architectures": [_transformers_architecture(spec)],
         "hidden_size": spec.hidden_size, "intermediate_size": spec.mlp_dim,
         "num_attention_heads": spec.num_heads, "num_hidden_layers": spec.num_layers,
         "patch_size": spec.patch_size, "image_size": height if height == width else [height,
@@ -354,7 +413,7 @@ def transformers_config(spec):
             spec.attention_dropout,
         "pooler_act": "tanh", "pooler_output_size": spec.hidden_size,
     }
-    if spec.include_top:
+    if spec.include_top or spec.distillation_token:
         config["id2label"] = labels
         config["label2id"] = {name: int(index) for index, name in labels.items()}
     return config
@@ -362,29 +421,31 @@ def transformers_config(spec):
 
 @functools.cache
 def timm_architectures():
-    """timm's `vit_*` architectures: name -> {"class", "args"}, the arguments each entry point
-    passes beyond `VisionTransformer`'s defaults (written by benchmarks/timm_coverage.py
-    --write_table from timm itself). A checkpoint's `config.json` names its architecture but
-    does not repeat these."""
+    """timm's `vit_*` and `deit*` architectures: name -> {"class", "args"}, the arguments each
+    entry point passes beyond `VisionTransformer`'s defaults (written by
+    benchmarks/timm_coverage.py --write_table from timm itself). A checkpoint's `config.json`
+    names its architecture but does not repeat these."""
     path = os.path.join(os.path.dirname(__file__), "timm_architectures.json")
     with open(path, encoding="utf-8") as handle:
         return json.load(handle)["architectures"]
 
 
 def _timm_args(config):
-    """The arguments timm builds the checkpoint's model with: `VisionTransformer`'s defaults,
-    its architecture's, then the config's `model_args` (as `timm.create_model` does)."""
+    """(architecture, arguments, distilled): the arguments timm builds the checkpoint's model
+    with (`VisionTransformer`'s defaults, its architecture's, then the config's `model_args`,
+    as `timm.create_model` does), and whether its class has DeiT's distillation token."""
     architecture = config["architecture"].split(".")[0]
     entry = timm_architectures().get(architecture)
     args = dict(config.get("model_args") or {})
     if entry is None:  # its options (heads, activation, epsilon...) would be guesses
         raise LayoutError(
             f"timm architecture {architecture!r} is not one keras_vit knows (timm 1.0.31's "
-            "vit_* architectures, keras_vit/timm_architectures.json).")
-    if entry["class"] != "VisionTransformer":
+            "vit_* and deit* architectures, keras_vit/timm_architectures.json).")
+    if entry["class"] not in TIMM_CLASSES:
         raise LayoutError(
             f"timm architecture {architecture!r} is timm's {entry['class']}, not its "
-            "VisionTransformer: keras_vit reads the VisionTransformer family.")
+            "VisionTransformer: keras_vit reads the VisionTransformer family (and DeiT's "
+            "VisionTransformerDistilled).")
     pretrained = config.get("pretrained_cfg") or {}
     merged = {**_TIMM_DEFAULTS, "img_size": pretrained.get("input_size", [3, 224, 224])[1:],
               **entry["args"], **args}
@@ -395,10 +456,10 @@ def _timm_args(config):
         merged["layer_norm_epsilon"] = norm["layer_norm"]
     else:
         merged["norm_layer"] = norm
-    return architecture, merged
+    return architecture, merged, TIMM_CLASSES[entry["class"]]
 
 
-def _timm_missing(args):
+def _timm_missing(args, distilled=False):
     """What keras_vit has no option for, in timm's words."""
     missing = [f"{name}={value!r}" for name, value in sorted(args.items())
                if name not in _TIMM_OPTIONS]
@@ -411,13 +472,27 @@ def _timm_missing(args):
                        f"{args['class_token']}")
     if args["in_chans"] != 3:
         missing.append(f"in_chans={args['in_chans']}")
+    if distilled:
+        missing += _distilled_missing(args)
     return missing
+
+
+def _distilled_missing(args):
+    """What timm's VisionTransformerDistilled accepts but keras_vit's distillation token does
+    not: its heads read the normed class and distillation tokens (its forward skips fc_norm
+    and places no registers), which have position embeddings (with no_embed_class its
+    forward fails: it still makes their rows)."""
+    wrong = {"global_pool": args["global_pool"] != "token", "reg_tokens": args["reg_tokens"] != 0,
+             "fc_norm": bool(args["fc_norm"]), "final_norm": not args["final_norm"],
+             "no_embed_class": bool(args["no_embed_class"])}
+    return [f"{name}={args[name]!r} with a distillation token"
+            for name, problem in wrong.items() if problem]
 
 
 def spec_from_timm(config, state):
     """The `ViTConfig` of timm's `config.json`, with the sizes the weights `state` show."""
-    architecture, args = _timm_args(config)
-    missing = _timm_missing(args)
+    architecture, args, distilled = _timm_args(config)
+    missing = _timm_missing(args, distilled)
     if missing:
         raise LayoutError(f"timm architecture {architecture!r} needs {', '.join(missing)}, "
                           "which keras_vit has no option for yet.")
@@ -425,7 +500,7 @@ def spec_from_timm(config, state):
     hidden, patch = kernel.shape[0], kernel.shape[-1]
     layers = len({key.split(".")[1] for key in state if key.startswith("blocks.")})
     mlp = _tensor(state, "blocks.0.mlp.fc1.weight", "timm").shape[0]
-    prefix_tokens = int(bool(args["class_token"])) + args["reg_tokens"]
+    prefix_tokens = int(bool(args["class_token"])) + int(distilled) + args["reg_tokens"]
     _check_grid(_tensor(state, "pos_embed", "timm"), args["img_size"], patch,
                 0 if args["no_embed_class"] else prefix_tokens, "img_size")
     gap = args["global_pool"] == "avg"
@@ -441,7 +516,7 @@ def spec_from_timm(config, state):
                  qkv_bias=args["qkv_bias"], layer_scale_init=args["init_values"],
                  num_register_tokens=args["reg_tokens"],
                  prefix_position_embeddings=not args["no_embed_class"],
-                 pre_norm=args["pre_norm"], final_norm=final_norm,
+                 pre_norm=args["pre_norm"], final_norm=final_norm, distillation_token=distilled,
                  dynamic_image_size=args["dynamic_img_size"],
                  dynamic_image_pad=args["dynamic_img_pad"],
                  position_embedding_interpolation="bicubic")  # as timm resamples
@@ -494,11 +569,18 @@ def timm_config(spec, preprocessing):
     for a model of `spec`: its sizes and options in `model_args`, on an architecture whose
     LayerNorm epsilon is the model's (timm's model_args cannot name one), and in
     `pretrained_cfg` the resize and crop of `preprocessing` (the model's
-    `keras_vit.EvalPreprocessing`)."""
-    _check_plain(spec, "timm's VisionTransformer")
+    `keras_vit.EvalPreprocessing`). A model with DeiT's distillation token is timm's
+    VisionTransformerDistilled, which takes the same arguments."""
+    timm_class = next(name for name, distilled in TIMM_CLASSES.items()
+                      if distilled == spec.distillation_token)
+    _check_plain(spec, f"timm's {timm_class}")
     if spec.representation_size is not None:
         raise LayoutError("timm's VisionTransformer has no tanh pre_logits layer; save a model "
                           "without representation_size.")
+    if spec.distillation_token and not spec.prefix_position_embeddings:
+        raise LayoutError("timm's VisionTransformerDistilled makes position embeddings for the "
+                          "class and distillation tokens even with no_embed_class (its forward "
+                          "then fails): save a model with prefix_position_embeddings=True.")
     height, width = spec.image_size
     pool = {classifier: pool for pool, classifier in _TIMM_POOLS.items()}[spec.classifier]
     args = {"img_size": [height, width], "patch_size": spec.patch_size,
@@ -516,7 +598,7 @@ def timm_config(spec, preprocessing):
                  if value != _TIMM_DEFAULTS[name]})
     num_classes = spec.num_classes if spec.include_top else 0
     return {
-        "architecture": _timm_architecture_of_epsilon(spec.layer_norm_epsilon),
+        "architecture": _timm_architecture_of_epsilon(spec.layer_norm_epsilon, timm_class),
         "num_classes": num_classes, "num_features": spec.hidden_size,
         "global_pool": args["global_pool"], "model_args": args,
         "pretrained_cfg": {
@@ -527,22 +609,31 @@ def timm_config(spec, preprocessing):
     }
 
 
-def _timm_architecture_of_epsilon(epsilon):
-    """A timm architecture of plain options (all of which model_args override) whose
-    LayerNorms have this epsilon."""
+def _timm_architecture_of_epsilon(epsilon, timm_class="VisionTransformer"):
+    """An architecture of timm's `timm_class` of plain options (all of which model_args
+    override) whose LayerNorms have this epsilon."""
     table = timm_architectures()
-    # The familiar names first: ViT-B/16 (epsilon 1e-6), its CLIP form (1e-5).
-    for name in ["vit_base_patch16_224", "vit_base_patch16_clip_224", *sorted(table)]:
-        entry = table[name]
-        if entry["class"] != "VisionTransformer":
+    distilled = TIMM_CLASSES[timm_class]
+    # The familiar names first: ViT-B/16 (epsilon 1e-6), its CLIP form (1e-5), DeiT-B (1e-6).
+    familiar = ["vit_base_patch16_224", "vit_base_patch16_clip_224",
+                "deit_base_distilled_patch16_224"]
+    epsilons = set()
+    for name in [*familiar, *sorted(table)]:
+        entry = table.get(name, {})
+        if entry.get("class") != timm_class:
             continue
         args = {**_TIMM_DEFAULTS, **entry["args"]}
         norm = args.pop("norm_layer")
-        if (isinstance(norm, dict) and norm.get("layer_norm") == epsilon
-                and not _timm_missing({**args, "layer_norm_epsilon": epsilon})):
+        if (not isinstance(norm, dict) or "layer_norm" not in norm
+                or _timm_missing({**args, "layer_norm_epsilon": norm["layer_norm"]}, distilled)):
+            continue
+        if norm["layer_norm"] == epsilon:
             return name
-    raise LayoutError(f"timm's ViTs have LayerNorms of epsilon 1e-6 or 1e-5, the model "
-                      f"{epsilon}; timm's model_args cannot name another.")
+        epsilons.add(norm["layer_norm"])
+    raise LayoutError(
+        f"timm's {timm_class} architectures have LayerNorms of epsilon "
+        f"{' or '.join(f'{value:g}' for value in sorted(epsilons, reverse=True))}, the model "
+        f"{epsilon}; timm's model_args cannot name another.")
 
 
 def _check_plain(spec, target):

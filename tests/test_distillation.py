@@ -78,6 +78,32 @@ def test_the_objective_mixes_the_labels_and_the_teacher_by_the_weight(fake_fmnis
     assert objective.encoder(model) is model.student
 
 
+def test_a_distillation_token_learns_the_teacher_and_the_class_token_the_labels(
+        fake_fmnist, tmp_path):
+    """DeiT's token (section 5.1): the class head's logits meet the labels, the distillation
+    head's the teacher's choice; evaluation reads their mean."""
+    write_teacher(tmp_path / "teacher.npz")
+    config = tiny_config(fake_fmnist, distill="hard", distill_teacher=str(tmp_path /
+                                                                        "teacher.npz"),
+                         distill_weight=0.25, model=dict(distillation_token=True))
+    objective = objectives.make(config, 10)
+    model = objective.build()
+    assert model.has_distillation_head
+    randomise(model.student, seed=6)  # two heads that differ
+    data = batch()
+    class_logits, token_logits = (to_np(logits) for logits in
+                                  keras_vit.distillation_heads(model.student)(data["image"]))
+    assert np.abs(class_logits - token_logits).max() > 0.1
+    teacher_choice = to_np(model.teacher(data["image"])).argmax(-1)
+    expected = 0.75 * to_np(objectives.cross_entropy(data["label"], class_logits, 10, 0.0)) + \
+        0.25 * to_np(objectives.cross_entropy(teacher_choice, token_logits, 10, 0.0))
+    losses, _, correct = objective.item_losses(model, data, training=True)
+    np.testing.assert_allclose(to_np(losses), expected, rtol=1e-5)
+    mean = (class_logits + token_logits) / 2
+    np.testing.assert_array_equal(to_np(correct), mean.argmax(-1) == data["label"])
+    np.testing.assert_allclose(to_np(model(data["image"])), mean, rtol=1e-5, atol=1e-6)
+
+
 def test_training_leaves_the_teacher_bit_unchanged(fake_fmnist, tmp_path):
     import tensorflow as tf
 

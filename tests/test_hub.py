@@ -76,9 +76,9 @@ def test_an_npz_with_its_spec_loads_by_path(tmp_path):
     checkpoint.save_npz(model, tmp_path / "model.npz")
     loaded = from_pretrained(str(tmp_path / "model.npz"))
     np.testing.assert_array_equal(to_np(loaded(pixels())), to_np(model(pixels())))
-    os.remove(checkpoint.spec_file(tmp_path / "model.npz"))
-    with pytest.raises(checkpoint.CheckpointError, match="weights=path"):
-        from_pretrained(str(tmp_path / "model.npz"))
+    os.remove(checkpoint.spec_file(tmp_path / "model.npz"))  # read from its tensors instead
+    np.testing.assert_array_equal(to_np(from_pretrained(str(tmp_path / "model.npz"))(pixels())),
+                                  to_np(model(pixels())))
 
 
 def test_what_a_library_cannot_express_is_refused_before_writing(tmp_path):
@@ -321,3 +321,100 @@ def test_a_preprocessing_keras_vit_lacks_is_named_with_the_way_round(tmp_path):
         from_pretrained(str(tmp_path / "transformers"))
     with pytest.raises(TypeError, match="preprocessing must be a keras_vit.EvalPreprocessing"):
         from_pretrained(str(tmp_path / "saved"), preprocessing="bicubic")
+
+
+# DeiT's distilled models (Touvron et al. 2021): timm's VisionTransformerDistilled,
+# transformers' DeiTForImageClassificationWithTeacher.
+@pytest.mark.parametrize("layout", torch_layouts.FORMATS)
+@pytest.mark.parametrize("include_top", [True, False], ids=["heads", "no_heads"])
+def test_a_distilled_model_saved_for_a_library_loads_back_equal(tmp_path, layout, include_top):
+    model = tiny(distillation_token=True, include_top=include_top)
+    save_pretrained(model, tmp_path / "saved", format=layout)
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    if layout == "timm":
+        assert torch_layouts.timm_architectures()[config["architecture"]]["class"] == (
+            "VisionTransformerDistilled")
+    else:  # no heads: num_labels 0, where transformers' heads are identities
+        assert (config["model_type"], config["architectures"], len(config["id2label"])) == (
+            "deit", ["DeiTForImageClassificationWithTeacher"], 5 if include_top else 0)
+    loaded = from_pretrained(str(tmp_path / "saved"))
+    assert loaded.spec.distillation_token and loaded.spec.include_top == include_top
+    np.testing.assert_allclose(to_np(loaded(pixels())), to_np(model(pixels())), rtol=1e-5,
+                               atol=1e-6)
+    if include_top:  # each head in its place, not only their mean
+        for ours, theirs in zip(keras_vit.distillation_heads(loaded)(pixels()),
+                                keras_vit.distillation_heads(model)(pixels())):
+            np.testing.assert_allclose(to_np(ours), to_np(theirs), rtol=1e-5, atol=1e-6)
+
+
+def test_what_deits_classes_cannot_express_is_refused(tmp_path):
+    for fields, layout, message in (
+            ({"layer_norm_epsilon": 1e-5}, "timm",
+             "VisionTransformerDistilled architectures have LayerNorms of epsilon 1e-06, the "
+             "model 1e-05"),
+            ({"prefix_position_embeddings": False}, "timm", "even with no_embed_class"),
+            ({"layer_scale_init": 0.1}, "transformers", "transformers' DeiT has no "
+                                                        "layer_scale_init=0.1")):
+        with pytest.raises(torch_layouts.LayoutError, match=message):
+            save_pretrained(tiny(distillation_token=True, **fields), tmp_path / "never",
+                            format=layout)
+    assert not os.path.exists(tmp_path / "never")
+
+
+def test_deit_files_keras_vit_has_no_model_of_are_refused(tmp_path):
+    save_pretrained(tiny(distillation_token=True), tmp_path / "transformers",
+                    format="transformers")
+    path = tmp_path / "transformers" / "config.json"
+    for architecture, reason in (("DeiTForImageClassification", "the class token alone"),
+                                 ("DeiTModel", "its pooler reads the class token alone")):
+        _edit_json(path, architectures=[architecture])
+        with pytest.raises(torch_layouts.LayoutError,
+                           match=f"transformers' {architecture} has no keras_vit equivalent "
+                                 f"yet: .*{reason}"):
+            from_pretrained(str(tmp_path / "transformers"))
+    save_pretrained(tiny(distillation_token=True), tmp_path / "timm", format="timm")
+    config = json.loads((tmp_path / "timm" / "config.json").read_text())
+    _edit_json(tmp_path / "timm" / "config.json",
+               model_args={**config["model_args"], "no_embed_class": True})
+    with pytest.raises(torch_layouts.LayoutError,
+                       match="needs no_embed_class=True with a distillation token"):
+        from_pretrained(str(tmp_path / "timm"))
+
+
+@pytest.mark.parametrize("crop_mode, size", [("squash", {"height": 40, "width": 40}),
+                                             ("center", {"shortest_edge": 40})])
+def test_deits_resize_and_crop_travel_through_transformers(tmp_path, crop_mode, size):
+    """DeiT's image processor resizes, then crops the centre (timm's eval transform, which
+    `save_pretrained` writes for a distilled model and `from_pretrained` reads back)."""
+    model = tiny(distillation_token=True)
+    model.preprocessing = keras_vit.EvalPreprocessing("bicubic", 0.8, crop_mode, antialias=True)
+    save_pretrained(model, tmp_path / "saved", format="transformers")
+    processor = json.loads((tmp_path / "saved" / "preprocessor_config.json").read_text())
+    assert processor["image_processor_type"] == "DeiTImageProcessor"
+    assert (processor["size"], processor["crop_size"], processor["do_center_crop"]) == (
+        size, {"height": 32, "width": 32}, True)
+    assert from_pretrained(str(tmp_path / "saved")).preprocessing == model.preprocessing
+
+
+def test_the_hubs_deit_image_processor_is_read_as_its_crop():
+    """facebook/deit-*-224's preprocessor_config.json: resize to 256x256, crop 224x224."""
+    from keras_vit import hub
+    processor = {"crop_size": 224, "do_center_crop": True, "do_normalize": True,
+                 "do_resize": True, "feature_extractor_type": "DeiTFeatureExtractor",
+                 "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225],
+                 "resample": 3, "size": 256}
+    assert hub._eval_preprocessing({}, "transformers", processor) == (
+        keras_vit.EvalPreprocessing("bicubic", 0.875, "squash", antialias=True))
+    uneven = {**processor, "size": {"height": 256, "width": 320}}
+    with pytest.raises(checkpoint.CheckpointError, match="one crop fraction for both sides"):
+        hub._eval_preprocessing({}, "transformers", uneven)
+
+
+def test_a_crop_deits_processor_cannot_express_is_a_warning(tmp_path):
+    model = tiny(distillation_token=True, image_size=(32, 48))
+    model.preprocessing = keras_vit.EvalPreprocessing("bicubic", 0.9, "center")
+    with pytest.warns(UserWarning, match="cannot keep the aspect ratio.*crop_fraction 0.9"):
+        save_pretrained(model, tmp_path / "saved", format="transformers")
+    processor = json.loads((tmp_path / "saved" / "preprocessor_config.json").read_text())
+    assert (processor["size"], processor["do_center_crop"]) == (
+        {"height": 32, "width": 48}, False)

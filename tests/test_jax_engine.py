@@ -292,6 +292,9 @@ RECIPES = {
     # DeiT's distillation from a teacher (written by the test) inside the step: Grain's input.
     "distill_soft": (dict(distill="soft", distill_weight=0.5, distill_temperature=3.0,
                           crop_min_area=0.3, flip=True), "grain"),
+    # DeiT's distillation token: the encoder has one, so the run takes it; hard distillation.
+    "distill_token": (dict(distill="hard", distill_weight=0.5, crop_min_area=0.3, flip=True),
+                      "grain"),
 }
 
 
@@ -310,6 +313,7 @@ def test_both_engines_fine_tune_an_npz_to_the_same_losses(fake_fmnist, tmp_path,
 
     keras.utils.set_random_seed(3)
     encoder = keras_vit.vit(TINY["model"]["variant"], include_top=False, image_size=28,
+                            distillation_token=recipe == "distill_token",
                             **{k: v for k, v in TINY["model"].items() if k != "variant"})
     weights = str(tmp_path / "encoder.npz")
     keras_vit.checkpoint.save_npz(encoder, weights)
@@ -360,19 +364,20 @@ def test_a_model_axis_that_does_not_divide_the_widths_is_one_line(fake_fmnist, t
 
 
 @pytest.mark.processes
-@pytest.mark.parametrize("variant", ["Ti/16", "Axial-Ti/16"])
-def test_remat_trains_as_without_it(fake_fmnist, tmp_path, variant):
+@pytest.mark.parametrize("variant, fields", [("Ti/16", {}), ("Ti/16", {"distillation_token": True}),
+                                             ("Axial-Ti/16", {})])
+def test_remat_trains_as_without_it(fake_fmnist, tmp_path, variant, fields):
     """`--config.model.remat=blocks` on the JAX engine: 20 steps log the same losses as without
     it. A ViT's blocks, alike, run as one checkpointed loop, their dropout drawing the masks
-    it draws unrolled; Axial-ViT's row and column blocks, with stochastic depth, are
-    checkpointed one by one, drawing masks of their own."""
+    it draws unrolled (with DeiT's two heads after the loop too); Axial-ViT's row and column
+    blocks, with stochastic depth, are checkpointed one by one, drawing masks of their own."""
     losses = {}
     axial = "Axial" in variant
     for remat in ("none", "blocks"):
         workdir = str(tmp_path / remat)
         model = dict(variant=variant, remat=remat, num_layers=2, dropout=0.1,
                      drop_path_rate=0.1 if axial else 0.0,
-                     **({"classifier": "gap"} if axial else {}))
+                     **({"classifier": "gap"} if axial else {}), **fields)
         run_jax(fake_fmnist, workdir, model=model, total_steps=20, steps_per_loop=1,
                 eval_every_steps=20, checkpoint_every_steps=20)
         losses[remat] = [r["loss"] for r in read_metrics(workdir) if "loss" in r]

@@ -1,9 +1,9 @@
 """`from_pretrained` and `save_pretrained` against the libraries themselves (transformers 5 and
-timm 1.0.31 on PyTorch's CPU): their models with random weights of order 1 (so that a wrong
-GELU or LayerNorm epsilon shows), saved by them and loaded here, and ours saved here and loaded
-by them, give the same outputs; and timm's eval transform resizes and crops to the sizes
-keras_vit computes. Skipped where they are not installed; CI runs it in its own
-environment (see .ci/run)."""
+timm 1.0.31 on PyTorch's CPU): their ViTs and DeiT's distilled models with random weights of
+order 1 (so that a wrong GELU or LayerNorm epsilon shows), saved by them and loaded here, and
+ours saved here and loaded by them, give the same outputs; and timm's eval transform resizes
+and crops to the sizes keras_vit computes. Skipped where they are not installed; CI runs it in
+its own environment (see .ci/run)."""
 
 import os
 
@@ -16,6 +16,7 @@ transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
 
 import keras_vit  # noqa: E402
+from keras_vit.torch_layouts import LayoutError  # noqa: E402
 
 IMAGES = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
 
@@ -37,10 +38,13 @@ def their_outputs(model, head):
     return (outputs.logits if head else outputs.pooler_output).numpy()
 
 
-def assert_close(actual, expected):
+def assert_close(actual, expected, tolerance=1e-4):
+    """Within `tolerance` of the largest of `expected`, which must not be small."""
     actual = np.asarray(keras.ops.convert_to_numpy(actual))
+    expected = np.asarray(expected)
+    assert actual.shape == expected.shape
     assert np.abs(expected).max() > 0.5
-    assert np.abs(actual - expected).max() <= 1e-4 * np.abs(expected).max()
+    assert np.abs(actual - expected).max() <= tolerance * np.abs(expected).max()
 
 
 @pytest.mark.parametrize("act", ["gelu", "gelu_pytorch_tanh"])
@@ -170,6 +174,92 @@ def test_timm_families_both_ways(tmp_path, architecture):
     assert_close(logits(back.eval()), expected)
 
 
+# DeiT's distilled models (Touvron et al. 2021): a distillation token after the class token,
+# with a head of its own; both libraries output the mean of the two heads' logits.
+DEIT_SMALL = dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=3, mlp_ratio=2.0,
+                  num_classes=5)
+
+
+@pytest.mark.parametrize("options", [{}, {"init_values": 0.5, "pre_norm": True},
+                                     {"num_classes": 0}],
+                         ids=["deit", "layer_scale_pre_norm", "no_heads"])
+def test_timms_distilled_deit_both_ways(tmp_path, options):
+    from timm.models import _hub
+    from timm.models.deit import VisionTransformerDistilled
+    args = {**DEIT_SMALL, **options}
+    theirs = order_one(timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False,
+                                         **args))
+    assert isinstance(theirs, VisionTransformerDistilled)
+    _hub.save_for_hf(theirs, str(tmp_path / "theirs"), model_args=args,
+                     safe_serialization=True)
+    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    assert ours.spec.distillation_token and ours.spec.include_top == bool(args["num_classes"])
+    pixels = np.random.default_rng(4).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
+
+    def normalised(model):  # the pixels as the model's pretrained_cfg says (ImageNet's for DeiT)
+        mean, std = (np.asarray(model.pretrained_cfg[key]) for key in ("mean", "std"))
+        return torch.tensor(((pixels / 255 - mean) / std).transpose(0, 3, 1, 2),
+                            dtype=torch.float32)
+
+    with torch.no_grad():
+        expected = theirs(normalised(theirs)).numpy()
+        tokens = theirs.forward_features(normalised(theirs))
+        heads = [theirs.head(tokens[:, 0]).numpy(), theirs.head_dist(tokens[:, 1]).numpy()]
+    inputs = keras_vit.preprocess_inputs(pixels)
+    assert_close(ours(inputs), expected, 1e-5)
+    if ours.spec.include_top:  # each head, not only their mean
+        for actual, head in zip(keras_vit.distillation_heads(ours)(inputs), heads):
+            assert_close(actual, head, 1e-5)
+    keras_vit.save_pretrained(ours, tmp_path / "ours", format="timm")
+    back = timm.create_model("local-dir:" + os.fspath(tmp_path / "ours"), pretrained=True)
+    assert isinstance(back, VisionTransformerDistilled)
+    with torch.no_grad():
+        assert_close(back.eval()(normalised(back)).numpy(), expected, 1e-5)
+
+
+def deit_config(**fields):
+    return transformers.DeiTConfig(hidden_size=24, num_hidden_layers=2, num_attention_heads=3,
+                                   intermediate_size=48, image_size=32, patch_size=8,
+                                   **fields)  # hidden_act gelu, layer_norm_eps 1e-12
+
+
+def deit_outputs(model):
+    with torch.no_grad():
+        return model(pixel_values=torch.tensor(IMAGES.transpose(0, 3, 1, 2)))
+
+
+@pytest.mark.parametrize("num_labels", [5, 0], ids=["heads", "no_heads"])
+def test_transformers_deit_with_teacher_both_ways(tmp_path, num_labels):
+    cls = transformers.DeiTForImageClassificationWithTeacher
+    theirs = order_one(cls(deit_config(num_labels=num_labels)))
+    theirs.save_pretrained(tmp_path / "theirs")
+    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    assert ours.spec.distillation_token and ours.spec.include_top == bool(num_labels)
+    assert ours.spec.layer_norm_epsilon == 1e-12 and ours.spec.activation == "gelu"
+    expected = deit_outputs(theirs)
+    assert_close(ours(IMAGES), expected.logits.numpy(), 1e-5)
+    if num_labels:
+        class_logits, distillation_logits = keras_vit.distillation_heads(ours)(IMAGES)
+        assert_close(class_logits, expected.cls_logits.numpy(), 1e-5)
+        assert_close(distillation_logits, expected.distillation_logits.numpy(), 1e-5)
+    keras_vit.save_pretrained(ours, tmp_path / "ours", format="transformers")
+    back = cls.from_pretrained(tmp_path / "ours").eval()
+    assert back.config.model_type == "deit" and back.config.num_labels == num_labels
+    assert_close(deit_outputs(back).logits.numpy(), expected.logits.numpy(), 1e-5)
+
+
+@pytest.mark.parametrize("architecture", ["DeiTForImageClassification", "DeiTModel"])
+def test_deit_classes_without_a_keras_vit_model_are_refused(tmp_path, architecture):
+    """DeiTForImageClassification classifies from the class token alone, DeiTModel pools it
+    alone: keras_vit's distilled models average the class and distillation tokens' outputs."""
+    getattr(transformers, architecture)(deit_config(num_labels=5)).save_pretrained(tmp_path)
+    with pytest.raises(LayoutError,
+                       match=f"^transformers' {architecture} has no keras_vit equivalent yet: "
+                             "it.* the class token alone") as error:
+        keras_vit.from_pretrained(str(tmp_path))
+    assert "\n" not in str(error.value)
+
+
 def coverage_benchmark():
     import importlib.util
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -189,8 +279,9 @@ def test_the_architecture_table_is_the_installed_timms():
 
 def test_the_coverage_benchmark_checks_an_architecture_each_way(tmp_path):
     check = coverage_benchmark().check
-    status, detail = check("vit_xsmall_patch16_clip_224", 1, 1e-4, str(tmp_path))
-    assert status == "covered", detail
+    for architecture in ("vit_xsmall_patch16_clip_224", "deit_tiny_distilled_patch16_224"):
+        status, detail = check(architecture, 1, 1e-4, str(tmp_path))
+        assert status == "covered", (architecture, detail)
     assert check("vit_relpos_small_patch16_224", 1, 1e-4, str(tmp_path)) == (
         "missing", "timm's VisionTransformerRelPos class")
 

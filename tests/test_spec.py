@@ -198,6 +198,14 @@ def test_later_vit_options_are_checked_with_the_rest():
         ViTConfig.from_variant("Axial-S/16", num_register_tokens=1)
     with pytest.raises(TypeError, match="qkv_bias"):
         ViTConfig.from_variant("S/16", qkv_bias="no")
+    assert ViTConfig.from_variant("S/16", distillation_token=True).num_prefix_tokens == 2
+    for fields, shown in (({"classifier": "gap"}, "classifier='token'"),
+                          ({"num_register_tokens": 4}, "num_register_tokens=0"),
+                          ({"final_norm": "pooled"}, "final_norm='tokens'"),
+                          ({"representation_size": 8}, "representation_size=None"),
+                          ({"variant": "Axial-S/16"}, "classifier='token'")):
+        with pytest.raises(ValueError, match=shown):
+            ViTConfig(**{"variant": "S/16", **fields, "distillation_token": True})
 
 
 @pytest.mark.parametrize("fields, extra", [
@@ -209,8 +217,10 @@ def test_later_vit_options_are_checked_with_the_rest():
     ({"pre_norm": True}, 2 * 16),
     ({"final_norm": "pooled"}, 0),
     ({"final_norm": "none"}, -2 * 16),
+    # DeiT's token, its position row, and its head (16 x 3 + 3).
+    ({"distillation_token": True}, 16 + 16 + 16 * 3 + 3),
 ], ids=["no_qkv_bias", "layer_scale", "registers", "registers_no_prefix_embeddings",
-        "pre_norm", "pooled_norm", "no_final_norm"])
+        "pre_norm", "pooled_norm", "no_final_norm", "distillation_token"])
 def test_each_later_option_adds_exactly_its_weights(fields, extra):
     plain = keras_vit.vit("S/16", **TINY).count_params()
     model = keras_vit.vit("S/16", **TINY, **fields)

@@ -29,11 +29,14 @@ CHECKPOINTS = {
     "timm_registers_layerscale": ("timm", {"num_register_tokens": 2, "layer_scale_init": 0.1}),
     "timm_gap_fc_norm": ("timm", {"classifier": "gap", "final_norm": "pooled"}),
     "timm_map": ("timm", {"classifier": "map"}),
+    "timm_deit_distilled": ("timm", {"distillation_token": True}),
+    "transformers_deit_distilled": ("transformers", {"distillation_token": True}),
 }
 
 
-def write_checkpoint(directory, layout, fields, num_classes=5):
+def write_checkpoint(directory, layout, fields, num_classes=5, preprocessing=None):
     model = random_tiny_vit(num_classes=num_classes, **fields)
+    model.preprocessing = preprocessing
     save_pretrained(model, directory, format=layout)
     return model
 
@@ -55,7 +58,7 @@ def test_the_run_takes_the_checkpoints_architecture_and_weights(tmp_path, name):
     write_checkpoint(tmp_path / "checkpoint", layout, fields)
     config = finetune_config(tmp_path / "checkpoint")
     taken = starting_point.adopt_architecture(config)
-    assert {"hidden_size", "num_layers", "patch_size"} <= set(taken)
+    assert {"model.hidden_size", "model.num_layers", "model.patch_size"} <= set(taken)
     config_checks.check(config)
     model = keras_vit.vit(model_spec(config, num_classes=10))
     for field, value in fields.items():
@@ -134,6 +137,36 @@ def test_the_checkpoints_head_is_kept_only_when_asked_and_it_fits(tmp_path):
                             keras_vit.vit(model_spec(config, num_classes=10)), config)
 
 
+def test_the_run_evaluates_with_the_checkpoints_resize_and_crop(fake_fmnist, tmp_path):
+    """A timm checkpoint's crop_pct, interpolation and antialiasing become the run's eval_*
+    fields where the user left them (the crop fraction set here stays), and the evaluation
+    input resizes so; Grain, whose resize is plain bilinear, steps aside for tf.data."""
+    import tensorflow as tf
+
+    from keras_vit.preprocessing import EvalPreprocessing, decode_and_resize, scale_pixels
+    from train.data import grain_pipeline, records, settings, tf_pipeline
+
+    model = random_tiny_vit(num_classes=5)
+    model.preprocessing = EvalPreprocessing("bicubic", 0.875, "center", True)
+    save_pretrained(model, tmp_path / "checkpoint", format="timm")
+    config = finetune_config(tmp_path / "checkpoint", data_dir=fake_fmnist.data_dir,
+                             eval_crop_fraction=0.9)
+    taken = starting_point.adopt_architecture(config)
+    assert taken["eval_interpolation"] == "bicubic" and "eval_crop_fraction" not in taken
+    chosen = settings.eval_preprocessing(config)
+    assert chosen == EvalPreprocessing("bicubic", 0.9, "center", True)
+    assert "evaluation resize" in grain_pipeline.unavailable(config, "jax")
+    builder = tf_pipeline.get_builder(config)
+    first = next(iter(tf_pipeline.eval_dataset_fn(builder, config)(tf.distribute.InputContext())))
+    (example,) = records.Split(builder, config.eval_split).read_range(0, 1).take(1)
+
+    def resized(preprocessing):
+        return scale_pixels(decode_and_resize(example["image"], (48, 48), preprocessing)).numpy()
+
+    np.testing.assert_allclose(first["image"][0], resized(chosen), atol=1e-6)
+    assert np.abs(first["image"][0] - resized(EvalPreprocessing())).max() > 0.05
+
+
 def test_a_checkpoint_that_cannot_be_read_is_one_paragraph_before_any_slow_work(tmp_path):
     (tmp_path / "not_a_model").mkdir()
     command = [sys.executable, "-m", "train.main",
@@ -175,11 +208,13 @@ def finetune_run(data, workdir, backend, **overrides):
 def test_the_driver_starts_from_a_timm_directory_on_both_engines(fake_fmnist, tmp_path, backend):
     """The run's model after loading (one step at the warm-up's zero rate changes nothing) has
     the weights of from_pretrained(<dir>, num_classes=10, image_size=40), registers, LayerScale
-    and attention pooling included, and its config.json the checkpoint's architecture."""
+    and attention pooling included, its config.json the checkpoint's architecture, and its
+    export the checkpoint's evaluation resize and crop."""
     import os
     layout, fields = "timm", {"num_register_tokens": 2, "layer_scale_init": 0.1,
                               "classifier": "map"}
-    write_checkpoint(tmp_path / "checkpoint", layout, fields)
+    write_checkpoint(tmp_path / "checkpoint", layout, fields,
+                     preprocessing=keras_vit.EvalPreprocessing("bicubic", 0.875, "center"))
     workdir = tmp_path / "run"
     result = finetune_run(fake_fmnist, workdir, backend, total_steps=1, warmup_steps=1,
                           steps_per_loop=1, eval_every_steps=1, checkpoint_every_steps=1,
@@ -187,11 +222,15 @@ def test_the_driver_starts_from_a_timm_directory_on_both_engines(fake_fmnist, tm
     assert "Started from " + str(tmp_path / "checkpoint") in result.stderr
     assert "2 registers" in result.stderr and "The head is new (zeros) for 10 classes" in \
         result.stderr
-    saved = json.loads((workdir / "config.json").read_text())["model"]
+    assert "Evaluated as it was: bicubic resize, center crop of 0.875" in result.stderr
+    run = json.loads((workdir / "config.json").read_text())
+    saved = run["model"]
     assert (saved["hidden_size"], saved["classifier"], saved["num_register_tokens"]) == (
         24, "map", 2)
+    assert (run["eval_crop_fraction"], run["input_pipeline"]) == (0.875, "tf.data")
     trained = keras.saving.load_model(os.path.join(workdir, "export", "model.keras"))
     expected = from_pretrained(str(tmp_path / "checkpoint"), num_classes=10, image_size=40)
+    assert trained.preprocessing == expected.preprocessing  # served as evaluated
     assert len(trained.weights) == len(expected.weights)
     for mine, theirs in zip(trained.weights, expected.weights):
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(mine),

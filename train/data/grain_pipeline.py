@@ -61,6 +61,12 @@ def unavailable(config, engine):
     if config.objective != "classification":
         return (f"config.objective={config.objective!r} draws its patch corruption with "
                 "TensorFlow ops (train.data.masking)")
+    from . import settings
+
+    if settings.eval_preprocessing(config) != settings.EvalPreprocessing():
+        return ("the evaluation resize of config.eval_* (a checkpoint's crop or filter) is "
+                "TensorFlow's (keras_vit.preprocessing.resize); Grain's is a plain bilinear "
+                "resize")
     return sources.of(config).grain_problem()
 
 

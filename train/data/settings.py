@@ -3,9 +3,17 @@ and no more), and the rules of the input's own fields (`RULES`: `(kind, details)
 `train.run.config_checks.rules` describes them, which gathers every part's).
 """
 
+from keras_vit.preprocessing import CROP_MODES, INTERPOLATIONS, EvalPreprocessing
+
 from . import augmentation, sources
 
 PIPELINES = ("auto", "tf.data", "grain")
+# How evaluation images are resized (the config's field -> keras_vit.EvalPreprocessing's):
+# keras_vit's own by default; a starting checkpoint's where the user left them
+# (train.run.starting_point), so that a timm checkpoint is evaluated with its crop_pct. The
+# export keeps them (the SavedModel resizes as the run evaluated).
+EVAL_RESIZE = {"eval_interpolation": "interpolation", "eval_crop_fraction": "crop_fraction",
+               "eval_crop_mode": "crop_mode", "eval_antialias": "antialias"}
 
 RULES = {
     "dataset": ("str", None),  # and what the source sees at once (a folder that is missing)
@@ -18,6 +26,10 @@ RULES = {
     "shuffle_buffer": ("int", (1, None)),
     "batch_size": ("int", (1, None)),
     "eval_batch_size": ("int", (1, None)),
+    "eval_interpolation": ("choice", INTERPOLATIONS),
+    "eval_crop_fraction": ("float_above", (0.0, 1.0, True)),
+    "eval_crop_mode": ("choice", CROP_MODES),
+    "eval_antialias": ("bool", None),
     "input_pipeline": ("choice", PIPELINES),
     "input_workers": ("int", (0, None)),
     # Masked patch prediction's corruption, drawn in the pipelines (train/data/masking.py).
@@ -29,6 +41,13 @@ RULES = {
 # Everything the pipelines read: their own fields, the augmentation's, the seed of the stream's
 # order and augmentation, and the objective (whose corruption they draw).
 FIELDS = (*RULES, *augmentation.FIELDS, "seed", "objective")
+
+
+def eval_preprocessing(config):
+    """The `keras_vit.EvalPreprocessing` of the config's `eval_*` resize fields."""
+    return EvalPreprocessing(
+        interpolation=config.eval_interpolation, crop_fraction=config.eval_crop_fraction,
+        crop_mode=config.eval_crop_mode, antialias=config.eval_antialias)
 
 
 def check(config, report):

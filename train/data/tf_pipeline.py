@@ -23,7 +23,7 @@ import functools
 import tensorflow as tf
 
 from keras_vit.preprocessing import decode_and_resize, decode_image, resize, scale_pixels
-from . import input_order, input_plan, records, sources, stream
+from . import input_order, input_plan, records, settings, sources, stream
 
 
 # tf.data's autotuning thread sleeps up to a minute between rounds, and deleting an iterator
@@ -170,9 +170,11 @@ def crop_box(shape, draws, min_area):
     return (*box, draws[4 * stream.CROP_TRIES] < 0.5)
 
 
-def preprocess_eval(encoded, image_size, dtype=tf.float32):
-    """Decode + resize + [-1, 1]: what the exported SavedModel does to an image file."""
-    return to_model_range(decode_and_resize(encoded, (image_size, image_size)), dtype)
+def preprocess_eval(encoded, image_size, dtype=tf.float32, preprocessing=None):
+    """Decode + resize (as `preprocessing`, a keras_vit.EvalPreprocessing; None: keras_vit's
+    own) + [-1, 1]: what the exported SavedModel does to an image file."""
+    return to_model_range(decode_and_resize(encoded, (image_size, image_size), preprocessing),
+                          dtype)
 
 
 # Folded into an example's seed for its patch corruption (masked patch prediction), so that
@@ -260,6 +262,7 @@ def eval_dataset_fn(builder, config, dtype=tf.float32, num_patches=None):
     All input pipelines yield the same number of batches, so replicas stay in step.
     """
     split = records.Split(builder, config.eval_split)
+    resize = settings.eval_preprocessing(config)
 
     def dataset_fn(input_context):
         hosts, host = input_context.num_input_pipelines, input_context.input_pipeline_id
@@ -271,7 +274,7 @@ def eval_dataset_fn(builder, config, dtype=tf.float32, num_patches=None):
         def preprocess(example):
             seed = tf.stack([tf.constant(config.seed, tf.int64), example["id"]])
             return with_corruption(
-                {"image": preprocess_eval(example["image"], config.image_size, dtype),
+                {"image": preprocess_eval(example["image"], config.image_size, dtype, resize),
                  "label": tf.cast(example["label"], tf.int32), "mask": tf.constant(1.0)},
                 seed, config, num_patches)
 

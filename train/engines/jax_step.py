@@ -187,12 +187,17 @@ class _ScannedBlocks:
     The blocks draw from their own seed generators as they would unrolled, so dropout and
     stochastic depth mask what they would without remat.
 
-    For models whose blocks are alike and form a chain with the other layers (`of`); the
-    objective calls it in place of the model."""
+    For models whose blocks are alike and follow each other (`of`); the layers before and after
+    them run as the model's own graph (DeiT's two heads are not a chain). The objective calls
+    it in place of the model."""
 
     def __init__(self, model, chain, trainable, non_trainable):
         self.model, self.chain = model, chain
         self.blocks = [layer for layer in chain if isinstance(layer, EncoderBlock)]
+        # The graph before the first block and after the last, as functional models of the
+        # model's own layers and weights.
+        self.stem = keras.Model(model.input, self.blocks[0].input)
+        self.top = keras.Model(self.blocks[-1].output, model.outputs[0])
         self.trainable = dict(zip(map(id, model.trainable_variables), trainable))
         self.non_trainable = dict(zip(map(id, model.non_trainable_variables), non_trainable))
         self.updated = {}  # id(variable) -> the blocks' new seed states
@@ -217,14 +222,8 @@ class _ScannedBlocks:
         return chain
 
     def __call__(self, images, training=False):
-        first, last = self.blocks[0], self.blocks[-1]
-        x = images
-        for layer in self.chain[:self.chain.index(first)]:
-            x = layer(x, training=training)
-        x = self._blocks(x, training)
-        for layer in self.chain[self.chain.index(last) + 1:]:
-            x = layer(x, training=training)
-        return x
+        x = self._blocks(self.stem(images, training=training), training)
+        return self.top(x, training=training)
 
     def _stacked(self, values, kind):
         """Each of the first block's variables of `kind`, stacked over the blocks."""

@@ -5,6 +5,11 @@ student's own batch, augmented and mixed, join the labels in the loss.
     soft: (1 - w) CE(labels, s) + w T^2 KL(softmax(t / T) || softmax(s / T))
     hard: (1 - w) CE(labels, s) + w CE(argmax t, s)     (DeiT: w = 1/2)
 
+A student with DeiT's distillation token (`config.model.distillation_token=True`, section 5.1,
+"distillation through attention") learns the labels with its class token's head and the teacher
+with its distillation token's head: s is the class head's logits in the first term and the
+distillation head's in the second; it is evaluated, and exported, on their mean.
+
 The teacher (`config.distill_teacher`: any checkpoint `config.pretrained` takes that says its
 architecture, or a run's workdir, whose export is read) is built at the run's image size and
 frozen inside the model the engines train (`StudentAndTeacher`): it runs in the same compiled
@@ -17,6 +22,8 @@ import os
 
 import keras
 from keras import ops
+
+import keras_vit
 
 KINDS = ("none", "soft", "hard")
 RULES = {
@@ -57,8 +64,6 @@ def load_teacher(config, num_classes):
     """The teacher of `config`, built at the run's image size and compute dtype without
     dropout, its weights the checkpoint's, frozen. A ValueError names a teacher whose
     architecture is unknown or whose head has other classes than the dataset's."""
-    import keras_vit
-
     from . import starting_point
 
     source = teacher_source(config.distill_teacher)
@@ -92,6 +97,16 @@ class StudentAndTeacher(keras.Model):
 
     def call(self, images, training=False):
         return self.student(images, training=training)
+
+    @property
+    def has_distillation_head(self):
+        return self.student.spec.distillation_token
+
+    def student_heads(self, images, training=False):
+        """The student's class and distillation logits (a student with a distillation
+        token). A functional model of the student's own layers, made where it is called:
+        kept as an attribute, Keras would track its weights twice."""
+        return keras_vit.distillation_heads(self.student)(images, training=training)
 
     def teacher_logits(self, images):
         return ops.stop_gradient(ops.cast(self.teacher(images, training=False), "float32"))

@@ -42,6 +42,8 @@ def export_trained(engine):
     import keras_vit
     from keras_vit import fileio
 
+    from ..data import settings
+
     workdir, directory = engine.workdir, run_files.export_dir(engine.workdir)
     path = run_files.model_file(workdir)
     with engine.exported_weights() as trained:
@@ -49,6 +51,8 @@ def export_trained(engine):
         pretraining = engine.config.objective != "classification"
         # The classifier (a distilling run's student), LoRA's adapters merged into its kernels.
         model = keras_vit.lora.merged(engine.objective.encoder(trained))
+        # Served as evaluated: the run's resize and crop (a starting checkpoint's).
+        model.preprocessing = settings.eval_preprocessing(engine.config)
         if not engine.is_chief:  # only the chief writes into the workdir
             return path
         fileio.makedirs(directory)

@@ -102,17 +102,25 @@ class Classification:
 
     def item_losses(self, model, batch, training):
         """`(losses, weights, correct)`, one of each per example."""
-        logits = ops.cast(model(batch["image"], training=training), "float32")
+        distilling = training and self.config.distill != "none"
+        if distilling and model.has_distillation_head:  # DeiT's token: a head for each term
+            label_logits, teacher_term_logits = (
+                ops.cast(logits, "float32")
+                for logits in model.student_heads(batch["image"], training=True))
+            logits = (label_logits + teacher_term_logits) / 2.0
+        else:
+            logits = ops.cast(model(batch["image"], training=training), "float32")
+            label_logits = teacher_term_logits = logits
         smoothing = self.config.label_smoothing if training else 0.0
-        losses = cross_entropy(batch["label"], logits, self.num_classes, smoothing)
+        losses = cross_entropy(batch["label"], label_logits, self.num_classes, smoothing)
         if training and "mix_label" in batch:  # Mixup/CutMix (train.data.mixing): mixed targets
             weight = ops.cast(batch["mix_weight"], "float32")
             losses = weight * losses + (1.0 - weight) * cross_entropy(
-                batch["mix_label"], logits, self.num_classes, smoothing)
-        if training and self.config.distill != "none":  # the teacher sees the same images
+                batch["mix_label"], label_logits, self.num_classes, smoothing)
+        if distilling:  # the teacher sees the same images
             weight = self.config.distill_weight
             losses = (1.0 - weight) * losses + weight * distillation.losses(
-                self.config.distill, logits, model.teacher_logits(batch["image"]),
+                self.config.distill, teacher_term_logits, model.teacher_logits(batch["image"]),
                 self.config.distill_temperature)
         predicted = ops.cast(ops.argmax(logits, -1), "int32")
         correct = ops.cast(ops.equal(predicted, ops.cast(batch["label"], "int32")), "float32")

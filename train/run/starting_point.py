@@ -66,26 +66,38 @@ def check(config, report):
 
 def adopt_architecture(config, saved=None):
     """Fills `config.model` (in place) with the architecture of the checkpoint
-    `config.pretrained`, where its fields are at their defaults; returns the fields taken, by
-    name. `saved`: the config.json of the run in the workdir (train.run.run_config.saved), whose
+    `config.pretrained`, where its fields are at their defaults, and the `eval_*` resize fields
+    with the checkpoint's evaluation resize and crop (train.data.settings.EVAL_RESIZE) where
+    they are at theirs; returns the fields taken, by name (`model.` before the model's).
+    `saved`: the config.json of the run in the workdir (train.run.run_config.saved), whose
     fields a rerun takes instead, reading no checkpoint. Raises ValueError naming the fix when
     the checkpoint cannot be read or contradicts a field the user set."""
+    from ..data.settings import EVAL_RESIZE
+
     if not config.pretrained or not has_architecture(config.pretrained):
         return {}  # the config's architecture
     defaults = _default_model()
     if saved is not None and saved.get("pretrained") == config.pretrained:
         theirs = saved["model"]  # a rerun: what the run took, without reading the checkpoint
+        resize = {name: saved[name] for name in EVAL_RESIZE if name in saved}
     else:
-        spec = read(config.pretrained).spec
-        _refuse_contradictions(config, spec, defaults)
-        theirs = spec.to_dict()
+        checkpoint = read(config.pretrained)
+        _refuse_contradictions(config, checkpoint.spec, defaults)
+        theirs = checkpoint.spec.to_dict()
+        resize = {ours: getattr(checkpoint.preprocessing, field)
+                  for ours, field in EVAL_RESIZE.items()}
     taken = {name: value for name, value in theirs.items()
              if name in config.model and (name == "variant" or name not in RUN_FIELDS)
              and config.model[name] == defaults.get(name)
              and _normal(value) != _normal(config.model[name])}
     for name, value in taken.items():
         config.model[name] = list(value) if isinstance(value, tuple) else value
-    return taken
+    common = _default_config()
+    resize = {name: value for name, value in resize.items()
+              if config[name] == common[name] and value != config[name]}
+    for name, value in resize.items():
+        config[name] = value
+    return {**{f"model.{name}": value for name, value in taken.items()}, **resize}
 
 
 def read(pretrained):
@@ -99,10 +111,14 @@ def read(pretrained):
         raise ValueError(f"config.pretrained={pretrained!r} cannot be read: {error}") from None
 
 
-def _default_model():
+def _default_config():
     from .config_flag import shipped_config
 
-    model = shipped_config("common").get_config().model
+    return shipped_config("common").get_config()
+
+
+def _default_model():
+    model = _default_config().model
     return {name: model[name] for name in model}
 
 
@@ -157,21 +173,33 @@ def load(objective, model, config):
             f"config.pretrained_head=True keeps the checkpoint's head, but {config.pretrained!r} "
             f"has no head for the dataset's {encoder.spec.num_classes} classes; set it to False "
             "for a new one.")
-    logging.info("%s", describe(config.pretrained, spec, report, encoder.spec))
+    from ..data import settings
+
+    logging.info("%s", describe(config.pretrained, spec, report, encoder.spec,
+                                settings.eval_preprocessing(config)))
     return report
 
 
-def describe(pretrained, spec, report, model_spec):
-    """One paragraph: the checkpoint, its architecture, what was resampled and what is new."""
+def describe(pretrained, spec, report, model_spec, eval_preprocessing=None):
+    """One paragraph: the checkpoint, its architecture, what was resampled and what is new,
+    and how evaluation resizes (where it is not keras_vit's own)."""
+    from keras_vit.preprocessing import EvalPreprocessing
+
     architecture = ("" if spec is None else
                     f", a ViT of width {spec.hidden_size}, {spec.num_layers} blocks of "
                     f"{spec.num_heads} heads, {spec.patch_size}-pixel patches, classifier "
                     f"{spec.classifier!r}" + (f", {spec.num_register_tokens} registers"
-                                              if spec.num_register_tokens else ""))
+                                              if spec.num_register_tokens else "")
+                    + (", a distillation token" if spec.distillation_token else ""))
     resampled = (f" Resampled to the run's {model_spec.image_size[0]} px: "
                  f"{', '.join(report['resized'])}." if report["resized"] else "")
     head = (f" The head is new (zeros) for {model_spec.num_classes} classes."
             if report["new_head"] else " The head is the checkpoint's."
             if model_spec.include_top else "")
+    evaluation = ""
+    if eval_preprocessing not in (None, EvalPreprocessing()):
+        evaluation = (f" Evaluated as it was: {eval_preprocessing.interpolation} resize, "
+                      f"{eval_preprocessing.crop_mode} crop of {eval_preprocessing.crop_fraction}"
+                      + (", antialiased" if eval_preprocessing.antialias else "") + ".")
     return (f"Started from {pretrained}{architecture}: {len(report['loaded'])} weights "
-            f"loaded.{resampled}{head}")
+            f"loaded.{resampled}{head}{evaluation}")
