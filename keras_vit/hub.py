@@ -122,9 +122,11 @@ def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, preprocess
     Every tensor is loaded strictly: a missing, extra or mis-shaped one is an error that
     names it, and nothing is loaded. The config says which GELU and which LayerNorm epsilon
     (transformers' default is 1e-12, timm's 1e-6). transformers' `ViTForImageClassification`
-    gives its logits, its `ViTModel` the pooler's output. DeiT's distilled models (timm's
-    `VisionTransformerDistilled`, transformers' `DeiTForImageClassificationWithTeacher`) give
-    the mean of their two heads' logits, as both libraries evaluate them;
+    gives its logits, its `ViTModel` the pooler's output, its `Dinov2Model` (and
+    `Dinov2WithRegistersModel`) its `pooler_output`, the final LayerNorm's class token.
+    DeiT's distilled models (timm's `VisionTransformerDistilled`, transformers'
+    `DeiTForImageClassificationWithTeacher`) give the mean of their two heads' logits, as both
+    libraries evaluate them;
     `keras_vit.distillation_heads(model)` gives each head's.
     """
     if preprocessing is not None and not isinstance(preprocessing, EvalPreprocessing):
@@ -296,19 +298,21 @@ def _fold_normalization(arrays, mean, std):
         arrays["embedding/kernel"].dtype)
 
 
-def _preprocessor_config(spec, preprocessing):
+def _preprocessor_config(spec, preprocessing, architecture):
     """transformers' image processor for keras_vit's [-1, 1] inputs: its ViTImageProcessor,
     which resizes straight to the size and cannot crop (a warning says so for a model that
-    crops), or for a model with DeiT's distillation token its DeiTImageProcessor, which crops
-    the centre after resizing as timm does (a warning for timm's crops of non-square images
-    that keep the aspect ratio)."""
+    crops), or for a model with DeiT's distillation token its DeiTImageProcessor, for one
+    written as DINOv2 its BitImageProcessor, which crop the centre after resizing as timm does
+    (a warning for timm's crops of non-square images that keep the aspect ratio)."""
     height, width = spec.image_size
     resample = {name: code for code, name in RESAMPLE.items()}[preprocessing.interpolation]
     common = {"do_resize": True, "resample": resample, "do_rescale": True,
               "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5],
               "image_std": [0.5, 0.5, 0.5]}
-    if spec.distillation_token:
-        return {"image_processor_type": "DeiTImageProcessor", **common,
+    cropping = {"DeiTForImageClassificationWithTeacher": "DeiTImageProcessor",
+                "Dinov2Model": "BitImageProcessor", "Dinov2WithRegistersModel": "BitImageProcessor"}
+    if architecture in cropping:  # `architecture`: the config.json's transformers class
+        return {"image_processor_type": cropping[architecture], **common,
                 **_deit_resize(preprocessing, height, width)}
     if preprocessing.crop_mode != "squash" or preprocessing.crop_fraction != 1.0:
         _warn_uncropped("ViTImageProcessor resizes straight to the size and does not crop",
@@ -350,9 +354,11 @@ def save_pretrained(model, directory, format="transformers"):
     `timm.create_model("local-dir:" + directory, pretrained=True)` loads with equal outputs.
     The directory appears complete or not at all. What the library cannot express (a hybrid,
     relative or 2-D position embeddings; for transformers GAP, attention pooling, registers,
-    LayerScale and timm's other options; pre_logits with a head) is a `LayoutError` naming it,
-    before anything is written. A model with DeiT's distillation token is written as timm's
-    `VisionTransformerDistilled` or transformers' `DeiTForImageClassificationWithTeacher`. The
+    LayerScale without DINOv2's form and timm's other options; pre_logits with a head) is a
+    `LayoutError` naming it, before anything is written. A model with DeiT's distillation token
+    is written as timm's `VisionTransformerDistilled` or transformers'
+    `DeiTForImageClassificationWithTeacher`; for transformers, one with LayerScale and no head
+    as its `Dinov2Model` (with registers, `Dinov2WithRegistersModel`). The
     model's `preprocessing` goes into timm's `pretrained_cfg` (interpolation, crop_pct,
     crop_mode) or transformers' `preprocessor_config.json` (resample; its ViTImageProcessor
     cannot crop: a warning; DeiT's crops as timm does)."""
@@ -365,7 +371,8 @@ def save_pretrained(model, directory, format="transformers"):
     preprocessing = getattr(model, "preprocessing", None) or EvalPreprocessing()
     config = (torch_layouts.transformers_config(spec) if format == "transformers"
               else torch_layouts.timm_config(spec, preprocessing))
-    processor = _preprocessor_config(spec, preprocessing) if format == "transformers" else None
+    processor = (_preprocessor_config(spec, preprocessing, config["architectures"][0])
+                 if format == "transformers" else None)
     state = torch_layouts.from_npz_arrays(checkpoint.model_arrays(model), spec, format)
     safetensors = _import("safetensors.numpy")
     directory = os.fspath(directory)

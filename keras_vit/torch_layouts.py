@@ -17,6 +17,13 @@ own position-embedding row and a second head on it: timm's `VisionTransformerDis
 (`dist_token`, `head_dist`) and transformers' `DeiTForImageClassificationWithTeacher`
 (`deit.embeddings.distillation_token`, `cls_classifier`, `distillation_classifier`), whose
 outputs are the mean of the two heads' logits, as keras_vit's `distillation_token=True`.
+
+DINOv2 (Oquab et al., "DINOv2: Learning Robust Visual Features without Supervision", 2023) and
+its registers form (Darcet et al., "Vision Transformers Need Registers", 2024) are
+transformers' `Dinov2Model` / `Dinov2WithRegistersModel`: ViT's attention names, with
+LayerScale (`layer_scale1.lambda1`), `norm1`, `norm2`, `mlp.fc1`, `mlp.fc2`, a `mask_token`
+used only for masked image modelling, and for registers `embeddings.register_tokens` after the
+class token, which have no position-embedding rows (the class token has one).
 """
 
 import functools
@@ -36,11 +43,18 @@ logger = logging.getLogger(__name__)
 FORMATS = ("transformers", "timm")
 # transformers' architectures keras_vit reads -> the prefix of their encoder's weights.
 TRANSFORMERS_ARCHITECTURES = {"ViTForImageClassification": "vit.", "ViTModel": "",
-                              "DeiTForImageClassificationWithTeacher": "deit."}
+                              "DeiTForImageClassificationWithTeacher": "deit.",
+                              "Dinov2Model": "", "Dinov2WithRegistersModel": ""}
 # transformers' model types keras_vit reads -> the class of a config that names none.
-_TRANSFORMERS_MODEL_TYPES = {"vit": "ViTModel", "deit": "DeiTModel"}
-# transformers' DeiT classes keras_vit has no model of, with why.
+_TRANSFORMERS_MODEL_TYPES = {"vit": "ViTModel", "deit": "DeiTModel", "dinov2": "Dinov2Model",
+                             "dinov2_with_registers": "Dinov2WithRegistersModel"}
+_DINOV2_ARCHITECTURES = ("Dinov2Model", "Dinov2WithRegistersModel")
+_DINOV2_HEAD = ("its classifier reads the class token concatenated with the mean of the patch "
+                "tokens, a pooling keras_vit lacks; {} (the backbone alone) loads")
+# transformers' DeiT and DINOv2 classes keras_vit has no model of, with why.
 _TRANSFORMERS_REFUSED = {
+    "Dinov2ForImageClassification": _DINOV2_HEAD.format("Dinov2Model"),
+    "Dinov2WithRegistersForImageClassification": _DINOV2_HEAD.format("Dinov2WithRegistersModel"),
     "DeiTForImageClassification": "it classifies from the class token alone while its "
                                   "distillation token still attends, where keras_vit's distilled "
                                   "models average a head on each token",
@@ -110,9 +124,9 @@ def _block_pairs(index, theirs, spec):
         pairs += [(ours + f"MlpBlock_3/{ours_name}/kernel", theirs[their_name] + ".weight",
                    "linear"),
                   (ours + f"MlpBlock_3/{ours_name}/bias", theirs[their_name] + ".bias", "copy")]
-    if spec.layer_scale_init is not None:  # timm's LayerScale (transformers' ViT has none)
-        pairs += [(ours + f"layer_scale_{branch}/scale", theirs[f"scale_{branch}"] + ".gamma",
-                   "copy") for branch in range(2)]
+    if spec.layer_scale_init is not None:  # timm's and DINOv2's LayerScale (not ViT's)
+        pairs += [(ours + f"layer_scale_{branch}/scale", theirs[f"scale_{branch}"], "copy")
+                  for branch in range(2)]
     return pairs
 
 
@@ -126,12 +140,17 @@ def _pairs(spec, layout, prefix=""):
                  "copy")]
         if spec.distillation_token:
             stem.append(("dist", "embeddings.distillation_token", "copy"))
+        if spec.num_register_tokens:
+            stem.append(("reg/registers", "embeddings.register_tokens", "copy"))
         norm = "layernorm"
         block = "encoder.layer.{}."
         names = {"query": "attention.attention.query", "key": "attention.attention.key",
                  "value": "attention.attention.value", "out": "attention.output.dense",
                  "norm_0": "layernorm_before", "norm_2": "layernorm_after",
                  "fc_0": "intermediate.dense", "fc_1": "output.dense"}
+        if _is_dinov2(spec):
+            names.update(norm_0="norm1", norm_2="norm2", fc_0="mlp.fc1", fc_1="mlp.fc2",
+                         scale_0="layer_scale1.lambda1", scale_1="layer_scale2.lambda1")
         heads = ([("head", "cls_classifier"), ("head_dist", "distillation_classifier")]
                  if spec.distillation_token else [("head", "classifier")])
     else:
@@ -152,7 +171,7 @@ def _pairs(spec, layout, prefix=""):
         block = "blocks.{}."
         names = {"query": "attn.q", "key": "attn.k", "value": "attn.v", "out": "attn.proj",
                  "norm_0": "norm1", "norm_2": "norm2", "fc_0": "mlp.fc1", "fc_1": "mlp.fc2",
-                 "scale_0": "ls1", "scale_1": "ls2"}
+                 "scale_0": "ls1.gamma", "scale_1": "ls2.gamma"}
         heads = [("head", "head")] + ([("head_dist", "head_dist")] if spec.distillation_token
                                       else [])
     pairs = [(ours, prefix + theirs, kind) for ours, theirs, kind in stem]
@@ -188,9 +207,16 @@ def _map_pairs(prefix):
                     (ours + "LayerNorm_0/bias", theirs + "norm.bias", "copy")]
 
 
+def _is_dinov2(spec):
+    """Whether transformers' class for `spec` is DINOv2's: LayerScale, which ViT lacks."""
+    return spec.layer_scale_init is not None and not spec.distillation_token
+
+
 def _transformers_architecture(spec):
     if spec.distillation_token:
         return "DeiTForImageClassificationWithTeacher"
+    if _is_dinov2(spec):
+        return "Dinov2WithRegistersModel" if spec.num_register_tokens else "Dinov2Model"
     return "ViTForImageClassification" if spec.include_top else "ViTModel"
 
 
@@ -236,6 +262,10 @@ def to_npz_arrays(state, spec, layout):
     Every tensor must be used and every expected one present: a LayoutError names the rest."""
     prefix = _transformers_prefix(spec) if layout == "transformers" else ""
     state = _split_qkv(state) if layout == "timm" else dict(state)
+    dinov2 = layout == "transformers" and _is_dinov2(spec)
+    if dinov2 and state.pop("embeddings.mask_token", None) is not None:
+        logger.info("Dropped DINOv2's embeddings.mask_token: it replaces masked patches in "
+                    "masked image modelling, which keras_vit's model does not do.")
     transforms = _transforms(spec.num_heads)
     arrays, missing = {}, []
     for ours, theirs, kind in _pairs(spec, layout, prefix):
@@ -253,7 +283,7 @@ def to_npz_arrays(state, spec, layout):
             f"The {layout} weights do not fit the architecture their config describes: "
             f"{'; '.join(problems)}. Nothing was loaded. They may need an option keras_vit "
             "does not have yet.")
-    return arrays
+    return _fold_class_row(arrays) if dinov2 and not spec.prefix_position_embeddings else arrays
 
 
 def from_npz_arrays(arrays, spec, layout):
@@ -262,9 +292,46 @@ def from_npz_arrays(arrays, spec, layout):
     transforms = _transforms(spec.num_heads)
     if layout == "timm" and spec.pre_norm:
         arrays = _fold_patch_bias(arrays, spec)
+    dinov2 = layout == "transformers" and _is_dinov2(spec)
+    if dinov2:
+        arrays = _dinov2_position_rows(arrays, spec)
     state = {theirs: np.ascontiguousarray(transforms[kind][1](arrays[ours]))
              for ours, theirs, kind in _pairs(spec, layout, prefix)}
+    if dinov2:  # transformers' initial value; only masked image modelling reads it
+        state["embeddings.mask_token"] = np.zeros((1, spec.hidden_size),
+                                                  arrays["cls"].dtype)
     return _fuse_qkv(state) if layout == "timm" else state
+
+
+_POSITIONS = "Transformer/posembed_input/pos_embedding"
+
+
+def _fold_class_row(arrays):
+    """DINOv2 with registers' position embeddings (rows: class token, patches) as keras_vit's
+    for the patches only, the class token's row added to the class token. Exact: that row is
+    added to the class token alone, and resampling keeps prefix rows as they are."""
+    arrays = dict(arrays)
+    positions = arrays[_POSITIONS]
+    arrays["cls"] = arrays["cls"] + positions[:, :1]
+    arrays[_POSITIONS] = positions[:, 1:]
+    return arrays
+
+
+def _dinov2_position_rows(arrays, spec):
+    """The arrays with position embeddings of one class-token row, then the patches', as
+    transformers' DINOv2 has them: a zero row where the model has none, and the register
+    tokens' rows (of a model with prefix rows for them) added to the register tokens."""
+    arrays = dict(arrays)
+    positions = arrays[_POSITIONS]
+    if not spec.prefix_position_embeddings:
+        class_row = np.zeros_like(positions[:, :1])
+    else:
+        class_row, registers = positions[:, :1], positions[:, 1:spec.num_prefix_tokens]
+        positions = positions[:, spec.num_prefix_tokens:]
+        if spec.num_register_tokens:
+            arrays["reg/registers"] = arrays["reg/registers"] + registers
+    arrays[_POSITIONS] = np.concatenate([class_row, positions], axis=1)
+    return arrays
 
 
 def _fold_patch_bias(arrays, spec):
@@ -308,9 +375,10 @@ def detect(config):
         return "timm"
     model_type = config.get("model_type") or config.get("architectures")
     raise LayoutError(
-        f"config.json is neither transformers' ViT nor DeiT (model_type 'vit', 'deit') nor "
-        f"timm's (an 'architecture' field); it describes {model_type!r}. keras_vit reads those, "
-        "and the original .npz checkpoints.")
+        f"config.json is neither transformers' ViT, DeiT nor DINOv2 (model_type "
+        f"{', '.join(repr(name) for name in _TRANSFORMERS_MODEL_TYPES)}) nor timm's (an "
+        f"'architecture' field); it describes {model_type!r}. keras_vit reads those, and the "
+        "original .npz checkpoints.")
 
 
 def _transformers_architecture_of(config):
@@ -355,6 +423,8 @@ def spec_from_transformers(config, state):
             "weights; to resize the patches, pass patch_size= to from_pretrained.")
     _check_grid(_tensor(state, prefix + "embeddings.position_embeddings", "transformers"),
                 image_size, patch, 1 + distilled, "image_size")  # rows: cls (, distillation)
+    if architecture in _DINOV2_ARCHITECTURES:
+        return _spec_from_dinov2(config, architecture, patch, image_size)
     if distilled:  # a config of num_labels 0 has no heads: the mean of the two tokens
         head = state.get("cls_classifier.weight")
         top = dict(include_top=head is not None, distillation_token=True,
@@ -373,9 +443,80 @@ def spec_from_transformers(config, state):
                  attention_dropout=config.get("attention_probs_dropout_prob", 0.0))
 
 
+def _spec_from_dinov2(config, architecture, patch, image_size):
+    """The `ViTConfig` of DINOv2's `config.json`: no head, the final LayerNorm's class token
+    (transformers' `pooler_output`) as the output."""
+    if config.get("use_swiglu_ffn"):
+        raise LayoutError("config.json has use_swiglu_ffn=True (DINOv2 giant's SwiGLU MLP), "
+                          "which keras_vit has no option for; its other DINOv2 models load.")
+    hidden = config.get("hidden_size", 768)
+    registers = config.get("num_register_tokens", 0) if architecture.endswith(
+        "RegistersModel") else 0
+    return _spec(hidden, int(hidden * config.get("mlp_ratio", 4)),
+                 config.get("num_attention_heads", 12), config.get("num_hidden_layers", 12),
+                 patch, image_size=image_size, include_top=False, num_classes=1,
+                 activation=_TRANSFORMERS_ACTIVATIONS[config.get("hidden_act", "gelu")],
+                 layer_norm_epsilon=config.get("layer_norm_eps", 1e-6),
+                 qkv_bias=config.get("qkv_bias", True),
+                 layer_scale_init=float(config.get("layerscale_value", 1.0)),
+                 num_register_tokens=registers,
+                 # registers have no position-embedding rows; to_npz_arrays folds the class
+                 # token's into the class token
+                 prefix_position_embeddings=not registers,
+                 position_embedding_interpolation="bicubic",  # as transformers resamples
+                 dropout=config.get("hidden_dropout_prob", 0.0),
+                 attention_dropout=config.get("attention_probs_dropout_prob", 0.0))
+
+
+def _hidden_act(spec):
+    return {"gelu_tanh": "gelu_pytorch_tanh"}.get(spec.activation, spec.activation)
+
+
+def _dinov2_config(spec):
+    """transformers' DINOv2 `config.json` for a model with LayerScale (a LayoutError for what
+    its Dinov2Model cannot express)."""
+    _check_plain(spec, "transformers' DINOv2")
+    problems = [problem for bad, problem in (
+        (spec.include_top, "head (its Dinov2ForImageClassification pools the class token "
+                           "with the patches' mean): save a model with include_top=False"),
+        (spec.classifier != "token", f"classifier={spec.classifier!r} (it outputs the class "
+                                     "token)"),
+        (spec.representation_size is not None, "pre_logits layer (representation_size)"),
+        (spec.pre_norm, "pre_norm=True"),
+        (spec.final_norm != "tokens", f"final_norm={spec.final_norm!r} (it norms every "
+                                      "token)"),
+        (spec.image_size[0] != spec.image_size[1], f"non-square image_size {spec.image_size} (its "
+                                                   "position embeddings are a square grid)"),
+        (spec.mlp_dim % spec.hidden_size, f"mlp_dim {spec.mlp_dim} (its mlp_ratio, an int, "
+                                          "makes a multiple of hidden_size)")) if bad]
+    if problems:
+        raise LayoutError(f"A model with LayerScale is written as transformers' Dinov2Model, "
+                          f"which has no {'; no '.join(problems)}.")
+    registers = spec.num_register_tokens
+    config = {
+        "model_type": "dinov2_with_registers" if registers else "dinov2",
+        "architectures": [_transformers_architecture(spec)],
+        "hidden_size": spec.hidden_size, "mlp_ratio": spec.mlp_dim // spec.hidden_size,
+        "num_attention_heads": spec.num_heads, "num_hidden_layers": spec.num_layers,
+        "patch_size": spec.patch_size, "image_size": spec.image_size[0], "num_channels": 3,
+        "qkv_bias": spec.qkv_bias, "hidden_act": _hidden_act(spec),
+        "layer_norm_eps": spec.layer_norm_epsilon, "layerscale_value": spec.layer_scale_init,
+        "use_swiglu_ffn": False, "drop_path_rate": 0.0, "hidden_dropout_prob": spec.dropout,
+        "attention_probs_dropout_prob": spec.attention_dropout,
+    }
+    if registers:
+        config["num_register_tokens"] = registers
+    else:
+        config["use_mask_token"] = True
+    return config
+
+
 def transformers_config(spec):
     """transformers' `config.json` for a model of `spec`: its ViT, or its DeiT with a teacher
-    for a model with DeiT's distillation token (a LayoutError for what they cannot express)."""
+    for a model with DeiT's distillation token, its DINOv2 for one with LayerScale (a
+    LayoutError for what they cannot express)."""
+    if _is_dinov2(spec):
+        return _dinov2_config(spec)
     family = "DeiT" if spec.distillation_token else "ViT"
     _check_plain(spec, f"transformers' {family}")
     later = [f"{name}={getattr(spec, name)!r}" for name in _LATER_OPTIONS
@@ -407,7 +548,7 @@ def transformers_config(spec):
         "patch_size": spec.patch_size, "image_size": height if height == width else [height,
                                                                                      width],
         "num_channels": 3, "qkv_bias": spec.qkv_bias,
-        "hidden_act": {"gelu_tanh": "gelu_pytorch_tanh"}.get(spec.activation, spec.activation),
+        "hidden_act": _hidden_act(spec),
         "layer_norm_eps": spec.layer_norm_epsilon,
         "hidden_dropout_prob": spec.dropout, "attention_probs_dropout_prob":
             spec.attention_dropout,

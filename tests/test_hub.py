@@ -418,3 +418,86 @@ def test_a_crop_deits_processor_cannot_express_is_a_warning(tmp_path):
     processor = json.loads((tmp_path / "saved" / "preprocessor_config.json").read_text())
     assert (processor["size"], processor["do_center_crop"]) == (
         {"height": 32, "width": 48}, False)
+
+
+# DINOv2 (Oquab et al. 2023) and its registers form (Darcet et al. 2024): transformers'
+# Dinov2Model and Dinov2WithRegistersModel, for models with LayerScale and no head.
+DINOV2_OPTIONS = {
+    "dinov2": dict(layer_scale_init=0.5),
+    "registers": dict(layer_scale_init=0.5, num_register_tokens=2,
+                      prefix_position_embeddings=False),
+    "registers_with_prefix_rows": dict(layer_scale_init=0.5, num_register_tokens=2),
+    "tanh_gelu_no_qkv_bias": dict(layer_scale_init=0.5, activation="gelu_tanh", qkv_bias=False),
+}
+
+
+@pytest.mark.parametrize("fields", DINOV2_OPTIONS.values(), ids=DINOV2_OPTIONS)
+def test_a_model_with_layer_scale_goes_through_transformers_dinov2_and_back(tmp_path, fields):
+    model = tiny(include_top=False, **fields)
+    save_pretrained(model, tmp_path / "saved", format="transformers")
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    registers = fields.get("num_register_tokens", 0)
+    assert (config["model_type"], config["architectures"]) == (
+        ("dinov2_with_registers", ["Dinov2WithRegistersModel"]) if registers
+        else ("dinov2", ["Dinov2Model"]))
+    processor = json.loads((tmp_path / "saved" / "preprocessor_config.json").read_text())
+    assert processor["image_processor_type"] == "BitImageProcessor"
+    from safetensors.numpy import load_file
+    state = load_file(tmp_path / "saved" / "model.safetensors")
+    assert not np.any(state["embeddings.mask_token"])  # transformers' initial value
+    assert state["embeddings.position_embeddings"].shape == (1, 1 + 16, 24)  # cls, patches
+    loaded = from_pretrained(str(tmp_path / "saved"))
+    assert (loaded.spec.layer_scale_init, loaded.spec.num_register_tokens,
+            loaded.spec.activation, loaded.spec.qkv_bias) == (
+        0.5, registers, model.spec.activation, model.spec.qkv_bias)
+    np.testing.assert_allclose(to_np(loaded(pixels())), to_np(model(pixels())), rtol=1e-5,
+                               atol=1e-5)
+    tokens = [keras_vit.features(m, layers=-1, norm=True)(pixels()) for m in (loaded, model)]
+    np.testing.assert_allclose(to_np(tokens[0]), to_np(tokens[1]), rtol=1e-5, atol=1e-5)
+
+
+def test_what_transformers_dinov2_cannot_express_is_refused(tmp_path):
+    for fields, message in (
+            ({}, "head .*include_top=False"),
+            ({"include_top": False, "classifier": "gap"}, "classifier='gap'"),
+            ({"include_top": False, "pre_norm": True}, "pre_norm=True"),
+            ({"include_top": False, "image_size": (32, 48)}, "square grid"),
+            ({"include_top": False, "mlp_dim": 36}, "mlp_dim 36")):
+        with pytest.raises(torch_layouts.LayoutError,
+                           match="^A model with LayerScale is written as transformers' "
+                                 "Dinov2Model, which has no .*" + message):
+            save_pretrained(tiny(layer_scale_init=0.5, **fields), tmp_path / "never",
+                            format="transformers")
+    assert not os.path.exists(tmp_path / "never")
+
+
+def test_dinov2_files_keras_vit_has_no_model_of_are_refused(tmp_path):
+    save_pretrained(tiny(include_top=False, layer_scale_init=0.5), tmp_path / "saved",
+                    format="transformers")
+    path = tmp_path / "saved" / "config.json"
+    _edit_json(path, architectures=["Dinov2ForImageClassification"])
+    with pytest.raises(torch_layouts.LayoutError,
+                       match="^transformers' Dinov2ForImageClassification has no keras_vit "
+                             "equivalent yet: .*mean of the patch tokens.*Dinov2Model "
+                             r"\(the backbone alone\) loads\.$"):
+        from_pretrained(str(tmp_path / "saved"))
+    _edit_json(path, architectures=["Dinov2Model"], use_swiglu_ffn=True)
+    with pytest.raises(torch_layouts.LayoutError, match="use_swiglu_ffn=True"):
+        from_pretrained(str(tmp_path / "saved"))
+
+
+def test_the_hubs_dinov2_image_processor_is_read_as_its_crop_and_normalisation():
+    """facebook/dinov2-*'s preprocessor_config.json (BitImageProcessor): the shortest edge to
+    256, crop 224x224, bicubic, ImageNet's mean and std."""
+    from keras_vit import hub
+    processor = {"crop_size": {"height": 224, "width": 224}, "do_center_crop": True,
+                 "do_convert_rgb": True, "do_normalize": True, "do_rescale": True,
+                 "do_resize": True, "image_mean": [0.485, 0.456, 0.406],
+                 "image_processor_type": "BitImageProcessor",
+                 "image_std": [0.229, 0.224, 0.225], "resample": 3,
+                 "rescale_factor": 0.00392156862745098, "size": {"shortest_edge": 256}}
+    assert hub._eval_preprocessing({}, "transformers", processor) == (
+        keras_vit.EvalPreprocessing("bicubic", 0.875, "center", antialias=True))
+    mean, std = hub._normalization({"model_type": "dinov2"}, processor)
+    np.testing.assert_array_equal(mean, [0.485, 0.456, 0.406])
+    np.testing.assert_array_equal(std, [0.229, 0.224, 0.225])

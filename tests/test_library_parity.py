@@ -314,3 +314,64 @@ def test_the_resize_and_crop_sizes_are_timms(crop_mode):
                 assert [int(side) for side in ours_resized] == [theirs_height, theirs_width], (
                     height, width, size, crop_pct)
                 assert [int(offset) for offset in ours_offsets] == offsets, (height, width, size)
+
+
+# DINOv2 (Oquab et al. 2023) and its registers form (Darcet et al. 2024): transformers'
+# Dinov2Model and Dinov2WithRegistersModel load as models without a head whose output is the
+# final LayerNorm's class token (their pooler_output).
+DINO_IMAGES = np.random.default_rng(0).uniform(-1, 1, (2, 42, 42, 3)).astype("float32")
+
+
+def dinov2_config(registers=0, cls=None, **fields):
+    cls = cls or (transformers.Dinov2WithRegistersConfig if registers
+                  else transformers.Dinov2Config)
+    extra = {"num_register_tokens": registers} if registers else {}
+    return cls(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, image_size=42,
+               patch_size=14, **extra, **fields)  # gelu, layer_norm_eps 1e-6, qkv_bias
+
+
+def dinov2_outputs(model):
+    with torch.no_grad():
+        return model(pixel_values=torch.tensor(DINO_IMAGES.transpose(0, 3, 1, 2)))
+
+
+@pytest.mark.parametrize("registers", [0, 2], ids=["dinov2", "with_registers"])
+def test_transformers_dinov2_both_ways(tmp_path, registers):
+    cls = transformers.Dinov2WithRegistersModel if registers else transformers.Dinov2Model
+    theirs = order_one(cls(dinov2_config(registers)))  # LayerScale N(0, 0.3), not 1
+    theirs.save_pretrained(tmp_path / "theirs")
+    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    assert (ours.spec.activation, ours.spec.layer_norm_epsilon) == ("gelu", 1e-6)
+    assert ours.spec.num_register_tokens == registers and not ours.spec.include_top
+    expected = dinov2_outputs(theirs)
+    tokens = keras_vit.features(ours, layers=-1, norm=True)  # cls, registers, patches
+    assert_close(ours(DINO_IMAGES), expected.pooler_output.numpy(), 1e-5)
+    assert_close(tokens(DINO_IMAGES), expected.last_hidden_state.numpy(), 1e-5)
+    keras_vit.save_pretrained(ours, tmp_path / "ours", format="transformers")
+    back = transformers.AutoModel.from_pretrained(tmp_path / "ours").eval()
+    assert type(back) is cls
+    assert not back.embeddings.mask_token.any()
+    outputs = dinov2_outputs(back)
+    assert_close(outputs.pooler_output.numpy(), expected.pooler_output.numpy(), 1e-5)
+    assert_close(outputs.last_hidden_state.numpy(), expected.last_hidden_state.numpy(), 1e-5)
+    processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "ours")
+    assert type(processor).__name__.startswith("BitImageProcessor")
+
+
+@pytest.mark.parametrize("architecture", ["Dinov2ForImageClassification",
+                                          "Dinov2WithRegistersForImageClassification"])
+def test_dinov2_classifiers_are_refused(tmp_path, architecture):
+    """Their classifier reads the class token concatenated with the patch tokens' mean."""
+    registers = 2 if "Registers" in architecture else 0
+    getattr(transformers, architecture)(dinov2_config(registers, num_labels=3)).save_pretrained(
+        tmp_path)
+    with pytest.raises(LayoutError, match=f"^transformers' {architecture} has no keras_vit "
+                                          "equivalent yet: .*mean of the patch tokens") as error:
+        keras_vit.from_pretrained(str(tmp_path))
+    assert "\n" not in str(error.value)
+
+
+def test_dinov2_giants_swiglu_mlp_is_refused(tmp_path):
+    transformers.Dinov2Model(dinov2_config(use_swiglu_ffn=True)).save_pretrained(tmp_path)
+    with pytest.raises(LayoutError, match="use_swiglu_ffn=True"):
+        keras_vit.from_pretrained(str(tmp_path))
