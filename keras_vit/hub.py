@@ -1,7 +1,7 @@
 """ViT weights where users keep them: `from_pretrained` reads a directory of Hugging Face
-transformers' or timm's files (`config.json` + `model.safetensors`: their ViTs, and DeiT's
-distilled models), a name on the Hugging Face hub, or an original `.npz`; `save_pretrained`
-writes a model for either library.
+transformers' or timm's files (`config.json` + `model.safetensors`: their ViTs, DeiT's
+distilled models, DINOv2, and the vision towers of CLIP and SigLIP), a name on the Hugging
+Face hub, or an original `.npz`; `save_pretrained` writes a model for either library.
 
     model = keras_vit.from_pretrained("hf:google/vit-base-patch16-224")
     model = keras_vit.from_pretrained("timm:vit_base_patch16_224.augreg2_in21k_ft_in1k",
@@ -123,7 +123,9 @@ def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, preprocess
     names it, and nothing is loaded. The config says which GELU and which LayerNorm epsilon
     (transformers' default is 1e-12, timm's 1e-6). transformers' `ViTForImageClassification`
     gives its logits, its `ViTModel` the pooler's output, its `Dinov2Model` (and
-    `Dinov2WithRegistersModel`) its `pooler_output`, the final LayerNorm's class token.
+    `Dinov2WithRegistersModel`) its `pooler_output`, the final LayerNorm's class token;
+    `CLIPVisionModel` and `SiglipVisionModel` (and the vision tower of `CLIPModel` and
+    `SiglipModel`, the rest left out with a log line) their `pooler_output`.
     DeiT's distilled models (timm's `VisionTransformerDistilled`, transformers'
     `DeiTForImageClassificationWithTeacher`) give the mean of their two heads' logits, as both
     libraries evaluate them;
@@ -179,6 +181,7 @@ def read_checkpoint(source, cache_dir=None, preprocessing=None):
     source_directory = local_directory(source, cache_dir)
     config, state = read_directory(source_directory)
     layout = torch_layouts.detect(config)
+    config, state = torch_layouts.vision_tower(config, state)  # CLIPModel's, SiglipModel's
     processor = _processor(source_directory)
     preprocessing = preprocessing or _eval_preprocessing(config, layout, processor)
     if layout == "transformers":
@@ -241,6 +244,8 @@ def _processor_crop(processor):
     if not (processor.get("do_center_crop") and processor.get("do_resize", True)):
         return {}
     size, crop = processor.get("size"), _sides(processor.get("crop_size"))
+    if isinstance(size, int) and _processor_type(processor).startswith("CLIP"):
+        size = {"shortest_edge": size}  # CLIP's older files: an int is the shortest edge
     if isinstance(size, dict) and "shortest_edge" in size:
         mode, resized = "center", [size["shortest_edge"]] * 2
     else:
@@ -253,6 +258,10 @@ def _processor_crop(processor):
             "Pass preprocessing=keras_vit.EvalPreprocessing(...) to from_pretrained to choose "
             "the nearest one.")
     return {"crop_mode": mode, "crop_fraction": fraction}
+
+
+def _processor_type(processor):
+    return processor.get("image_processor_type") or processor.get("feature_extractor_type") or ""
 
 
 def _fraction(crop, resized):
@@ -302,22 +311,25 @@ def _preprocessor_config(spec, preprocessing, architecture):
     """transformers' image processor for keras_vit's [-1, 1] inputs: its ViTImageProcessor,
     which resizes straight to the size and cannot crop (a warning says so for a model that
     crops), or for a model with DeiT's distillation token its DeiTImageProcessor, for one
-    written as DINOv2 its BitImageProcessor, which crop the centre after resizing as timm does
-    (a warning for timm's crops of non-square images that keep the aspect ratio)."""
+    written as DINOv2 its BitImageProcessor, as CLIP its CLIPImageProcessor, which crop the
+    centre after resizing as timm does (a warning for timm's crops of non-square images that
+    keep the aspect ratio); as SigLIP, its SiglipImageProcessor, which cannot crop either."""
     height, width = spec.image_size
     resample = {name: code for code, name in RESAMPLE.items()}[preprocessing.interpolation]
     common = {"do_resize": True, "resample": resample, "do_rescale": True,
               "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5],
               "image_std": [0.5, 0.5, 0.5]}
     cropping = {"DeiTForImageClassificationWithTeacher": "DeiTImageProcessor",
-                "Dinov2Model": "BitImageProcessor", "Dinov2WithRegistersModel": "BitImageProcessor"}
+                "Dinov2Model": "BitImageProcessor", "Dinov2WithRegistersModel": "BitImageProcessor",
+                "CLIPVisionModel": "CLIPImageProcessor"}
+    straight = {"SiglipVisionModel": "SiglipImageProcessor"}  # else ViT's; neither crops
     if architecture in cropping:  # `architecture`: the config.json's transformers class
         return {"image_processor_type": cropping[architecture], **common,
                 **_deit_resize(preprocessing, height, width)}
     if preprocessing.crop_mode != "squash" or preprocessing.crop_fraction != 1.0:
-        _warn_uncropped("ViTImageProcessor resizes straight to the size and does not crop",
-                        preprocessing, stacklevel=4)
-    return {"image_processor_type": "ViTImageProcessor", **common,
+        _warn_uncropped(f"{straight.get(architecture, 'ViTImageProcessor')} resizes straight "
+                        "to the size and does not crop", preprocessing, stacklevel=4)
+    return {"image_processor_type": straight.get(architecture, "ViTImageProcessor"), **common,
             "size": {"height": height, "width": width}}
 
 
@@ -358,7 +370,9 @@ def save_pretrained(model, directory, format="transformers"):
     `LayoutError` naming it, before anything is written. A model with DeiT's distillation token
     is written as timm's `VisionTransformerDistilled` or transformers'
     `DeiTForImageClassificationWithTeacher`; for transformers, one with LayerScale and no head
-    as its `Dinov2Model` (with registers, `Dinov2WithRegistersModel`). The
+    as its `Dinov2Model` (with registers, `Dinov2WithRegistersModel`); one of CLIP's options
+    (pre_norm, the pooled class token normed, no head) as `CLIPVisionModel`, one of SigLIP's
+    (attention pooling of normed tokens, no head) as `SiglipVisionModel`. The
     model's `preprocessing` goes into timm's `pretrained_cfg` (interpolation, crop_pct,
     crop_mode) or transformers' `preprocessor_config.json` (resample; its ViTImageProcessor
     cannot crop: a warning; DeiT's crops as timm does)."""

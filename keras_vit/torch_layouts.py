@@ -24,6 +24,16 @@ transformers' `Dinov2Model` / `Dinov2WithRegistersModel`: ViT's attention names,
 LayerScale (`layer_scale1.lambda1`), `norm1`, `norm2`, `mlp.fc1`, `mlp.fc2`, a `mask_token`
 used only for masked image modelling, and for registers `embeddings.register_tokens` after the
 class token, which have no position-embedding rows (the class token has one).
+
+The vision towers of CLIP (Radford et al., "Learning Transferable Visual Models From Natural
+Language Supervision", 2021) and SigLIP (Zhai et al., "Sigmoid Loss for Language Image
+Pre-Training", 2023) are transformers' `CLIPVisionModel` and `SiglipVisionModel` (and the
+`vision_model.` of `CLIPModel` / `SiglipModel`, `vision_tower`): `encoder.layers.N` with
+`self_attn.{q,k,v,out}_proj`, `layer_norm1`, `layer_norm2`, `mlp.fc1`, `mlp.fc2`, position
+embeddings as an nn.Embedding (tokens, D). CLIP has a class token `class_embedding` (D,), a
+patch convolution without bias, `pre_layrnorm` and `post_layernorm` on the pooled class token;
+SigLIP no class token, `post_layernorm` on every token and attention pooling, `head` (a torch
+nn.MultiheadAttention with a packed `in_proj_weight`).
 """
 
 import functools
@@ -44,10 +54,17 @@ FORMATS = ("transformers", "timm")
 # transformers' architectures keras_vit reads -> the prefix of their encoder's weights.
 TRANSFORMERS_ARCHITECTURES = {"ViTForImageClassification": "vit.", "ViTModel": "",
                               "DeiTForImageClassificationWithTeacher": "deit.",
-                              "Dinov2Model": "", "Dinov2WithRegistersModel": ""}
+                              "Dinov2Model": "", "Dinov2WithRegistersModel": "",
+                              "CLIPVisionModel": "", "SiglipVisionModel": ""}
 # transformers' model types keras_vit reads -> the class of a config that names none.
 _TRANSFORMERS_MODEL_TYPES = {"vit": "ViTModel", "deit": "DeiTModel", "dinov2": "Dinov2Model",
-                             "dinov2_with_registers": "Dinov2WithRegistersModel"}
+                             "dinov2_with_registers": "Dinov2WithRegistersModel",
+                             "clip_vision_model": "CLIPVisionModel",
+                             "siglip_vision_model": "SiglipVisionModel",
+                             "clip": "CLIPModel", "siglip": "SiglipModel"}
+# Image-text models whose vision tower loads (`vision_tower`): model_type -> tower's class.
+_TOWERS = {"clip": "CLIPVisionModel", "siglip": "SiglipVisionModel"}
+_TOWER_FAMILIES = {"CLIPVisionModel": "clip", "SiglipVisionModel": "siglip"}
 _DINOV2_ARCHITECTURES = ("Dinov2Model", "Dinov2WithRegistersModel")
 _DINOV2_HEAD = ("its classifier reads the class token concatenated with the mean of the patch "
                 "tokens, a pooling keras_vit lacks; {} (the backbone alone) loads")
@@ -103,6 +120,9 @@ def _transforms(heads):
         # the output projection: Linear (D, D) -> kernel (heads, D / heads, D).
         "heads_out": (lambda v: v.T.reshape(heads, -1, v.shape[0]),
                       lambda v: v.reshape(-1, v.shape[-1]).T),
+        # CLIP's class token (D,) and an nn.Embedding's position rows (tokens, D).
+        "vector_token": (lambda v: v.reshape(1, 1, -1), lambda v: v.reshape(-1)),
+        "rows": (lambda v: v[None], lambda v: v[0]),
     }
 
 
@@ -132,6 +152,9 @@ def _block_pairs(index, theirs, spec):
 
 def _pairs(spec, layout, prefix=""):
     """Every (`.npz` key, their key, kind) of a model of `spec` in `layout`."""
+    family = _tower_family(spec) if layout == "transformers" else None
+    if family:
+        return _tower_pairs(spec, family, prefix)
     if layout == "transformers":
         stem = [("embedding/kernel", "embeddings.patch_embeddings.projection.weight", "conv"),
                 ("embedding/bias", "embeddings.patch_embeddings.projection.bias", "copy"),
@@ -207,12 +230,109 @@ def _map_pairs(prefix):
                     (ours + "LayerNorm_0/bias", theirs + "norm.bias", "copy")]
 
 
+def _tower_pairs(spec, family, prefix):
+    """CLIP's and SigLIP's vision towers (`_tower_family`)."""
+    stem = [("embedding/kernel", "embeddings.patch_embedding.weight", "conv"),
+            (_POSITIONS, "embeddings.position_embedding.weight", "rows")]
+    if family == "clip":  # no patch bias: to_npz_arrays adds a zero one
+        stem += [("cls", "embeddings.class_embedding", "vector_token"),
+                 ("pre_norm/scale", "pre_layrnorm.weight", "copy"),
+                 ("pre_norm/bias", "pre_layrnorm.bias", "copy")]
+    else:
+        stem.append(("embedding/bias", "embeddings.patch_embedding.bias", "copy"))
+    pairs = [(ours, prefix + theirs, kind) for ours, theirs, kind in stem]
+    names = {"query": "self_attn.q_proj", "key": "self_attn.k_proj", "value": "self_attn.v_proj",
+             "out": "self_attn.out_proj", "norm_0": "layer_norm1", "norm_2": "layer_norm2",
+             "fc_0": "mlp.fc1", "fc_1": "mlp.fc2"}
+    for index in range(spec.num_layers):
+        block = f"{prefix}encoder.layers.{index}."
+        pairs += _block_pairs(index, {key: block + value for key, value in names.items()}, spec)
+    norm = "fc_norm" if family == "clip" else "Transformer/encoder_norm"
+    pairs += [(f"{norm}/scale", prefix + "post_layernorm.weight", "copy"),
+              (f"{norm}/bias", prefix + "post_layernorm.bias", "copy")]
+    if family == "siglip":  # the packed in_proj is split as timm's qkv (`_split_in_proj`)
+        ours, theirs = "MAPHead_0/", prefix + "head."
+        pairs.append((ours + "probe", theirs + "probe", "copy"))
+        for name, their_name in (("query", "attention.in_proj.q"), ("key", "attention.in_proj.k"),
+                                 ("value", "attention.in_proj.v"), ("out", "attention.out_proj"),
+                                 ("MlpBlock_0/Dense_0", "mlp.fc1"),
+                                 ("MlpBlock_0/Dense_1", "mlp.fc2")):
+            pairs += [(ours + name + "/kernel", theirs + their_name + ".weight", "linear"),
+                      (ours + name + "/bias", theirs + their_name + ".bias", "copy")]
+        pairs += [(ours + "LayerNorm_0/scale", theirs + "layernorm.weight", "copy"),
+                  (ours + "LayerNorm_0/bias", theirs + "layernorm.bias", "copy")]
+    return pairs
+
+
+def _tower_family(spec):
+    """"clip" or "siglip" for a model whose options only their vision towers have (a
+    pre-norm and a norm of the pooled class token; attention pooling of normed tokens), else
+    None. transformers_config refuses what else such a model has that they lack."""
+    plain = spec.layer_scale_init is None and not spec.distillation_token
+    if plain and spec.pre_norm and spec.classifier == "token" and spec.final_norm == "pooled":
+        return "clip"
+    if plain and not spec.pre_norm and spec.classifier == "map" and spec.final_norm == "tokens":
+        return "siglip"
+    return None
+
+
+def _split_in_proj(state):
+    """SigLIP's pooling head's packed `attention.in_proj_*` [3D, ...] as `in_proj.{q,k,v}.*`."""
+    split = {}
+    for key, value in state.items():
+        match = re.match(r"(.*head\.attention)\.in_proj_(weight|bias)$", key)
+        if not match:
+            split[key] = value
+            continue
+        for part, name in zip(np.split(value, 3, axis=0), "qkv"):
+            split[f"{match[1]}.in_proj.{name}.{match[2]}"] = part
+    return split
+
+
+def _pack_in_proj(state):
+    packed = {key: value for key, value in state.items() if ".attention.in_proj." not in key}
+    for key in state:
+        match = re.match(r"(.*)\.in_proj\.q\.(weight|bias)$", key)
+        if match:  # rows of q, then k, then v
+            base, kind = match.groups()
+            packed[f"{base}.in_proj_{kind}"] = np.concatenate(
+                [state[f"{base}.in_proj.{name}.{kind}"] for name in "qkv"])
+    return packed
+
+
+def vision_tower(config, state):
+    """`(config, state)` of the vision tower of a CLIPModel's or SiglipModel's files (its
+    `vision_config`, its `vision_model.` weights without the prefix), the text tower and the
+    contrastive parameters dropped with a log line; other files as they are."""
+    tower = _TOWERS.get(config.get("model_type"))
+    if tower is None:
+        return config, state
+    vision = {key[len("vision_model."):]: value for key, value in state.items()
+              if key.startswith("vision_model.")}
+    dropped = sorted(key for key in state if not key.startswith("vision_model."))
+    if not vision:
+        _tensor(state, "vision_model.embeddings.patch_embedding.weight", "transformers")
+    groups = sorted({key.split(".")[0] for key in dropped})
+    logger.info("Loaded the vision tower (vision_model.) of transformers' %s and left out %s: "
+                "keras_vit's model is the image encoder alone%s.",
+                (config.get("architectures") or [config["model_type"]])[0], ", ".join(groups),
+                " (visual_projection, CLIP's projection to the joint embedding, is left out "
+                "too: the output is the tower's pooler_output)"
+                if "visual_projection" in groups else "")
+    vision_config = {**(config.get("vision_config") or {}), "architectures": [tower],
+                     "model_type": f"{config['model_type']}_vision_model"}
+    return vision_config, vision
+
+
 def _is_dinov2(spec):
     """Whether transformers' class for `spec` is DINOv2's: LayerScale, which ViT lacks."""
     return spec.layer_scale_init is not None and not spec.distillation_token
 
 
 def _transformers_architecture(spec):
+    family = _tower_family(spec)
+    if family:
+        return {name: tower for tower, name in _TOWER_FAMILIES.items()}[family]
     if spec.distillation_token:
         return "DeiTForImageClassificationWithTeacher"
     if _is_dinov2(spec):
@@ -261,7 +381,7 @@ def to_npz_arrays(state, spec, layout):
     """Their state dict (name -> array) as the `.npz` layout `checkpoint.load_npz` reads.
     Every tensor must be used and every expected one present: a LayoutError names the rest."""
     prefix = _transformers_prefix(spec) if layout == "transformers" else ""
-    state = _split_qkv(state) if layout == "timm" else dict(state)
+    state = _split_qkv(state) if layout == "timm" else _split_in_proj(state)
     dinov2 = layout == "transformers" and _is_dinov2(spec)
     if dinov2 and state.pop("embeddings.mask_token", None) is not None:
         logger.info("Dropped DINOv2's embeddings.mask_token: it replaces masked patches in "
@@ -273,7 +393,7 @@ def to_npz_arrays(state, spec, layout):
             missing.append(theirs)
             continue
         arrays[ours] = transforms[kind][0](np.asarray(state.pop(theirs)))
-    if layout == "timm" and spec.pre_norm:
+    if spec.pre_norm and "embedding/bias" not in arrays:  # timm's and CLIP's: no patch bias
         arrays["embedding/bias"] = np.zeros_like(arrays["embedding/kernel"][0, 0, 0])
     if missing or state:
         problems = [f"missing ({len(missing)}): {', '.join(missing[:8])}"] if missing else []
@@ -290,7 +410,8 @@ def from_npz_arrays(arrays, spec, layout):
     """The `.npz` layout (`checkpoint.model_arrays`) as their state dict."""
     prefix = _transformers_prefix(spec) if layout == "transformers" else ""
     transforms = _transforms(spec.num_heads)
-    if layout == "timm" and spec.pre_norm:
+    family = _tower_family(spec) if layout == "transformers" else None
+    if (layout == "timm" and spec.pre_norm) or family == "clip":
         arrays = _fold_patch_bias(arrays, spec)
     dinov2 = layout == "transformers" and _is_dinov2(spec)
     if dinov2:
@@ -300,7 +421,7 @@ def from_npz_arrays(arrays, spec, layout):
     if dinov2:  # transformers' initial value; only masked image modelling reads it
         state["embeddings.mask_token"] = np.zeros((1, spec.hidden_size),
                                                   arrays["cls"].dtype)
-    return _fuse_qkv(state) if layout == "timm" else state
+    return _fuse_qkv(state) if layout == "timm" else _pack_in_proj(state)
 
 
 _POSITIONS = "Transformer/posembed_input/pos_embedding"
@@ -375,7 +496,7 @@ def detect(config):
         return "timm"
     model_type = config.get("model_type") or config.get("architectures")
     raise LayoutError(
-        f"config.json is neither transformers' ViT, DeiT nor DINOv2 (model_type "
+        f"config.json is neither transformers' ViT, DeiT, DINOv2, CLIP nor SigLIP (model_type "
         f"{', '.join(repr(name) for name in _TRANSFORMERS_MODEL_TYPES)}) nor timm's (an "
         f"'architecture' field); it describes {model_type!r}. keras_vit reads those, and the "
         "original .npz checkpoints.")
@@ -396,7 +517,8 @@ def _transformers_architecture_of(config):
 
 
 def spec_from_transformers(config, state):
-    """The `ViTConfig` of transformers' ViT or DeiT `config.json`, with the weights `state`
+    """The `ViTConfig` of transformers' ViT, DeiT, DINOv2, CLIP or SigLIP vision `config.json`
+    (a whole CLIPModel's or SiglipModel's through `vision_tower` first), with the weights `state`
     saying whether a `ViTModel` has its pooler and how many classes DeiT's heads have."""
     act = config.get("hidden_act", "gelu")
     if act not in _TRANSFORMERS_ACTIVATIONS:
@@ -405,6 +527,8 @@ def spec_from_transformers(config, state):
     if config.get("num_channels", 3) != 3:
         raise LayoutError(f"num_channels {config['num_channels']}: keras_vit takes RGB images.")
     architecture = _transformers_architecture_of(config)
+    if architecture in _TOWER_FAMILIES:
+        return _spec_from_tower(config, state, _TOWER_FAMILIES[architecture])
     classifier = architecture == "ViTForImageClassification"
     distilled = architecture == "DeiTForImageClassificationWithTeacher"
     labels = config.get("id2label") or {}
@@ -468,6 +592,70 @@ def _spec_from_dinov2(config, architecture, patch, image_size):
                  attention_dropout=config.get("attention_probs_dropout_prob", 0.0))
 
 
+def _spec_from_tower(config, state, family):
+    """The `ViTConfig` of CLIP's or SigLIP's vision `config.json`: no head, the output their
+    `pooler_output` (CLIP: the class token, normed; SigLIP: the attention pooling of the normed
+    tokens)."""
+    clip = family == "clip"
+    if not clip and not config.get("vision_use_head", True):
+        raise LayoutError(
+            "config.json has vision_use_head=False: this SiglipVisionModel has no pooling head "
+            "and no pooler_output, and keras_vit's models always pool. Load a SigLIP with its "
+            "head, or read the tokens of another with keras_vit.features().")
+    patch, image_size = config.get("patch_size", 32 if clip else 16), config.get("image_size",
+                                                                                  224)
+    kernel = _tensor(state, "embeddings.patch_embedding.weight", "transformers")
+    if tuple(kernel.shape[-2:]) != (patch, patch):
+        raise LayoutError(f"config.json says patch_size {patch}, but model.safetensors holds "
+                          f"{kernel.shape[-2]}x{kernel.shape[-1]} patch kernels: use the "
+                          "config.json written with these weights.")
+    positions = _tensor(state, "embeddings.position_embedding.weight", "transformers")
+    _check_grid(positions[None], image_size, patch, int(clip), "image_size")
+    act = config.get("hidden_act", "quick_gelu" if clip else "gelu_pytorch_tanh")
+    if act not in _TRANSFORMERS_ACTIVATIONS:
+        raise LayoutError(f"hidden_act {act!r}: keras_vit reads "
+                          f"{', '.join(_TRANSFORMERS_ACTIVATIONS)}.")
+    hidden = config.get("hidden_size", 768)
+    pooling = (dict(pre_norm=True, classifier="token", final_norm="pooled") if clip
+               else dict(classifier="map", final_norm="tokens"))
+    return _spec(hidden, config.get("intermediate_size", 3072),
+                 config.get("num_attention_heads", 12), config.get("num_hidden_layers", 12),
+                 patch, image_size=image_size, include_top=False, num_classes=1, **pooling,
+                 activation=_TRANSFORMERS_ACTIVATIONS[act],
+                 layer_norm_epsilon=config.get("layer_norm_eps", 1e-5 if clip else 1e-6),
+                 attention_dropout=config.get("attention_dropout", 0.0))
+
+
+def _tower_config(spec, family):
+    """transformers' CLIPVisionModel or SiglipVisionModel `config.json` for a model of their
+    options (`_tower_family`), or a LayoutError naming what else it has."""
+    name = {"clip": "CLIPVisionModel", "siglip": "SiglipVisionModel"}[family]
+    _check_plain(spec, f"transformers' {name}")
+    problems = [problem for bad, problem in (
+        (spec.include_top, "head: save a model with include_top=False"),
+        (spec.representation_size is not None, "pre_logits layer (representation_size)"),
+        (spec.num_register_tokens, "register tokens"),
+        (not spec.qkv_bias, "query, key and value without bias (qkv_bias=False)"),
+        (not spec.prefix_position_embeddings, "class token without a position embedding "
+                                              "(prefix_position_embeddings=False)"),
+        (spec.dropout, f"dropout {spec.dropout} (it drops only attention weights)"),
+        (spec.image_size[0] != spec.image_size[1], f"non-square image_size {spec.image_size} "
+                                                   "(its position embeddings are a square "
+                                                   "grid)")) if bad]
+    if problems:
+        raise LayoutError(f"A model with {name[:-len('VisionModel')]}'s options is written as "
+                          f"transformers' {name}, which has no {'; no '.join(problems)}.")
+    config = {"model_type": f"{family}_vision_model", "architectures": [name],
+              "hidden_size": spec.hidden_size, "intermediate_size": spec.mlp_dim,
+              "num_attention_heads": spec.num_heads, "num_hidden_layers": spec.num_layers,
+              "patch_size": spec.patch_size, "image_size": spec.image_size[0], "num_channels": 3,
+              "hidden_act": _hidden_act(spec), "layer_norm_eps": spec.layer_norm_epsilon,
+              "attention_dropout": spec.attention_dropout}
+    if family == "siglip":
+        config["vision_use_head"] = True
+    return config
+
+
 def _hidden_act(spec):
     return {"gelu_tanh": "gelu_pytorch_tanh"}.get(spec.activation, spec.activation)
 
@@ -513,10 +701,13 @@ def _dinov2_config(spec):
 
 def transformers_config(spec):
     """transformers' `config.json` for a model of `spec`: its ViT, or its DeiT with a teacher
-    for a model with DeiT's distillation token, its DINOv2 for one with LayerScale (a
-    LayoutError for what they cannot express)."""
+    for a model with DeiT's distillation token, its DINOv2 for one with LayerScale, its
+    CLIPVisionModel or SiglipVisionModel for one of their options (a LayoutError for what
+    they cannot express)."""
     if _is_dinov2(spec):
         return _dinov2_config(spec)
+    if _tower_family(spec):
+        return _tower_config(spec, _tower_family(spec))
     family = "DeiT" if spec.distillation_token else "ViT"
     _check_plain(spec, f"transformers' {family}")
     later = [f"{name}={getattr(spec, name)!r}" for name in _LATER_OPTIONS

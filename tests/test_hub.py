@@ -84,7 +84,8 @@ def test_an_npz_with_its_spec_loads_by_path(tmp_path):
 def test_what_a_library_cannot_express_is_refused_before_writing(tmp_path):
     for fields, layout, message in (
             ({"classifier": "gap"}, "transformers", "pooled otherwise"),
-            ({"classifier": "map"}, "transformers", "classifier='map'"),
+            ({"classifier": "map", "final_norm": "none"}, "transformers", "final_norm='none'"),
+            ({"classifier": "map"}, "transformers", "SiglipVisionModel, which has no head"),
             ({"position_embedding": "relative"}, "timm", "no equivalent there"),
             ({"representation_size": 16}, "timm", "pre_logits"),
             ({"layer_norm_epsilon": 1e-4}, "timm", "epsilon"),
@@ -501,3 +502,112 @@ def test_the_hubs_dinov2_image_processor_is_read_as_its_crop_and_normalisation()
     mean, std = hub._normalization({"model_type": "dinov2"}, processor)
     np.testing.assert_array_equal(mean, [0.485, 0.456, 0.406])
     np.testing.assert_array_equal(std, [0.229, 0.224, 0.225])
+
+
+# CLIP's vision tower (Radford et al. 2021) and SigLIP's (Zhai et al. 2023): transformers'
+# CLIPVisionModel and SiglipVisionModel, for models with their options and no head.
+TOWER_OPTIONS = {
+    "clip": dict(include_top=False, pre_norm=True, final_norm="pooled",
+                 activation="quick_gelu", layer_norm_epsilon=1e-5),
+    "siglip": dict(include_top=False, classifier="map", final_norm="tokens"),
+}
+
+
+@pytest.mark.parametrize("family", TOWER_OPTIONS)
+def test_clip_and_siglip_options_go_through_their_vision_models_and_back(tmp_path, family):
+    model = tiny(**TOWER_OPTIONS[family])
+    save_pretrained(model, tmp_path / "saved", format="transformers")
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    clip = family == "clip"
+    assert (config["model_type"], config["architectures"]) == (
+        ("clip_vision_model", ["CLIPVisionModel"]) if clip
+        else ("siglip_vision_model", ["SiglipVisionModel"]))
+    processor = json.loads((tmp_path / "saved" / "preprocessor_config.json").read_text())
+    assert processor["image_processor_type"] == ("CLIPImageProcessor" if clip
+                                                 else "SiglipImageProcessor")
+    from safetensors.numpy import load_file
+    state = load_file(tmp_path / "saved" / "model.safetensors")
+    # CLIP's patch convolution has no bias: it is in the patches' position rows.
+    assert ("embeddings.patch_embedding.bias" in state) is not clip
+    assert state["embeddings.position_embedding.weight"].shape == (int(clip) + 16, 24)
+    if not clip:
+        assert state["head.attention.in_proj_weight"].shape == (3 * 24, 24)
+    loaded = from_pretrained(str(tmp_path / "saved"))
+    assert loaded.spec == model.spec.replace(variant=loaded.spec.variant, num_classes=1)
+    np.testing.assert_allclose(to_np(loaded(pixels())), to_np(model(pixels())), rtol=1e-5,
+                               atol=1e-5)
+    tokens = [keras_vit.features(m, layers=-1)(pixels()) for m in (loaded, model)]
+    np.testing.assert_allclose(to_np(tokens[0]), to_np(tokens[1]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", TOWER_OPTIONS)
+def test_the_vision_tower_of_a_full_clip_or_siglip_loads_without_the_text_tower(
+        tmp_path, family, caplog):
+    from safetensors.numpy import load_file, save_file
+    model = tiny(**TOWER_OPTIONS[family])
+    save_pretrained(model, tmp_path / "tower", format="transformers")
+    vision_config = json.loads((tmp_path / "tower" / "config.json").read_text())
+    state = {"vision_model." + key: value
+             for key, value in load_file(tmp_path / "tower" / "model.safetensors").items()}
+    state.update({"text_model.embeddings.token_embedding.weight": np.ones((10, 8), "float32"),
+                  "logit_scale": np.ones((), "float32")})
+    if family == "clip":
+        state["visual_projection.weight"] = np.ones((4, 24), "float32")
+    (tmp_path / "full").mkdir()
+    save_file(state, str(tmp_path / "full" / "model.safetensors"))
+    (tmp_path / "full" / "config.json").write_text(json.dumps(
+        {"model_type": family, "architectures": ["CLIPModel" if family == "clip"
+                                                 else "SiglipModel"],
+         "vision_config": {key: value for key, value in vision_config.items()
+                           if key not in ("model_type", "architectures")},
+         "text_config": {"hidden_size": 8}}))
+    with caplog.at_level("INFO", logger="keras_vit.torch_layouts"):
+        loaded = from_pretrained(str(tmp_path / "full"))
+    assert "left out logit_scale, text_model" in caplog.text
+    assert ("visual_projection" in caplog.text) is (family == "clip")
+    np.testing.assert_allclose(to_np(loaded(pixels())), to_np(model(pixels())), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_what_clip_and_siglip_cannot_express_is_refused(tmp_path):
+    for family, fields, message in (
+            ("clip", {"include_top": True}, "head: save a model with include_top=False"),
+            ("clip", {"prefix_position_embeddings": False}, "prefix_position_embeddings"),
+            ("siglip", {"num_register_tokens": 2}, "register tokens"),
+            ("siglip", {"dropout": 0.1}, "dropout 0.1"),
+            ("siglip", {"image_size": (32, 48)}, "square grid")):
+        name = "CLIPVisionModel" if family == "clip" else "SiglipVisionModel"
+        with pytest.raises(torch_layouts.LayoutError,
+                           match=f"^A model with {name[:-11]}'s options is written as "
+                                 f"transformers' {name}, which has no .*{message}"):
+            save_pretrained(tiny(**{**TOWER_OPTIONS[family], **fields}), tmp_path / "never",
+                            format="transformers")
+    assert not os.path.exists(tmp_path / "never")
+
+
+def test_the_hubs_clip_and_siglip_image_processors_are_read():
+    """openai/clip-vit-base-patch32's preprocessor_config.json (an int size is CLIP's shortest
+    edge), and google/siglip-base-patch16-224's (straight to the size)."""
+    from keras_vit import hub
+    clip = {"crop_size": 224, "do_center_crop": True, "do_normalize": True, "do_resize": True,
+            "feature_extractor_type": "CLIPFeatureExtractor",
+            "image_mean": [0.48145466, 0.4578275, 0.40821073],
+            "image_std": [0.26862954, 0.26130258, 0.27577711], "resample": 3, "size": 224}
+    assert hub._eval_preprocessing({}, "transformers", clip) == (
+        keras_vit.EvalPreprocessing("bicubic", 1.0, "center", antialias=True))
+    mean, std = hub._normalization({"model_type": "clip"}, clip)
+    np.testing.assert_array_equal(mean, clip["image_mean"])
+    np.testing.assert_array_equal(std, clip["image_std"])
+    siglip = {"do_normalize": True, "do_rescale": True, "do_resize": True,
+              "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "SiglipImageProcessor",
+              "image_std": [0.5, 0.5, 0.5], "resample": 3,
+              "rescale_factor": 0.00392156862745098, "size": {"height": 224, "width": 224}}
+    assert hub._eval_preprocessing({}, "transformers", siglip) == (
+        keras_vit.EvalPreprocessing("bicubic", 1.0, "squash", antialias=True))
+
+
+def test_a_siglip_without_its_head_is_refused(tmp_path):
+    save_pretrained(tiny(**TOWER_OPTIONS["siglip"]), tmp_path / "saved", format="transformers")
+    _edit_json(tmp_path / "saved" / "config.json", vision_use_head=False)
+    with pytest.raises(torch_layouts.LayoutError, match="vision_use_head=False.*features"):
+        from_pretrained(str(tmp_path / "saved"))

@@ -375,3 +375,89 @@ def test_dinov2_giants_swiglu_mlp_is_refused(tmp_path):
     transformers.Dinov2Model(dinov2_config(use_swiglu_ffn=True)).save_pretrained(tmp_path)
     with pytest.raises(LayoutError, match="use_swiglu_ffn=True"):
         keras_vit.from_pretrained(str(tmp_path))
+
+
+# The vision towers of CLIP (Radford et al. 2021) and SigLIP (Zhai et al. 2023): transformers'
+# CLIPVisionModel and SiglipVisionModel, and the vision_model of CLIPModel and SiglipModel, load
+# as models without a head whose output is their pooler_output, and are written back as the
+# vision models.
+TOWER_SIZES = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                   num_attention_heads=4, image_size=32, patch_size=8)
+TEXT_SIZES = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                  num_attention_heads=2)
+CLIP_MEAN = np.array([0.48145466, 0.4578275, 0.40821073], "float32")
+CLIP_STD = np.array([0.26862954, 0.26130258, 0.27577711], "float32")
+
+
+def tower(family, full, **fields):
+    """(transformers' model of random weights of order 1, its vision tower)."""
+    sizes = {**TOWER_SIZES, **fields}
+    if family == "clip":
+        model = (transformers.CLIPModel(transformers.CLIPConfig(
+            vision_config=sizes, text_config=TEXT_SIZES, projection_dim=16)) if full
+            else transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**sizes)))
+    else:
+        model = (transformers.SiglipModel(transformers.SiglipConfig(
+            vision_config=sizes, text_config=TEXT_SIZES)) if full
+            else transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**sizes)))
+    model = order_one(model)
+    return model, getattr(model, "vision_model", model)  # transformers 5: no vision_model
+
+
+def tower_outputs(vision, images):
+    with torch.no_grad():
+        return vision(pixel_values=torch.tensor(images.transpose(0, 3, 1, 2)))
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["vision_model", "full_model"])
+@pytest.mark.parametrize("family", ["clip", "siglip"])
+def test_clip_and_siglip_vision_towers_both_ways(tmp_path, family, full):
+    theirs, vision = tower(family, full)
+    theirs.save_pretrained(tmp_path / "theirs")
+    clip = family == "clip"
+    processor = (transformers.CLIPImageProcessor(size={"shortest_edge": 32},
+                                                 crop_size={"height": 32, "width": 32})
+                 if clip else transformers.SiglipImageProcessor(size={"height": 32,
+                                                                      "width": 32}))
+    processor.save_pretrained(tmp_path / "theirs")
+    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    assert (ours.spec.activation, ours.spec.layer_norm_epsilon) == (
+        ("quick_gelu", 1e-5) if clip else ("gelu_tanh", 1e-6))
+    assert not ours.spec.include_top
+    assert ours.preprocessing.interpolation == "bicubic"
+    assert ours.preprocessing.crop_mode == ("center" if clip else "squash")
+    # keras_vit's inputs are pixels / 127.5 - 1; theirs, the processor's normalisation.
+    pixels = (IMAGES + 1) / 2
+    normalised = (pixels - CLIP_MEAN) / CLIP_STD if clip else IMAGES
+    expected = tower_outputs(vision, normalised)
+    last = keras_vit.features(ours, layers=-1, norm=not clip)  # CLIP's norm is the pooled one
+    assert_close(ours(IMAGES), expected.pooler_output.numpy(), 1e-5)
+    assert_close(last(IMAGES), expected.last_hidden_state.numpy(), 1e-5)
+    keras_vit.save_pretrained(ours, tmp_path / "ours", format="transformers")
+    back = transformers.AutoModel.from_pretrained(tmp_path / "ours").eval()
+    assert type(back) is (transformers.CLIPVisionModel if clip
+                          else transformers.SiglipVisionModel)
+    outputs = tower_outputs(back, IMAGES)  # the normalisation is in the weights
+    assert_close(outputs.pooler_output.numpy(), expected.pooler_output.numpy(), 1e-5)
+    assert_close(outputs.last_hidden_state.numpy(), expected.last_hidden_state.numpy(), 1e-5)
+    written = transformers.AutoImageProcessor.from_pretrained(tmp_path / "ours")
+    assert type(written).__name__.startswith("CLIPImageProcessor" if clip
+                                             else "SiglipImageProcessor")
+
+
+def test_a_siglip_without_its_pooling_head_is_refused(tmp_path):
+    transformers.SiglipVisionModel(transformers.SiglipVisionConfig(
+        **TOWER_SIZES, vision_use_head=False)).save_pretrained(tmp_path)
+    with pytest.raises(LayoutError, match="vision_use_head=False"):
+        keras_vit.from_pretrained(str(tmp_path))
+
+
+def test_clip_options_it_lacks_are_refused_when_saving(tmp_path):
+    theirs, _ = tower("clip", False)
+    theirs.save_pretrained(tmp_path / "theirs")
+    spec = keras_vit.from_pretrained(str(tmp_path / "theirs")).spec
+    model = keras_vit.vit(spec.replace(include_top=True, num_classes=3, qkv_bias=False))
+    with pytest.raises(LayoutError, match="CLIPVisionModel, which has no head.*no query, key and "
+                                          "value without bias"):
+        keras_vit.save_pretrained(model, tmp_path / "ours", format="transformers")
+    assert not (tmp_path / "ours").exists()
