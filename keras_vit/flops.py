@@ -111,8 +111,14 @@ def _encoder_block(block, input_shape):
     # The block says how it lays the tokens out for attention: the whole sequence for a ViT
     # block, `[rows, columns, D]` or `[columns, rows, D]` per image for an axial block.
     attention_shape = block.attention_input_shape((1,) + tuple(input_shape[1:]))
-    mlp = _dense(block.mlp.dense_0, tokens) + _dense(block.mlp.dense_1, tokens)
-    return _self_attention(block.attention, attention_shape) + mlp
+    return _self_attention(block.attention, attention_shape) + _mlp(block.mlp, tokens)
+
+
+def _mlp(mlp, tokens):
+    """An `MlpBlock` on `tokens` tokens: its projections (SwiGLU's gate too); the activation
+    and the gating are element-wise."""
+    gate = 0 if mlp.gate is None else _dense(mlp.gate, tokens)
+    return _dense(mlp.dense_0, tokens) + gate + _dense(mlp.dense_1, tokens)
 
 
 def _attention_pooling(pool, input_shape):
@@ -122,7 +128,7 @@ def _attention_pooling(pool, input_shape):
     projections = (_dense(pool.query, 1) + _dense(pool.key, tokens) + _dense(pool.value, tokens)
                    + _dense(pool.out, 1))
     matmuls = 2 * (2 * tokens * input_shape[-1])  # query x keys, weights x values
-    return projections + matmuls + _dense(pool.mlp.dense_0, 1) + _dense(pool.mlp.dense_1, 1)
+    return projections + matmuls + _mlp(pool.mlp, 1)
 
 
 def _top_dense(dense, input_shape):

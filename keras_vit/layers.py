@@ -823,13 +823,15 @@ def fused_by_default():
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class MlpBlock(keras.layers.Layer):
-    """Dense(mlp_dim) -> GELU -> Dropout -> Dense(D) -> Dropout (weights `Dense_0`, `Dense_1`).
+    """Dense(mlp_dim) -> GELU -> Dropout -> Dense(D) -> Dropout (weights `Dense_0`, `Dense_1`);
+    with SwiGLU, SiLU(Gate_0(x)) * Dense_0(x) in place of GELU(Dense_0(x)).
 
     Args:
         mlp_dim: hidden size of the MLP.
         dropout: dropout rate after each dense layer.
-        activation: "gelu_tanh" (the original's tanh-approximate GELU), "gelu" (exact) or
-            "quick_gelu" (OpenAI CLIP's x * sigmoid(1.702 x)).
+        activation: "gelu_tanh" (the original's tanh-approximate GELU), "gelu" (exact),
+            "quick_gelu" (OpenAI CLIP's x * sigmoid(1.702 x)) or "swiglu" (a gated SiLU with a
+            second input projection, `Gate_0`, as timm's `SwiGLU`: `fc1_g`, `fc1_x`).
         approximate_gelu: what layers saved before `activation` have instead: True for
             "gelu_tanh", False for "gelu".
         **kwargs: base `Layer` arguments.
@@ -852,13 +854,25 @@ class MlpBlock(keras.layers.Layer):
             hidden, kernel_initializer="glorot_uniform", bias_initializer=bias_init,
             name="Dense_1", dtype=self.dtype_policy)
         self.dense_0.build(input_shape)
+        self.gate = None
+        if self.activation == "swiglu":  # apart from Dense_0, so that both shard alike
+            self.gate = keras.layers.Dense(
+                self.mlp_dim, kernel_initializer="glorot_uniform", bias_initializer=bias_init,
+                name="Gate_0", dtype=self.dtype_policy)
+            self.gate.build(input_shape)
         self.dense_1.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
     def call(self, x, training=False):
         shape = ops.shape(x)
         x = ops.reshape(x, (-1, x.shape[-1]))  # 2-D matmuls are the fastest on CPU
-        x = self._gelu(self.dense_0(x), training)
+        if self.gate is not None:
+            # SiLU as x * sigmoid(x): TensorFlow's silu op has a custom gradient that a
+            # SavedModel cannot hold.
+            gate = self.gate(x)
+            x = gate * ops.sigmoid(gate) * self.dense_0(x)
+        else:
+            x = self._gelu(self.dense_0(x), training)
         x = self.dropout_layer(x, training=training)
         x = self.dropout_layer(self.dense_1(x), training=training)
         return ops.reshape(x, shape)

@@ -255,8 +255,8 @@ class ViTModel(keras.Model):
         layout[rf"{attention}/(query|key|value)/kernel"] = (None, model_axis)
         layout[rf"{attention}/(query|key|value)/bias"] = (model_axis,)
         layout[rf"{attention}/out/kernel"] = (model_axis, None)
-        layout[rf"{mlp}/Dense_0/kernel"] = (None, model_axis)
-        layout[rf"{mlp}/Dense_0/bias"] = (model_axis,)
+        layout[rf"{mlp}/(Dense_0|Gate_0)/kernel"] = (None, model_axis)  # Gate_0: SwiGLU's
+        layout[rf"{mlp}/(Dense_0|Gate_0)/bias"] = (model_axis,)
         layout[rf"{mlp}/Dense_1/kernel"] = (model_axis, None)
         return layout
 

@@ -34,9 +34,9 @@ INTERPOLATIONS = ("bilinear", "bicubic")
 # Where the final LayerNorm sits: on every token before pooling (the original), on the pooled
 # vector after it (timm's `fc_norm`, its default for GAP), or nowhere.
 FINAL_NORMS = ("tokens", "pooled", "none")
-# The MLP's activation: the original's tanh-approximate GELU, the exact one, or OpenAI CLIP's
-# x * sigmoid(1.702 x).
-ACTIVATIONS = ("gelu_tanh", "gelu", "quick_gelu")
+# The MLP's activation: the original's tanh-approximate GELU, the exact one, OpenAI CLIP's
+# x * sigmoid(1.702 x), or SwiGLU's gated SiLU (a second input projection, the gate).
+ACTIVATIONS = ("gelu_tanh", "gelu", "quick_gelu", "swiglu")
 # How self-attention is computed: Keras' fused `dot_product_attention`, the paper's three ops,
 # or the fused one where the backend has a fused kernel and nothing asks for the weights.
 ATTENTION_IMPLS = ("auto", "fused", "explicit")
@@ -109,8 +109,12 @@ class ViTConfig:
         attention_dropout: on the attention weights.
         drop_path_rate: stochastic depth, rising linearly from 0 at the first block.
         activation: of the MLPs: "gelu_tanh" (the original's tanh-approximate GELU), "gelu"
-            (exact) or "quick_gelu" (OpenAI CLIP's x * sigmoid(1.702 x)). Files and code from
-            before this field may give `approximate_gelu=True/False` instead.
+            (exact), "quick_gelu" (OpenAI CLIP's x * sigmoid(1.702 x)) or "swiglu" (Shazeer,
+            "GLU Variants Improve Transformer", 2020, as DINOv2 giant and EVA-02 use it): a
+            gated MLP, SiLU(x W_gate) * (x W) of mlp_dim units each (weights `Gate_0` and
+            `Dense_0`), then the second projection; a third more weights than a GELU MLP of
+            the same mlp_dim. Files and code from before this field may give
+            `approximate_gelu=True/False` instead.
         layer_norm_epsilon: of every LayerNorm (the original's 1e-6).
         dynamic_image_size: True for a model that takes images of any size the pixels per patch
             divide (timm's `dynamic_img_size`): the position embeddings, relative position

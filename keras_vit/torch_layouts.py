@@ -34,6 +34,14 @@ embeddings as an nn.Embedding (tokens, D). CLIP has a class token `class_embeddi
 patch convolution without bias, `pre_layrnorm` and `post_layernorm` on the pooled class token;
 SigLIP no class token, `post_layernorm` on every token and attention pooling, `head` (a torch
 nn.MultiheadAttention with a packed `in_proj_weight`).
+
+ViT-MSN (Assran et al., "Masked Siamese Networks for Label-Efficient Learning", 2022) and
+ViT-MAE's encoder (He et al., "Masked Autoencoders Are Scalable Vision Learners", 2022) are
+ViT's layout without its pooler: transformers' `ViTMSNModel`, `ViTMSNForImageClassification`
+(`vit.`, `classifier` on the normed class token), `ViTMAEModel` and the `vit.` of
+`ViTMAEForPreTraining` (its `decoder.` left out, `vision_tower`). MAE's fixed 2-D sin-cos
+position embeddings are saved with the weights (class token row zero) and load as learned ones,
+exactly; keras_vit's "sincos_2d" uses other frequencies (big_vision's) and no class row.
 """
 
 import functools
@@ -55,13 +63,18 @@ FORMATS = ("transformers", "timm")
 TRANSFORMERS_ARCHITECTURES = {"ViTForImageClassification": "vit.", "ViTModel": "",
                               "DeiTForImageClassificationWithTeacher": "deit.",
                               "Dinov2Model": "", "Dinov2WithRegistersModel": "",
-                              "CLIPVisionModel": "", "SiglipVisionModel": ""}
+                              "CLIPVisionModel": "", "SiglipVisionModel": "",
+                              "ViTMSNModel": "", "ViTMSNForImageClassification": "vit.",
+                              "ViTMAEModel": ""}
 # transformers' model types keras_vit reads -> the class of a config that names none.
 _TRANSFORMERS_MODEL_TYPES = {"vit": "ViTModel", "deit": "DeiTModel", "dinov2": "Dinov2Model",
                              "dinov2_with_registers": "Dinov2WithRegistersModel",
                              "clip_vision_model": "CLIPVisionModel",
                              "siglip_vision_model": "SiglipVisionModel",
-                             "clip": "CLIPModel", "siglip": "SiglipModel"}
+                             "clip": "CLIPModel", "siglip": "SiglipModel",
+                             "vit_msn": "ViTMSNModel", "vit_mae": "ViTMAEModel"}
+# transformers' classes that classify from the final LayerNorm's class token, as keras_vit.
+_TRANSFORMERS_CLASSIFIERS = ("ViTForImageClassification", "ViTMSNForImageClassification")
 # Image-text models whose vision tower loads (`vision_tower`): model_type -> tower's class.
 _TOWERS = {"clip": "CLIPVisionModel", "siglip": "SiglipVisionModel"}
 _TOWER_FAMILIES = {"CLIPVisionModel": "clip", "SiglipVisionModel": "siglip"}
@@ -303,7 +316,14 @@ def _pack_in_proj(state):
 def vision_tower(config, state):
     """`(config, state)` of the vision tower of a CLIPModel's or SiglipModel's files (its
     `vision_config`, its `vision_model.` weights without the prefix), the text tower and the
-    contrastive parameters dropped with a log line; other files as they are."""
+    contrastive parameters dropped with a log line; of a ViTMAEForPreTraining, its encoder as
+    ViTMAEModel's (the decoder dropped with a log line); ViTMSNForImageClassification's with
+    its blocks under `vit.`; other files as they are."""
+    architecture = (config.get("architectures") or [None])[0]
+    if architecture == "ViTMAEForPreTraining":
+        return _mae_encoder(config, state)
+    if architecture == "ViTMSNForImageClassification":
+        return config, _msn_classifier_names(state)
     tower = _TOWERS.get(config.get("model_type"))
     if tower is None:
         return config, state
@@ -322,6 +342,26 @@ def vision_tower(config, state):
     vision_config = {**(config.get("vision_config") or {}), "architectures": [tower],
                      "model_type": f"{config['model_type']}_vision_model"}
     return vision_config, vision
+
+
+def _mae_encoder(config, state):
+    """`(config, state)` of the encoder (`vit.`) of a ViTMAEForPreTraining, as ViTMAEModel's;
+    the decoder, which reconstructs masked patches in pre-training, dropped with a log line."""
+    encoder = {key[len("vit."):]: value for key, value in state.items()
+               if key.startswith("vit.")}
+    if not encoder:
+        _tensor(state, "vit.embeddings.patch_embeddings.projection.weight", "transformers")
+    dropped = sorted({key.split(".")[0] for key in state if not key.startswith("vit.")})
+    logger.info("Loaded the encoder (vit.) of transformers' ViTMAEForPreTraining and left out "
+                "%s: keras_vit's model is the image encoder alone.", ", ".join(dropped))
+    return {**config, "architectures": ["ViTMAEModel"]}, encoder
+
+
+def _msn_classifier_names(state):
+    """ViTMSNForImageClassification's state with its blocks under `vit.`: transformers (as the
+    original checkpoints) saves them as `encoder.*` beside `vit.embeddings` and `vit.layernorm`."""
+    return {"vit." + key if key.startswith("encoder.") else key: value
+            for key, value in state.items()}
 
 
 def _is_dinov2(spec):
@@ -496,7 +536,8 @@ def detect(config):
         return "timm"
     model_type = config.get("model_type") or config.get("architectures")
     raise LayoutError(
-        f"config.json is neither transformers' ViT, DeiT, DINOv2, CLIP nor SigLIP (model_type "
+        f"config.json is neither transformers' ViT, DeiT, DINOv2, CLIP, SigLIP, ViT-MSN nor "
+        f"ViT-MAE (model_type "
         f"{', '.join(repr(name) for name in _TRANSFORMERS_MODEL_TYPES)}) nor timm's (an "
         f"'architecture' field); it describes {model_type!r}. keras_vit reads those, and the "
         "original .npz checkpoints.")
@@ -529,10 +570,13 @@ def spec_from_transformers(config, state):
     architecture = _transformers_architecture_of(config)
     if architecture in _TOWER_FAMILIES:
         return _spec_from_tower(config, state, _TOWER_FAMILIES[architecture])
-    classifier = architecture == "ViTForImageClassification"
+    classifier = architecture in _TRANSFORMERS_CLASSIFIERS
+    if architecture == "ViTMAEModel":
+        _check_mae(config)
     distilled = architecture == "DeiTForImageClassificationWithTeacher"
     labels = config.get("id2label") or {}
-    if classifier and config.get("pooler_act", "tanh") != "tanh":
+    if architecture == "ViTForImageClassification" and config.get("pooler_act",
+                                                                  "tanh") != "tanh":
         raise LayoutError(f"pooler_act {config['pooler_act']!r}: only tanh (the original's).")
     hidden = config.get("hidden_size", 768)
     prefix = TRANSFORMERS_ARCHITECTURES[architecture]
@@ -565,6 +609,15 @@ def spec_from_transformers(config, state):
                  qkv_bias=config.get("qkv_bias", True),
                  dropout=config.get("hidden_dropout_prob", 0.0),
                  attention_dropout=config.get("attention_probs_dropout_prob", 0.0))
+
+
+def _check_mae(config):
+    """ViT-MAE's masking, which keras_vit leaves out with a log line: it drops a random
+    `mask_ratio` of the patches in pre-training; the encoder reads them all in fine-tuning."""
+    mask_ratio = config.get("mask_ratio", 0.75)  # transformers' default
+    if mask_ratio:
+        logger.info("Left out ViT-MAE's mask_ratio %s: keras_vit's encoder reads every patch in "
+                    "order, as transformers' ViTMAEModel does with mask_ratio=0.0.", mask_ratio)
 
 
 def _spec_from_dinov2(config, architecture, patch, image_size):
@@ -976,3 +1029,7 @@ def _check_plain(spec, target):
             f"axial blocks; this model ({spec.variant}, position_embedding="
             f"{spec.position_embedding!r}, placement {spec.position_embedding_placement!r}) "
             "has no equivalent there.")
+    if spec.activation == "swiglu":  # timm's SwiGLU and DINOv2's SwiGLUFFN: not yet mapped
+        raise LayoutError(f"{target} is not written with SwiGLU MLPs (activation='swiglu') by "
+                          "keras_vit yet; save the model with keras_vit.checkpoint.save_npz or "
+                          "model.save(...keras).")

@@ -59,6 +59,8 @@ def test_every_variant_matches_tensorflows_count(variant):
     dict(num_register_tokens=3, layer_scale_init=0.1, qkv_bias=False, pre_norm=True),
     dict(classifier="gap", final_norm="pooled", prefix_position_embeddings=False,
          num_register_tokens=1),
+    dict(distillation_token=True),  # DeiT's two heads
+    dict(activation="swiglu", classifier="map"),  # the gates, the pooling's too
 ], ids=str)
 def test_model_options_match_tensorflows_count(options):
     model = keras_vit.vit("Ti/16", image_size=(32, 48), **{**TINY, **options})

@@ -90,6 +90,8 @@ def test_what_a_library_cannot_express_is_refused_before_writing(tmp_path):
             ({"representation_size": 16}, "timm", "pre_logits"),
             ({"layer_norm_epsilon": 1e-4}, "timm", "epsilon"),
             ({"num_register_tokens": 1}, "transformers", "num_register_tokens=1"),
+            ({"activation": "swiglu"}, "timm", "SwiGLU"),
+            ({"activation": "swiglu"}, "transformers", "SwiGLU"),
             ({"pre_norm": True}, "transformers", "pre_norm=True"),
             ({"include_top": False}, "transformers", "pooler")):
         with pytest.raises(torch_layouts.LayoutError, match=message):
@@ -611,3 +613,78 @@ def test_a_siglip_without_its_head_is_refused(tmp_path):
     _edit_json(tmp_path / "saved" / "config.json", vision_use_head=False)
     with pytest.raises(torch_layouts.LayoutError, match="vision_use_head=False.*features"):
         from_pretrained(str(tmp_path / "saved"))
+
+
+# ViT-MSN (Assran et al. 2022) and ViT-MAE (He et al. 2022): ViT's layout without the pooler,
+# written here from a keras_vit model's ViT files; against transformers itself:
+# tests/test_library_parity.py.
+def _as_masked_vit(tmp_path, model, architecture, state_names, **config):
+    """`model`'s transformers ViT files, as `architecture`'s: its state renamed by
+    `state_names` (name -> name, or None to drop), its config.json edited by `config`."""
+    from safetensors.numpy import load_file, save_file
+    save_pretrained(model, tmp_path / "vit", format="transformers")
+    state = {}
+    for key, value in load_file(tmp_path / "vit" / "model.safetensors").items():
+        if state_names(key) is not None:
+            state[state_names(key)] = value
+    (tmp_path / "masked").mkdir()
+    save_file(state, str(tmp_path / "masked" / "model.safetensors"))
+    config = {**json.loads((tmp_path / "vit" / "config.json").read_text()),
+              "architectures": [architecture], **config}
+    (tmp_path / "masked" / "config.json").write_text(json.dumps(config))
+    return tmp_path / "masked"
+
+
+def test_a_vit_msn_classifier_loads_with_its_head(tmp_path):
+    model = tiny()
+    # transformers saves its blocks as encoder.* beside vit.embeddings and vit.layernorm
+    directory = _as_masked_vit(tmp_path, model, "ViTMSNForImageClassification",
+                               lambda key: key[len("vit."):] if key.startswith("vit.encoder.")
+                               else key, model_type="vit_msn")
+    loaded = from_pretrained(str(directory))
+    assert loaded.spec.include_top and loaded.spec.num_classes == model.spec.num_classes
+    np.testing.assert_allclose(to_np(loaded(pixels())), to_np(model(pixels())), rtol=1e-5,
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("architecture", ["ViTMSNModel", "ViTMAEModel", "ViTMAEForPreTraining"])
+def test_vit_msn_and_vit_mae_encoders_load_without_a_pooler(tmp_path, architecture, caplog):
+    model = tiny(include_top=False, representation_size=24)  # ViTModel's files: a pooler
+    pretraining = architecture == "ViTMAEForPreTraining"
+    model_type = "vit_msn" if "MSN" in architecture else "vit_mae"
+    directory = _as_masked_vit(
+        tmp_path, model, architecture,
+        lambda key: None if key.startswith("pooler.") else ("vit." if pretraining else "") + key,
+        model_type=model_type, mask_ratio=0.75 if model_type == "vit_mae" else None)
+    if pretraining:
+        from safetensors.numpy import load_file, save_file
+        state = load_file(directory / "model.safetensors")
+        state["decoder.decoder_pos_embed"] = np.zeros((1, 17, 8), "float32")
+        save_file(state, str(directory / "model.safetensors"))
+    with caplog.at_level("INFO", logger="keras_vit.torch_layouts"):
+        loaded = from_pretrained(str(directory))
+    assert ("left out decoder" in caplog.text) is pretraining
+    assert ("mask_ratio 0.75" in caplog.text) is (model_type == "vit_mae")
+    assert not loaded.spec.include_top and loaded.spec.representation_size is None
+    tokens = [keras_vit.features(each, layers=-1, norm=True)(pixels()) for each in (model, loaded)]
+    np.testing.assert_allclose(to_np(tokens[1]), to_np(tokens[0]), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(to_np(loaded(pixels())), to_np(tokens[0])[:, 0], rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_vit_mae_imagenet_normalisation_folds_into_the_patch_embedding(tmp_path):
+    model = tiny(include_top=False, representation_size=24)
+    directory = _as_masked_vit(tmp_path, model, "ViTMAEModel",
+                               lambda key: None if key.startswith("pooler.") else key,
+                               model_type="vit_mae")
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    (directory / "preprocessor_config.json").write_text(json.dumps(
+        {"image_processor_type": "ViTImageProcessor", "do_normalize": True,
+         "image_mean": list(mean), "image_std": list(std), "size": {"height": 32, "width": 32}}))
+    loaded = from_pretrained(str(directory))
+    # The saved weights read the processor's normalised pixels; keras_vit's inputs are
+    # pixels * 2 - 1.
+    theirs = ((pixels() + 1) / 2 - mean) / std
+    tokens = keras_vit.features(model, layers=-1, norm=True)(theirs.astype("float32"))
+    np.testing.assert_allclose(to_np(keras_vit.features(loaded, layers=-1, norm=True)(pixels())),
+                               to_np(tokens), rtol=1e-4, atol=1e-4)

@@ -45,6 +45,8 @@ LAYER_CASES = [
     ("MlpBlock", lambda: L.MlpBlock(16, dropout=0.1), (7, 8), (7, 8)),
     ("MlpBlock_exact_gelu", lambda: L.MlpBlock(16, activation="gelu"), (7, 8), (7, 8)),
     ("MlpBlock_quick_gelu", lambda: L.MlpBlock(16, activation="quick_gelu"), (7, 8), (7, 8)),
+    ("MlpBlock_swiglu", lambda: L.MlpBlock(16, dropout=0.1, activation="swiglu"), (7, 8),
+     (7, 8)),
     ("RegisterTokens", lambda: L.RegisterTokens(3), (6, 8), (9, 8)),
     ("LayerScale", lambda: L.LayerScale(1e-5), (7, 8), (7, 8)),
     ("AddPositionEmbs_patches_only", lambda: L.AddPositionEmbs((2, 3), 2, embed_prefix=False),
@@ -324,6 +326,21 @@ def test_quick_gelu_is_clips():
     h = x.astype("float64") @ w0 + b0
     expected = (h / (1 + np.exp(-1.702 * h))) @ w1 + b1
     np.testing.assert_allclose(to_np(layer(x)), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_swiglu_is_a_silu_gate_on_a_second_projection():
+    """SwiGLU (Shazeer, 2020; timm's `SwiGLU`): silu(x W_g + b_g) * (x W + b), then W_1."""
+    layer = L.MlpBlock(16, activation="swiglu")
+    x = np.random.default_rng(1).normal(scale=2.0, size=(2, 3, 8)).astype("float32")
+    layer.build(x.shape)
+    randomise(layer, scale=1.0)
+    (w0, b0), (wg, bg), (w1, b1) = ([to_np(w).astype("float64") for w in dense.weights]
+                                    for dense in (layer.dense_0, layer.gate, layer.dense_1))
+    gate = x.astype("float64") @ wg + bg
+    expected = (gate / (1 + np.exp(-gate)) * (x @ w0 + b0)) @ w1 + b1
+    np.testing.assert_allclose(to_np(layer(x)), expected, rtol=1e-4, atol=1e-4)
+    assert sorted({w.path.split("/")[-2] for w in layer.weights}) == ["Dense_0", "Dense_1",
+                                                                      "Gate_0"]
 
 
 def test_mlp_initialisers():

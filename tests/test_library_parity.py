@@ -461,3 +461,63 @@ def test_clip_options_it_lacks_are_refused_when_saving(tmp_path):
                                           "value without bias"):
         keras_vit.save_pretrained(model, tmp_path / "ours", format="transformers")
     assert not (tmp_path / "ours").exists()
+
+
+# ViT-MSN (Assran et al. 2022) and ViT-MAE's encoder (He et al. 2022): ViT's layout without its
+# pooler. Their models load without a head, the output the final LayerNorm's class token;
+# ViTMSNForImageClassification with its head (written back as ViT's, the same computation).
+MASKED_SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                    intermediate_size=64, image_size=32, patch_size=8)
+IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], "float32")
+IMAGENET_STD = np.array([0.229, 0.224, 0.225], "float32")
+
+
+def masked_model(cls, **fields):
+    config_class = transformers.ViTMAEConfig if "MAE" in cls else transformers.ViTMSNConfig
+    extra = dict(mask_ratio=0.0) if "MAE" in cls else {}  # every patch (noise orders them)
+    return order_one(getattr(transformers, cls)(config_class(**MASKED_SIZES, **extra, **fields)))
+
+
+def masked_outputs(model, images):
+    pixel_values = torch.tensor(images.transpose(0, 3, 1, 2))
+    # MAE shuffles the patches by `noise`: its identity order keeps them in place.
+    noise = {"noise": torch.arange(16.0).expand(len(images), -1)} if "MAE" in type(
+        model).__name__ else {}
+    with torch.no_grad():
+        return model(pixel_values=pixel_values, **noise)
+
+
+def imagenet_processor(directory):
+    transformers.ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=IMAGENET_MEAN,
+                                   image_std=IMAGENET_STD).save_pretrained(directory)
+    return ((IMAGES + 1) / 2 - IMAGENET_MEAN) / IMAGENET_STD  # their inputs for IMAGES
+
+
+@pytest.mark.parametrize("cls", ["ViTMSNModel", "ViTMAEModel", "ViTMAEForPreTraining"])
+def test_vit_msn_and_vit_mae_encoders_load_as_normed_class_tokens(tmp_path, cls):
+    theirs = masked_model(cls)
+    theirs.save_pretrained(tmp_path)
+    normalised = imagenet_processor(tmp_path)
+    ours = keras_vit.from_pretrained(str(tmp_path))
+    epsilon = 1e-12 if "MAE" in cls else 1e-6  # transformers' defaults, from the config
+    assert (ours.spec.activation, ours.spec.layer_norm_epsilon) == ("gelu", epsilon)
+    assert not ours.spec.include_top and ours.spec.representation_size is None
+    assert (ours.spec.classifier, ours.spec.final_norm) == ("token", "tokens")
+    expected = masked_outputs(getattr(theirs, "vit", theirs), normalised).last_hidden_state
+    tokens = keras_vit.features(ours, layers=-1, norm=True)
+    assert_close(ours(IMAGES), expected[:, 0].numpy(), 1e-5)
+    assert_close(tokens(IMAGES), expected.numpy(), 1e-5)
+
+
+def test_vit_msn_classifier_loads_with_its_head_and_goes_back_as_vit(tmp_path):
+    theirs = masked_model("ViTMSNForImageClassification", num_labels=3)
+    theirs.save_pretrained(tmp_path / "theirs")
+    normalised = imagenet_processor(tmp_path / "theirs")
+    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    assert ours.spec.include_top and ours.spec.num_classes == 3
+    expected = masked_outputs(theirs, normalised).logits.numpy()
+    assert_close(ours(IMAGES), expected, 1e-5)
+    keras_vit.save_pretrained(ours, tmp_path / "ours", format="transformers")
+    back = transformers.AutoModelForImageClassification.from_pretrained(tmp_path / "ours").eval()
+    assert type(back) is transformers.ViTForImageClassification
+    assert_close(masked_outputs(back, IMAGES).logits.numpy(), expected, 1e-5)

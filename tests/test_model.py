@@ -223,6 +223,7 @@ def test_no_lambda_layers_hybrid():
 ROUND_TRIP_CASES = {
     "vit_token": lambda: tiny(),
     "vit_distillation_token": lambda: tiny(distillation_token=True),  # DeiT's two heads
+    "vit_swiglu_map": lambda: tiny(activation="swiglu", classifier="map"),  # gated MLPs
     "vit_gap_learned_2d": lambda: tiny(classifier="gap", position_embedding="learned_2d",
                                        representation_size=8),
     "hybrid_stem_token": lambda: keras_vit.vit("R+Ti/16", **TINY_HYBRID),

@@ -219,8 +219,9 @@ def test_later_vit_options_are_checked_with_the_rest():
     ({"final_norm": "none"}, -2 * 16),
     # DeiT's token, its position row, and its head (16 x 3 + 3).
     ({"distillation_token": True}, 16 + 16 + 16 * 3 + 3),
+    ({"activation": "swiglu"}, 16 * 32 + 32),  # SwiGLU's gate: one more 16 x 32 projection
 ], ids=["no_qkv_bias", "layer_scale", "registers", "registers_no_prefix_embeddings",
-        "pre_norm", "pooled_norm", "no_final_norm", "distillation_token"])
+        "pre_norm", "pooled_norm", "no_final_norm", "distillation_token", "swiglu"])
 def test_each_later_option_adds_exactly_its_weights(fields, extra):
     plain = keras_vit.vit("S/16", **TINY).count_params()
     model = keras_vit.vit("S/16", **TINY, **fields)
