@@ -153,7 +153,10 @@ def _block_pairs(index, theirs, spec):
     for ours_name, their_name in (("LayerNorm_0", "norm_0"), ("LayerNorm_2", "norm_2")):
         pairs += [(ours + f"{ours_name}/scale", theirs[their_name] + ".weight", "copy"),
                   (ours + f"{ours_name}/bias", theirs[their_name] + ".bias", "copy")]
-    for ours_name, their_name in (("Dense_0", "fc_0"), ("Dense_1", "fc_1")):
+    mlp = (("Dense_0", "fc_0"), ("Dense_1", "fc_1"))
+    if spec.activation == "swiglu":  # the gate: a second input projection
+        mlp += (("Gate_0", "gate"),)
+    for ours_name, their_name in mlp:
         pairs += [(ours + f"MlpBlock_3/{ours_name}/kernel", theirs[their_name] + ".weight",
                    "linear"),
                   (ours + f"MlpBlock_3/{ours_name}/bias", theirs[their_name] + ".bias", "copy")]
@@ -187,6 +190,9 @@ def _pairs(spec, layout, prefix=""):
         if _is_dinov2(spec):
             names.update(norm_0="norm1", norm_2="norm2", fc_0="mlp.fc1", fc_1="mlp.fc2",
                          scale_0="layer_scale1.lambda1", scale_1="layer_scale2.lambda1")
+            if spec.activation == "swiglu":  # `weights_in` split by `_split_swiglu`
+                names.update(fc_0="mlp.weights_in.up", gate="mlp.weights_in.gate",
+                             fc_1="mlp.weights_out")
         heads = ([("head", "cls_classifier"), ("head_dist", "distillation_classifier")]
                  if spec.distillation_token else [("head", "classifier")])
     else:
@@ -423,6 +429,8 @@ def to_npz_arrays(state, spec, layout):
     prefix = _transformers_prefix(spec) if layout == "transformers" else ""
     state = _split_qkv(state) if layout == "timm" else _split_in_proj(state)
     dinov2 = layout == "transformers" and _is_dinov2(spec)
+    if dinov2:
+        state = _split_swiglu(state)
     if dinov2 and state.pop("embeddings.mask_token", None) is not None:
         logger.info("Dropped DINOv2's embeddings.mask_token: it replaces masked patches in "
                     "masked image modelling, which keras_vit's model does not do.")
@@ -461,7 +469,32 @@ def from_npz_arrays(arrays, spec, layout):
     if dinov2:  # transformers' initial value; only masked image modelling reads it
         state["embeddings.mask_token"] = np.zeros((1, spec.hidden_size),
                                                   arrays["cls"].dtype)
+        state = _pack_swiglu(state)
     return _fuse_qkv(state) if layout == "timm" else _pack_in_proj(state)
+
+
+def _split_swiglu(state):
+    """DINOv2's SwiGLU `mlp.weights_in` [2 hidden, ...] (its gate's rows, then the up
+    projection's) as the `weights_in.gate` and `weights_in.up` entries `_pairs` names."""
+    split = {}
+    for key, value in state.items():
+        match = re.match(r"(.*\.mlp\.weights_in)\.(weight|bias)$", key)
+        if not match:
+            split[key] = value
+            continue
+        gate, up = np.split(value, 2, axis=0)
+        split[f"{match[1]}.gate.{match[2]}"], split[f"{match[1]}.up.{match[2]}"] = gate, up
+    return split
+
+
+def _pack_swiglu(state):
+    packed = {key: value for key, value in state.items() if ".mlp.weights_in." not in key}
+    for key in state:
+        match = re.match(r"(.*\.mlp\.weights_in)\.gate\.(weight|bias)$", key)
+        if match:
+            base, kind = match.groups()
+            packed[f"{base}.{kind}"] = np.concatenate([state[key], state[f"{base}.up.{kind}"]])
+    return packed
 
 
 _POSITIONS = "Transformer/posembed_input/pos_embedding"
@@ -623,16 +656,17 @@ def _check_mae(config):
 def _spec_from_dinov2(config, architecture, patch, image_size):
     """The `ViTConfig` of DINOv2's `config.json`: no head, the final LayerNorm's class token
     (transformers' `pooler_output`) as the output."""
-    if config.get("use_swiglu_ffn"):
-        raise LayoutError("config.json has use_swiglu_ffn=True (DINOv2 giant's SwiGLU MLP), "
-                          "which keras_vit has no option for; its other DINOv2 models load.")
     hidden = config.get("hidden_size", 768)
+    mlp, activation = int(hidden * config.get("mlp_ratio", 4)), _TRANSFORMERS_ACTIVATIONS[
+        config.get("hidden_act", "gelu")]
+    if config.get("use_swiglu_ffn"):  # DINOv2 giant: two thirds, up to a multiple of 8
+        mlp, activation = (int(mlp * 2 / 3) + 7) // 8 * 8, "swiglu"
     registers = config.get("num_register_tokens", 0) if architecture.endswith(
         "RegistersModel") else 0
-    return _spec(hidden, int(hidden * config.get("mlp_ratio", 4)),
+    return _spec(hidden, mlp,
                  config.get("num_attention_heads", 12), config.get("num_hidden_layers", 12),
                  patch, image_size=image_size, include_top=False, num_classes=1,
-                 activation=_TRANSFORMERS_ACTIVATIONS[config.get("hidden_act", "gelu")],
+                 activation=activation,
                  layer_norm_epsilon=config.get("layer_norm_eps", 1e-6),
                  qkv_bias=config.get("qkv_bias", True),
                  layer_scale_init=float(config.get("layerscale_value", 1.0)),
@@ -716,7 +750,9 @@ def _hidden_act(spec):
 def _dinov2_config(spec):
     """transformers' DINOv2 `config.json` for a model with LayerScale (a LayoutError for what
     its Dinov2Model cannot express)."""
-    _check_plain(spec, "transformers' DINOv2")
+    _check_plain(spec, "transformers' DINOv2", swiglu=True)
+    swiglu = spec.activation == "swiglu"
+    ratio = _dinov2_mlp_ratio(spec)
     problems = [problem for bad, problem in (
         (spec.include_top, "head (its Dinov2ForImageClassification pools the class token "
                            "with the patches' mean): save a model with include_top=False"),
@@ -728,8 +764,9 @@ def _dinov2_config(spec):
                                       "token)"),
         (spec.image_size[0] != spec.image_size[1], f"non-square image_size {spec.image_size} (its "
                                                    "position embeddings are a square grid)"),
-        (spec.mlp_dim % spec.hidden_size, f"mlp_dim {spec.mlp_dim} (its mlp_ratio, an int, "
-                                          "makes a multiple of hidden_size)")) if bad]
+        (ratio is None, f"mlp_dim {spec.mlp_dim} (its mlp_ratio, an int, makes a multiple of "
+                        "hidden_size, two thirds of one up to a multiple of 8 with SwiGLU)"))
+        if bad]
     if problems:
         raise LayoutError(f"A model with LayerScale is written as transformers' Dinov2Model, "
                           f"which has no {'; no '.join(problems)}.")
@@ -737,12 +774,13 @@ def _dinov2_config(spec):
     config = {
         "model_type": "dinov2_with_registers" if registers else "dinov2",
         "architectures": [_transformers_architecture(spec)],
-        "hidden_size": spec.hidden_size, "mlp_ratio": spec.mlp_dim // spec.hidden_size,
+        "hidden_size": spec.hidden_size, "mlp_ratio": ratio,
         "num_attention_heads": spec.num_heads, "num_hidden_layers": spec.num_layers,
         "patch_size": spec.patch_size, "image_size": spec.image_size[0], "num_channels": 3,
-        "qkv_bias": spec.qkv_bias, "hidden_act": _hidden_act(spec),
+        # (SwiGLU's gate is SiLU whatever hidden_act says)
+        "qkv_bias": spec.qkv_bias, "hidden_act": "gelu" if swiglu else _hidden_act(spec),
         "layer_norm_eps": spec.layer_norm_epsilon, "layerscale_value": spec.layer_scale_init,
-        "use_swiglu_ffn": False, "drop_path_rate": 0.0, "hidden_dropout_prob": spec.dropout,
+        "use_swiglu_ffn": swiglu, "drop_path_rate": 0.0, "hidden_dropout_prob": spec.dropout,
         "attention_probs_dropout_prob": spec.attention_dropout,
     }
     if registers:
@@ -750,6 +788,17 @@ def _dinov2_config(spec):
     else:
         config["use_mask_token"] = True
     return config
+
+
+def _dinov2_mlp_ratio(spec):
+    """The int mlp_ratio of DINOv2's config for the model's mlp_dim, or None."""
+    for ratio in range(1, 17):
+        mlp = spec.hidden_size * ratio
+        if spec.activation == "swiglu":
+            mlp = (int(mlp * 2 / 3) + 7) // 8 * 8
+        if mlp == spec.mlp_dim:
+            return ratio
+    return None
 
 
 def transformers_config(spec):
@@ -1021,7 +1070,7 @@ def _timm_architecture_of_epsilon(epsilon, timm_class="VisionTransformer"):
         f"{epsilon}; timm's model_args cannot name another.")
 
 
-def _check_plain(spec, target):
+def _check_plain(spec, target, swiglu=False):
     if (spec.is_hybrid or spec.axial or spec.position_embedding != "learned"
             or spec.position_embedding_placement != "stem"):
         raise LayoutError(
@@ -1029,7 +1078,8 @@ def _check_plain(spec, target):
             f"axial blocks; this model ({spec.variant}, position_embedding="
             f"{spec.position_embedding!r}, placement {spec.position_embedding_placement!r}) "
             "has no equivalent there.")
-    if spec.activation == "swiglu":  # timm's SwiGLU and DINOv2's SwiGLUFFN: not yet mapped
+    if spec.activation == "swiglu" and not swiglu:  # DINOv2's alone has it mapped yet
         raise LayoutError(f"{target} is not written with SwiGLU MLPs (activation='swiglu') by "
-                          "keras_vit yet; save the model with keras_vit.checkpoint.save_npz or "
+                          "keras_vit yet (DINOv2's is: a model with LayerScale and no head); "
+                          "save the model with keras_vit.checkpoint.save_npz or "
                           "model.save(...keras).")

@@ -484,9 +484,25 @@ def test_dinov2_files_keras_vit_has_no_model_of_are_refused(tmp_path):
                              "equivalent yet: .*mean of the patch tokens.*Dinov2Model "
                              r"\(the backbone alone\) loads\.$"):
         from_pretrained(str(tmp_path / "saved"))
-    _edit_json(path, architectures=["Dinov2Model"], use_swiglu_ffn=True)
-    with pytest.raises(torch_layouts.LayoutError, match="use_swiglu_ffn=True"):
-        from_pretrained(str(tmp_path / "saved"))
+
+
+def test_a_swiglu_model_with_layerscale_round_trips_as_dinov2_giants_layout(tmp_path):
+    """DINOv2 giant's SwiGLU MLP: mlp_dim two thirds of an int mlp_ratio x width, up to a
+    multiple of 8 (at width 24, ratio 4: 64); another mlp_dim has no DINOv2 config, and timm's
+    layout does not write SwiGLU yet."""
+    fields = dict(include_top=False, layer_scale_init=0.5, activation="swiglu")
+    with pytest.raises(torch_layouts.LayoutError, match="mlp_dim 50"):
+        save_pretrained(tiny(**fields, mlp_dim=50), tmp_path / "never", format="transformers")
+    with pytest.raises(torch_layouts.LayoutError, match="SwiGLU"):
+        save_pretrained(tiny(**fields, mlp_dim=64), tmp_path / "never", format="timm")
+    model = tiny(**fields, mlp_dim=64)
+    save_pretrained(model, tmp_path / "saved", format="transformers")
+    with open(tmp_path / "saved" / "config.json") as handle:
+        config = json.load(handle)
+    assert (config["use_swiglu_ffn"], config["mlp_ratio"]) == (True, 4)
+    loaded = from_pretrained(str(tmp_path / "saved"))
+    assert (loaded.spec.activation, loaded.spec.mlp_dim) == ("swiglu", 64)
+    np.testing.assert_allclose(to_np(loaded(pixels())), to_np(model(pixels())), atol=1e-5)
 
 
 def test_the_hubs_dinov2_image_processor_is_read_as_its_crop_and_normalisation():

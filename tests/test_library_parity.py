@@ -371,10 +371,20 @@ def test_dinov2_classifiers_are_refused(tmp_path, architecture):
     assert "\n" not in str(error.value)
 
 
-def test_dinov2_giants_swiglu_mlp_is_refused(tmp_path):
-    transformers.Dinov2Model(dinov2_config(use_swiglu_ffn=True)).save_pretrained(tmp_path)
-    with pytest.raises(LayoutError, match="use_swiglu_ffn=True"):
-        keras_vit.from_pretrained(str(tmp_path))
+def test_dinov2_giants_swiglu_mlp_both_ways(tmp_path):
+    """DINOv2 giant's SwiGLU MLP (`use_swiglu_ffn`): `weights_in` holds the gate's rows, then
+    the up projection's; two thirds of mlp_ratio x width, up to a multiple of 8."""
+    theirs = order_one(transformers.Dinov2Model(dinov2_config(use_swiglu_ffn=True)))
+    theirs.save_pretrained(tmp_path / "theirs")
+    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    assert (ours.spec.activation, ours.spec.mlp_dim) == ("swiglu", 88)  # 128 * 2 / 3 -> 88
+    expected = dinov2_outputs(theirs)
+    assert_close(ours(DINO_IMAGES), expected.pooler_output.numpy(), 1e-5)
+    keras_vit.save_pretrained(ours, tmp_path / "ours", format="transformers")
+    back = transformers.AutoModel.from_pretrained(tmp_path / "ours").eval()
+    assert back.config.use_swiglu_ffn
+    assert_close(dinov2_outputs(back).last_hidden_state.numpy(),
+                 expected.last_hidden_state.numpy(), 1e-5)
 
 
 # The vision towers of CLIP (Radford et al. 2021) and SigLIP (Zhai et al. 2023): transformers'
