@@ -190,7 +190,7 @@ def _pairs(spec, layout, prefix=""):
         if _is_dinov2(spec):
             names.update(norm_0="norm1", norm_2="norm2", fc_0="mlp.fc1", fc_1="mlp.fc2",
                          scale_0="layer_scale1.lambda1", scale_1="layer_scale2.lambda1")
-            if spec.activation == "swiglu":  # `weights_in` split by `_split_swiglu`
+            if spec.activation == "swiglu":  # `weights_in` unpacked (`_WEIGHTS_IN`)
                 names.update(fc_0="mlp.weights_in.up", gate="mlp.weights_in.gate",
                              fc_1="mlp.weights_out")
         heads = ([("head", "cls_classifier"), ("head_dist", "distillation_classifier")]
@@ -269,7 +269,7 @@ def _tower_pairs(spec, family, prefix):
     norm = "fc_norm" if family == "clip" else "Transformer/encoder_norm"
     pairs += [(f"{norm}/scale", prefix + "post_layernorm.weight", "copy"),
               (f"{norm}/bias", prefix + "post_layernorm.bias", "copy")]
-    if family == "siglip":  # the packed in_proj is split as timm's qkv (`_split_in_proj`)
+    if family == "siglip":  # the packed in_proj unpacked as timm's qkv (`_IN_PROJ`)
         ours, theirs = "MAPHead_0/", prefix + "head."
         pairs.append((ours + "probe", theirs + "probe", "copy"))
         for name, their_name in (("query", "attention.in_proj.q"), ("key", "attention.in_proj.k"),
@@ -295,27 +295,39 @@ def _tower_family(spec):
     return None
 
 
-def _split_in_proj(state):
-    """SigLIP's pooling head's packed `attention.in_proj_*` [3D, ...] as `in_proj.{q,k,v}.*`."""
+# Tensors torch keeps packed along their first axis, unpacked here into the parts `_pairs`
+# names: (the packed key's pattern, with groups (base, kind); how base and kind join in it; the
+# parts in their order).
+_IN_PROJ = (r"(.*head\.attention\.in_proj)_(weight|bias)$", "{}_{}", ("q", "k", "v"))  # SigLIP
+_WEIGHTS_IN = (r"(.*\.mlp\.weights_in)\.(weight|bias)$", "{}.{}", ("gate", "up"))  # SwiGLU
+
+
+def _unpacked(state, packing):
+    """`state` with each tensor packed as `packing` says split into its parts,
+    `{base}.{part}.{kind}`."""
+    pattern, _, parts = packing
     split = {}
     for key, value in state.items():
-        match = re.match(r"(.*head\.attention)\.in_proj_(weight|bias)$", key)
+        match = re.match(pattern, key)
         if not match:
             split[key] = value
             continue
-        for part, name in zip(np.split(value, 3, axis=0), "qkv"):
-            split[f"{match[1]}.in_proj.{name}.{match[2]}"] = part
+        for part, name in zip(np.split(value, len(parts), axis=0), parts):
+            split[f"{match[1]}.{name}.{match[2]}"] = part
     return split
 
 
-def _pack_in_proj(state):
-    packed = {key: value for key, value in state.items() if ".attention.in_proj." not in key}
+def _packed(state, packing):
+    """The inverse of `_unpacked`: the parts concatenated in their order."""
+    _, joined, parts = packing
+    first = re.compile(rf"(.*)\.{parts[0]}\.(weight|bias)$")
+    packed = dict(state)
     for key in state:
-        match = re.match(r"(.*)\.in_proj\.q\.(weight|bias)$", key)
-        if match:  # rows of q, then k, then v
-            base, kind = match.groups()
-            packed[f"{base}.in_proj_{kind}"] = np.concatenate(
-                [state[f"{base}.in_proj.{name}.{kind}"] for name in "qkv"])
+        match = first.match(key)
+        names = match and [f"{match[1]}.{name}.{match[2]}" for name in parts]
+        if names and all(name in state for name in names):
+            packed[joined.format(*match.groups())] = np.concatenate(
+                [packed.pop(name) for name in names])
     return packed
 
 
@@ -427,10 +439,10 @@ def to_npz_arrays(state, spec, layout):
     """Their state dict (name -> array) as the `.npz` layout `checkpoint.load_npz` reads.
     Every tensor must be used and every expected one present: a LayoutError names the rest."""
     prefix = _transformers_prefix(spec) if layout == "transformers" else ""
-    state = _split_qkv(state) if layout == "timm" else _split_in_proj(state)
+    state = _split_qkv(state) if layout == "timm" else _unpacked(state, _IN_PROJ)
     dinov2 = layout == "transformers" and _is_dinov2(spec)
     if dinov2:
-        state = _split_swiglu(state)
+        state = _unpacked(state, _WEIGHTS_IN)
     if dinov2 and state.pop("embeddings.mask_token", None) is not None:
         logger.info("Dropped DINOv2's embeddings.mask_token: it replaces masked patches in "
                     "masked image modelling, which keras_vit's model does not do.")
@@ -469,32 +481,8 @@ def from_npz_arrays(arrays, spec, layout):
     if dinov2:  # transformers' initial value; only masked image modelling reads it
         state["embeddings.mask_token"] = np.zeros((1, spec.hidden_size),
                                                   arrays["cls"].dtype)
-        state = _pack_swiglu(state)
-    return _fuse_qkv(state) if layout == "timm" else _pack_in_proj(state)
-
-
-def _split_swiglu(state):
-    """DINOv2's SwiGLU `mlp.weights_in` [2 hidden, ...] (its gate's rows, then the up
-    projection's) as the `weights_in.gate` and `weights_in.up` entries `_pairs` names."""
-    split = {}
-    for key, value in state.items():
-        match = re.match(r"(.*\.mlp\.weights_in)\.(weight|bias)$", key)
-        if not match:
-            split[key] = value
-            continue
-        gate, up = np.split(value, 2, axis=0)
-        split[f"{match[1]}.gate.{match[2]}"], split[f"{match[1]}.up.{match[2]}"] = gate, up
-    return split
-
-
-def _pack_swiglu(state):
-    packed = {key: value for key, value in state.items() if ".mlp.weights_in." not in key}
-    for key in state:
-        match = re.match(r"(.*\.mlp\.weights_in)\.gate\.(weight|bias)$", key)
-        if match:
-            base, kind = match.groups()
-            packed[f"{base}.{kind}"] = np.concatenate([state[key], state[f"{base}.up.{kind}"]])
-    return packed
+        state = _packed(state, _WEIGHTS_IN)
+    return _fuse_qkv(state) if layout == "timm" else _packed(state, _IN_PROJ)
 
 
 _POSITIONS = "Transformer/posembed_input/pos_embedding"
