@@ -190,7 +190,7 @@ def _pairs(spec, layout, prefix=""):
         if _is_dinov2(spec):
             names.update(norm_0="norm1", norm_2="norm2", fc_0="mlp.fc1", fc_1="mlp.fc2",
                          scale_0="layer_scale1.lambda1", scale_1="layer_scale2.lambda1")
-            if spec.activation == "swiglu":  # `weights_in` unpacked (`_WEIGHTS_IN`)
+            if spec.activation == "swiglu":  # `weights_in` unpacked (`_TRANSFORMERS_PACKED`)
                 names.update(fc_0="mlp.weights_in.up", gate="mlp.weights_in.gate",
                              fc_1="mlp.weights_out")
         heads = ([("head", "cls_classifier"), ("head_dist", "distillation_classifier")]
@@ -269,7 +269,7 @@ def _tower_pairs(spec, family, prefix):
     norm = "fc_norm" if family == "clip" else "Transformer/encoder_norm"
     pairs += [(f"{norm}/scale", prefix + "post_layernorm.weight", "copy"),
               (f"{norm}/bias", prefix + "post_layernorm.bias", "copy")]
-    if family == "siglip":  # the packed in_proj unpacked as timm's qkv (`_IN_PROJ`)
+    if family == "siglip":  # the packed in_proj unpacked (`_TRANSFORMERS_PACKED`)
         ours, theirs = "MAPHead_0/", prefix + "head."
         pairs.append((ours + "probe", theirs + "probe", "copy"))
         for name, their_name in (("query", "attention.in_proj.q"), ("key", "attention.in_proj.k"),
@@ -296,38 +296,40 @@ def _tower_family(spec):
 
 
 # Tensors torch keeps packed along their first axis, unpacked here into the parts `_pairs`
-# names: (the packed key's pattern, with groups (base, kind); how base and kind join in it; the
-# parts in their order).
-_IN_PROJ = (r"(.*head\.attention\.in_proj)_(weight|bias)$", "{}_{}", ("q", "k", "v"))  # SigLIP
-_WEIGHTS_IN = (r"(.*\.mlp\.weights_in)\.(weight|bias)$", "{}.{}", ("gate", "up"))  # SwiGLU
+# names, `{base}.{part}.{kind}`: (base's pattern, what joins base and kind in the packed key,
+# the parts in their order).
+_TIMM_PACKED = ((r".*attn", ".qkv.", ("q", "k", "v")),  # the blocks' attention
+                # the attention pooling's (its q apart: it projects the probe)
+                (r".*attn_pool", ".kv.", ("k", "v")))
+_TRANSFORMERS_PACKED = ((r".*head\.attention\.in_proj", "_", ("q", "k", "v")),  # SigLIP's pool
+                        (r".*\.mlp\.weights_in", ".", ("gate", "up")))  # DINOv2's SwiGLU
 
 
-def _unpacked(state, packing):
-    """`state` with each tensor packed as `packing` says split into its parts,
-    `{base}.{part}.{kind}`."""
-    pattern, _, parts = packing
-    split = {}
-    for key, value in state.items():
-        match = re.match(pattern, key)
-        if not match:
-            split[key] = value
-            continue
-        for part, name in zip(np.split(value, len(parts), axis=0), parts):
-            split[f"{match[1]}.{name}.{match[2]}"] = part
+def _unpacked(state, packings):
+    """`state` with each tensor packed as one of `packings` says split into its parts."""
+    split = dict(state)
+    for base, joiner, parts in packings:
+        pattern = re.compile(rf"({base}){re.escape(joiner)}(weight|bias)$")
+        for key, value in state.items():
+            match = pattern.fullmatch(key)
+            if match:
+                del split[key]
+                for part, name in zip(np.split(value, len(parts), axis=0), parts):
+                    split[f"{match[1]}.{name}.{match[2]}"] = part
     return split
 
 
-def _packed(state, packing):
+def _packed(state, packings):
     """The inverse of `_unpacked`: the parts concatenated in their order."""
-    _, joined, parts = packing
-    first = re.compile(rf"(.*)\.{parts[0]}\.(weight|bias)$")
     packed = dict(state)
-    for key in state:
-        match = first.match(key)
-        names = match and [f"{match[1]}.{name}.{match[2]}" for name in parts]
-        if names and all(name in state for name in names):
-            packed[joined.format(*match.groups())] = np.concatenate(
-                [packed.pop(name) for name in names])
+    for base, joiner, parts in packings:
+        first = re.compile(rf"({base})\.{parts[0]}\.(weight|bias)$")
+        for key in state:
+            match = first.fullmatch(key)
+            names = match and [f"{match[1]}.{name}.{match[2]}" for name in parts]
+            if names and all(name in packed for name in names):
+                packed[f"{match[1]}{joiner}{match[2]}"] = np.concatenate(
+                    [packed.pop(name) for name in names])
     return packed
 
 
@@ -403,46 +405,12 @@ def _transformers_prefix(spec):
     return TRANSFORMERS_ARCHITECTURES[_transformers_architecture(spec)]
 
 
-def _split_qkv(state):
-    """timm's fused `attn.qkv` (and the attention pooling's `attn_pool.kv`) as the `q`, `k`,
-    `v` entries `_pairs` names."""
-    split = {}
-    for key, value in state.items():
-        match = re.match(r"(.*attn(?:_pool)?)\.(qkv|kv)\.(weight|bias)$", key)
-        if match:
-            base, names, kind = match.groups()
-            for part, name in zip(np.split(value, len(names), axis=0), names):
-                split[f"{base}.{name}.{kind}"] = part
-        else:
-            split[key] = value
-    return split
-
-
-def _fuse_qkv(state):
-    fused, parts = {}, {}
-    for key, value in state.items():
-        # The blocks' q, k, v; the attention pooling keeps its q apart (it projects the probe).
-        match = re.match(r"(.*attn)\.([qkv])\.(weight|bias)$|(.*attn_pool)\.([kv])\.(weight|bias)$",
-                         key)
-        if match:
-            base, name, kind = (match[1], match[2], match[3]) if match[1] else match.groups()[3:]
-            parts.setdefault((base, kind), {})[name] = value
-        else:
-            fused[key] = value
-    for (base, kind), named in parts.items():
-        names = "".join(name for name in "qkv" if name in named)  # "qkv", or "kv" for pooling
-        fused[f"{base}.{names}.{kind}"] = np.concatenate([named[name] for name in names], axis=0)
-    return fused
-
-
 def to_npz_arrays(state, spec, layout):
     """Their state dict (name -> array) as the `.npz` layout `checkpoint.load_npz` reads.
     Every tensor must be used and every expected one present: a LayoutError names the rest."""
     prefix = _transformers_prefix(spec) if layout == "transformers" else ""
-    state = _split_qkv(state) if layout == "timm" else _unpacked(state, _IN_PROJ)
+    state = _unpacked(state, _TIMM_PACKED if layout == "timm" else _TRANSFORMERS_PACKED)
     dinov2 = layout == "transformers" and _is_dinov2(spec)
-    if dinov2:
-        state = _unpacked(state, _WEIGHTS_IN)
     if dinov2 and state.pop("embeddings.mask_token", None) is not None:
         logger.info("Dropped DINOv2's embeddings.mask_token: it replaces masked patches in "
                     "masked image modelling, which keras_vit's model does not do.")
@@ -481,8 +449,7 @@ def from_npz_arrays(arrays, spec, layout):
     if dinov2:  # transformers' initial value; only masked image modelling reads it
         state["embeddings.mask_token"] = np.zeros((1, spec.hidden_size),
                                                   arrays["cls"].dtype)
-        state = _packed(state, _WEIGHTS_IN)
-    return _fuse_qkv(state) if layout == "timm" else _packed(state, _IN_PROJ)
+    return _packed(state, _TIMM_PACKED if layout == "timm" else _TRANSFORMERS_PACKED)
 
 
 _POSITIONS = "Transformer/posembed_input/pos_embedding"
