@@ -76,7 +76,8 @@ def adopt_architecture(config, saved=None):
 
     if not config.pretrained or not has_architecture(config.pretrained):
         return {}  # the config's architecture
-    defaults = _default_model()
+    common = _default_config()
+    defaults = {name: common.model[name] for name in common.model}
     if saved is not None and saved.get("pretrained") == config.pretrained:
         theirs = saved["model"]  # a rerun: what the run took, without reading the checkpoint
         resize = {name: saved[name] for name in EVAL_RESIZE if name in saved}
@@ -92,7 +93,6 @@ def adopt_architecture(config, saved=None):
              and _normal(value) != _normal(config.model[name])}
     for name, value in taken.items():
         config.model[name] = list(value) if isinstance(value, tuple) else value
-    common = _default_config()
     resize = {name: value for name, value in resize.items()
               if config[name] == common[name] and value != config[name]}
     for name, value in resize.items():
@@ -115,11 +115,6 @@ def _default_config():
     from .config_flag import shipped_config
 
     return shipped_config("common").get_config()
-
-
-def _default_model():
-    model = _default_config().model
-    return {name: model[name] for name in model}
 
 
 def _refuse_contradictions(config, spec, defaults):
