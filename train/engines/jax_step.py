@@ -192,7 +192,6 @@ class _ScannedBlocks:
     it in place of the model."""
 
     def __init__(self, model, chain, trainable, non_trainable):
-        self.model, self.chain = model, chain
         self.blocks = [layer for layer in chain if isinstance(layer, EncoderBlock)]
         # The graph before the first block and after the last, as functional models of the
         # model's own layers and weights.
