@@ -325,7 +325,7 @@ def _preprocessor_config(spec, preprocessing, architecture):
     straight = {"SiglipVisionModel": "SiglipImageProcessor"}  # else ViT's; neither crops
     if architecture in cropping:  # `architecture`: the config.json's transformers class
         return {"image_processor_type": cropping[architecture], **common,
-                **_deit_resize(preprocessing, height, width)}
+                **_resize_then_crop(preprocessing, height, width, cropping[architecture])}
     if preprocessing.crop_mode != "squash" or preprocessing.crop_fraction != 1.0:
         _warn_uncropped(f"{straight.get(architecture, 'ViTImageProcessor')} resizes straight "
                         "to the size and does not crop", preprocessing, stacklevel=4)
@@ -333,9 +333,10 @@ def _preprocessor_config(spec, preprocessing, architecture):
             "size": {"height": height, "width": width}}
 
 
-def _deit_resize(preprocessing, height, width):
-    """DeiTImageProcessor's size and centre crop for `preprocessing` (the sizes keras_vit's
-    resize computes: floor(side / crop_fraction), the shorter side's for "center")."""
+def _resize_then_crop(preprocessing, height, width, processor):
+    """The size and centre crop of transformers' image `processor` (DeiT's, DINOv2's, CLIP's:
+    they resize, then crop) for `preprocessing` (the sizes keras_vit's resize computes:
+    floor(side / crop_fraction), the shorter side's for "center")."""
     scale = [math.floor(side / preprocessing.crop_fraction) for side in (height, width)]
     crops = preprocessing.crop_fraction != 1.0 or preprocessing.crop_mode != "squash"
     if preprocessing.crop_mode == "squash":
@@ -343,7 +344,7 @@ def _deit_resize(preprocessing, height, width):
     elif height == width:  # torchvision's Resize(int), as transformers' shortest_edge
         size = {"shortest_edge": scale[0]}
     else:  # timm's ResizeKeepRatio, which transformers has no size for
-        _warn_uncropped("DeiTImageProcessor cannot keep the aspect ratio of a non-square crop",
+        _warn_uncropped(f"{processor} cannot keep the aspect ratio of a non-square crop",
                         preprocessing, stacklevel=5)
         size, crops = {"height": height, "width": width}, False
     return {"size": size, "do_center_crop": crops,
