@@ -292,6 +292,13 @@ def position_embedding_similarity(model):
                 f"(position_embedding={kind!r}): each block's attention adds logits for the "
                 "offset between two patches, so no patch has an embedding of its own to "
                 "compare. The similarity needs position_embedding='learned' or 'learned_2d'.")
+        rope = getattr(getattr(model, "spec", None), "rope", None)
+        if rope:
+            raise ValueError(
+                f"Model {model.name!r} has rotary position embeddings (rope={rope!r}) and no "
+                "added ones: each block rotates the queries and keys by the patches' "
+                "positions, so no patch has an embedding of its own to compare. The "
+                "similarity needs position_embedding='learned' or 'learned_2d'.")
         raise ValueError(f"Model {model.name!r} adds no position embeddings "
                          "(position_embedding='none'); there is nothing to compare.")
     grid = np.asarray(keras.ops.convert_to_numpy(embeddings), np.float64)[0]

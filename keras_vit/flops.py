@@ -9,8 +9,9 @@ ViT-B/16 at 224 is 17.6 G multiply-adds, 35.1 GFLOPs here.
 
 What is counted: the convolutions (patch embedding, the hybrids' ResNet), the dense layers
 (attention projections, MLP, pre_logits, head) and the attention matmuls (queries x keys,
-weights x values, and queries x offset embeddings with relative positions). Elementwise ops,
-norms, softmax, pooling and the weight standardisation of the ResNet kernels are not: by
+weights x values, and queries x offset embeddings with relative positions). Elementwise ops
+(rotary embeddings' rotations among them: 3 FLOPs per channel of each query and key, 0.03% of
+a B/16), norms, softmax, pooling and the weight standardisation of the ResNet kernels are not: by
 TensorFlow's count they add 0.4% to ViT-B/16 and 0.7% to R50+B/16 (they cost memory traffic
 more than arithmetic).
 

@@ -14,6 +14,7 @@ from keras import ops
 
 from keras_vit import resample
 from keras_vit.spec import ACTIVATIONS, ATTENTION_IMPLS, CLASSIFIERS, LAYER_NORM_EPSILON
+from keras_vit.spec import ROPE_TEMPERATURES
 
 
 def _xavier_uniform_flat(fan_in, fan_out):
@@ -264,6 +265,43 @@ def sincos_2d(rows, columns, width, temperature=10_000.0):
     column = ops.reshape(column, (-1, 1)) * omega[None]
     return ops.concatenate([ops.sin(column), ops.cos(column), ops.sin(row), ops.cos(row)],
                            axis=1)
+
+
+def rope_angles(kind, sides, head_dim, temperature, reference_grid=None, xp=np):
+    """Rotary embeddings' angles of a `rows` x `columns` patch grid, `[rows * columns,
+    head_dim / 2]` in row-major order: for each of head_dim / 4 geometric frequencies, the
+    patch's row coordinate times it, then its column coordinate times it (see
+    `ViTConfig.rope`). Channel i of a query or key rotates with channel i + head_dim / 2 by
+    angle i. In `xp`: NumPy (float64, for a grid known when the model is built) or
+    `keras.ops` (float32, for the grid of the input at call time)."""
+    rows, columns = sides
+    quarter = head_dim // 4
+    dtype = "float32" if xp is ops else "float64"
+    frequencies = xp.arange(quarter, dtype=dtype) / quarter
+    frequencies = 1.0 / xp.power(float(temperature), frequencies)
+
+    def coordinates(count, reference):
+        index = xp.arange(count, dtype=dtype)
+        count = ops.cast(count, dtype) if xp is ops else float(count)
+        if kind == "axial_normalized":  # the patch centres, scaled to [-1, 1]
+            return 2.0 * (index + 0.5) / count - 1.0
+        return index if reference is None else index / count * reference
+
+    if kind == "axial_normalized":
+        frequencies = 2.0 * math.pi * frequencies
+    reference = reference_grid or (None, None)
+    row = coordinates(rows, reference[0])[:, None] * frequencies[None]  # [rows, quarter]
+    column = coordinates(columns, reference[1])[:, None] * frequencies[None]
+    row = xp.broadcast_to(row[:, None, :], (rows, columns, quarter))
+    column = xp.broadcast_to(column[None, :, :], (rows, columns, quarter))
+    return xp.reshape(xp.concatenate([row, column], axis=-1), (-1, 2 * quarter))
+
+
+def rotate(x, cos, sin):
+    """`x` `[..., head_dim]` rotated by the angles whose cosines and sines are `cos` and `sin`
+    `[..., head_dim / 2]`: channel i with channel i + head_dim / 2."""
+    first, second = ops.split(x, 2, axis=-1)
+    return ops.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -623,6 +661,9 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         num_prefix_tokens: tokens before the grid; used with `relative_position`.
         interpolation: how the relative tables are resampled for another grid.
         qkv_bias: biases in the query, key and value projections (the original has them).
+        rope, rope_temperature, rope_reference_grid: rotary embeddings of the patches'
+            queries and keys (None: none, the original), see `ViTConfig.rope`; with
+            `grid_size` and `num_prefix_tokens`.
         attention_impl: "fused" (`keras.ops.dot_product_attention`, relative logits as its
             bias), "explicit" (logits, softmax, weighted sum) or "auto" (fused where that is
             faster: PyTorch, JAX's GPUs and TPUs); the weights, when returned, and dropout on them in training
@@ -631,20 +672,30 @@ class MultiHeadSelfAttention(keras.layers.Layer):
 
     `call(x, training, return_attention_scores=False, grid=None)` returns `[batch, tokens, D]`,
     and with `return_attention_scores=True` also the weights `[batch, heads, tokens, tokens]`;
-    `grid` (the patch grid of these tokens) tells relative positions the grid at call time.
+    `grid` (the patch grid of these tokens) tells relative and rotary positions the grid at
+    call time.
     """
 
     def __init__(self, num_heads, dropout=0.0, relative_position=None, grid_size=None,
                  num_prefix_tokens=0, interpolation="bilinear", qkv_bias=True,
-                 attention_impl="auto", **kwargs):
+                 attention_impl="auto", rope=None, rope_temperature=None,
+                 rope_reference_grid=None, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
         self.qkv_bias = bool(qkv_bias)
         self.dropout = float(dropout)
         self.attention_impl = _attention_impl(attention_impl)
-        if relative_position is not None and grid_size is None:
-            raise ValueError("relative_position needs the grid_size (rows, columns) of the "
-                             "patch grid.")
+        if (relative_position is not None or rope is not None) and grid_size is None:
+            raise ValueError("relative_position and rope need the grid_size (rows, columns) "
+                             "of the patch grid.")
+        if rope is not None and rope not in ROPE_TEMPERATURES:
+            raise ValueError(f"Unknown rope {rope!r}; expected None or one of "
+                             f"{tuple(ROPE_TEMPERATURES)}.")
+        self.rope = rope
+        self.rope_temperature = (None if rope is None else
+                                 float(rope_temperature or ROPE_TEMPERATURES[rope]))
+        self.rope_reference_grid = (None if rope_reference_grid is None
+                                    else tuple(int(g) for g in rope_reference_grid))
         self.relative_position = relative_position
         self.grid_size = None if grid_size is None else tuple(int(g) for g in grid_size)
         self.num_prefix_tokens = int(num_prefix_tokens)
@@ -693,6 +744,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                                    axis=0)
             qkv = ops.add(qkv, ops.cast(bias, x.dtype))  # ops.add: a BiasAdd that fuses on TF
         qkv = ops.reshape(qkv, (batch, tokens, 3, heads, head_dim))
+        if self.rope is not None:
+            qkv = self._rotated(qkv, grid)
         if _fused(self.attention_impl, self.dropout, training, return_attention_scores):
             attended = self._fused_attention(qkv, grid)
             return ops.reshape(self.out(attended), (batch, tokens, hidden))
@@ -712,6 +765,19 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         if return_attention_scores:
             return output, weights
         return output
+
+    def _rotated(self, qkv, grid):
+        """`qkv` `[batch, tokens, 3, heads, head_dim]` with the patches' queries and keys
+        rotated by their rows and columns; the prefix tokens keep theirs (angle 0)."""
+        sides = self.grid_size if grid is None else grid_sides(grid)
+        xp = np if all(isinstance(side, int) for side in sides) else ops
+        angles = rope_angles(self.rope, sides, self.head_dim, self.rope_temperature,
+                             self.rope_reference_grid, xp=xp)
+        angles = xp.pad(angles, ((self.num_prefix_tokens, 0), (0, 0)))
+        cos = ops.cast(xp.cos(angles), qkv.dtype)[:, None, :]  # [tokens, 1, head_dim / 2]
+        sin = ops.cast(xp.sin(angles), qkv.dtype)[:, None, :]
+        query, key, value = ops.unstack(qkv, 3, axis=2)
+        return ops.stack([rotate(query, cos, sin), rotate(key, cos, sin), value], axis=2)
 
     def _fused_attention(self, qkv, grid):
         """`[batch * tokens, D]` attended values of `qkv` `[batch, tokens, 3, heads,
@@ -734,7 +800,9 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                 "relative_position": self.relative_position, "grid_size": self.grid_size,
                 "num_prefix_tokens": self.num_prefix_tokens,
                 "interpolation": self.interpolation, "qkv_bias": self.qkv_bias,
-                "attention_impl": self.attention_impl}
+                "attention_impl": self.attention_impl, "rope": self.rope,
+                "rope_temperature": self.rope_temperature,
+                "rope_reference_grid": self.rope_reference_grid}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -922,6 +990,8 @@ class EncoderBlock(keras.layers.Layer):
         relative_position, grid_size, num_prefix_tokens, interpolation: relative position
             logits in the attention, see `MultiHeadSelfAttention` (None: none, the original).
         qkv_bias: biases in the query, key and value projections.
+        rope, rope_temperature, rope_reference_grid: rotary embeddings in the attention, see
+            `MultiHeadSelfAttention` (None: none, the original).
         attention_impl: how the attention is computed, see `MultiHeadSelfAttention`.
         remat: True to keep only the block's input for the backward pass, which computes the
             block again (see `_rematerialized`).
@@ -940,8 +1010,11 @@ class EncoderBlock(keras.layers.Layer):
                  drop_path_rate=0.0, activation="gelu_tanh", relative_position=None,
                  grid_size=None, num_prefix_tokens=0, layer_norm_epsilon=LAYER_NORM_EPSILON,
                  interpolation="bilinear", qkv_bias=True, layer_scale_init=None,
-                 approximate_gelu=None, attention_impl="auto", remat=False, **kwargs):
+                 approximate_gelu=None, attention_impl="auto", remat=False, rope=None,
+                 rope_temperature=None, rope_reference_grid=None, **kwargs):
         super().__init__(**kwargs)
+        self.rope_options = {"rope": rope, "rope_temperature": rope_temperature,
+                             "rope_reference_grid": rope_reference_grid}
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
         self.attention_impl = _attention_impl(attention_impl)
@@ -968,7 +1041,7 @@ class EncoderBlock(keras.layers.Layer):
             self.num_heads, dropout=self.attention_dropout,
             relative_position=self.relative_position, grid_size=self.grid_size,
             num_prefix_tokens=self.num_prefix_tokens, interpolation=self.interpolation,
-            qkv_bias=self.qkv_bias, attention_impl=self.attention_impl,
+            qkv_bias=self.qkv_bias, attention_impl=self.attention_impl, **self.rope_options,
             name="MultiHeadDotProductAttention_1", dtype=policy)
         self.norm_2 = LayerNorm(self.layer_norm_epsilon, name="LayerNorm_2", dtype=policy)
         self.mlp = MlpBlock(self.mlp_dim, dropout=self.dropout, activation=self.activation,
@@ -1053,7 +1126,7 @@ class EncoderBlock(keras.layers.Layer):
                 "num_prefix_tokens": self.num_prefix_tokens,
                 "interpolation": self.interpolation, "qkv_bias": self.qkv_bias,
                 "layer_scale_init": self.layer_scale_init, "attention_impl": self.attention_impl,
-                "remat": self.remat}
+                "remat": self.remat, **self.rope_options}
 
 
 AXES = ("row", "column")

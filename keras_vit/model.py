@@ -335,8 +335,8 @@ def _build(spec, policy, name):
     x = vit_layers.PatchEmbed(spec.patch_size, spec.hidden_size, flatten=not dynamic,
                               name="embedding", dtype=policy)(x)
     # A model of any image size keeps the patch grid beside the tokens: the layers that need
-    # the grid's size (position embeddings, relative positions, Axial-ViT) read it from there
-    # when they run.
+    # the grid's size (position embeddings, relative and rotary positions, Axial-ViT) read it
+    # from there when they run.
     patch_grid = None
     if dynamic:
         patch_grid, x = x, keras.layers.Reshape((-1, spec.hidden_size), name="patch_tokens",
@@ -376,7 +376,7 @@ def _build(spec, policy, name):
                          attention_impl=spec.attention_impl, remat=spec.remat == "blocks",
                          dtype=policy)
     # Only the blocks that need the grid's size get it.
-    block_grid = grid_input if relative or spec.axial else {}
+    block_grid = grid_input if relative or spec.rope or spec.axial else {}
     placement = spec.position_embedding_placement
     for index in range(spec.num_layers):
         if index and placement == "every_layer":
@@ -393,7 +393,9 @@ def _build(spec, policy, name):
             continue
         x = vit_layers.EncoderBlock(
             spec.num_heads, spec.mlp_dim, drop_path_rate=rate, relative_position=relative,
-            grid_size=grid if relative else None, num_prefix_tokens=prefix,
+            grid_size=grid if relative or spec.rope else None, num_prefix_tokens=prefix,
+            rope=spec.rope, rope_temperature=spec.rope_temperature,
+            rope_reference_grid=spec.rope_reference_grid,
             name=f"encoderblock_{index}", **block_options)(x, **block_grid)
     if spec.final_norm == "tokens":
         x = vit_layers.LayerNorm(epsilon=spec.layer_norm_epsilon, name="encoder_norm",

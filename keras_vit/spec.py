@@ -42,6 +42,10 @@ ACTIVATIONS = ("gelu_tanh", "gelu", "quick_gelu", "swiglu")
 ATTENTION_IMPLS = ("auto", "fused", "explicit")
 # What the backward pass computes again instead of keeping: nothing, or every encoder block.
 REMAT = ("none", "blocks")
+# Rotary position embeddings of the patches' rows and columns in every attention: at the
+# patches' indices (EVA-02, timm's RoPE ViTs), or at their centres scaled to [-1, 1] (DINOv3);
+# each kind's default temperature (the base of its geometric frequencies).
+ROPE_TEMPERATURES = {"axial": 10_000.0, "axial_normalized": 100.0}
 # The fields a variant name fills in, and that a spec may change.
 TABLE_FIELDS = variants.OVERRIDABLE_FIELDS
 LAYER_NORM_EPSILON = 1e-6  # the original's (Keras' default is 1e-3)
@@ -163,6 +167,23 @@ class ViTConfig:
             heads' logits (as DeiT evaluates; without a head, the mean of the two tokens);
             `keras_vit.distillation_heads(model)` gives both. Needs classifier "token", no
             register tokens, final_norm "tokens" and no representation_size.
+        rope: None, or rotary position embeddings (Su et al., "RoFormer", 2021) in every
+            block's attention, as Heo et al.'s "Rotary Position Embedding for Vision
+            Transformer" (2024) does for images: each head's queries and keys of the patches
+            (not the class or register tokens) are rotated in pairs of channels (channel i
+            with i + head_dim/2), a quarter of the pairs by the patch's row times a
+            frequency, a quarter by its column, so that their products depend on the
+            patches' offset. "axial": at the patches' indices, frequencies
+            temperature^(-k/(head_dim/4)) (EVA-02, timm's RoPE ViTs); "axial_normalized":
+            at the patch centres scaled to [-1, 1] along each side, frequencies
+            2 pi temperature^(-k/(head_dim/4)) (DINOv3). No weights; any image size. Needs
+            a head_dim that 4 divides, and no relative kind of position_embedding; another
+            position_embedding ("learned", "sincos_2d", "none") is added as well.
+        rope_temperature: the base of rope's frequencies; None takes the kind's (10,000 for
+            "axial", 100 for "axial_normalized").
+        rope_reference_grid: None, or (rows, columns) for "axial" rope: the patch indices are
+            scaled to this grid (timm's `ref_feat_shape`: EVA-02 fine-tuned at a larger size
+            keeps the rotations of its pre-training grid).
     """
 
     variant: str = "B/16"
@@ -195,6 +216,9 @@ class ViTConfig:
     pre_norm: bool = False
     final_norm: str = "tokens"
     distillation_token: bool = False
+    rope: str = None
+    rope_temperature: float = None
+    rope_reference_grid: tuple = None
 
     def __post_init__(self):
         values, problems = _resolved(dataclasses.asdict(self))
@@ -427,6 +451,7 @@ def _resolved(fields):
     check("num_register_tokens", lambda value: variants.check_int(
         "num_register_tokens", value, minimum=0))
     check("final_norm", lambda value: variants.check_choice("final_norm", value, FINAL_NORMS))
+    _check_rope(fields, values, check)
 
     # The rules that combine fields.
     if ok("dynamic_image_size", "dynamic_image_pad") and (
@@ -470,6 +495,17 @@ def _resolved(fields):
             if ok(field, "distillation_token") and values[field] != value:
                 add((field, "distillation_token"), f"{reason}: use {field}={value!r} with a "
                     "distillation token")
+    if ok("rope") and values["rope"]:
+        if row and row["axial"]:
+            add(("variant", "rope"), "Axial-ViT's attention runs along rows and columns; "
+                "rotary embeddings are for plain ViT blocks: use rope=None")
+        if ok("position_embedding") and values["position_embedding"].startswith("relative"):
+            add(("position_embedding", "rope"), "rotary embeddings already make the attention "
+                "relative: use position_embedding 'learned', 'sincos_2d' or 'none' with rope")
+        if ok("hidden_size", "num_heads") and (values["hidden_size"] // values["num_heads"]) % 4:
+            add(("hidden_size", "num_heads", "rope"),
+                "rotary embeddings rotate pairs of channels for rows and for columns, so "
+                "each head's width (hidden_size / num_heads) must be a multiple of 4")
     if ok("attention_impl", "attention_dropout") and (
             values["attention_impl"] == "fused" and values["attention_dropout"]):
         add(("attention_impl", "attention_dropout"),
@@ -506,6 +542,35 @@ def _resolved(fields):
 
 
 DEFAULTS = {field.name: field.default for field in dataclasses.fields(ViTConfig)}
+
+
+def _check_rope(fields, values, check):
+    """rope, rope_temperature (the kind's default filled in) and rope_reference_grid."""
+    def kind(value):
+        if value is not None and value not in ROPE_TEMPERATURES:
+            raise ValueError(f"must be None or one of {tuple(ROPE_TEMPERATURES)}")
+        return value
+
+    check("rope", kind)
+    rope = values.get("rope")
+
+    def only_with_rope(name, parse, needs="rope"):
+        def checked(value):
+            if value is None:
+                return None
+            if needs == "rope" and rope is None:
+                raise ValueError(f"applies to rotary embeddings only: set rope too, or leave "
+                                 f"{name} None")
+            if needs == "axial" and rope != "axial":
+                raise ValueError("scales patch indices, so it is for rope='axial' only "
+                                 "(normalized coordinates follow the grid already)")
+            return parse(value)
+        check(name, checked)
+
+    only_with_rope("rope_temperature", _positive_float)
+    only_with_rope("rope_reference_grid", _image_size_pair, needs="axial")
+    if rope is not None and values.get("rope_temperature", 0) is None:
+        values["rope_temperature"] = ROPE_TEMPERATURES[rope]
 
 
 def field_descriptions():

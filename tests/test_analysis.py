@@ -9,6 +9,7 @@ import pytest
 
 import keras_vit
 from keras_vit import analysis
+from model_fixtures import randomise
 
 # Seeded models: the few-shot test needs a random model that maps the colour classes apart,
 # which must not depend on what the tests before it drew from Keras' global seed.
@@ -215,6 +216,25 @@ def test_position_similarity_without_embeddings():
         message = str(error.value)
         assert f"has relative position embeddings (position_embedding='{kind}')" in message
         assert "'none'" not in message and "position_embedding='learned'" in message
+    with pytest.raises(ValueError, match=r"rotary position embeddings \(rope='axial'\)"):
+        analysis.position_embedding_similarity(small_vit(position_embedding="none",
+                                                         rope="axial"))
+
+
+def test_rollout_and_attention_distance_of_a_rope_model():
+    """Rotary embeddings change the logits, not the token layout: the analysis tools read a
+    rope model's attention like any other, and its maps differ from the same weights'
+    without rope."""
+    model = small_vit(rope="axial", num_register_tokens=1)
+    randomise(model, scale=0.5)
+    plain = keras_vit.vit(model.spec.replace(rope=None, rope_temperature=None))
+    plain.set_weights(model.get_weights())
+    images = model_images(model)
+    rollout = analysis.attention_rollout(model, images)
+    assert rollout.shape[0] == len(images) and np.isfinite(rollout).all()
+    assert np.abs(rollout - analysis.attention_rollout(plain, images)).max() > 1e-3
+    distances = analysis.mean_attention_distance(model, images)
+    assert np.isfinite(distances).all()
 
 
 def test_embedding_filters_find_the_planted_direction():

@@ -19,6 +19,8 @@ ARCHITECTURES = {
     "learned_2d": dict(position_embedding="learned_2d"),
     "none": dict(position_embedding="none"),
     "sincos_2d": dict(position_embedding="sincos_2d"),
+    "rope_axial": dict(rope="axial", position_embedding="none"),
+    "rope_normalized_registers": dict(rope="axial_normalized", num_register_tokens=2),
     "relative": dict(position_embedding="relative"),
     "relative_2d": dict(position_embedding="relative_2d", classifier="gap"),
     "every_layer": dict(position_embedding_placement="every_layer"),

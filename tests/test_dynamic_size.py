@@ -29,6 +29,9 @@ CASES = {
     "axial": dict(variant="Axial-Ti/16"),
     "bicubic": dict(variant="Ti/16", position_embedding_interpolation="bicubic"),
     "sincos_2d": dict(variant="Ti/16", position_embedding="sincos_2d"),
+    "rope_axial": dict(variant="Ti/16", rope="axial", rope_reference_grid=(3, 5)),
+    "rope_axial_normalized": dict(variant="Ti/16", rope="axial_normalized",
+                                  position_embedding="none"),
 }
 
 

@@ -399,11 +399,13 @@ def test_tflite_hybrid(tmp_path):
     print(f"\nTFLite hybrid float32: {size} bytes, max |logit difference| {difference:.2e}")
 
 
-@pytest.mark.parametrize("fields", [{"distillation_token": True}, {"activation": "swiglu"}],
-                         ids=["distillation_token", "swiglu"])
+@pytest.mark.parametrize("fields", [{"distillation_token": True}, {"activation": "swiglu"},
+                                    {"rope": "axial"}, {"rope": "axial_normalized"}],
+                         ids=["distillation_token", "swiglu", "rope", "rope_normalized"])
 def test_later_options_export_as_the_keras_model_computes(tmp_path, fields):
-    """DeiT's distillation token and two heads (their mean is the output), and SwiGLU's gated
-    MLPs: the SavedModel and the TFLite file give the Keras model's logits."""
+    """DeiT's distillation token and two heads (their mean is the output), SwiGLU's gated
+    MLPs and rotary embeddings: the SavedModel and the TFLite file give the Keras model's
+    logits."""
     model = keras_vit.vit("Ti/16", image_size=SIZE, patch_size=8, hidden_size=16, mlp_dim=32,
                           num_heads=2, num_layers=1, num_classes=5, **fields)
     rng = np.random.default_rng(7)

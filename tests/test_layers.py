@@ -249,6 +249,76 @@ def test_sincos_2d_needs_a_width_of_four_quarters():
                             position_embedding_placement="every_layer")
 
 
+@pytest.mark.parametrize("kind", ["axial", "axial_normalized"])
+def test_rope_logits_depend_on_the_patches_offset_and_leave_the_prefix_alone(kind):
+    """With every patch's query the same vector and every key the same vector, the rotated
+    logits differ only by the (row, column) offset of query and key: equal along each offset,
+    different between offsets; the class token's logits are the unrotated product."""
+    rows, columns, hidden, heads = 3, 4, 16, 2
+    attention = L.MultiHeadSelfAttention(heads, grid_size=(rows, columns), num_prefix_tokens=1,
+                                         rope=kind, attention_impl="explicit")
+    tokens = 1 + rows * columns
+    x = np.random.default_rng(3).normal(size=(1, tokens, hidden)).astype("float32")
+    attention.build(x.shape)
+    randomise(attention)
+    for dense in (attention.query, attention.key):  # content-free: the biases alone
+        dense.kernel.assign(np.zeros((hidden, hidden)))
+    _, weights = attention(x, return_attention_scores=True)
+    log_weights = np.log(to_np(weights)[0].astype("float64"))  # [heads, query, key]
+    # Each patch query's logits minus its logit against its own key (offset zero).
+    patch = log_weights[:, 1:, 1:] - np.diagonal(log_weights[:, 1:, 1:], axis1=1, axis2=2)[..., None]
+    row, column = np.divmod(np.arange(rows * columns), columns)
+    by_offset = {}
+    for q in range(rows * columns):
+        for k in range(rows * columns):
+            by_offset.setdefault((row[q] - row[k], column[q] - column[k]), []).append(patch[:, q, k])
+    for values in by_offset.values():
+        np.testing.assert_allclose(values, [values[0]] * len(values), atol=1e-4)
+    assert np.ptp([values[0] for values in by_offset.values()]) > 0.1
+    # The class token's query and key are not rotated: its logits against the patches are its
+    # query against each patch's rotated key, relative to the plain product with its own key.
+    scale = 1 / math.sqrt(hidden // heads)
+    q = to_np(attention.query.bias).reshape(heads, -1)
+    k = to_np(attention.key.bias).reshape(heads, -1)
+    plain = np.einsum("hd,hd->h", q, k) * scale
+    np.testing.assert_allclose(log_weights[:, 0, 1:] - log_weights[:, 0, :1],
+                               _cls_against_rotated_keys(kind, q, k, rows, columns) - plain[:, None],
+                               atol=1e-4)
+
+
+def _cls_against_rotated_keys(kind, q, k, rows, columns):
+    """The class token's (unrotated) query against each patch's rotated key, from the
+    rotation written out per pair of channels (i, i + head_dim / 2)."""
+    heads, head_dim = q.shape
+    angles = L.rope_angles(kind, (rows, columns), head_dim, 10_000.0 if kind == "axial" else 100.0)
+    half = head_dim // 2
+    logits = np.zeros((heads, rows * columns))
+    for token, angle in enumerate(angles):
+        rotated = k.copy()
+        rotated[:, :half] = k[:, :half] * np.cos(angle) - k[:, half:] * np.sin(angle)
+        rotated[:, half:] = k[:, half:] * np.cos(angle) + k[:, :half] * np.sin(angle)
+        logits[:, token] = np.einsum("hd,hd->h", q, rotated) / math.sqrt(head_dim)
+    return logits
+
+
+def test_rope_rules_name_the_fix():
+    with pytest.raises(ValueError, match="multiple of 4"):
+        keras_vit.ViTConfig(rope="axial", hidden_size=18, num_heads=3)
+    with pytest.raises(ValueError, match="already make the attention relative"):
+        keras_vit.ViTConfig(rope="axial", position_embedding="relative")
+    with pytest.raises(ValueError, match="Axial-ViT"):
+        keras_vit.ViTConfig(variant="Axial-B/16", rope="axial")
+    with pytest.raises(ValueError, match="set rope too"):
+        keras_vit.ViTConfig(rope_temperature=100.0)
+    with pytest.raises(ValueError, match="rope='axial' only"):
+        keras_vit.ViTConfig(rope="axial_normalized", rope_reference_grid=(16, 16))
+    with pytest.raises(ValueError, match="must be None or one of"):
+        keras_vit.ViTConfig(rope="2d")
+    spec = keras_vit.ViTConfig(rope="axial_normalized")
+    assert spec.rope_temperature == 100.0  # the kind's default, recorded
+    assert keras_vit.ViTConfig.from_dict(spec.to_dict()) == spec
+
+
 def test_token_pooling():
     x = np.random.default_rng(0).normal(size=(2, 5, 4)).astype("float32")
     np.testing.assert_array_equal(to_np(L.TokenPooling("token")(x)), x[:, 0])

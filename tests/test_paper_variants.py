@@ -257,6 +257,8 @@ VARIANTS = {
     "every_layer_shared": ("B/16", dict(position_embedding_placement="every_layer_shared")),
     "axial": ("Axial-B/16", {}),
     "sincos_2d": ("B/16", dict(position_embedding="sincos_2d")),
+    "rope_axial": ("B/16", dict(rope="axial", position_embedding="none")),
+    "rope_axial_normalized": ("B/16", dict(rope="axial_normalized", num_register_tokens=1)),
 }
 
 
@@ -306,7 +308,7 @@ def test_attention_model_returns_every_block_and_leaves_the_model_alone(case):
     before = to_np(model(x))
     maps = keras_vit.attention_model(model)(x)
     blocks = 2 * SMALL["num_layers"] if case == "axial" else SMALL["num_layers"]
-    tokens = 16 if "gap" in case or case == "axial" else 17
+    tokens = 16 + model.spec.num_prefix_tokens
     assert len(maps) == blocks
     for scores in maps:
         assert to_np(scores).shape == (2, 2, tokens, tokens)

@@ -72,8 +72,9 @@ def loss_and_gradients(model, x, weights=None, state=None):
 
 
 @pytest.mark.parametrize("fields", [{}, {"variant": "Axial-Ti/16"},
-                                    {"position_embedding": "relative", "layer_scale_init": 0.1}],
-                         ids=["vit", "axial", "relative_layerscale"])
+                                    {"position_embedding": "relative", "layer_scale_init": 0.1},
+                                    {"rope": "axial_normalized"}],
+                         ids=["vit", "axial", "relative_layerscale", "rope"])
 def test_remat_gives_the_same_gradients(fields):
     plain, remat = pair(**fields)
     x = images()

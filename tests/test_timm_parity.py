@@ -14,6 +14,7 @@ from timm.layers import resample_abs_pos_embed, resample_patch_embed  # noqa: E4
 
 import keras_vit  # noqa: E402
 from keras_vit import checkpoint, resample, torch_layouts  # noqa: E402
+from keras_vit import layers as vit_layers  # noqa: E402
 
 GRIDS = [(1, 3), (2, 2), (3, 5), (7, 7), (14, 14), (16, 9), (24, 24)]
 
@@ -41,6 +42,42 @@ def test_bicubic_position_embeddings_equal_timms(old):
         theirs = resample_abs_pos_embed(torch.tensor(embeddings), list(new),
                                         old_size=list(old)).numpy()
         np.testing.assert_allclose(ours, theirs, atol=1e-5)
+
+
+def _timm_rope_in_half_layout(embedding, head_dim, interleaved):
+    """timm's concatenated (sin, cos) rope table `[tokens, 2 * head_dim]` as (sin, cos) of
+    the angles keras_vit rotates channel i and i + head_dim / 2 by."""
+    sin, cos = np.split(embedding.numpy().astype("float64"), 2, axis=-1)
+    pick = slice(0, None, 2) if interleaved else slice(0, head_dim // 2)
+    return sin[:, pick], cos[:, pick]
+
+
+@pytest.mark.parametrize("grid", [(4, 4), (3, 7), (14, 14)])
+def test_rope_angles_equal_timms_cat_and_dinov3_embeddings(grid):
+    """`rope_angles` against timm's `RotaryEmbeddingCat` (EVA-02, timm's RoPE ViTs; its
+    interleaved pairs are keras_vit's channels i and i + head_dim / 2) and its
+    `RotaryEmbeddingDinoV3` (half layout), at the grid of the weights and at another."""
+    from timm.layers.pos_embed_sincos import RotaryEmbeddingCat, RotaryEmbeddingDinoV3
+    head_dim = 16
+    cases = [
+        ("axial", 10_000.0, None, RotaryEmbeddingCat(
+            head_dim, in_pixels=False, feat_shape=list(grid), temperature=10_000.0), True),
+        ("axial", 100.0, (5, 5), RotaryEmbeddingCat(
+            head_dim, in_pixels=False, feat_shape=list(grid), ref_feat_shape=[5, 5],
+            temperature=100.0), True),
+        ("axial_normalized", 100.0, None, RotaryEmbeddingDinoV3(
+            head_dim, temperature=100.0, feat_shape=list(grid)), False),
+    ]
+    for kind, temperature, reference, theirs, interleaved in cases:
+        angles = vit_layers.rope_angles(kind, grid, head_dim, temperature, reference)
+        sin, cos = _timm_rope_in_half_layout(theirs.get_embed(), head_dim, interleaved)
+        np.testing.assert_allclose(np.sin(angles), sin, atol=2e-5, err_msg=kind)
+        np.testing.assert_allclose(np.cos(angles), cos, atol=2e-5, err_msg=kind)
+        # The call-time (keras.ops, float32) angles of a model of any image size.
+        dynamic = vit_layers.rope_angles(kind, grid, head_dim, temperature, reference,
+                                         xp=keras.ops)
+        np.testing.assert_allclose(np.sin(keras.ops.convert_to_numpy(dynamic)), sin,
+                                   atol=2e-5, err_msg=kind)
 
 
 @pytest.mark.parametrize("old", [8, 14, 16, 32])
