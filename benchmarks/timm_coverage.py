@@ -2,23 +2,27 @@
 
 For every architecture in `timm.list_pretrained("vit_*")`, then (a second count) in
 `timm.list_pretrained("deit*")` (DeiT, DeiT III, and DeiT's distilled models: timm's
-`VisionTransformerDistilled`), timm builds it with random weights
-of order 1 (its depth cut to `--depth` blocks: every block has the same options, and the whole
-list then runs in minutes on a CPU), saves it as its hub files do (`config.json` +
-`model.safetensors`), `keras_vit.from_pretrained` loads the directory, and the logits of one
-image are compared; then `keras_vit.save_pretrained(..., format="timm")` writes it back and
-`timm.create_model("local-dir:...")` must give the same logits. An architecture keras_vit has no
-option for is reported with the reason `from_pretrained` gives.
+`VisionTransformerDistilled`), then (a third) in `timm.list_pretrained("eva02*")` (EVA-02,
+timm's `Eva` class, which also builds its `vit_*` RoPE, DINOv3, PE... models), timm builds it
+with random weights of order 1 (its depth cut to `--depth` blocks: every block has the same
+options, and the whole list then runs in minutes on a CPU), saves it as its hub files do
+(`config.json` + `model.safetensors`), `keras_vit.from_pretrained` loads the directory, and the
+logits of one image are compared; then `keras_vit.save_pretrained(..., format="timm")` writes
+it back and `timm.create_model("local-dir:...")` must give the same logits. An architecture
+keras_vit has no option for is reported with the reason `from_pretrained` gives.
 
     KERAS_BACKEND=torch python benchmarks/timm_coverage.py              # the tables
     KERAS_BACKEND=torch python benchmarks/timm_coverage.py --only deit  # DeiT's only
     python benchmarks/timm_coverage.py --write_table    # keras_vit/timm_architectures.json
 
-`--write_table` records, for each `vit_*` and `deit*` architecture timm registers, its model
-class and (for `VisionTransformer` and its subclass `VisionTransformerDistilled`, which takes
-the same arguments) the arguments its entry point passes that differ from
+`--write_table` records, for each `vit_*`, `deit*` and `eva02*` architecture timm registers, its
+model class and (for `VisionTransformer` and its subclass `VisionTransformerDistilled`, which
+takes the same arguments) the arguments its entry point passes that differ from
 `VisionTransformer`'s defaults: the options a checkpoint's `config.json` does not repeat
 (heads, activation, LayerNorm epsilon, pooling...), which `from_pretrained` reads from there.
+For timm's `Eva` class it records the same, relative to `Eva.__init__`'s defaults, and says so
+with `"defaults": "Eva"` (an entry without "defaults" is relative to `VisionTransformer`'s);
+`from_pretrained` reads no Eva yet and refuses those architectures by their class.
 Needs torch and timm (CI's torch leg has both).
 """
 
@@ -41,10 +45,12 @@ TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _BUILD_ARGUMENTS = {"pretrained_cfg", "pretrained_cfg_overlay", "cache_dir", "feature_cfg",
                     "pretrained_filter_fn", "pretrained_strict"}
 # The name patterns of timm's architectures: `vit_*` first (the count quoted in the docs), then
-# DeiT's, whose distilled models are a class of their own.
-FAMILIES = ("vit_*", "deit*")
-# timm's classes whose arguments are VisionTransformer's (the table records them).
-_ARGUMENT_CLASSES = ("VisionTransformer", "VisionTransformerDistilled")
+# DeiT's, whose distilled models are a class of their own, then EVA-02's (timm's Eva class).
+FAMILIES = ("vit_*", "deit*", "eva02*")
+# timm's classes whose arguments the table records -> the class whose `__init__` defaults they
+# are relative to (VisionTransformerDistilled takes VisionTransformer's arguments).
+_ARGUMENT_CLASSES = {"VisionTransformer": "VisionTransformer",
+                     "VisionTransformerDistilled": "VisionTransformer", "Eva": "Eva"}
 
 
 def parse_args(argv=None):
@@ -64,13 +70,16 @@ class _Captured(Exception):
 
 def _json_value(value):
     """An argument as JSON: plain values as they are, a LayerNorm as its epsilon (the only
-    thing that differs between timm's ViTs), anything else by name."""
+    thing that differs between timm's ViTs), an RmsNorm of a set epsilon (Eva's) as that
+    epsilon, anything else by name."""
     if isinstance(value, (bool, int, float, str, type(None))):
         return value
     if isinstance(value, (list, tuple)):
         return [_json_value(item) for item in value]
     if isinstance(value, functools.partial) and "LayerNorm" in value.func.__name__:
         return {"layer_norm": value.keywords.get("eps", 1e-5)}
+    if isinstance(value, functools.partial) and "RmsNorm" in value.func.__name__:
+        return {"rms_norm": value.keywords.get("eps", value.func(8).eps)}
     name = getattr(value, "__name__", type(value).__name__)
     if name == "LayerNorm" and isinstance(value, type):  # its own default epsilon
         return {"layer_norm": value(8).eps}
@@ -78,12 +87,16 @@ def _json_value(value):
 
 
 def architecture_table(timm):
-    """architecture -> {"class": timm's model class, "args": its non-default arguments}."""
+    """architecture -> {"class": timm's model class, "args": its non-default arguments, and for
+    a class whose defaults are not VisionTransformer's, "defaults": that class (Eva)}."""
     from timm.models import _builder
+    from timm.models.eva import Eva
     from timm.models.vision_transformer import VisionTransformer
 
-    defaults = {name: parameter.default for name, parameter in
-                inspect.signature(VisionTransformer.__init__).parameters.items()}
+    defaults = {model_class.__name__: {
+        name: parameter.default for name, parameter in
+        inspect.signature(model_class.__init__).parameters.items()}
+        for model_class in (VisionTransformer, Eva)}
     original, seen = _builder.build_model_with_cfg, {}
 
     def capture(model_class, variant, pretrained, **kwargs):
@@ -108,10 +121,13 @@ def architecture_table(timm):
                 continue
             entry = {"class": model_class.__name__}
             if model_class.__name__ in _ARGUMENT_CLASSES:
+                of = _ARGUMENT_CLASSES[model_class.__name__]
                 entry["args"] = {
                     name: _json_value(value) for name, value in sorted(kwargs.items())
                     if name not in _BUILD_ARGUMENTS and not (
-                        name in defaults and _same(value, defaults[name]))}
+                        name in defaults[of] and _same(value, defaults[of][name]))}
+                if of != "VisionTransformer":
+                    entry["defaults"] = of
             table[architecture] = entry
     finally:
         for module in modules:
