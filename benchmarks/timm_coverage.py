@@ -21,8 +21,8 @@ takes the same arguments) the arguments its entry point passes that differ from
 `VisionTransformer`'s defaults: the options a checkpoint's `config.json` does not repeat
 (heads, activation, LayerNorm epsilon, pooling...), which `from_pretrained` reads from there.
 For timm's `Eva` class it records the same, relative to `Eva.__init__`'s defaults, and says so
-with `"defaults": "Eva"` (an entry without "defaults" is relative to `VisionTransformer`'s);
-`from_pretrained` reads no Eva yet and refuses those architectures by their class.
+with `"defaults": "Eva"` (an entry without "defaults" is relative to `VisionTransformer`'s),
+which `from_pretrained` reads as Eva's (RoPE, registers without class token, SwiGLU...).
 Needs torch and timm (CI's torch leg has both).
 """
 

@@ -188,7 +188,7 @@ def read_checkpoint(source, cache_dir=None, preprocessing=None):
         spec = torch_layouts.spec_from_transformers(config, state)
     else:
         spec = torch_layouts.spec_from_timm(config, state)
-    arrays = torch_layouts.to_npz_arrays(state, spec, layout)
+    arrays = torch_layouts.to_npz_arrays(state, spec, layout, config)
     _fold_normalization(arrays, *_normalization(config, processor))
     return Checkpoint(spec, arrays, preprocessing)
 
@@ -322,7 +322,8 @@ def _preprocessor_config(spec, preprocessing, architecture):
     cropping = {"DeiTForImageClassificationWithTeacher": "DeiTImageProcessor",
                 "Dinov2Model": "BitImageProcessor", "Dinov2WithRegistersModel": "BitImageProcessor",
                 "CLIPVisionModel": "CLIPImageProcessor"}
-    straight = {"SiglipVisionModel": "SiglipImageProcessor"}  # else ViT's; neither crops
+    straight = {"SiglipVisionModel": "SiglipImageProcessor",  # else ViT's; none crops
+                "DINOv3ViTModel": "DINOv3ViTImageProcessor"}
     if architecture in cropping:  # `architecture`: the config.json's transformers class
         return {"image_processor_type": cropping[architecture], **common,
                 **_resize_then_crop(preprocessing, height, width, cropping[architecture])}
@@ -384,11 +385,12 @@ def save_pretrained(model, directory, format="transformers"):
         raise ValueError(f"Model {getattr(model, 'name', model)!r} has no keras_vit spec; "
                          "save_pretrained takes a model built by keras_vit.vit().")
     preprocessing = getattr(model, "preprocessing", None) or EvalPreprocessing()
-    config = (torch_layouts.transformers_config(spec) if format == "transformers"
-              else torch_layouts.timm_config(spec, preprocessing))
+    arrays = checkpoint.model_arrays(model)  # Eva's and DINOv3's configs depend on the key bias
+    config = (torch_layouts.transformers_config(spec, arrays) if format == "transformers"
+              else torch_layouts.timm_config(spec, preprocessing, arrays))
     processor = (_preprocessor_config(spec, preprocessing, config["architectures"][0])
                  if format == "transformers" else None)
-    state = torch_layouts.from_npz_arrays(checkpoint.model_arrays(model), spec, format)
+    state = torch_layouts.from_npz_arrays(arrays, spec, format)
     safetensors = _import("safetensors.numpy")
     directory = os.fspath(directory)
     with fileio.atomic_directory(directory) as temporary:

@@ -65,14 +65,15 @@ TRANSFORMERS_ARCHITECTURES = {"ViTForImageClassification": "vit.", "ViTModel": "
                               "Dinov2Model": "", "Dinov2WithRegistersModel": "",
                               "CLIPVisionModel": "", "SiglipVisionModel": "",
                               "ViTMSNModel": "", "ViTMSNForImageClassification": "vit.",
-                              "ViTMAEModel": ""}
+                              "ViTMAEModel": "", "DINOv3ViTModel": ""}
 # transformers' model types keras_vit reads -> the class of a config that names none.
 _TRANSFORMERS_MODEL_TYPES = {"vit": "ViTModel", "deit": "DeiTModel", "dinov2": "Dinov2Model",
                              "dinov2_with_registers": "Dinov2WithRegistersModel",
                              "clip_vision_model": "CLIPVisionModel",
                              "siglip_vision_model": "SiglipVisionModel",
                              "clip": "CLIPModel", "siglip": "SiglipModel",
-                             "vit_msn": "ViTMSNModel", "vit_mae": "ViTMAEModel"}
+                             "vit_msn": "ViTMSNModel", "vit_mae": "ViTMAEModel",
+                             "dinov3_vit": "DINOv3ViTModel"}
 # transformers' classes that classify from the final LayerNorm's class token, as keras_vit.
 _TRANSFORMERS_CLASSIFIERS = ("ViTForImageClassification", "ViTMSNForImageClassification")
 # Image-text models whose vision tower loads (`vision_tower`): model_type -> tower's class.
@@ -92,8 +93,8 @@ _TRANSFORMERS_REFUSED = {
                  "without a head average the class and distillation tokens",
 }
 # timm's model classes keras_vit reads -> whether it has DeiT's distillation token;
-# VisionTransformerDistilled takes VisionTransformer's arguments.
-TIMM_CLASSES = {"VisionTransformer": False, "VisionTransformerDistilled": True}
+# VisionTransformerDistilled takes VisionTransformer's arguments, Eva its own (`_EVA_DEFAULTS`).
+TIMM_CLASSES = {"VisionTransformer": False, "VisionTransformerDistilled": True, "Eva": False}
 # transformers' hidden_act -> the spec's activation (the tanh GELU is the original's).
 _TRANSFORMERS_ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
                              "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh",
@@ -171,6 +172,8 @@ def _pairs(spec, layout, prefix=""):
     family = _tower_family(spec) if layout == "transformers" else None
     if family:
         return _tower_pairs(spec, family, prefix)
+    if layout == "transformers" and spec.rope:
+        return _dinov3_pairs(spec, prefix)
     if layout == "transformers":
         stem = [("embedding/kernel", "embeddings.patch_embeddings.projection.weight", "conv"),
                 ("embedding/bias", "embeddings.patch_embeddings.projection.bias", "copy"),
@@ -196,8 +199,9 @@ def _pairs(spec, layout, prefix=""):
         heads = ([("head", "cls_classifier"), ("head_dist", "distillation_classifier")]
                  if spec.distillation_token else [("head", "classifier")])
     else:
-        stem = [("embedding/kernel", "patch_embed.proj.weight", "conv"),
-                ("Transformer/posembed_input/pos_embedding", "pos_embed", "copy")]
+        stem = [("embedding/kernel", "patch_embed.proj.weight", "conv")]
+        if spec.position_embedding == "learned":  # Eva's RoPE models may have none
+            stem.append(("Transformer/posembed_input/pos_embedding", "pos_embed", "copy"))
         if not spec.pre_norm:  # timm's patch embedding has no bias before a pre-norm
             stem.append(("embedding/bias", "patch_embed.proj.bias", "copy"))
         if spec.classifier == "token":
@@ -214,6 +218,8 @@ def _pairs(spec, layout, prefix=""):
         names = {"query": "attn.q", "key": "attn.k", "value": "attn.v", "out": "attn.proj",
                  "norm_0": "norm1", "norm_2": "norm2", "fc_0": "mlp.fc1", "fc_1": "mlp.fc2",
                  "scale_0": "ls1.gamma", "scale_1": "ls2.gamma"}
+        if spec.activation == "swiglu":  # Eva's, its packed GluMlp unpacked (`_eva_names`)
+            names.update(fc_0="mlp.fc1_x", gate="mlp.fc1_g")
         heads = [("head", "head")] + ([("head_dist", "head_dist")] if spec.distillation_token
                                       else [])
     pairs = [(ours, prefix + theirs, kind) for ours, theirs, kind in stem]
@@ -247,6 +253,27 @@ def _map_pairs(prefix):
                   (ours + name + "/bias", theirs + their_name + ".bias", "copy")]
     return pairs + [(ours + "LayerNorm_0/scale", theirs + "norm.weight", "copy"),
                     (ours + "LayerNorm_0/bias", theirs + "norm.bias", "copy")]
+
+
+def _dinov3_pairs(spec, prefix):
+    """transformers' DINOv3ViTModel: no position embeddings (RoPE), LayerScale, `layer.N.` as
+    its files have it (in memory `model.layer.N.`: `_dinov3_names`)."""
+    stem = [("embedding/kernel", "embeddings.patch_embeddings.weight", "conv"),
+            ("embedding/bias", "embeddings.patch_embeddings.bias", "copy"),
+            ("cls", "embeddings.cls_token", "copy")]
+    if spec.num_register_tokens:
+        stem.append(("reg/registers", "embeddings.register_tokens", "copy"))
+    pairs = [(ours, prefix + theirs, kind) for ours, theirs, kind in stem]
+    names = {"query": "attention.q_proj", "key": "attention.k_proj",
+             "value": "attention.v_proj", "out": "attention.o_proj", "norm_0": "norm1",
+             "norm_2": "norm2", "fc_0": "mlp.up_proj", "fc_1": "mlp.down_proj",
+             "gate": "mlp.gate_proj", "scale_0": "layer_scale1.lambda1",
+             "scale_1": "layer_scale2.lambda1"}
+    for index in range(spec.num_layers):
+        block = f"{prefix}layer.{index}."
+        pairs += _block_pairs(index, {key: block + value for key, value in names.items()}, spec)
+    return pairs + [("Transformer/encoder_norm/scale", prefix + "norm.weight", "copy"),
+                    ("Transformer/encoder_norm/bias", prefix + "norm.bias", "copy")]
 
 
 def _tower_pairs(spec, family, prefix):
@@ -287,7 +314,7 @@ def _tower_family(spec):
     """"clip" or "siglip" for a model whose options only their vision towers have (a
     pre-norm and a norm of the pooled class token; attention pooling of normed tokens), else
     None. transformers_config refuses what else such a model has that they lack."""
-    plain = spec.layer_scale_init is None and not spec.distillation_token
+    plain = spec.layer_scale_init is None and not spec.distillation_token and not spec.rope
     if plain and spec.pre_norm and spec.classifier == "token" and spec.final_norm == "pooled":
         return "clip"
     if plain and not spec.pre_norm and spec.classifier == "map" and spec.final_norm == "tokens":
@@ -385,11 +412,14 @@ def _msn_classifier_names(state):
 
 
 def _is_dinov2(spec):
-    """Whether transformers' class for `spec` is DINOv2's: LayerScale, which ViT lacks."""
-    return spec.layer_scale_init is not None and not spec.distillation_token
+    """Whether transformers' class for `spec` is DINOv2's: LayerScale, which ViT lacks (and no
+    RoPE, which is DINOv3's)."""
+    return spec.layer_scale_init is not None and not spec.distillation_token and not spec.rope
 
 
 def _transformers_architecture(spec):
+    if spec.rope:  # transformers_config refuses any but DINOv3's
+        return "DINOv3ViTModel"
     family = _tower_family(spec)
     if family:
         return {name: tower for tower, name in _TOWER_FAMILIES.items()}[family]
@@ -405,11 +435,17 @@ def _transformers_prefix(spec):
     return TRANSFORMERS_ARCHITECTURES[_transformers_architecture(spec)]
 
 
-def to_npz_arrays(state, spec, layout):
+def to_npz_arrays(state, spec, layout, config=None):
     """Their state dict (name -> array) as the `.npz` layout `checkpoint.load_npz` reads.
-    Every tensor must be used and every expected one present: a LayoutError names the rest."""
+    Every tensor must be used and every expected one present: a LayoutError names the rest.
+    `config`, the checkpoint's config.json, says how timm's Eva lays out RoPE's channels
+    (None: as keras_vit does)."""
     prefix = _transformers_prefix(spec) if layout == "transformers" else ""
     state = _unpacked(state, _TIMM_PACKED if layout == "timm" else _TRANSFORMERS_PACKED)
+    if layout == "timm":  # Eva's names as VisionTransformer's (none of them is one of its)
+        state = _eva_names(state, spec)
+    elif spec.rope:
+        state = _dinov3_names(state, spec)
     dinov2 = layout == "transformers" and _is_dinov2(spec)
     if dinov2 and state.pop("embeddings.mask_token", None) is not None:
         logger.info("Dropped DINOv2's embeddings.mask_token: it replaces masked patches in "
@@ -431,6 +467,8 @@ def to_npz_arrays(state, spec, layout):
             f"The {layout} weights do not fit the architecture their config describes: "
             f"{'; '.join(problems)}. Nothing was loaded. They may need an option keras_vit "
             "does not have yet.")
+    if layout == "timm" and spec.rope:
+        arrays = _permuted_rope(arrays, spec, *_timm_rope_layout(config))
     return _fold_class_row(arrays) if dinov2 and not spec.prefix_position_embeddings else arrays
 
 
@@ -444,12 +482,147 @@ def from_npz_arrays(arrays, spec, layout):
     dinov2 = layout == "transformers" and _is_dinov2(spec)
     if dinov2:
         arrays = _dinov2_position_rows(arrays, spec)
+    if layout == "timm" and spec.rope:
+        arrays = _permuted_rope(arrays, spec, *_EVA_WRITTEN_ROPE[spec.rope], inverse=True)
     state = {theirs: np.ascontiguousarray(transforms[kind][1](arrays[ours]))
              for ours, theirs, kind in _pairs(spec, layout, prefix)}
     if dinov2:  # transformers' initial value; only masked image modelling reads it
         state["embeddings.mask_token"] = np.zeros((1, spec.hidden_size),
                                                   arrays["cls"].dtype)
+    if layout == "transformers" and spec.rope:
+        return _dinov3_state(state, spec, _key_bias(arrays, spec))
+    if layout == "timm" and spec.rope:
+        state = _eva_state(state, spec, _eva_attention(arrays, spec))
     return _packed(state, _TIMM_PACKED if layout == "timm" else _TRANSFORMERS_PACKED)
+
+
+# --- timm's Eva and transformers' DINOv3: RoPE's channels, their names -------------------------
+
+# timm's Eva RoPE layout (interleaved, rows and columns swapped: grid_indexing 'xy') that
+# timm_config writes for each of keras_vit's kinds: its pretrained EVA-02's and DINOv3's.
+_EVA_WRITTEN_ROPE = {"axial": (True, False), "axial_normalized": (False, False)}
+# Eva's packed SwiGLU (GluMlp's fc1: the gate's rows, then the value's), as its unpacked names.
+_EVA_PACKED = ((r".*\.mlp", ".fc1.", ("fc1_g", "fc1_x")),)
+_ATTENTION = "Transformer/encoderblock_{}/MultiHeadDotProductAttention_1/"
+
+
+def _rope_channels(head_dim, interleaved, xy):
+    """For each channel of a head's query or key in keras_vit's layout (channel i turns with
+    i + head_dim / 2 by angle i; angles: the row's bands, then the column's), timm's channel
+    that turns by the same angle in the same role. timm's interleaved layout turns channels 2j
+    and 2j + 1 by its angle j; with grid_indexing 'xy' its angles are the column's bands
+    first. Queries and keys permuted alike keep every product q.k, so the attention is the
+    same; values are not turned, nor permuted."""
+    half, quarter = head_dim // 2, head_dim // 4
+    angles = np.arange(half)
+    if xy:  # keras_vit's row band j is timm's angle j + quarter, its column band j - quarter
+        angles = (angles + quarter) % half
+    if interleaved:
+        return np.concatenate([2 * angles, 2 * angles + 1])
+    return np.concatenate([angles, angles + half])
+
+
+def _permuted_rope(arrays, spec, interleaved, xy, inverse=False):
+    """The arrays with each head's query and key channels from timm's RoPE layout to keras_vit's
+    (`inverse`: back)."""
+    if not (interleaved or xy):
+        return arrays
+    order = _rope_channels(spec.hidden_size // spec.num_heads, interleaved, xy)
+    if inverse:
+        order = np.argsort(order)
+    arrays = dict(arrays)
+    for index in range(spec.num_layers):
+        for name in ("query/kernel", "query/bias", "key/kernel", "key/bias"):
+            key = _ATTENTION.format(index) + name
+            if key in arrays:  # kernels [D, heads, head_dim], biases [heads, head_dim]
+                arrays[key] = arrays[key][..., order]
+    return arrays
+
+
+def _timm_rope_layout(config):
+    """(interleaved, xy) of the RoPE of timm's checkpoint of `config` (None: keras_vit's)."""
+    if config is None:
+        return False, False
+    args = _timm_args(config)[1]
+    return not args.get("rope_rotate_half", True), args.get("rope_grid_indexing") == "xy"
+
+
+def _eva_names(state, spec):
+    """timm's Eva names as its VisionTransformer's: LayerScale's `gamma_1`, `gamma_2` as
+    `ls1.gamma`, `ls2.gamma`; the split `q_proj`, `k_proj`, `v_proj` as `q`, `k`, `v`;
+    EvaAttention's `q_bias`, `v_bias` as q's and v's biases, with the key's bias it keeps as a
+    zero buffer (not in its files) as zeros; a packed SwiGLU's `fc1` as `fc1_g`, `fc1_x`."""
+    if spec.activation == "swiglu":
+        state = _unpacked(state, _EVA_PACKED)
+    renamed = {}
+    for key, value in state.items():
+        key = re.sub(r"\.gamma_([12])$", r".ls\1.gamma", key)
+        key = re.sub(r"\.attn\.([qkv])_proj\.", r".attn.\1.", key)
+        renamed[re.sub(r"\.attn\.([qv])_bias$", r".attn.\1.bias", key)] = value
+    for key in list(renamed):
+        match = re.fullmatch(r"(.*\.attn)\.q\.bias", key)
+        if match and match[1] + ".k.bias" not in renamed:
+            renamed[match[1] + ".k.bias"] = np.zeros_like(renamed[key])
+    return renamed
+
+
+def _key_bias(arrays, spec):
+    """Whether any block's key projection has a non-zero bias (which RoPE does not cancel:
+    it turns the patches' keys, so the bias changes their logits)."""
+    return spec.qkv_bias and any(
+        np.any(arrays[_ATTENTION.format(index) + "key/bias"])
+        for index in range(spec.num_layers))
+
+
+def _eva_attention(arrays, spec):
+    """timm's Eva attention for the model's weights: EvaAttention ("eva": query and value
+    biases, the key's zero), or AttentionRope ("rope": all three) for a non-zero key bias."""
+    return "rope" if _key_bias(arrays, spec) else "eva"
+
+
+def _eva_state(state, spec, attention):
+    """The inverse of `_eva_names`, for Eva's `attention` (`_eva_attention`)."""
+    renamed = {}
+    for key, value in state.items():
+        key = re.sub(r"\.ls([12])\.gamma$", r".gamma_\1", key)
+        if attention == "eva":  # EvaAttention: the key's bias is a zero buffer
+            if key.endswith(".attn.k.bias"):
+                continue
+            key = re.sub(r"\.attn\.([qv])\.bias$", r".attn.\1_bias", key)
+        renamed[key] = value
+    return _packed(renamed, _EVA_PACKED) if spec.activation == "swiglu" else renamed
+
+
+def _dinov3_names(state, spec):
+    """DINOv3ViTModel's weights as `_dinov3_pairs` names them: `layer.N.` (a state dict taken
+    in memory says `model.layer.N.`), zeros for the biases its config leaves out (key_bias
+    False...); its mask token (masked image modelling only) dropped with a log line, and an
+    empty `register_tokens`."""
+    state = {re.sub(r"^model\.layer\.", "layer.", key): value for key, value in state.items()}
+    if state.pop("embeddings.mask_token", None) is not None:
+        logger.info("Dropped DINOv3's embeddings.mask_token: it replaces masked patches in "
+                    "masked image modelling, which keras_vit's model does not do.")
+    registers = state.get("embeddings.register_tokens")
+    if registers is not None and not registers.size:
+        del state["embeddings.register_tokens"]
+    for _, theirs, _ in _dinov3_pairs(spec, ""):
+        weight = theirs[:-len("bias")] + "weight"
+        if theirs.endswith(".bias") and theirs not in state and weight in state:
+            state[theirs] = np.zeros(state[weight].shape[:1], state[weight].dtype)
+    return state
+
+
+def _dinov3_state(state, spec, key_bias):
+    """DINOv3ViTModel's files: no key biases unless `key_bias`, its mask token (zeros, as
+    transformers starts it) and an empty `register_tokens` for a model of none."""
+    if not key_bias:
+        state = {key: value for key, value in state.items()
+                 if not key.endswith("attention.k_proj.bias")}
+    state["embeddings.mask_token"] = np.zeros((1, 1, spec.hidden_size), state["norm.weight"].dtype)
+    if not spec.num_register_tokens:
+        state["embeddings.register_tokens"] = np.zeros((1, 0, spec.hidden_size),
+                                                       state["norm.weight"].dtype)
+    return state
 
 
 _POSITIONS = "Transformer/posembed_input/pos_embedding"
@@ -524,8 +697,8 @@ def detect(config):
         return "timm"
     model_type = config.get("model_type") or config.get("architectures")
     raise LayoutError(
-        f"config.json is neither transformers' ViT, DeiT, DINOv2, CLIP, SigLIP, ViT-MSN nor "
-        f"ViT-MAE (model_type "
+        f"config.json is neither transformers' ViT, DeiT, DINOv2, DINOv3, CLIP, SigLIP, ViT-MSN "
+        f"nor ViT-MAE (model_type "
         f"{', '.join(repr(name) for name in _TRANSFORMERS_MODEL_TYPES)}) nor timm's (an "
         f"'architecture' field); it describes {model_type!r}. keras_vit reads those, and the "
         "original .npz checkpoints.")
@@ -549,13 +722,15 @@ def spec_from_transformers(config, state):
     """The `ViTConfig` of transformers' ViT, DeiT, DINOv2, CLIP or SigLIP vision `config.json`
     (a whole CLIPModel's or SiglipModel's through `vision_tower` first), with the weights `state`
     saying whether a `ViTModel` has its pooler and how many classes DeiT's heads have."""
+    if config.get("num_channels", 3) != 3:
+        raise LayoutError(f"num_channels {config['num_channels']}: keras_vit takes RGB images.")
+    architecture = _transformers_architecture_of(config)
+    if architecture == "DINOv3ViTModel":  # its gated MLP's activation is SiLU
+        return _spec_from_dinov3(config, state)
     act = config.get("hidden_act", "gelu")
     if act not in _TRANSFORMERS_ACTIVATIONS:
         raise LayoutError(f"hidden_act {act!r}: keras_vit reads "
                           f"{', '.join(_TRANSFORMERS_ACTIVATIONS)}.")
-    if config.get("num_channels", 3) != 3:
-        raise LayoutError(f"num_channels {config['num_channels']}: keras_vit takes RGB images.")
-    architecture = _transformers_architecture_of(config)
     if architecture in _TOWER_FAMILIES:
         return _spec_from_tower(config, state, _TOWER_FAMILIES[architecture])
     classifier = architecture in _TRANSFORMERS_CLASSIFIERS
@@ -632,6 +807,78 @@ def _spec_from_dinov2(config, architecture, patch, image_size):
                  position_embedding_interpolation="bicubic",  # as transformers resamples
                  dropout=config.get("hidden_dropout_prob", 0.0),
                  attention_dropout=config.get("attention_probs_dropout_prob", 0.0))
+
+
+def _spec_from_dinov3(config, state):
+    """The `ViTConfig` of transformers' DINOv3ViTModel `config.json` (Siméoni et al., "DINOv3",
+    2025): RoPE at the patch centres in [-1, 1] and no position embeddings, LayerScale, no
+    head; the output its `pooler_output`, the final LayerNorm's class token."""
+    act, gated = config.get("hidden_act", "gelu"), config.get("use_gated_mlp", False)
+    if gated and act != "silu":
+        raise LayoutError(f"use_gated_mlp with hidden_act {act!r}: keras_vit's gated MLP is "
+                          "SwiGLU (hidden_act 'silu').")
+    if not gated and act not in _TRANSFORMERS_ACTIVATIONS:
+        raise LayoutError(f"hidden_act {act!r}: keras_vit reads "
+                          f"{', '.join(_TRANSFORMERS_ACTIVATIONS)} (and 'silu' gated).")
+    patch, hidden = config.get("patch_size", 16), config.get("hidden_size", 384)
+    kernel = _tensor(state, "embeddings.patch_embeddings.weight", "transformers")
+    if tuple(kernel.shape[-2:]) != ((patch, patch) if isinstance(patch, int) else tuple(patch)):
+        raise LayoutError(f"config.json says patch_size {patch}, but model.safetensors holds "
+                          f"{kernel.shape[-2]}x{kernel.shape[-1]} patch kernels: use the "
+                          "config.json written with these weights.")
+    biases = [config.get(name, default) for name, default in (
+        ("query_bias", True), ("key_bias", False), ("value_bias", True))]
+    return _spec(hidden, config.get("intermediate_size", 1536),
+                 config.get("num_attention_heads", 6), config.get("num_hidden_layers", 12),
+                 kernel.shape[-1], image_size=config.get("image_size", 224), include_top=False,
+                 num_classes=1, activation="swiglu" if gated else _TRANSFORMERS_ACTIVATIONS[act],
+                 layer_norm_epsilon=config.get("layer_norm_eps", 1e-5),
+                 qkv_bias=any(biases),  # the others' zero (`_dinov3_names`)
+                 layer_scale_init=float(config.get("layerscale_value", 1.0)),
+                 num_register_tokens=config.get("num_register_tokens", 0),
+                 position_embedding="none", rope="axial_normalized",
+                 rope_temperature=float(config.get("rope_theta", 100.0)),
+                 attention_dropout=config.get("attention_dropout", 0.0))
+
+
+def _dinov3_config(spec, arrays):
+    """transformers' DINOv3ViTModel `config.json` for a model of RoPE at normalized
+    coordinates (a LayoutError for what it cannot express); key_bias where the weights have a
+    non-zero one."""
+    problems = [problem for bad, problem in (
+        (spec.rope != "axial_normalized", f"rope={spec.rope!r} (its RoPE is at the patch "
+                                          "centres in [-1, 1]: 'axial_normalized')"),
+        (spec.position_embedding != "none", f"position_embedding={spec.position_embedding!r}"),
+        (spec.layer_scale_init is None, "blocks without LayerScale"),
+        (spec.include_top, "head: save a model with include_top=False"),
+        (spec.classifier != "token", f"classifier={spec.classifier!r} (it outputs the class "
+                                     "token)"),
+        (spec.final_norm != "tokens", f"final_norm={spec.final_norm!r} (it norms every token)"),
+        (spec.pre_norm, "pre_norm=True"),
+        (spec.distillation_token, "distillation token"),
+        (spec.representation_size is not None, "pre_logits layer (representation_size)"),
+        (spec.is_hybrid or spec.axial, f"ResNet stem or axial blocks ({spec.variant})"),
+        (spec.dropout, f"dropout {spec.dropout} (it drops only attention weights)"))
+        if bad]
+    if problems:
+        raise LayoutError(f"A model with RoPE is written for transformers as its "
+                          f"DINOv3ViTModel, which has no {'; no '.join(problems)}.")
+    swiglu = spec.activation == "swiglu"
+    height, width = spec.image_size
+    return {
+        "model_type": "dinov3_vit", "architectures": ["DINOv3ViTModel"],
+        "hidden_size": spec.hidden_size, "intermediate_size": spec.mlp_dim,
+        "num_attention_heads": spec.num_heads, "num_hidden_layers": spec.num_layers,
+        "patch_size": spec.patch_size, "image_size": height if height == width else [height,
+                                                                                     width],
+        "num_channels": 3, "hidden_act": "silu" if swiglu else _hidden_act(spec),
+        "use_gated_mlp": swiglu, "layer_norm_eps": spec.layer_norm_epsilon,
+        "rope_theta": spec.rope_temperature, "query_bias": spec.qkv_bias,
+        "key_bias": bool(_key_bias(arrays, spec)), "value_bias": spec.qkv_bias,
+        "proj_bias": True, "mlp_bias": True, "layerscale_value": spec.layer_scale_init,
+        "num_register_tokens": spec.num_register_tokens, "drop_path_rate": 0.0,
+        "attention_dropout": spec.attention_dropout,
+    }
 
 
 def _spec_from_tower(config, state, family):
@@ -756,11 +1003,14 @@ def _dinov2_mlp_ratio(spec):
     return None
 
 
-def transformers_config(spec):
+def transformers_config(spec, arrays=None):
     """transformers' `config.json` for a model of `spec`: its ViT, or its DeiT with a teacher
     for a model with DeiT's distillation token, its DINOv2 for one with LayerScale, its
-    CLIPVisionModel or SiglipVisionModel for one of their options (a LayoutError for what
-    they cannot express)."""
+    CLIPVisionModel or SiglipVisionModel for one of their options, its DINOv3ViTModel for one
+    with RoPE (whose key bias, in the weights `arrays`, says its key_bias; a LayoutError for
+    what they cannot express)."""
+    if spec.rope:
+        return _dinov3_config(spec, arrays)
     if _is_dinov2(spec):
         return _dinov2_config(spec)
     if _tower_family(spec):
@@ -810,8 +1060,9 @@ def transformers_config(spec):
 
 @functools.cache
 def timm_architectures():
-    """timm's `vit_*` and `deit*` architectures: name -> {"class", "args"}, the arguments each
-    entry point passes beyond `VisionTransformer`'s defaults (written by
+    """timm's `vit_*`, `deit*` and `eva02*` architectures: name -> {"class", "args"}, the
+    arguments each entry point passes beyond `VisionTransformer`'s defaults (for Eva's, marked
+    `"defaults": "Eva"`, beyond `Eva`'s) (written by
     benchmarks/timm_coverage.py --write_table from timm itself). A checkpoint's `config.json`
     names its architecture but does not repeat these."""
     path = os.path.join(os.path.dirname(__file__), "timm_architectures.json")
@@ -820,23 +1071,24 @@ def timm_architectures():
 
 
 def _timm_args(config):
-    """(architecture, arguments, distilled): the arguments timm builds the checkpoint's model
-    with (`VisionTransformer`'s defaults, its architecture's, then the config's `model_args`,
-    as `timm.create_model` does), and whether its class has DeiT's distillation token."""
+    """(architecture, arguments, class): the arguments timm builds the checkpoint's model
+    with (its class's defaults, `VisionTransformer`'s or `Eva`'s, its architecture's, then the
+    config's `model_args`, as `timm.create_model` does), and that class."""
     architecture = config["architecture"].split(".")[0]
     entry = timm_architectures().get(architecture)
     args = dict(config.get("model_args") or {})
     if entry is None:  # its options (heads, activation, epsilon...) would be guesses
         raise LayoutError(
             f"timm architecture {architecture!r} is not one keras_vit knows (timm 1.0.31's "
-            "vit_* and deit* architectures, keras_vit/timm_architectures.json).")
+            "vit_*, deit* and eva02* architectures, keras_vit/timm_architectures.json).")
     if entry["class"] not in TIMM_CLASSES:
         raise LayoutError(
             f"timm architecture {architecture!r} is timm's {entry['class']}, not its "
             "VisionTransformer: keras_vit reads the VisionTransformer family (and DeiT's "
-            "VisionTransformerDistilled).")
+            "VisionTransformerDistilled, and Eva).")
     pretrained = config.get("pretrained_cfg") or {}
-    merged = {**_TIMM_DEFAULTS, "img_size": pretrained.get("input_size", [3, 224, 224])[1:],
+    defaults = _EVA_DEFAULTS if entry.get("defaults") == "Eva" else _TIMM_DEFAULTS
+    merged = {**defaults, "img_size": pretrained.get("input_size", [3, 224, 224])[1:],
               **entry["args"], **args}
     if "global_pool" in config:  # timm writes the model's pooling beside model_args
         merged["global_pool"] = config["global_pool"]
@@ -845,7 +1097,7 @@ def _timm_args(config):
         merged["layer_norm_epsilon"] = norm["layer_norm"]
     else:
         merged["norm_layer"] = norm
-    return architecture, merged, TIMM_CLASSES[entry["class"]]
+    return architecture, merged, entry["class"]
 
 
 def _timm_missing(args, distilled=False):
@@ -880,7 +1132,10 @@ def _distilled_missing(args):
 
 def spec_from_timm(config, state):
     """The `ViTConfig` of timm's `config.json`, with the sizes the weights `state` show."""
-    architecture, args, distilled = _timm_args(config)
+    architecture, args, timm_class = _timm_args(config)
+    if timm_class == "Eva":
+        return _spec_from_eva(architecture, args, config, state)
+    distilled = TIMM_CLASSES[timm_class]
     missing = _timm_missing(args, distilled)
     if missing:
         raise LayoutError(f"timm architecture {architecture!r} needs {', '.join(missing)}, "
@@ -906,6 +1161,127 @@ def spec_from_timm(config, state):
                  num_register_tokens=args["reg_tokens"],
                  prefix_position_embeddings=not args["no_embed_class"],
                  pre_norm=args["pre_norm"], final_norm=final_norm, distillation_token=distilled,
+                 dynamic_image_size=args["dynamic_img_size"],
+                 dynamic_image_pad=args["dynamic_img_pad"],
+                 position_embedding_interpolation="bicubic")  # as timm resamples
+
+
+# timm's Eva arguments (timm 1.0.31's defaults): those keras_vit maps, those it cannot, and
+# the rest, which change nothing at inference.
+_EVA_DEFAULTS = {
+    "img_size": 224, "patch_size": 16, "in_chans": 3, "num_classes": 1000, "global_pool": "avg",
+    "embed_dim": 768, "depth": 12, "num_heads": 12, "num_kv_heads": None, "qkv_bias": True,
+    "qkv_fused": True, "qk_norm": False, "mlp_ratio": 4.0, "swiglu_mlp": False,
+    "swiglu_align_to": 0, "scale_mlp": False, "scale_attn_inner": False, "attn_type": "eva",
+    "norm_layer": {"layer_norm": 1e-6}, "init_values": None, "attn_only_layer_scale": False,
+    "class_token": True, "num_reg_tokens": 0, "no_embed_class": False, "use_abs_pos_emb": True,
+    "use_rot_pos_emb": False, "rope_type": "cat", "rope_grid_offset": 0.0,
+    "rope_grid_indexing": "ij", "rope_temperature": 10000.0, "rope_rotate_half": False,
+    "rope_mrope_section": None, "use_post_norm": False, "use_pre_transformer_norm": False,
+    "use_post_transformer_norm": None, "use_fc_norm": None, "attn_pool_num_heads": None,
+    "attn_pool_mlp_ratio": None, "dynamic_img_size": False, "dynamic_img_pad": False,
+    "ref_feat_shape": None}
+# Training only (dropout, stochastic depth, RoPE's coordinate augmentation) or initialisation.
+_EVA_IGNORED = {"drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate",
+                "attn_drop_rate", "drop_path_rate", "rope_shift_coords", "rope_jitter_coords",
+                "rope_rescale_coords", "head_init_scale"}
+# timm's Eva RoPE kinds -> keras_vit's.
+_EVA_ROPES = {"cat": "axial", "dinov3": "axial_normalized"}
+
+
+def _eva_missing(args):
+    """What of timm's Eva `args` keras_vit has no option for, in timm's words, with why."""
+    heads = args["num_kv_heads"]
+    problems = {
+        "norm_layer": ("norm_layer" in args, f"norm_layer={args.get('norm_layer')!r} (keras_vit's "
+                                             "norms are LayerNorms; RmsNorm is not one)"),
+        "qk_norm": (args["qk_norm"], "qk_norm=True (norms of each head's queries and keys)"),
+        "num_kv_heads": (heads is not None and set(np.ravel(heads)) != {args["num_heads"]},
+                         "num_kv_heads (grouped-query attention: fewer key and value heads)"),
+        "scale_mlp": (args["scale_mlp"], "scale_mlp=True (a norm inside the MLP)"),
+        "scale_attn_inner": (args["scale_attn_inner"], "scale_attn_inner=True (a norm inside "
+                                                       "the attention)"),
+        "use_post_norm": (args["use_post_norm"], "use_post_norm=True (blocks that norm their "
+                                                 "branches' outputs)"),
+        "attn_only_layer_scale": (args["attn_only_layer_scale"] and args["init_values"]
+                                  is not None, "attn_only_layer_scale=True (LayerScale on the "
+                                               "attention alone)"),
+        "attn_type": (args["attn_type"] not in ("eva", "rope"),
+                      f"attn_type={args['attn_type']!r}"),
+        "in_chans": (args["in_chans"] != 3, f"in_chans={args['in_chans']}"),
+    }
+    if args["use_rot_pos_emb"]:
+        problems.update({
+            "rope_type": (args["rope_type"] not in _EVA_ROPES,
+                          f"rope_type={args['rope_type']!r}" + (
+                              " (learned RoPE frequencies)" if args["rope_type"] == "mixed"
+                              else "")),
+            "rope_grid_offset": (args["rope_grid_offset"] != 0,
+                                 f"rope_grid_offset={args['rope_grid_offset']!r} (keras_vit's "
+                                 "patch coordinates start at 0)")})
+    pool, token = args["global_pool"], args["class_token"]
+    fc_norm, norm = _eva_norms(args)
+    problems.update({
+        "global_pool": (pool not in ("token", "avg") or (pool == "token") != bool(token),
+                        f"global_pool={pool!r} with class_token={token}" + (
+                            " (keras_vit's GAP models have no class token)" if pool == "avg"
+                            else " (attention pooling of Eva's is not mapped yet)"
+                            if pool == "map" else "")),
+        "use_fc_norm": (fc_norm and norm, "both a norm of the tokens and one of the pooled "
+                                          "vector (use_fc_norm with use_post_transformer_norm)")})
+    missing = [why for bad, why in problems.values() if bad]
+    return missing + [f"{name}={value!r}" for name, value in sorted(args.items())
+                      if name not in _EVA_DEFAULTS and name not in _EVA_IGNORED
+                      and name != "layer_norm_epsilon"]
+
+
+def _eva_norms(args):
+    """(fc_norm, norm): whether timm's Eva norms the pooled vector, and the tokens (its rule)."""
+    fc_norm = (args["global_pool"] == "avg" if args["use_fc_norm"] is None
+               else bool(args["use_fc_norm"]))
+    norm = (not fc_norm if args["use_post_transformer_norm"] is None
+            else bool(args["use_post_transformer_norm"]))
+    return fc_norm, norm
+
+
+def _spec_from_eva(architecture, args, config, state):
+    """The `ViTConfig` of timm's Eva (EVA-02, its RoPE ViTs, DINOv3...)."""
+    missing = _eva_missing(args)
+    if missing:
+        raise LayoutError(f"timm architecture {architecture!r} (timm's Eva) needs "
+                          f"{', '.join(missing)}, which keras_vit has no option for yet.")
+    kernel = _tensor(state, "patch_embed.proj.weight", "timm")
+    hidden, patch = kernel.shape[0], kernel.shape[-1]
+    layers = len({key.split(".")[1] for key in state if key.startswith("blocks.")})
+    swiglu = args["swiglu_mlp"]
+    if swiglu and "blocks.0.mlp.fc1_g.weight" in state:  # SwiGLU's unpacked (aligned) rows
+        mlp = state["blocks.0.mlp.fc1_g.weight"].shape[0]
+    else:  # GluMlp packs the gate's rows and the value's
+        mlp = _tensor(state, "blocks.0.mlp.fc1.weight", "timm").shape[0] // (2 if swiglu else 1)
+    prefix_tokens = int(bool(args["class_token"])) + args["num_reg_tokens"]
+    if args["use_abs_pos_emb"]:
+        _check_grid(_tensor(state, "pos_embed", "timm"), args["img_size"], patch,
+                    0 if args["no_embed_class"] else prefix_tokens, "img_size")
+    fc_norm, norm = _eva_norms(args)
+    rope = _EVA_ROPES[args["rope_type"]] if args["use_rot_pos_emb"] else None
+    reference = args["ref_feat_shape"] if rope == "axial" else None
+    num_classes = config.get("num_classes", args["num_classes"])
+    return _spec(hidden, mlp, args["num_heads"], layers, patch,
+                 image_size=_whole_patches(args["img_size"], patch, architecture),
+                 include_top=num_classes > 0, num_classes=max(num_classes, 1),
+                 classifier="token" if args["global_pool"] == "token" else "gap",
+                 activation="swiglu" if swiglu else "gelu",  # Eva's Mlp: exact GELU
+                 layer_norm_epsilon=args["layer_norm_epsilon"],
+                 qkv_bias=args["qkv_bias"], layer_scale_init=args["init_values"],
+                 num_register_tokens=args["num_reg_tokens"],
+                 position_embedding="learned" if args["use_abs_pos_emb"] else "none",
+                 prefix_position_embeddings=not (args["use_abs_pos_emb"]
+                                                 and args["no_embed_class"]),
+                 pre_norm=args["use_pre_transformer_norm"],
+                 final_norm="pooled" if fc_norm else "tokens" if norm else "none",
+                 rope=rope, rope_temperature=float(args["rope_temperature"]) if rope else None,
+                 rope_reference_grid=([reference] * 2 if isinstance(reference, int)
+                                      else reference),
                  dynamic_image_size=args["dynamic_img_size"],
                  dynamic_image_pad=args["dynamic_img_pad"],
                  position_embedding_interpolation="bicubic")  # as timm resamples
@@ -953,13 +1329,16 @@ def _whole_patches(image_size, patch, architecture):
     return whole
 
 
-def timm_config(spec, preprocessing):
+def timm_config(spec, preprocessing, arrays=None):
     """timm's `config.json` (what `timm.create_model("local-dir:DIR", pretrained=True)` reads)
     for a model of `spec`: its sizes and options in `model_args`, on an architecture whose
     LayerNorm epsilon is the model's (timm's model_args cannot name one), and in
     `pretrained_cfg` the resize and crop of `preprocessing` (the model's
     `keras_vit.EvalPreprocessing`). A model with DeiT's distillation token is timm's
-    VisionTransformerDistilled, which takes the same arguments."""
+    VisionTransformerDistilled, which takes the same arguments; one with RoPE is timm's Eva,
+    whose attention depends on the weights, `arrays` (`_eva_attention`)."""
+    if spec.rope:
+        return _eva_config(spec, preprocessing, arrays)
     timm_class = next(name for name, distilled in TIMM_CLASSES.items()
                       if distilled == spec.distillation_token)
     _check_plain(spec, f"timm's {timm_class}")
@@ -985,9 +1364,15 @@ def timm_config(spec, preprocessing):
     # Only those that differ from timm's defaults: a config any timm with them reads.
     args.update({name: value for name, value in later.items()
                  if value != _TIMM_DEFAULTS[name]})
+    return _timm_config_file(spec, preprocessing, args,
+                             _timm_architecture_of_epsilon(spec.layer_norm_epsilon, timm_class))
+
+
+def _timm_config_file(spec, preprocessing, args, architecture):
+    height, width = spec.image_size
     num_classes = spec.num_classes if spec.include_top else 0
     return {
-        "architecture": _timm_architecture_of_epsilon(spec.layer_norm_epsilon, timm_class),
+        "architecture": architecture,
         "num_classes": num_classes, "num_features": spec.hidden_size,
         "global_pool": args["global_pool"], "model_args": args,
         "pretrained_cfg": {
@@ -996,6 +1381,81 @@ def timm_config(spec, preprocessing):
             "crop_pct": preprocessing.crop_fraction, "crop_mode": preprocessing.crop_mode,
             "num_classes": num_classes},
     }
+
+
+def _eva_config(spec, preprocessing, arrays):
+    """timm's Eva `config.json` for a model with RoPE: every Eva argument in `model_args` (so
+    that none of the architecture's own applies), RoPE laid out as `_EVA_WRITTEN_ROPE` says."""
+    problems = [problem for bad, problem in (
+        (spec.is_hybrid or spec.axial, f"ResNet stem or axial blocks ({spec.variant})"),
+        (spec.position_embedding not in ("learned", "none"),
+         f"position_embedding={spec.position_embedding!r}"),
+        (spec.position_embedding_placement != "stem",
+         f"position embeddings added in every block ({spec.position_embedding_placement!r})"),
+        (spec.distillation_token, "distillation token"),
+        (spec.representation_size is not None, "pre_logits layer (representation_size)"),
+        (spec.classifier == "map", "attention pooling (classifier='map')"),
+        (spec.activation not in ("gelu", "swiglu"), f"activation={spec.activation!r} (its MLPs "
+                                                    "are exact GELU or SwiGLU)"),
+        (spec.pre_norm and spec.position_embedding == "none",
+         "pre_norm without position embeddings (its patch embedding then has no bias, which "
+         "keras_vit folds into the position embeddings)"))
+        if bad]
+    if problems:
+        raise LayoutError(f"A model with RoPE is written as timm's Eva, which has no "
+                          f"{'; no '.join(problems)}.")
+    height, width = spec.image_size
+    interleaved, xy = _EVA_WRITTEN_ROPE[spec.rope]
+    fc_norm = spec.final_norm == "pooled"
+    args = {name: value for name, value in _EVA_DEFAULTS.items()
+            if name not in ("norm_layer", "num_classes")}
+    args.update({
+        "img_size": [height, width], "patch_size": spec.patch_size,
+        "global_pool": "token" if spec.classifier == "token" else "avg",
+        "embed_dim": spec.hidden_size, "depth": spec.num_layers, "num_heads": spec.num_heads,
+        "qkv_bias": spec.qkv_bias, "attn_type": _eva_attention(arrays, spec),
+        "mlp_ratio": _mlp_ratio(spec), "swiglu_mlp": spec.activation == "swiglu",
+        "init_values": spec.layer_scale_init, "class_token": spec.classifier == "token",
+        "num_reg_tokens": spec.num_register_tokens,
+        "no_embed_class": not spec.prefix_position_embeddings,
+        "use_abs_pos_emb": spec.position_embedding == "learned", "use_rot_pos_emb": True,
+        "rope_type": {kind: name for name, kind in _EVA_ROPES.items()}[spec.rope],
+        "rope_temperature": spec.rope_temperature, "rope_rotate_half": not interleaved,
+        "rope_grid_indexing": "xy" if xy else "ij",
+        "ref_feat_shape": list(spec.rope_reference_grid) if spec.rope_reference_grid else None,
+        "use_pre_transformer_norm": spec.pre_norm, "use_fc_norm": fc_norm,
+        "use_post_transformer_norm": spec.final_norm == "tokens",
+        "dynamic_img_size": spec.dynamic_image_size, "dynamic_img_pad": spec.dynamic_image_pad})
+    return _timm_config_file(spec, preprocessing, args,
+                             _eva_architecture_of_epsilon(spec.layer_norm_epsilon))
+
+
+def _mlp_ratio(spec):
+    """timm's mlp_ratio r for mlp_dim: its blocks make int(width * r) units."""
+    ratio = spec.mlp_dim / spec.hidden_size
+    while int(spec.hidden_size * ratio) < spec.mlp_dim:  # a quotient rounded down
+        ratio = math.nextafter(ratio, math.inf)
+    return ratio
+
+
+def _eva_architecture_of_epsilon(epsilon):
+    """An Eva architecture of timm's whose LayerNorms have this epsilon, and every other
+    argument one `_eva_config` writes."""
+    epsilons, table = set(), timm_architectures()
+    # The familiar names first: EVA-02 B/14 (epsilon 1e-6), DINOv3 B/16 (1e-5).
+    for name in ["eva02_base_patch14_224", "vit_base_patch16_dinov3", *sorted(table)]:
+        entry = table.get(name, {"args": {}})
+        norm = entry["args"].get("norm_layer", _EVA_DEFAULTS["norm_layer"])
+        if (entry.get("defaults") != "Eva" or not isinstance(norm, dict)
+                or "layer_norm" not in norm or set(entry["args"]) - set(_EVA_DEFAULTS)):
+            continue
+        if norm["layer_norm"] == epsilon:
+            return name
+        epsilons.add(norm["layer_norm"])
+    raise LayoutError(
+        f"timm's Eva architectures have LayerNorms of epsilon "
+        f"{' or '.join(f'{value:g}' for value in sorted(epsilons, reverse=True))}, the model "
+        f"{epsilon}; timm's model_args cannot name another.")
 
 
 def _timm_architecture_of_epsilon(epsilon, timm_class="VisionTransformer"):
@@ -1026,6 +1486,10 @@ def _timm_architecture_of_epsilon(epsilon, timm_class="VisionTransformer"):
 
 
 def _check_plain(spec, target, swiglu=False):
+    if spec.rope:
+        raise LayoutError(f"{target} has no rotary position embeddings (rope={spec.rope!r}); "
+                          "save the model for timm (its Eva), or with rope 'axial_normalized' "
+                          "for transformers (its DINOv3ViTModel).")
     if (spec.is_hybrid or spec.axial or spec.position_embedding != "learned"
             or spec.position_embedding_placement != "stem"):
         raise LayoutError(

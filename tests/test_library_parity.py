@@ -531,3 +531,90 @@ def test_vit_msn_classifier_loads_with_its_head_and_goes_back_as_vit(tmp_path):
     back = transformers.AutoModelForImageClassification.from_pretrained(tmp_path / "ours").eval()
     assert type(back) is transformers.ViTForImageClassification
     assert_close(masked_outputs(back, IMAGES).logits.numpy(), expected, 1e-5)
+
+
+# timm's Eva class (EVA-02, and its RoPE ViTs: naver's, the sbb GAP ones, DINOv3's...), built
+# small (width 32, 2 heads of 16 channels, 2 blocks, 32px): RoPE in its interleaved and 'xy'
+# layouts as keras_vit's (a permutation of each head's query and key channels), EvaAttention's
+# absent key bias, LayerScale's gamma_1 / gamma_2, SwiGLU packed and not. Each cluster of
+# pretrained tags it stands for is named.
+EVA_SMALL = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0,
+                 num_classes=5)
+EVA_FAMILIES = {
+    "lingbot": ("vit_base_patch16_lingbot", {"num_classes": 0},
+                "DINOv3's RoPE, class token and 4 registers, no position embeddings, query and "
+                "value biases, epsilon 1e-5, the class token's features"),
+    "naver_rope": ("vit_base_patch16_rope_224", {},
+                   "RoPE at indices, temperature 100, interleaved, columns first ('xy'), "
+                   "AttentionRope's key bias"),
+    "naver_rope_ape": ("vit_base_patch16_rope_ape_224", {},
+                       "the same with position embeddings of the patches only"),
+    "sbb_reg1_gap": ("vit_base_patch16_rope_reg1_gap_256", {},
+                     "interleaved rows first, a reference grid (16x16 against 4x4), a "
+                     "register without class token, GAP with fc_norm"),
+    "sbb_reg4_gap": ("vit_betwixt_patch16_rope_reg4_gap_256", {}, "4 registers"),
+    "sbb_no_bias": ("vit_mediumd_patch16_rope_reg1_gap_256", {}, "no query, key, value biases"),
+    "glu_packed": ("vit_base_patch16_rope_reg1_gap_256", {"swiglu_mlp": True},
+                   "SwiGLU packed in one fc1 (GluMlp: the gate's rows first)"),
+    "swiglu_aligned": ("vit_base_patch16_lingbot", {"swiglu_mlp": True, "swiglu_align_to": 8,
+                                                    "mlp_ratio": 2.6},
+                       "SwiGLU unpacked (fc1_g, fc1_x), 83 units aligned to 88"),
+}
+
+
+def eva_pixels_and_logits(pixels):
+    def logits(model):  # on the pixels as the model's pretrained_cfg normalises them
+        mean, std = (np.asarray(model.pretrained_cfg[key]) for key in ("mean", "std"))
+        with torch.no_grad():
+            return model(torch.tensor(((pixels / 255 - mean) / std).transpose(0, 3, 1, 2),
+                                      dtype=torch.float32)).numpy()
+    return logits
+
+
+@pytest.mark.parametrize("family", EVA_FAMILIES)
+def test_timm_eva_both_ways(tmp_path, family):
+    from timm.models import _hub
+    from timm.models.eva import Eva
+    architecture, options, _ = EVA_FAMILIES[family]
+    args = {**EVA_SMALL, **options}
+    theirs = order_one(timm.create_model(architecture, pretrained=False, **args))
+    assert isinstance(theirs, Eva)
+    _hub.save_for_hf(theirs, str(tmp_path / "theirs"), model_args=args,
+                     safe_serialization=True)
+    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    assert ours.spec.rope == ("axial_normalized" if "lingbot" in architecture else "axial")
+    assert ours.spec.activation == ("swiglu" if args.get("swiglu_mlp") else "gelu")
+    pixels = np.random.default_rng(2).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
+    logits = eva_pixels_and_logits(pixels)
+    expected = logits(theirs)
+    assert_close(ours(keras_vit.preprocess_inputs(pixels)), expected, 1e-5)
+    keras_vit.save_pretrained(ours, tmp_path / "ours", format="timm")
+    back = timm.create_model("local-dir:" + os.fspath(tmp_path / "ours"), pretrained=True)
+    # A non-zero key bias (AttentionRope's) goes back to AttentionRope; EvaAttention has none.
+    assert type(back.blocks[0].attn).__name__ == type(theirs.blocks[0].attn).__name__
+    assert_close(logits(back.eval()), expected, 1e-5)
+
+
+@pytest.mark.parametrize("architecture, options, reason", [
+    ("vit_base_patch16_rope_mixed_224", {}, r"rope_type='mixed' \(learned RoPE frequencies\)"),
+    ("vit_base_patch16_dinov3", {}, "global_pool='avg' with class_token=True"),
+    ("eva02_base_patch14_224", {}, r"scale_mlp=True \(a norm inside the MLP\)"),
+    ("eva02_base_patch16_clip_224", {}, "scale_attn_inner=True"),
+    ("eva02_enormous_patch14_clip_224", {}, "use_post_norm=True"),
+    ("vit_pe_spatial_base_patch16_512", {"global_pool": "token"}, "rope_grid_offset=1.0"),
+    ("vit_base_patch16_rope_reg1_gap_256", {"qk_norm": True}, "qk_norm=True"),
+    ("vit_base_patch16_rope_224", {"num_kv_heads": 1, "qkv_fused": False}, "num_kv_heads"),
+    ("vit_base_patch16_rope_224", {"attn_only_layer_scale": True},
+     "attn_only_layer_scale=True"),
+    ("vit_base_patch16_sapiens2", {"num_kv_heads": 2}, "norm_layer=.*rms_norm"),
+])
+def test_timm_eva_options_keras_vit_lacks_are_refused(tmp_path, architecture, options, reason):
+    from timm.models import _hub
+    args = {**EVA_SMALL, "depth": 1, **options}
+    theirs = timm.create_model(architecture, pretrained=False, **args)
+    _hub.save_for_hf(theirs, str(tmp_path), model_args=args, safe_serialization=True)
+    with pytest.raises(LayoutError, match=f"^timm architecture '{architecture}' \\(timm's Eva\\) "
+                                          f"needs .*{reason}") as error:
+        keras_vit.from_pretrained(str(tmp_path))
+    assert "\n" not in str(error.value)
+
