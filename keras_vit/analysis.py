@@ -52,7 +52,7 @@ def token_layout(model, image_size=None):
     position = _find_layer(model, vit_layers.AddPositionEmbs, "AddPositionEmbs")
     spec = getattr(model, "spec", None)
     prefix = position.num_prefix_tokens
-    class_token = spec.classifier == "token" if spec is not None else prefix > 0
+    class_token = spec.class_token if spec is not None else prefix > 0
     if spec is not None and spec.dynamic_image_size:
         image_size = tuple(int(side) for side in (image_size or spec.image_size))
         pitch = (float(spec.total_stride),) * 2

@@ -346,7 +346,7 @@ def _build(spec, policy, name):
         x = vit_layers.RegisterTokens(spec.num_register_tokens, name="reg", dtype=policy)(x)
     if spec.distillation_token:  # the class token goes before it
         x = vit_layers.DistillationToken(name="dist", dtype=policy)(x)
-    if spec.classifier == "token":
+    if spec.class_token:
         x = vit_layers.ClassToken(name="cls", dtype=policy)(x)
     relative = {"relative": "1d", "relative_2d": "2d"}.get(spec.position_embedding)
 

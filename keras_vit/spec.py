@@ -94,10 +94,11 @@ class ViTConfig:
             `dynamic_image_size`).
         num_classes: classes of the head (zero-initialised, as the paper's transfer recipe).
         include_top: False for a model that returns the pooled representation, no head.
-        classifier: "token" (the class token), "gap" (mean of the tokens, no class token) or
-            "map" (attention pooling of the tokens by a learned query, no class token; Zhai et
-            al., "Scaling Vision Transformers", 2022, as SigLIP); None takes "token", or "gap"
-            for Axial variants (their tokens stay a grid).
+        classifier: "token" (the class token), "gap" (mean of the patch tokens) or "map"
+            (attention pooling of the patch tokens by a learned query; Zhai et al., "Scaling
+            Vision Transformers", 2022, as SigLIP); None takes "token", or "gap" for Axial
+            variants (their tokens stay a grid). "gap" and "map" have no class token unless
+            `class_token` says so.
         representation_size: width of the tanh "pre_logits" layer before the head; None: none.
         position_embedding: appendix D.4's kinds: "learned" (1-D, the default), "learned_2d"
             (row and column halves), "none", "relative" or "relative_2d" (logits in every
@@ -167,6 +168,10 @@ class ViTConfig:
             heads' logits (as DeiT evaluates; without a head, the mean of the two tokens);
             `keras_vit.distillation_heads(model)` gives both. Needs classifier "token", no
             register tokens, final_norm "tokens" and no representation_size.
+        class_token: None (a class token for classifier "token" only, the original's rule),
+            or True for a class token that a "gap" or "map" classifier leaves out of its
+            pooling, as timm's `class_token=True, global_pool="avg"` (DINOv3, EVA-02): it
+            attends in every block and is a feature, but the output pools the patches.
         rope: None, or rotary position embeddings (Su et al., "RoFormer", 2021) in every
             block's attention, as Heo et al.'s "Rotary Position Embedding for Vision
             Transformer" (2024) does for images: each head's queries and keys of the patches
@@ -216,6 +221,7 @@ class ViTConfig:
     pre_norm: bool = False
     final_norm: str = "tokens"
     distillation_token: bool = False
+    class_token: bool = None
     rope: str = None
     rope_temperature: float = None
     rope_reference_grid: tuple = None
@@ -309,7 +315,7 @@ class ViTConfig:
     def num_prefix_tokens(self):
         """Tokens before the patches: the class token (if any), the distillation token (if
         any), then the register tokens."""
-        return (int(self.classifier == "token") + int(self.distillation_token)
+        return (int(self.class_token) + int(self.distillation_token)
                 + self.num_register_tokens)
 
     @property
@@ -451,6 +457,7 @@ def _resolved(fields):
     check("num_register_tokens", lambda value: variants.check_int(
         "num_register_tokens", value, minimum=0))
     check("final_norm", lambda value: variants.check_choice("final_norm", value, FINAL_NORMS))
+    _check_class_token(fields, values, check)
     _check_rope(fields, values, check)
 
     # The rules that combine fields.
@@ -476,6 +483,10 @@ def _resolved(fields):
         if ok("num_register_tokens") and values["num_register_tokens"]:
             add(("variant", "num_register_tokens"),
                 "Axial-ViT's tokens are the patch grid alone: use num_register_tokens=0")
+        if ok("class_token") and values["class_token"] and values.get("classifier") == "gap":
+            add(("variant", "class_token"),
+                "Axial-ViT has no class token (its tokens stay a 2-D grid of patches): use "
+                "class_token=None")
         if ok("classifier") and values["classifier"] != "gap":
             add(("variant", "classifier"),
                 "Axial-ViT has no class token (its tokens stay a 2-D grid of patches): use "
@@ -542,6 +553,24 @@ def _resolved(fields):
 
 
 DEFAULTS = {field.name: field.default for field in dataclasses.fields(ViTConfig)}
+
+
+def _check_class_token(fields, values, check):
+    """class_token: True for classifier "token", its given value (default False) otherwise."""
+    classifier = values.get("classifier")
+    given = fields.get("class_token")
+
+    def class_token(value):
+        if value is None:
+            return classifier == "token"
+        value = variants.check_bool("class_token", value)
+        if classifier == "token" and not value:
+            raise ValueError("the token classifier reads the class token: use "
+                             "class_token=True (or None) with classifier 'token'")
+        return value
+
+    if classifier is not None or given is None:
+        check("class_token", class_token)
 
 
 def _check_rope(fields, values, check):

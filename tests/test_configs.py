@@ -388,8 +388,9 @@ def test_config_json_in_the_flat_layout_is_read_with_config_model(tmp_path):
     with pytest.raises(run_config.ConfigMismatchError) as error:
         run_config.check_resume(_tiny_quickstart(hidden_size=32, classifier="gap"),
                                 str(tmp_path))
-    assert "(model.classifier: 'token' -> 'gap', model.hidden_size: 16 -> 32)" in str(
-        error.value)
+    # (The class token goes with the token classifier, so it is named too.)
+    assert ("(model.class_token: True -> False, model.classifier: 'token' -> 'gap', "
+            "model.hidden_size: 16 -> 32)") in str(error.value)
     assert model_config.model_spec(ml_collections.ConfigDict(saved), 10) == \
         model_config.model_spec(config, 10)
     config_checks.check(ml_collections.ConfigDict(saved))

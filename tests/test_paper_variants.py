@@ -259,6 +259,7 @@ VARIANTS = {
     "sincos_2d": ("B/16", dict(position_embedding="sincos_2d")),
     "rope_axial": ("B/16", dict(rope="axial", position_embedding="none")),
     "rope_axial_normalized": ("B/16", dict(rope="axial_normalized", num_register_tokens=1)),
+    "gap_with_class_token": ("B/16", dict(classifier="gap", class_token=True)),
 }
 
 

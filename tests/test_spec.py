@@ -15,6 +15,7 @@ import pytest
 import keras_vit
 from keras_vit import builders, variants
 from keras_vit.spec import FIELDS, ViTConfig
+from model_fixtures import randomise
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def python_output(code):
@@ -220,12 +221,41 @@ def test_later_vit_options_are_checked_with_the_rest():
     # DeiT's token, its position row, and its head (16 x 3 + 3).
     ({"distillation_token": True}, 16 + 16 + 16 * 3 + 3),
     ({"activation": "swiglu"}, 16 * 32 + 32),  # SwiGLU's gate: one more 16 x 32 projection
+    ({"classifier": "gap"}, -16 - 16),  # no class token, nor its position row
+    ({"classifier": "gap", "class_token": True}, 0),
 ], ids=["no_qkv_bias", "layer_scale", "registers", "registers_no_prefix_embeddings",
-        "pre_norm", "pooled_norm", "no_final_norm", "distillation_token", "swiglu"])
+        "pre_norm", "pooled_norm", "no_final_norm", "distillation_token", "swiglu", "gap",
+        "gap_with_class_token"])
 def test_each_later_option_adds_exactly_its_weights(fields, extra):
     plain = keras_vit.vit("S/16", **TINY).count_params()
     model = keras_vit.vit("S/16", **TINY, **fields)
     assert model.count_params() - plain == extra
+
+
+def test_a_class_token_beside_mean_pooling_attends_but_is_left_out_of_the_mean():
+    """timm's class_token=True with global_pool="avg" (DINOv3, EVA-02): the class token is in
+    every block's attention, and the output is the mean of the normed patch tokens only."""
+    spec = ViTConfig.from_variant("S/16", **TINY, classifier="gap", class_token=True,
+                                  num_register_tokens=1)
+    assert spec.num_prefix_tokens == 2 and ViTConfig.from_dict(spec.to_dict()) == spec
+    assert ViTConfig.from_variant("S/16", classifier="gap").class_token is False
+    assert ViTConfig.from_variant("S/16").class_token is True
+    model = keras_vit.vit(spec.replace(include_top=False))
+    randomise(model, scale=0.5)
+    images = np.random.default_rng(1).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    tokens = np.asarray(keras_vit.features(model, layers=-1, norm=True)(images))
+    assert tokens.shape == (2, 2 + 4, 16)
+    np.testing.assert_allclose(np.asarray(model(images)), tokens[:, 2:].mean(axis=1),
+                               rtol=1e-5, atol=1e-6)
+    # The class token matters: changing it changes the patches' output.
+    cls = model.get_layer("cls")
+    before = np.asarray(model(images))
+    cls.cls.assign(np.ones(cls.cls.shape, "float32"))
+    assert np.abs(np.asarray(model(images)) - before).max() > 1e-3
+    with pytest.raises(ValueError, match="class_token=True \\(or None\\)"):
+        ViTConfig.from_variant("S/16", class_token=False)
+    with pytest.raises(ValueError, match="class_token=None"):
+        ViTConfig.from_variant("Axial-S/16", class_token=True)
 
 
 def test_later_options_reach_the_tools():
