@@ -618,3 +618,56 @@ def test_timm_eva_options_keras_vit_lacks_are_refused(tmp_path, architecture, op
         keras_vit.from_pretrained(str(tmp_path))
     assert "\n" not in str(error.value)
 
+
+# DINOv3 (Siméoni et al. 2025): transformers' DINOv3ViTModel loads as a model without a head
+# whose output is its pooler_output (the final LayerNorm's class token): RoPE at the patch
+# centres in [-1, 1] ("axial_normalized"), no position embeddings, registers, LayerScale.
+def dinov3_model(registers, gated, key_bias):
+    config = transformers.DINOv3ViTConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        patch_size=8, image_size=32, num_register_tokens=registers, use_gated_mlp=gated,
+        hidden_act="silu" if gated else "gelu", key_bias=key_bias)  # epsilon 1e-5, theta 100
+    return order_one(transformers.DINOv3ViTModel(config))
+
+
+def dinov3_outputs(model):
+    with torch.no_grad():
+        return model(pixel_values=torch.tensor(IMAGES.transpose(0, 3, 1, 2)))
+
+
+@pytest.mark.parametrize("registers, gated, key_bias", [(4, False, False), (2, True, True),
+                                                        (0, False, True)],
+                         ids=["registers", "gated_key_bias", "no_registers"])
+def test_transformers_dinov3_both_ways(tmp_path, registers, gated, key_bias):
+    from safetensors.numpy import load_file
+    theirs = dinov3_model(registers, gated, key_bias)
+    theirs.save_pretrained(tmp_path / "theirs")
+    assert "layer.0.norm1.weight" in load_file(tmp_path / "theirs" / "model.safetensors")
+    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    assert (ours.spec.rope, ours.spec.rope_temperature, ours.spec.layer_norm_epsilon) == (
+        "axial_normalized", 100.0, 1e-5)
+    assert ours.spec.activation == ("swiglu" if gated else "gelu")
+    assert ours.spec.num_register_tokens == registers and not ours.spec.include_top
+    expected = dinov3_outputs(theirs)
+    tokens = keras_vit.features(ours, layers=-1, norm=True)  # cls, registers, patches
+    assert_close(ours(IMAGES), expected.pooler_output.numpy(), 1e-5)
+    assert_close(tokens(IMAGES), expected.last_hidden_state.numpy(), 1e-5)
+    keras_vit.save_pretrained(ours, tmp_path / "ours", format="transformers")
+    back = transformers.AutoModel.from_pretrained(tmp_path / "ours").eval()
+    assert type(back) is transformers.DINOv3ViTModel
+    assert back.config.key_bias == key_bias and not back.embeddings.mask_token.any()
+    outputs = dinov3_outputs(back)
+    assert_close(outputs.pooler_output.numpy(), expected.pooler_output.numpy(), 1e-5)
+    assert_close(outputs.last_hidden_state.numpy(), expected.last_hidden_state.numpy(), 1e-5)
+    processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "ours")
+    assert type(processor).__name__.startswith("DINOv3ViTImageProcessor")
+
+
+def test_rope_models_transformers_lacks_are_refused_when_saving(tmp_path):
+    """transformers' RoPE ViT is DINOv3's: normalized coordinates, no position embeddings."""
+    model = keras_vit.vit("Ti/16", hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1,
+                          image_size=32, patch_size=8, include_top=False, rope="axial",
+                          layer_scale_init=1.0, position_embedding="none")
+    with pytest.raises(LayoutError, match="DINOv3ViTModel, which has no rope='axial'"):
+        keras_vit.save_pretrained(model, tmp_path / "ours", format="transformers")
+    assert not (tmp_path / "ours").exists()
