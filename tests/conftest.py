@@ -19,7 +19,8 @@ def pytest_configure(config):
         "markers", "slow: builds or installs the package (deselect with -m 'not slow')")
     config.addinivalue_line(
         "markers", "processes: starts several training processes (workers, JAX processes, a "
-        "study's runs) or kills and resumes one; not in the default run (pyproject.toml's "
+        "study's runs, simulated hosts, many commands at once) or kills and resumes one; not "
+        "in the default run (pyproject.toml's "
         "addopts), run them with `python -m pytest -q tests -m processes`")
 
 

@@ -304,6 +304,7 @@ BAD_FLAGS = {
 }
 
 
+@pytest.mark.processes  # a command per bad flag, at once
 def test_bad_flags_are_one_line_errors(fake_fmnist, tmp_path):
     file = tmp_path / "file"
     file.write_text("x")

@@ -86,6 +86,7 @@ def test_export_latency_benchmark_times_a_variant_with_changed_fields():
     assert float(rows[1][2]) < 0.5, rows
 
 
+@pytest.mark.processes  # simulated hosts on two formats and two pipelines
 def test_input_scaling_benchmark_reads_about_one_share_per_host(tmp_path):
     """`benchmarks/input_scaling.py` on 512 tiny JPEGs and 1 or 4 simulated hosts: it writes the
     dataset in both formats and prints its three tables; 4 hosts together read far fewer than 4
@@ -110,6 +111,7 @@ def test_input_scaling_benchmark_reads_about_one_share_per_host(tmp_path):
     assert [(row[0][2:], row[1]) for row in rows[-6:]] == [run for run in timed for _ in (1, 4)]
 
 
+@pytest.mark.processes  # the JAX engine compiled in four configurations
 def test_accelerator_benchmark_runs_its_tiny_model_on_the_cpu():
     """`benchmarks/accelerator.py --tiny`: the whole benchmark (the JAX engine's train step in
     four configurations, inference, timm where installed) on a small model, one table."""

@@ -351,6 +351,7 @@ def _cases(data, root):
     }
 
 
+@pytest.mark.processes  # 18 commands at once: most of a minute on 2 cores
 def test_user_errors_are_one_line_without_traceback(fake_fmnist, tmp_path):
     cases = _cases(fake_fmnist, tmp_path)
     processes = {name: subprocess.Popen(command, cwd=REPO,
