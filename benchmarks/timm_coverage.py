@@ -32,6 +32,7 @@ import functools
 import inspect
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -237,6 +238,9 @@ def _checked(architecture, args, workdir):
         return check(architecture, args.depth, args.tolerance, workdir)
     except Exception as error:  # a row of the table, not the end of the run
         return "error", f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
+    finally:  # the widest models' files take gigabytes: keep one architecture's at a time
+        for directory in (architecture, architecture + "_back"):
+            shutil.rmtree(os.path.join(workdir, directory), ignore_errors=True)
 
 
 def summarise(timm, family, tags, results):

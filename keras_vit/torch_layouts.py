@@ -204,7 +204,7 @@ def _pairs(spec, layout, prefix=""):
             stem.append(("Transformer/posembed_input/pos_embedding", "pos_embed", "copy"))
         if not spec.pre_norm:  # timm's patch embedding has no bias before a pre-norm
             stem.append(("embedding/bias", "patch_embed.proj.bias", "copy"))
-        if spec.classifier == "token":
+        if spec.class_token:  # Eva's GAP models may have one too
             stem.append(("cls", "cls_token", "copy"))
         if spec.distillation_token:
             stem.append(("dist", "dist_token", "copy"))
@@ -1222,10 +1222,9 @@ def _eva_missing(args):
     pool, token = args["global_pool"], args["class_token"]
     fc_norm, norm = _eva_norms(args)
     problems.update({
-        "global_pool": (pool not in ("token", "avg") or (pool == "token") != bool(token),
+        "global_pool": (pool not in ("token", "avg") or (pool == "token" and not token),
                         f"global_pool={pool!r} with class_token={token}" + (
-                            " (keras_vit's GAP models have no class token)" if pool == "avg"
-                            else " (attention pooling of Eva's is not mapped yet)"
+                            " (attention pooling of Eva's is not mapped yet)"
                             if pool == "map" else "")),
         "use_fc_norm": (fc_norm and norm, "both a norm of the tokens and one of the pooled "
                                           "vector (use_fc_norm with use_post_transformer_norm)")})
@@ -1270,6 +1269,7 @@ def _spec_from_eva(architecture, args, config, state):
                  image_size=_whole_patches(args["img_size"], patch, architecture),
                  include_top=num_classes > 0, num_classes=max(num_classes, 1),
                  classifier="token" if args["global_pool"] == "token" else "gap",
+                 class_token=bool(args["class_token"]),  # GAP leaves it out (DINOv3, EVA-02)
                  activation="swiglu" if swiglu else "gelu",  # Eva's Mlp: exact GELU
                  layer_norm_epsilon=args["layer_norm_epsilon"],
                  qkv_bias=args["qkv_bias"], layer_scale_init=args["init_values"],
@@ -1415,7 +1415,7 @@ def _eva_config(spec, preprocessing, arrays):
         "embed_dim": spec.hidden_size, "depth": spec.num_layers, "num_heads": spec.num_heads,
         "qkv_bias": spec.qkv_bias, "attn_type": _eva_attention(arrays, spec),
         "mlp_ratio": _mlp_ratio(spec), "swiglu_mlp": spec.activation == "swiglu",
-        "init_values": spec.layer_scale_init, "class_token": spec.classifier == "token",
+        "init_values": spec.layer_scale_init, "class_token": spec.class_token,
         "num_reg_tokens": spec.num_register_tokens,
         "no_embed_class": not spec.prefix_position_embeddings,
         "use_abs_pos_emb": spec.position_embedding == "learned", "use_rot_pos_emb": True,

@@ -559,6 +559,11 @@ EVA_FAMILIES = {
     "swiglu_aligned": ("vit_base_patch16_lingbot", {"swiglu_mlp": True, "swiglu_align_to": 8,
                                                     "mlp_ratio": 2.6},
                        "SwiGLU unpacked (fc1_g, fc1_x), 83 units aligned to 88"),
+    "dinov3_gap": ("vit_base_patch16_dinov3", {},
+                   "a class token beside GAP of the patches (class_token), no biases"),
+    "eva02_small": ("eva02_small_patch14_224", {"patch_size": 8},
+                    "EVA-02 S: packed SwiGLU, a class token beside GAP, position embeddings of "
+                    "every token, a reference grid"),
 }
 
 
@@ -582,8 +587,10 @@ def test_timm_eva_both_ways(tmp_path, family):
     _hub.save_for_hf(theirs, str(tmp_path / "theirs"), model_args=args,
                      safe_serialization=True)
     ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
-    assert ours.spec.rope == ("axial_normalized" if "lingbot" in architecture else "axial")
-    assert ours.spec.activation == ("swiglu" if args.get("swiglu_mlp") else "gelu")
+    assert ours.spec.rope == ("axial_normalized" if "patch16_lingbot" in architecture
+                              or "dinov3" in architecture else "axial")
+    assert ours.spec.activation == ("gelu" if type(theirs.blocks[0].mlp).__name__ == "Mlp"
+                                    else "swiglu")
     pixels = np.random.default_rng(2).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
     logits = eva_pixels_and_logits(pixels)
     expected = logits(theirs)
@@ -597,7 +604,7 @@ def test_timm_eva_both_ways(tmp_path, family):
 
 @pytest.mark.parametrize("architecture, options, reason", [
     ("vit_base_patch16_rope_mixed_224", {}, r"rope_type='mixed' \(learned RoPE frequencies\)"),
-    ("vit_base_patch16_dinov3", {}, "global_pool='avg' with class_token=True"),
+    ("vit_pe_core_base_patch16_224", {}, "global_pool='map'"),
     ("eva02_base_patch14_224", {}, r"scale_mlp=True \(a norm inside the MLP\)"),
     ("eva02_base_patch16_clip_224", {}, "scale_attn_inner=True"),
     ("eva02_enormous_patch14_clip_224", {}, "use_post_norm=True"),
