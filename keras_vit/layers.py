@@ -267,7 +267,8 @@ def sincos_2d(rows, columns, width, temperature=10_000.0):
                            axis=1)
 
 
-def rope_angles(kind, sides, head_dim, temperature, reference_grid=None, xp=np):
+def rope_angles(kind, sides, head_dim, temperature, reference_grid=None, grid_offset=0.0,
+                xp=np):
     """Rotary embeddings' angles of a `rows` x `columns` patch grid, `[rows * columns,
     head_dim / 2]` in row-major order: for each of head_dim / 4 geometric frequencies, the
     patch's row coordinate times it, then its column coordinate times it (see
@@ -285,6 +286,7 @@ def rope_angles(kind, sides, head_dim, temperature, reference_grid=None, xp=np):
         count = ops.cast(count, dtype) if xp is ops else float(count)
         if kind == "axial_normalized":  # the patch centres, scaled to [-1, 1]
             return 2.0 * (index + 0.5) / count - 1.0
+        index = index + grid_offset
         return index if reference is None else index / count * reference
 
     if kind == "axial_normalized":
@@ -661,9 +663,11 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         num_prefix_tokens: tokens before the grid; used with `relative_position`.
         interpolation: how the relative tables are resampled for another grid.
         qkv_bias: biases in the query, key and value projections (the original has them).
-        rope, rope_temperature, rope_reference_grid: rotary embeddings of the patches'
-            queries and keys (None: none, the original), see `ViTConfig.rope`; with
-            `grid_size` and `num_prefix_tokens`.
+        rope, rope_temperature, rope_reference_grid, rope_grid_offset: rotary embeddings of
+            the patches' queries and keys (None: none, the original), see `ViTConfig.rope`;
+            with `grid_size` and `num_prefix_tokens`.
+        inner_norm_epsilon: None, or the epsilon of a LayerNorm (`inner_norm`) of the heads'
+            concatenated outputs before the output projection (`ViTConfig.attention_inner_norm`).
         attention_impl: "fused" (`keras.ops.dot_product_attention`, relative logits as its
             bias), "explicit" (logits, softmax, weighted sum) or "auto" (fused where that is
             faster: PyTorch, JAX's GPUs and TPUs); the weights, when returned, and dropout on them in training
@@ -679,7 +683,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     def __init__(self, num_heads, dropout=0.0, relative_position=None, grid_size=None,
                  num_prefix_tokens=0, interpolation="bilinear", qkv_bias=True,
                  attention_impl="auto", rope=None, rope_temperature=None,
-                 rope_reference_grid=None, **kwargs):
+                 rope_reference_grid=None, rope_grid_offset=0.0, inner_norm_epsilon=None,
+                 **kwargs):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
         self.qkv_bias = bool(qkv_bias)
@@ -696,6 +701,9 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                                  float(rope_temperature or ROPE_TEMPERATURES[rope]))
         self.rope_reference_grid = (None if rope_reference_grid is None
                                     else tuple(int(g) for g in rope_reference_grid))
+        self.rope_grid_offset = float(rope_grid_offset)
+        self.inner_norm_epsilon = (None if inner_norm_epsilon is None
+                                   else float(inner_norm_epsilon))
         self.relative_position = relative_position
         self.grid_size = None if grid_size is None else tuple(int(g) for g in grid_size)
         self.num_prefix_tokens = int(num_prefix_tokens)
@@ -721,6 +729,11 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         self.query, self.key, self.value = (
             dense(n, self.qkv_bias) for n in ("query", "key", "value"))
         self.out = dense("out")
+        self.inner_norm = None
+        if self.inner_norm_epsilon is not None:
+            self.inner_norm = LayerNorm(self.inner_norm_epsilon, name="inner_norm",
+                                        dtype=self.dtype_policy)
+            self.inner_norm.build(input_shape)
         self.attention_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
         self.relative = None
         if self.relative_position is not None:
@@ -748,7 +761,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             qkv = self._rotated(qkv, grid)
         if _fused(self.attention_impl, self.dropout, training, return_attention_scores):
             attended = self._fused_attention(qkv, grid)
-            return ops.reshape(self.out(attended), (batch, tokens, hidden))
+            return ops.reshape(self._project(attended), (batch, tokens, hidden))
         qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # [3, batch, heads, tokens, head_dim]
         # Unstacked, not indexed: each slice's gradient would be a zero-filled copy of all of
         # qkv, summed (S/16 trains 1.17x faster without XLA this way; the same with XLA).
@@ -761,10 +774,17 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         weights = ops.softmax(logits, axis=-1)
         attended = ops.matmul(self.attention_dropout(weights, training=training), value)
         attended = ops.reshape(ops.transpose(attended, (0, 2, 1, 3)), (-1, hidden))
-        output = ops.reshape(self.out(attended), (batch, tokens, hidden))
+        output = ops.reshape(self._project(attended), (batch, tokens, hidden))
         if return_attention_scores:
             return output, weights
         return output
+
+    def _project(self, attended):
+        """The heads' concatenated outputs `[batch * tokens, D]` through the output
+        projection (after `inner_norm`, if any)."""
+        if self.inner_norm is not None:
+            attended = self.inner_norm(attended)
+        return self.out(attended)
 
     def _rotated(self, qkv, grid):
         """`qkv` `[batch, tokens, 3, heads, head_dim]` with the patches' queries and keys
@@ -772,7 +792,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         sides = self.grid_size if grid is None else grid_sides(grid)
         xp = np if all(isinstance(side, int) for side in sides) else ops
         angles = rope_angles(self.rope, sides, self.head_dim, self.rope_temperature,
-                             self.rope_reference_grid, xp=xp)
+                             self.rope_reference_grid, self.rope_grid_offset, xp=xp)
         angles = xp.pad(angles, ((self.num_prefix_tokens, 0), (0, 0)))
         cos = ops.cast(xp.cos(angles), qkv.dtype)[:, None, :]  # [tokens, 1, head_dim / 2]
         sin = ops.cast(xp.sin(angles), qkv.dtype)[:, None, :]
@@ -802,7 +822,9 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                 "interpolation": self.interpolation, "qkv_bias": self.qkv_bias,
                 "attention_impl": self.attention_impl, "rope": self.rope,
                 "rope_temperature": self.rope_temperature,
-                "rope_reference_grid": self.rope_reference_grid}
+                "rope_reference_grid": self.rope_reference_grid,
+                "rope_grid_offset": self.rope_grid_offset,
+                "inner_norm_epsilon": self.inner_norm_epsilon}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -900,15 +922,19 @@ class MlpBlock(keras.layers.Layer):
         activation: "gelu_tanh" (the original's tanh-approximate GELU), "gelu" (exact),
             "quick_gelu" (OpenAI CLIP's x * sigmoid(1.702 x)) or "swiglu" (a gated SiLU with a
             second input projection, `Gate_0`, as timm's `SwiGLU`: `fc1_g`, `fc1_x`).
+        inner_norm_epsilon: None, or the epsilon of a LayerNorm (`inner_norm`) of the hidden
+            units before `Dense_1` (`ViTConfig.mlp_inner_norm`).
         approximate_gelu: what layers saved before `activation` have instead: True for
             "gelu_tanh", False for "gelu".
         **kwargs: base `Layer` arguments.
     """
 
     def __init__(self, mlp_dim, dropout=0.0, activation="gelu_tanh", approximate_gelu=None,
-                 **kwargs):
+                 inner_norm_epsilon=None, **kwargs):
         super().__init__(**kwargs)
         self.mlp_dim = int(mlp_dim)
+        self.inner_norm_epsilon = (None if inner_norm_epsilon is None
+                                   else float(inner_norm_epsilon))
         self.dropout = float(dropout)
         self.activation = _activation(activation, approximate_gelu)
 
@@ -928,7 +954,13 @@ class MlpBlock(keras.layers.Layer):
                 self.mlp_dim, kernel_initializer="glorot_uniform", bias_initializer=bias_init,
                 name="Gate_0", dtype=self.dtype_policy)
             self.gate.build(input_shape)
-        self.dense_1.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
+        hidden_shape = tuple(input_shape[:-1]) + (self.mlp_dim,)
+        self.dense_1.build(hidden_shape)
+        self.inner_norm = None
+        if self.inner_norm_epsilon is not None:
+            self.inner_norm = LayerNorm(self.inner_norm_epsilon, name="inner_norm",
+                                        dtype=self.dtype_policy)
+            self.inner_norm.build(hidden_shape)
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
     def call(self, x, training=False):
@@ -942,6 +974,8 @@ class MlpBlock(keras.layers.Layer):
         else:
             x = self._gelu(self.dense_0(x), training)
         x = self.dropout_layer(x, training=training)
+        if self.inner_norm is not None:
+            x = self.inner_norm(x)
         x = self.dropout_layer(self.dense_1(x), training=training)
         return ops.reshape(x, shape)
 
@@ -965,8 +999,11 @@ class MlpBlock(keras.layers.Layer):
         return input_shape
 
     def get_config(self):
-        return {**super().get_config(), "mlp_dim": self.mlp_dim, "dropout": self.dropout,
-                "activation": self.activation}
+        config = {**super().get_config(), "mlp_dim": self.mlp_dim, "dropout": self.dropout,
+                  "activation": self.activation}
+        if self.inner_norm_epsilon is not None:  # files of other models unchanged
+            config["inner_norm_epsilon"] = self.inner_norm_epsilon
+        return config
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -990,8 +1027,10 @@ class EncoderBlock(keras.layers.Layer):
         relative_position, grid_size, num_prefix_tokens, interpolation: relative position
             logits in the attention, see `MultiHeadSelfAttention` (None: none, the original).
         qkv_bias: biases in the query, key and value projections.
-        rope, rope_temperature, rope_reference_grid: rotary embeddings in the attention, see
-            `MultiHeadSelfAttention` (None: none, the original).
+        rope, rope_temperature, rope_reference_grid, rope_grid_offset: rotary embeddings in
+            the attention, see `MultiHeadSelfAttention` (None: none, the original).
+        mlp_inner_norm, attention_inner_norm: LayerNorms inside the MLP and the attention
+            (`ViTConfig.mlp_inner_norm`, `attention_inner_norm`).
         attention_impl: how the attention is computed, see `MultiHeadSelfAttention`.
         remat: True to keep only the block's input for the backward pass, which computes the
             block again (see `_rematerialized`).
@@ -1011,10 +1050,14 @@ class EncoderBlock(keras.layers.Layer):
                  grid_size=None, num_prefix_tokens=0, layer_norm_epsilon=LAYER_NORM_EPSILON,
                  interpolation="bilinear", qkv_bias=True, layer_scale_init=None,
                  approximate_gelu=None, attention_impl="auto", remat=False, rope=None,
-                 rope_temperature=None, rope_reference_grid=None, **kwargs):
+                 rope_temperature=None, rope_reference_grid=None, rope_grid_offset=0.0,
+                 mlp_inner_norm=False, attention_inner_norm=False, **kwargs):
         super().__init__(**kwargs)
         self.rope_options = {"rope": rope, "rope_temperature": rope_temperature,
-                             "rope_reference_grid": rope_reference_grid}
+                             "rope_reference_grid": rope_reference_grid,
+                             "rope_grid_offset": rope_grid_offset}
+        self.mlp_inner_norm = bool(mlp_inner_norm)
+        self.attention_inner_norm = bool(attention_inner_norm)
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
         self.attention_impl = _attention_impl(attention_impl)
@@ -1042,9 +1085,12 @@ class EncoderBlock(keras.layers.Layer):
             relative_position=self.relative_position, grid_size=self.grid_size,
             num_prefix_tokens=self.num_prefix_tokens, interpolation=self.interpolation,
             qkv_bias=self.qkv_bias, attention_impl=self.attention_impl, **self.rope_options,
+            inner_norm_epsilon=self.layer_norm_epsilon if self.attention_inner_norm else None,
             name="MultiHeadDotProductAttention_1", dtype=policy)
         self.norm_2 = LayerNorm(self.layer_norm_epsilon, name="LayerNorm_2", dtype=policy)
         self.mlp = MlpBlock(self.mlp_dim, dropout=self.dropout, activation=self.activation,
+                            inner_norm_epsilon=(self.layer_norm_epsilon if self.mlp_inner_norm
+                                                else None),
                             name="MlpBlock_3", dtype=policy)
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=policy)
         self.drop_path = DropPath(self.drop_path_rate, dtype=policy)
@@ -1126,7 +1172,8 @@ class EncoderBlock(keras.layers.Layer):
                 "num_prefix_tokens": self.num_prefix_tokens,
                 "interpolation": self.interpolation, "qkv_bias": self.qkv_bias,
                 "layer_scale_init": self.layer_scale_init, "attention_impl": self.attention_impl,
-                "remat": self.remat, **self.rope_options}
+                "remat": self.remat, **self.rope_options, "mlp_inner_norm": self.mlp_inner_norm,
+                "attention_inner_norm": self.attention_inner_norm}
 
 
 AXES = ("row", "column")

@@ -374,6 +374,8 @@ def _build(spec, policy, name):
                          interpolation=interpolation, qkv_bias=spec.qkv_bias,
                          layer_scale_init=spec.layer_scale_init,
                          attention_impl=spec.attention_impl, remat=spec.remat == "blocks",
+                         mlp_inner_norm=spec.mlp_inner_norm,
+                         attention_inner_norm=spec.attention_inner_norm,
                          dtype=policy)
     # Only the blocks that need the grid's size get it.
     block_grid = grid_input if relative or spec.rope or spec.axial else {}
@@ -395,7 +397,7 @@ def _build(spec, policy, name):
             spec.num_heads, spec.mlp_dim, drop_path_rate=rate, relative_position=relative,
             grid_size=grid if relative or spec.rope else None, num_prefix_tokens=prefix,
             rope=spec.rope, rope_temperature=spec.rope_temperature,
-            rope_reference_grid=spec.rope_reference_grid,
+            rope_reference_grid=spec.rope_reference_grid, rope_grid_offset=spec.rope_grid_offset,
             name=f"encoderblock_{index}", **block_options)(x, **block_grid)
     if spec.final_norm == "tokens":
         x = vit_layers.LayerNorm(epsilon=spec.layer_norm_epsilon, name="encoder_norm",

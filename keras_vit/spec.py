@@ -189,6 +189,12 @@ class ViTConfig:
         rope_reference_grid: None, or (rows, columns) for "axial" rope: the patch indices are
             scaled to this grid (timm's `ref_feat_shape`: EVA-02 fine-tuned at a larger size
             keeps the rotations of its pre-training grid).
+        rope_grid_offset: added to the patch indices of "axial" rope before any scaling
+            (timm's `rope_grid_offset`: 1 in Perception Encoder's models).
+        mlp_inner_norm: a LayerNorm (`inner_norm`) on each MLP's hidden units before its second
+            projection (NormFormer, Shleifer et al., 2021; timm's `scale_mlp`, as EVA-02).
+        attention_inner_norm: a LayerNorm (`inner_norm`) on each attention's heads, concatenated,
+            before its output projection (timm's `scale_attn_inner`, as EVA-02's CLIP towers).
     """
 
     variant: str = "B/16"
@@ -225,6 +231,9 @@ class ViTConfig:
     rope: str = None
     rope_temperature: float = None
     rope_reference_grid: tuple = None
+    rope_grid_offset: float = 0.0
+    mlp_inner_norm: bool = False
+    attention_inner_norm: bool = False
 
     def __post_init__(self):
         values, problems = _resolved(dataclasses.asdict(self))
@@ -384,6 +393,14 @@ def _positive_float(value):
     return float(value)
 
 
+def _finite_float(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError("must be a number")
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    return float(value)
+
+
 def _resolved(fields):
     """`(values, problems)`: the fields with defaults filled in and types normalised, and
     every `Problem`. A combination rule is checked only when its fields are valid."""
@@ -448,7 +465,8 @@ def _resolved(fields):
     check("attention_impl", lambda value: variants.check_choice(
         "attention_impl", value, ATTENTION_IMPLS))
     check("remat", lambda value: variants.check_choice("remat", value, REMAT))
-    for field in ("qkv_bias", "prefix_position_embeddings", "pre_norm", "distillation_token"):
+    for field in ("qkv_bias", "prefix_position_embeddings", "pre_norm", "distillation_token",
+                  "mlp_inner_norm", "attention_inner_norm"):
         check(field, lambda value, name=field: variants.check_bool(name, value))
     if fields.get("layer_scale_init") is None:
         values["layer_scale_init"] = None
@@ -583,21 +601,25 @@ def _check_rope(fields, values, check):
     check("rope", kind)
     rope = values.get("rope")
 
-    def only_with_rope(name, parse, needs="rope"):
+    def only_with_rope(name, parse, off=None, axial_because=None):
+        """`name` parsed where rope (or, with `axial_because`, "axial" rope) is on, its value
+        `off` (or None) standing for none."""
         def checked(value):
-            if value is None:
-                return None
-            if needs == "rope" and rope is None:
+            if value is None or (off is not None and parse(value) == off):
+                return off
+            if not axial_because and rope is None:
                 raise ValueError(f"applies to rotary embeddings only: set rope too, or leave "
-                                 f"{name} None")
-            if needs == "axial" and rope != "axial":
-                raise ValueError("scales patch indices, so it is for rope='axial' only "
-                                 "(normalized coordinates follow the grid already)")
+                                 f"{name} {off}")
+            if axial_because and rope != "axial":
+                raise ValueError(f"{axial_because}, so it is for rope='axial' only "
+                                 "(normalized coordinates follow the grid)")
             return parse(value)
         check(name, checked)
 
     only_with_rope("rope_temperature", _positive_float)
-    only_with_rope("rope_reference_grid", _image_size_pair, needs="axial")
+    only_with_rope("rope_reference_grid", _image_size_pair, axial_because="scales patch indices")
+    only_with_rope("rope_grid_offset", _finite_float, off=0.0,
+                   axial_because="shifts patch indices")
     if rope is not None and values.get("rope_temperature", 0) is None:
         values["rope_temperature"] = ROPE_TEMPERATURES[rope]
 

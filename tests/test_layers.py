@@ -312,6 +312,9 @@ def test_rope_rules_name_the_fix():
         keras_vit.ViTConfig(rope_temperature=100.0)
     with pytest.raises(ValueError, match="rope='axial' only"):
         keras_vit.ViTConfig(rope="axial_normalized", rope_reference_grid=(16, 16))
+    with pytest.raises(ValueError, match="shifts patch indices"):
+        keras_vit.ViTConfig(rope="axial_normalized", rope_grid_offset=1)
+    assert keras_vit.ViTConfig(rope_grid_offset=0).rope_grid_offset == 0.0  # none: allowed
     with pytest.raises(ValueError, match="must be None or one of"):
         keras_vit.ViTConfig(rope="2d")
     spec = keras_vit.ViTConfig(rope="axial_normalized")
@@ -350,6 +353,36 @@ def test_mlp_block_matches_hand_computation(approximate):
     # The two GELUs differ by up to ~1e-3 per unit: make sure the test can tell them apart.
     other = _mlp_by_hand(x, layer, not approximate)
     assert np.abs(got - other).max() > 1e-3
+
+
+def test_inner_norms_normalise_the_hidden_units_and_the_heads():
+    """NormFormer's LayerNorms as EVA-02 has them (timm's scale_mlp, scale_attn_inner): on the
+    MLP's activated hidden units before Dense_1, and on the concatenated heads before `out`."""
+    x = np.random.default_rng(1).normal(size=(2, 5, 8)).astype("float64")
+    mlp = L.MlpBlock(12, activation="gelu", inner_norm_epsilon=1e-5)
+    mlp.build(x.shape)
+    randomise(mlp, scale=1.0)
+    w = {f"m/{v.path.split('/', 1)[1]}": to_np(v).astype("float64") for v in mlp.weights}
+    hidden = numpy_reference.gelu_exact(numpy_reference.dense(x, w["m/Dense_0/kernel"],
+                                                              w["m/Dense_0/bias"]))
+    hidden = numpy_reference.layer_norm(hidden, w["m/inner_norm/gamma"], w["m/inner_norm/beta"],
+                                        eps=1e-5)
+    expected = numpy_reference.dense(hidden, w["m/Dense_1/kernel"], w["m/Dense_1/bias"])
+    np.testing.assert_allclose(to_np(mlp(x.astype("float32"))), expected, atol=1e-4)
+    attention = L.MultiHeadSelfAttention(2, inner_norm_epsilon=1e-6)
+    attention.build(x.shape)
+    randomise(attention, scale=1.0)
+    w = {f"a/{v.path.split('/', 1)[1]}": to_np(v).astype("float64") for v in attention.weights}
+    out_kernel, out_bias = w["a/out/kernel"], w["a/out/bias"]
+    norm = (w["a/inner_norm/gamma"], w["a/inner_norm/beta"])
+    # The plain attention with `out` as the identity gives the concatenated heads.
+    w["a/out/kernel"], w["a/out/bias"] = np.eye(8), np.zeros(8)
+    heads = numpy_reference.multi_head_self_attention(x, w, "a", 2)
+    expected = numpy_reference.dense(numpy_reference.layer_norm(heads, *norm), out_kernel,
+                                     out_bias)
+    for impl in ("explicit", "fused"):
+        attention.attention_impl = impl
+        np.testing.assert_allclose(to_np(attention(x.astype("float32"))), expected, atol=1e-4)
 
 
 def test_mlp_block_trains_its_gelu_in_float32_under_a_16_bit_policy():

@@ -223,9 +223,12 @@ def test_later_vit_options_are_checked_with_the_rest():
     ({"activation": "swiglu"}, 16 * 32 + 32),  # SwiGLU's gate: one more 16 x 32 projection
     ({"classifier": "gap"}, -16 - 16),  # no class token, nor its position row
     ({"classifier": "gap", "class_token": True}, 0),
+    ({"mlp_inner_norm": True}, 2 * 32),  # a LayerNorm of the 32 hidden units
+    ({"attention_inner_norm": True}, 2 * 16),
+    ({"rope": "axial", "rope_grid_offset": 1.0, "rope_reference_grid": (4, 4)}, 0),
 ], ids=["no_qkv_bias", "layer_scale", "registers", "registers_no_prefix_embeddings",
         "pre_norm", "pooled_norm", "no_final_norm", "distillation_token", "swiglu", "gap",
-        "gap_with_class_token"])
+        "gap_with_class_token", "mlp_inner_norm", "attention_inner_norm", "rope"])
 def test_each_later_option_adds_exactly_its_weights(fields, extra):
     plain = keras_vit.vit("S/16", **TINY).count_params()
     model = keras_vit.vit("S/16", **TINY, **fields)

@@ -65,16 +65,20 @@ def test_rope_angles_equal_timms_cat_and_dinov3_embeddings(grid):
         ("axial", 100.0, (5, 5), RotaryEmbeddingCat(
             head_dim, in_pixels=False, feat_shape=list(grid), ref_feat_shape=[5, 5],
             temperature=100.0), True),
+        ("axial", 10_000.0, (5, 5), RotaryEmbeddingCat(  # Perception Encoder's offset
+            head_dim, in_pixels=False, feat_shape=list(grid), ref_feat_shape=[5, 5],
+            grid_offset=1.0), True),
         ("axial_normalized", 100.0, None, RotaryEmbeddingDinoV3(
             head_dim, temperature=100.0, feat_shape=list(grid)), False),
     ]
-    for kind, temperature, reference, theirs, interleaved in cases:
-        angles = vit_layers.rope_angles(kind, grid, head_dim, temperature, reference)
+    for index, (kind, temperature, reference, theirs, interleaved) in enumerate(cases):
+        offset = 1.0 if index == 2 else 0.0
+        angles = vit_layers.rope_angles(kind, grid, head_dim, temperature, reference, offset)
         sin, cos = _timm_rope_in_half_layout(theirs.get_embed(), head_dim, interleaved)
         np.testing.assert_allclose(np.sin(angles), sin, atol=2e-5, err_msg=kind)
         np.testing.assert_allclose(np.cos(angles), cos, atol=2e-5, err_msg=kind)
         # The call-time (keras.ops, float32) angles of a model of any image size.
-        dynamic = vit_layers.rope_angles(kind, grid, head_dim, temperature, reference,
+        dynamic = vit_layers.rope_angles(kind, grid, head_dim, temperature, reference, offset,
                                          xp=keras.ops)
         np.testing.assert_allclose(np.sin(keras.ops.convert_to_numpy(dynamic)), sin,
                                    atol=2e-5, err_msg=kind)
