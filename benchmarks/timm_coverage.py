@@ -173,9 +173,13 @@ def check(architecture, depth, tolerance, workdir):
     entry = torch_layouts.timm_architectures()[architecture]
     if entry["class"] not in torch_layouts.TIMM_CLASSES:
         return "missing", f"timm's {entry['class']} class"
-    theirs = order_one(torch, timm.create_model(architecture, pretrained=False, depth=depth))
+    cut = {"depth": depth}
+    heads = entry.get("args", {}).get("num_kv_heads")
+    if isinstance(heads, list):  # Eva's per-block key and value heads: the first blocks'
+        cut["num_kv_heads"] = heads[:depth]
+    theirs = order_one(torch, timm.create_model(architecture, pretrained=False, **cut))
     directory = os.path.join(workdir, architecture)
-    _hub.save_for_hf(theirs, directory, model_args={"depth": depth}, safe_serialization=True)
+    _hub.save_for_hf(theirs, directory, model_args=cut, safe_serialization=True)
     try:
         ours = keras_vit.from_pretrained(directory)
     except torch_layouts.LayoutError as error:
