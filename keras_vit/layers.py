@@ -299,6 +299,62 @@ def rope_angles(kind, sides, head_dim, temperature, reference_grid=None, grid_of
     return xp.reshape(xp.concatenate([row, column], axis=-1), (-1, 2 * quarter))
 
 
+@keras.saving.register_keras_serializable(package="keras_vit")
+class MixedRopeFrequencies(keras.layers.Layer):
+    """RoPE-Mixed's learned frequencies (Heo et al., "Rotary Position Embedding for Vision
+    Transformer", 2024): weight `frequencies` `[2, heads, head_dim / 2]`, each pair of channels'
+    frequency along the rows and along the columns, initialised as theirs (magnitudes
+    temperature^(-k/(head_dim/4)), turned by a random angle per head). A float32 layer under
+    any policy: angles of tens of radians need its precision.
+
+    `call(coordinates)`: the patches' (row, column) indices `[patches, 2]` to their angles
+    `[patches, heads, head_dim / 2]`, row times the row frequency plus column times the column
+    one.
+    """
+
+    def __init__(self, num_heads, head_dim, temperature=10.0, **kwargs):
+        kwargs["dtype"] = "float32"
+        super().__init__(**kwargs)
+        self.num_heads, self.head_dim = int(num_heads), int(head_dim)
+        self.temperature = float(temperature)
+
+    def build(self, input_shape=None):
+        self.frequencies = self.add_weight(
+            name="frequencies", shape=(2, self.num_heads, self.head_dim // 2),
+            initializer=self._initial_frequencies)
+
+    def _initial_frequencies(self, shape, dtype=None):
+        quarter = self.head_dim // 4
+        magnitude = ops.convert_to_tensor(
+            1.0 / self.temperature ** (np.arange(quarter) / quarter), "float32")
+        turn = keras.random.uniform((self.num_heads, 1), 0.0, 2.0 * math.pi)
+        rows = ops.concatenate([magnitude * ops.sin(turn), magnitude * ops.cos(turn)], axis=-1)
+        columns = ops.concatenate([magnitude * ops.cos(turn), -magnitude * ops.sin(turn)],
+                                  axis=-1)
+        return ops.cast(ops.stack([rows, columns]), dtype or "float32")
+
+    def call(self, coordinates):
+        return (coordinates[:, 0, None, None] * self.frequencies[0][None]
+                + coordinates[:, 1, None, None] * self.frequencies[1][None])
+
+    def compute_output_shape(self, coordinates_shape):
+        return (coordinates_shape[0], self.num_heads, self.head_dim // 2)
+
+    def get_config(self):
+        return {**super().get_config(), "num_heads": self.num_heads, "head_dim": self.head_dim,
+                "temperature": self.temperature}
+
+
+def _patch_coordinates(sides):
+    """The (row, column) index of each patch of a grid of `sides`, `[rows * columns, 2]`
+    float32 in row-major order (NumPy where the sides are known, else `keras.ops`)."""
+    rows, columns = sides
+    xp = np if all(isinstance(side, int) for side in sides) else ops
+    row = xp.repeat(xp.arange(rows, dtype="float32"), columns)
+    column = xp.tile(xp.arange(columns, dtype="float32"), [rows])
+    return xp.stack([row, column], axis=1)
+
+
 def rotate(x, cos, sin):
     """`x` `[..., head_dim]` rotated by the angles whose cosines and sines are `cos` and `sin`
     `[..., head_dim / 2]`: channel i with channel i + head_dim / 2."""
@@ -735,6 +791,11 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                                         dtype=self.dtype_policy)
             self.inner_norm.build(input_shape)
         self.attention_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.rope_frequencies = None
+        if self.rope == "mixed":
+            self.rope_frequencies = MixedRopeFrequencies(
+                self.num_heads, self.head_dim, self.rope_temperature, name="rope")
+            self.rope_frequencies.build()
         self.relative = None
         if self.relative_position is not None:
             self.relative = RelativePositionBias(
@@ -790,12 +851,17 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         """`qkv` `[batch, tokens, 3, heads, head_dim]` with the patches' queries and keys
         rotated by their rows and columns; the prefix tokens keep theirs (angle 0)."""
         sides = self.grid_size if grid is None else grid_sides(grid)
-        xp = np if all(isinstance(side, int) for side in sides) else ops
-        angles = rope_angles(self.rope, sides, self.head_dim, self.rope_temperature,
-                             self.rope_reference_grid, self.rope_grid_offset, xp=xp)
-        angles = xp.pad(angles, ((self.num_prefix_tokens, 0), (0, 0)))
-        cos = ops.cast(xp.cos(angles), qkv.dtype)[:, None, :]  # [tokens, 1, head_dim / 2]
-        sin = ops.cast(xp.sin(angles), qkv.dtype)[:, None, :]
+        if self.rope_frequencies is not None:  # learned: [patches, heads, head_dim / 2]
+            xp = ops
+            angles = self.rope_frequencies(_patch_coordinates(sides))
+        else:  # fixed: [patches, 1, head_dim / 2], constants where the grid is known
+            xp = np if all(isinstance(side, int) for side in sides) else ops
+            angles = rope_angles(self.rope, sides, self.head_dim, self.rope_temperature,
+                                 self.rope_reference_grid, self.rope_grid_offset, xp=xp)
+            angles = angles[:, None, :]
+        angles = xp.pad(angles, ((self.num_prefix_tokens, 0), (0, 0), (0, 0)))
+        cos = ops.cast(xp.cos(angles), qkv.dtype)  # [tokens, heads or 1, head_dim / 2]
+        sin = ops.cast(xp.sin(angles), qkv.dtype)
         query, key, value = ops.unstack(qkv, 3, axis=2)
         return ops.stack([rotate(query, cos, sin), rotate(key, cos, sin), value], axis=2)
 

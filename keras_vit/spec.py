@@ -43,9 +43,10 @@ ATTENTION_IMPLS = ("auto", "fused", "explicit")
 # What the backward pass computes again instead of keeping: nothing, or every encoder block.
 REMAT = ("none", "blocks")
 # Rotary position embeddings of the patches' rows and columns in every attention: at the
-# patches' indices (EVA-02, timm's RoPE ViTs), or at their centres scaled to [-1, 1] (DINOv3);
-# each kind's default temperature (the base of its geometric frequencies).
-ROPE_TEMPERATURES = {"axial": 10_000.0, "axial_normalized": 100.0}
+# patches' indices (EVA-02, timm's RoPE ViTs), or at their centres scaled to [-1, 1] (DINOv3),
+# or learned frequencies mixing both axes (RoPE-Mixed); each kind's default temperature (the
+# base of its geometric frequencies; for "mixed", of their initial values).
+ROPE_TEMPERATURES = {"axial": 10_000.0, "axial_normalized": 100.0, "mixed": 10.0}
 # The fields a variant name fills in, and that a spec may change.
 TABLE_FIELDS = variants.OVERRIDABLE_FIELDS
 LAYER_NORM_EPSILON = 1e-6  # the original's (Keras' default is 1e-3)
@@ -181,11 +182,16 @@ class ViTConfig:
             patches' offset. "axial": at the patches' indices, frequencies
             temperature^(-k/(head_dim/4)) (EVA-02, timm's RoPE ViTs); "axial_normalized":
             at the patch centres scaled to [-1, 1] along each side, frequencies
-            2 pi temperature^(-k/(head_dim/4)) (DINOv3). No weights; any image size. Needs
-            a head_dim that 4 divides, and no relative kind of position_embedding; another
-            position_embedding ("learned", "sincos_2d", "none") is added as well.
+            2 pi temperature^(-k/(head_dim/4)) (DINOv3); both without weights. "mixed":
+            Heo et al.'s RoPE-Mixed, learned frequencies for each block, head and pair of
+            channels, each angle a row frequency times the row index plus a column frequency
+            times the column index (weights `rope/frequencies`, initialised as theirs). Any
+            image size. Needs a head_dim that 4 divides, and no relative kind of
+            position_embedding; another position_embedding ("learned", "sincos_2d", "none") is
+            added as well.
         rope_temperature: the base of rope's frequencies; None takes the kind's (10,000 for
-            "axial", 100 for "axial_normalized").
+            "axial", 100 for "axial_normalized", 10 for "mixed", where it sets the initial
+            frequencies only).
         rope_reference_grid: None, or (rows, columns) for "axial" rope: the patch indices are
             scaled to this grid (timm's `ref_feat_shape`: EVA-02 fine-tuned at a larger size
             keeps the rotations of its pre-training grid).

@@ -21,6 +21,7 @@ ARCHITECTURES = {
     "sincos_2d": dict(position_embedding="sincos_2d"),
     "rope_axial": dict(rope="axial", position_embedding="none"),
     "rope_normalized_registers": dict(rope="axial_normalized", num_register_tokens=2),
+    "rope_mixed": dict(rope="mixed", position_embedding="none"),
     "inner_norms_rope_offset": dict(mlp_inner_norm=True, attention_inner_norm=True,
                                     rope="axial", rope_grid_offset=1.0),
     "relative": dict(position_embedding="relative"),

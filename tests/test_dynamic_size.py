@@ -32,6 +32,7 @@ CASES = {
     "rope_axial": dict(variant="Ti/16", rope="axial", rope_reference_grid=(3, 5)),
     "rope_axial_normalized": dict(variant="Ti/16", rope="axial_normalized",
                                   position_embedding="none"),
+    "rope_mixed": dict(variant="Ti/16", rope="mixed", num_register_tokens=1),
 }
 
 

@@ -400,8 +400,10 @@ def test_tflite_hybrid(tmp_path):
 
 
 @pytest.mark.parametrize("fields", [{"distillation_token": True}, {"activation": "swiglu"},
-                                    {"rope": "axial"}, {"rope": "axial_normalized"}],
-                         ids=["distillation_token", "swiglu", "rope", "rope_normalized"])
+                                    {"rope": "axial"}, {"rope": "axial_normalized"},
+                                    {"rope": "mixed"}],
+                         ids=["distillation_token", "swiglu", "rope", "rope_normalized",
+                              "rope_mixed"])
 def test_later_options_export_as_the_keras_model_computes(tmp_path, fields):
     """DeiT's distillation token and two heads (their mean is the output), SwiGLU's gated
     MLPs and rotary embeddings: the SavedModel and the TFLite file give the Keras model's

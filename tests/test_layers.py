@@ -249,7 +249,7 @@ def test_sincos_2d_needs_a_width_of_four_quarters():
                             position_embedding_placement="every_layer")
 
 
-@pytest.mark.parametrize("kind", ["axial", "axial_normalized"])
+@pytest.mark.parametrize("kind", ["axial", "axial_normalized", "mixed"])
 def test_rope_logits_depend_on_the_patches_offset_and_leave_the_prefix_alone(kind):
     """With every patch's query the same vector and every key the same vector, the rotated
     logits differ only by the (row, column) offset of query and key: equal along each offset,
@@ -281,18 +281,43 @@ def test_rope_logits_depend_on_the_patches_offset_and_leave_the_prefix_alone(kin
     q = to_np(attention.query.bias).reshape(heads, -1)
     k = to_np(attention.key.bias).reshape(heads, -1)
     plain = np.einsum("hd,hd->h", q, k) * scale
+    if kind == "mixed":  # learned: each head's angles from its row and column frequencies
+        row_frequency, column_frequency = to_np(attention.rope_frequencies.frequencies)
+        angles = (row[:, None, None] * row_frequency[None] +
+                  column[:, None, None] * column_frequency[None])  # [patches, heads, half]
+    else:
+        angles = L.rope_angles(kind, (rows, columns), hidden // heads,
+                               attention.rope_temperature)[:, None, :]
     np.testing.assert_allclose(log_weights[:, 0, 1:] - log_weights[:, 0, :1],
-                               _cls_against_rotated_keys(kind, q, k, rows, columns) - plain[:, None],
+                               _cls_against_rotated_keys(angles, q, k) - plain[:, None],
                                atol=1e-4)
 
 
-def _cls_against_rotated_keys(kind, q, k, rows, columns):
-    """The class token's (unrotated) query against each patch's rotated key, from the
-    rotation written out per pair of channels (i, i + head_dim / 2)."""
+def test_mixed_rope_starts_as_heo_et_al():
+    """RoPE-Mixed's initial frequencies: per head one random turn, pair k's (row, column)
+    frequency of length temperature^(-(k mod head_dim/4)/(head_dim/4)), at the turn's angle
+    for the first quarter of the pairs and a quarter turn on for the rest."""
+    layer = L.MixedRopeFrequencies(num_heads=4, head_dim=16, temperature=10.0)
+    layer.build()
+    rows, columns = to_np(layer.frequencies)  # [heads, 8] each
+    quarter = 4
+    lengths = np.hypot(rows, columns)
+    np.testing.assert_allclose(lengths, np.tile(10.0 ** -(np.arange(quarter) / quarter), 2)[None]
+                               .repeat(4, 0), rtol=1e-5)
+    turn = np.arctan2(rows[:, :quarter], columns[:, :quarter])  # one angle per head
+    np.testing.assert_allclose(turn, turn[:, :1].repeat(quarter, 1), atol=1e-5)
+    quarter_on = np.arctan2(rows[:, quarter:], columns[:, quarter:])
+    np.testing.assert_allclose(np.cos(quarter_on - turn), 0.0, atol=1e-5)
+    assert np.ptp(turn[:, 0]) > 0  # different heads, different turns
+
+
+def _cls_against_rotated_keys(angles, q, k):
+    """The class token's (unrotated) query against each patch's key rotated by `angles`
+    `[patches, heads or 1, head_dim / 2]`, the rotation written out per pair of channels
+    (i, i + head_dim / 2)."""
     heads, head_dim = q.shape
-    angles = L.rope_angles(kind, (rows, columns), head_dim, 10_000.0 if kind == "axial" else 100.0)
     half = head_dim // 2
-    logits = np.zeros((heads, rows * columns))
+    logits = np.zeros((heads, len(angles)))
     for token, angle in enumerate(angles):
         rotated = k.copy()
         rotated[:, :half] = k[:, :half] * np.cos(angle) - k[:, half:] * np.sin(angle)

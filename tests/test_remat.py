@@ -73,7 +73,7 @@ def loss_and_gradients(model, x, weights=None, state=None):
 
 @pytest.mark.parametrize("fields", [{}, {"variant": "Axial-Ti/16"},
                                     {"position_embedding": "relative", "layer_scale_init": 0.1},
-                                    {"rope": "axial_normalized"}],
+                                    {"rope": "mixed"}],
                          ids=["vit", "axial", "relative_layerscale", "rope"])
 def test_remat_gives_the_same_gradients(fields):
     plain, remat = pair(**fields)

@@ -226,9 +226,10 @@ def test_later_vit_options_are_checked_with_the_rest():
     ({"mlp_inner_norm": True}, 2 * 32),  # a LayerNorm of the 32 hidden units
     ({"attention_inner_norm": True}, 2 * 16),
     ({"rope": "axial", "rope_grid_offset": 1.0, "rope_reference_grid": (4, 4)}, 0),
+    ({"rope": "mixed"}, 2 * 2 * 4),  # a row and a column frequency per head and channel pair
 ], ids=["no_qkv_bias", "layer_scale", "registers", "registers_no_prefix_embeddings",
         "pre_norm", "pooled_norm", "no_final_norm", "distillation_token", "swiglu", "gap",
-        "gap_with_class_token", "mlp_inner_norm", "attention_inner_norm", "rope"])
+        "gap_with_class_token", "mlp_inner_norm", "attention_inner_norm", "rope", "rope_mixed"])
 def test_each_later_option_adds_exactly_its_weights(fields, extra):
     plain = keras_vit.vit("S/16", **TINY).count_params()
     model = keras_vit.vit("S/16", **TINY, **fields)

@@ -84,6 +84,21 @@ def test_rope_angles_equal_timms_cat_and_dinov3_embeddings(grid):
                                    atol=2e-5, err_msg=kind)
 
 
+@pytest.mark.parametrize("grid", [(4, 4), (3, 7)])
+def test_mixed_rope_angles_equal_timms(grid):
+    """`MixedRopeFrequencies` against timm's `get_mixed_freqs` (RoPE-Mixed, with the 'xy' grid
+    its pretrained models use: its x frequencies are keras_vit's column ones, y the row)."""
+    from timm.layers.pos_embed_sincos import get_mixed_freqs, get_mixed_grid
+    layer = vit_layers.MixedRopeFrequencies(num_heads=3, head_dim=16)
+    layer.build()
+    rows, columns = keras.ops.convert_to_numpy(layer.frequencies)
+    t_x, t_y = get_mixed_grid(list(grid), grid_indexing="xy")
+    theirs = get_mixed_freqs(torch.tensor(np.stack([columns, rows])), t_x, t_y)  # [3, N, 32]
+    sin, _ = _timm_rope_in_half_layout(theirs.permute(1, 0, 2).reshape(-1, 32), 16, True)
+    angles = keras.ops.convert_to_numpy(layer(vit_layers._patch_coordinates(grid)))
+    np.testing.assert_allclose(np.sin(angles).reshape(-1, 8), sin, atol=2e-5)
+
+
 @pytest.mark.parametrize("old", [8, 14, 16, 32])
 def test_the_patch_embedding_resize_equals_timms(old):
     kernel = np.random.default_rng(1).normal(size=(6, 3, old, old)).astype("float32")  # torch
