@@ -1407,11 +1407,11 @@ POOLINGS = tuple(kind for kind in CLASSIFIERS if kind != "map")
 @keras.saving.register_keras_serializable(package="keras_vit")
 class TokenPooling(keras.layers.Layer):
     """Reduces `[batch, tokens, D]` to `[batch, D]`: one token ("token": the class token, or
-    the token at `token_index`, 1 for DeiT's distillation token) or the mean of the patch
-    tokens ("gap").
+    the token at `token_index`, 1 for DeiT's distillation token), the mean of the patch
+    tokens ("gap"), or both side by side, `[batch, 2 D]` ("token_gap", DINOv2's).
 
     Args:
-        classifier: "token" or "gap".
+        classifier: "token", "gap" or "token_gap".
         num_prefix_tokens: tokens before the patches (register tokens), left out of the mean.
         token_index: the token "token" reads.
     """
@@ -1428,12 +1428,17 @@ class TokenPooling(keras.layers.Layer):
     def call(self, tokens):
         if self.classifier == "token":
             return tokens[:, self.token_index]
+        patches = tokens
         if self.num_prefix_tokens:  # registers (no slice otherwise: the same graph as before)
-            tokens = tokens[:, self.num_prefix_tokens:]
-        return ops.mean(tokens, axis=1)
+            patches = tokens[:, self.num_prefix_tokens:]
+        mean = ops.mean(patches, axis=1)
+        if self.classifier == "token_gap":
+            return ops.concatenate([tokens[:, self.token_index], mean], axis=-1)
+        return mean
 
     def compute_output_shape(self, input_shape):
-        return (input_shape[0], input_shape[-1])
+        width = input_shape[-1] * (2 if self.classifier == "token_gap" else 1)
+        return (input_shape[0], width)
 
     def get_config(self):
         config = {**super().get_config(), "classifier": self.classifier,

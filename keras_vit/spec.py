@@ -22,7 +22,7 @@ import re
 from keras_vit import variants
 from keras_vit.variants import _describe
 
-CLASSIFIERS = ("token", "gap", "map")
+CLASSIFIERS = ("token", "gap", "map", "token_gap")
 # Paper appendix D.4: the absolute kinds (added to tokens) and the relative kinds (in the
 # attention); and the fixed 2-D sine-cosine embedding of later ViTs.
 POSITION_EMBEDDINGS = ("learned", "learned_2d", "none", "relative", "relative_2d", "sincos_2d")
@@ -95,9 +95,11 @@ class ViTConfig:
             `dynamic_image_size`).
         num_classes: classes of the head (zero-initialised, as the paper's transfer recipe).
         include_top: False for a model that returns the pooled representation, no head.
-        classifier: "token" (the class token), "gap" (mean of the patch tokens) or "map"
+        classifier: "token" (the class token), "gap" (mean of the patch tokens), "map"
             (attention pooling of the patch tokens by a learned query; Zhai et al., "Scaling
-            Vision Transformers", 2022, as SigLIP); None takes "token", or "gap" for Axial
+            Vision Transformers", 2022, as SigLIP) or "token_gap" (the class token and the
+            patch tokens' mean side by side, 2 x hidden_size wide: DINOv2's linear classifier,
+            transformers' Dinov2ForImageClassification); None takes "token", or "gap" for Axial
             variants (their tokens stay a grid). "gap" and "map" have no class token unless
             `class_token` says so.
         representation_size: width of the tanh "pre_logits" layer before the head; None: none.
@@ -541,6 +543,11 @@ def _resolved(fields):
             add(("hidden_size", "num_heads", "rope"),
                 "rotary embeddings rotate pairs of channels for rows and for columns, so "
                 "each head's width (hidden_size / num_heads) must be a multiple of 4")
+    if ok("classifier", "final_norm") and (values["classifier"] == "token_gap"
+                                            and values["final_norm"] == "pooled"):
+        add(("classifier", "final_norm"), "the class token and the patches' mean are normed "
+            "as tokens before they are put side by side: use final_norm 'tokens' (DINOv2's) "
+            "or 'none' with classifier 'token_gap'")
     if ok("attention_impl", "attention_dropout") and (
             values["attention_impl"] == "fused" and values["attention_dropout"]):
         add(("attention_impl", "attention_dropout"),
@@ -586,11 +593,11 @@ def _check_class_token(fields, values, check):
 
     def class_token(value):
         if value is None:
-            return classifier == "token"
+            return classifier in ("token", "token_gap")
         value = variants.check_bool("class_token", value)
-        if classifier == "token" and not value:
-            raise ValueError("the token classifier reads the class token: use "
-                             "class_token=True (or None) with classifier 'token'")
+        if classifier in ("token", "token_gap") and not value:
+            raise ValueError(f"the {classifier} classifier reads the class token: use "
+                             f"class_token=True (or None) with classifier {classifier!r}")
         return value
 
     if classifier is not None or given is None:

@@ -99,7 +99,8 @@ def test_unknown_variant_lists_valid_names():
 
 
 def test_unknown_classifier():
-    with pytest.raises(ValueError, match=r"classifier='mean': must be one of \('token', 'gap', 'map'\)"):
+    with pytest.raises(ValueError, match=r"classifier='mean': must be one of "
+                                         r"\('token', 'gap', 'map', 'token_gap'\)"):
         tiny(classifier="mean")
 
 

@@ -261,6 +261,7 @@ VARIANTS = {
     "rope_axial_normalized": ("B/16", dict(rope="axial_normalized", num_register_tokens=1)),
     "gap_with_class_token": ("B/16", dict(classifier="gap", class_token=True)),
     "rope_mixed": ("B/16", dict(rope="mixed", position_embedding="none")),
+    "token_gap_registers": ("B/16", dict(classifier="token_gap", num_register_tokens=1)),
     "eva02_like": ("B/16", dict(classifier="gap", class_token=True, final_norm="pooled",
                                 activation="swiglu", mlp_inner_norm=True,
                                 attention_inner_norm=True, rope="axial", rope_grid_offset=1.0,

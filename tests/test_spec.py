@@ -227,9 +227,11 @@ def test_later_vit_options_are_checked_with_the_rest():
     ({"attention_inner_norm": True}, 2 * 16),
     ({"rope": "axial", "rope_grid_offset": 1.0, "rope_reference_grid": (4, 4)}, 0),
     ({"rope": "mixed"}, 2 * 2 * 4),  # a row and a column frequency per head and channel pair
+    ({"classifier": "token_gap"}, 16 * 3),  # a head on 2 x 16 features
 ], ids=["no_qkv_bias", "layer_scale", "registers", "registers_no_prefix_embeddings",
         "pre_norm", "pooled_norm", "no_final_norm", "distillation_token", "swiglu", "gap",
-        "gap_with_class_token", "mlp_inner_norm", "attention_inner_norm", "rope", "rope_mixed"])
+        "gap_with_class_token", "mlp_inner_norm", "attention_inner_norm", "rope", "rope_mixed",
+        "token_gap"])
 def test_each_later_option_adds_exactly_its_weights(fields, extra):
     plain = keras_vit.vit("S/16", **TINY).count_params()
     model = keras_vit.vit("S/16", **TINY, **fields)
@@ -260,6 +262,24 @@ def test_a_class_token_beside_mean_pooling_attends_but_is_left_out_of_the_mean()
         ViTConfig.from_variant("S/16", class_token=False)
     with pytest.raises(ValueError, match="class_token=None"):
         ViTConfig.from_variant("Axial-S/16", class_token=True)
+
+
+def test_token_gap_puts_the_class_token_beside_the_patches_mean():
+    """DINOv2's linear classifier (transformers' Dinov2ForImageClassification): the head reads
+    the normed class token and the mean of the normed patch tokens (registers left out),
+    concatenated."""
+    spec = ViTConfig.from_variant("S/16", **TINY, classifier="token_gap", num_register_tokens=2)
+    assert spec.class_token and spec.num_prefix_tokens == 3
+    model = keras_vit.vit(spec.replace(include_top=False))
+    randomise(model, scale=0.5)
+    images = np.random.default_rng(2).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    tokens = np.asarray(keras_vit.features(model, layers=-1, norm=True)(images))
+    expected = np.concatenate([tokens[:, 0], tokens[:, 3:].mean(axis=1)], axis=-1)
+    np.testing.assert_allclose(np.asarray(model(images)), expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="final_norm 'tokens'"):
+        ViTConfig.from_variant("S/16", classifier="token_gap", final_norm="pooled")
+    with pytest.raises(ValueError, match="token_gap classifier reads the class token"):
+        ViTConfig.from_variant("S/16", classifier="token_gap", class_token=False)
 
 
 def test_later_options_reach_the_tools():
