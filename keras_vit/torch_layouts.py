@@ -164,6 +164,16 @@ def _block_pairs(index, theirs, spec):
     if spec.layer_scale_init is not None:  # timm's and DINOv2's LayerScale (not ViT's)
         pairs += [(ours + f"layer_scale_{branch}/scale", theirs[f"scale_{branch}"], "copy")
                   for branch in range(2)]
+    for inner, ours_name, their_name in (
+            (spec.attention_inner_norm, attention + "inner_norm", "attention_norm"),
+            (spec.mlp_inner_norm, ours + "MlpBlock_3/inner_norm", "mlp_norm")):
+        if inner and their_name not in theirs:  # timm's Eva alone has them
+            raise LayoutError("Only timm's Eva has LayerNorms inside the attention or the MLP "
+                              "(attention_inner_norm, mlp_inner_norm: its scale_attn_inner, "
+                              "scale_mlp); save this model with format='timm'.")
+        if inner:
+            pairs += [(ours_name + "/scale", theirs[their_name] + ".weight", "copy"),
+                      (ours_name + "/bias", theirs[their_name] + ".bias", "copy")]
     return pairs
 
 
@@ -220,12 +230,17 @@ def _pairs(spec, layout, prefix=""):
                  "scale_0": "ls1.gamma", "scale_1": "ls2.gamma"}
         if spec.activation == "swiglu":  # Eva's, its packed GluMlp unpacked (`_eva_names`)
             names.update(fc_0="mlp.fc1_x", gate="mlp.fc1_g")
+        # Eva's NormFormer LayerNorms (scale_attn_inner, scale_mlp)
+        names.update(attention_norm="attn.norm", mlp_norm="mlp.norm")
         heads = [("head", "head")] + ([("head_dist", "head_dist")] if spec.distillation_token
                                       else [])
     pairs = [(ours, prefix + theirs, kind) for ours, theirs, kind in stem]
     for index in range(spec.num_layers):
         theirs = {key: prefix + block.format(index) + value for key, value in names.items()}
         pairs += _block_pairs(index, theirs, spec)
+        if spec.rope == "mixed" and layout == "timm":  # Eva's rope.freqs[:, index]
+            pairs.append((_ATTENTION.format(index) + "rope/frequencies",
+                          f"{prefix}rope.freqs.{index}", "copy"))
     if spec.final_norm == "tokens":
         pairs += [("Transformer/encoder_norm/scale", prefix + norm + ".weight", "copy"),
                   ("Transformer/encoder_norm/bias", prefix + norm + ".bias", "copy")]
@@ -491,7 +506,7 @@ def from_npz_arrays(arrays, spec, layout):
                                                   arrays["cls"].dtype)
     if layout == "transformers" and spec.rope:
         return _dinov3_state(state, spec, _key_bias(arrays, spec))
-    if layout == "timm" and spec.rope:
+    if layout == "timm" and _is_eva(spec):
         state = _eva_state(state, spec, _eva_attention(arrays, spec))
     return _packed(state, _TIMM_PACKED if layout == "timm" else _TRANSFORMERS_PACKED)
 
@@ -500,7 +515,8 @@ def from_npz_arrays(arrays, spec, layout):
 
 # timm's Eva RoPE layout (interleaved, rows and columns swapped: grid_indexing 'xy') that
 # timm_config writes for each of keras_vit's kinds: its pretrained EVA-02's and DINOv3's.
-_EVA_WRITTEN_ROPE = {"axial": (True, False), "axial_normalized": (False, False)}
+_EVA_WRITTEN_ROPE = {"axial": (True, False), "axial_normalized": (False, False),
+                     "mixed": (True, True)}  # RoPE-Mixed: naver's pretrained 'xy' grid
 # Eva's packed SwiGLU (GluMlp's fc1: the gate's rows, then the value's), as its unpacked names.
 _EVA_PACKED = ((r".*\.mlp", ".fc1.", ("fc1_g", "fc1_x")),)
 _ATTENTION = "Transformer/encoderblock_{}/MultiHeadDotProductAttention_1/"
@@ -524,13 +540,23 @@ def _rope_channels(head_dim, interleaved, xy):
 
 def _permuted_rope(arrays, spec, interleaved, xy, inverse=False):
     """The arrays with each head's query and key channels from timm's RoPE layout to keras_vit's
-    (`inverse`: back)."""
+    (`inverse`: back). RoPE-Mixed ("mixed") has a frequency of each axis for every pair of
+    channels: its pairs keep their order (timm's pair j, channels 2j and 2j + 1, is keras_vit's
+    pair j, channels j and j + head_dim / 2), and its frequencies [x, y] are keras_vit's
+    [row, column] with grid_indexing 'ij' (x multiplies the first index, the row), [column, row]
+    with 'xy'."""
+    arrays = dict(arrays)
+    if spec.rope == "mixed":
+        if xy:  # the rows of each block's frequencies swapped, which is its own inverse
+            for index in range(spec.num_layers):
+                key = _ATTENTION.format(index) + "rope/frequencies"
+                arrays[key] = arrays[key][::-1]
+        xy = False
     if not (interleaved or xy):
         return arrays
     order = _rope_channels(spec.hidden_size // spec.num_heads, interleaved, xy)
     if inverse:
         order = np.argsort(order)
-    arrays = dict(arrays)
     for index in range(spec.num_layers):
         for name in ("query/kernel", "query/bias", "key/kernel", "key/bias"):
             key = _ATTENTION.format(index) + name
@@ -551,9 +577,16 @@ def _eva_names(state, spec):
     """timm's Eva names as its VisionTransformer's: LayerScale's `gamma_1`, `gamma_2` as
     `ls1.gamma`, `ls2.gamma`; the split `q_proj`, `k_proj`, `v_proj` as `q`, `k`, `v`;
     EvaAttention's `q_bias`, `v_bias` as q's and v's biases, with the key's bias it keeps as a
-    zero buffer (not in its files) as zeros; a packed SwiGLU's `fc1` as `fc1_g`, `fc1_x`."""
+    zero buffer (not in its files) as zeros; a packed SwiGLU's `fc1` as `fc1_g`, `fc1_x`;
+    RoPE-Mixed's `rope.freqs` [2, depth, heads, head_dim / 2] as each block's
+    `rope.freqs.N`."""
     if spec.activation == "swiglu":
         state = _unpacked(state, _EVA_PACKED)
+    if spec.rope == "mixed" and "rope.freqs" in state:
+        state = dict(state)
+        frequencies = state.pop("rope.freqs")
+        state.update({f"rope.freqs.{index}": frequencies[:, index]
+                      for index in range(frequencies.shape[1])})
     renamed = {}
     for key, value in state.items():
         key = re.sub(r"\.gamma_([12])$", r".ls\1.gamma", key)
@@ -581,8 +614,13 @@ def _eva_attention(arrays, spec):
 
 
 def _eva_state(state, spec, attention):
-    """The inverse of `_eva_names`, for Eva's `attention` (`_eva_attention`)."""
+    """The inverse of `_eva_names`, for Eva's `attention` (`_eva_attention`); SwiGLU packed
+    as GluMlp unless timm builds it unpacked (SwiGLU, for scale_mlp)."""
     renamed = {}
+    if spec.rope == "mixed":
+        state = dict(state)
+        state["rope.freqs"] = np.stack([state.pop(f"rope.freqs.{index}")
+                                        for index in range(spec.num_layers)], axis=1)
     for key, value in state.items():
         key = re.sub(r"\.ls([12])\.gamma$", r".gamma_\1", key)
         if attention == "eva":  # EvaAttention: the key's bias is a zero buffer
@@ -590,7 +628,15 @@ def _eva_state(state, spec, attention):
                 continue
             key = re.sub(r"\.attn\.([qv])\.bias$", r".attn.\1_bias", key)
         renamed[key] = value
-    return _packed(renamed, _EVA_PACKED) if spec.activation == "swiglu" else renamed
+    if spec.activation == "swiglu" and not spec.mlp_inner_norm:
+        return _packed(renamed, _EVA_PACKED)
+    return renamed
+
+
+def _is_eva(spec):
+    """Whether timm's files of a model of `spec` are its Eva's: RoPE, or NormFormer's inner
+    LayerNorms (scale_attn_inner, scale_mlp), which its VisionTransformer has not mapped."""
+    return bool(spec.rope or spec.mlp_inner_norm or spec.attention_inner_norm)
 
 
 def _dinov3_names(state, spec):
@@ -1186,7 +1232,7 @@ _EVA_IGNORED = {"drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate
                 "attn_drop_rate", "drop_path_rate", "rope_shift_coords", "rope_jitter_coords",
                 "rope_rescale_coords", "head_init_scale"}
 # timm's Eva RoPE kinds -> keras_vit's.
-_EVA_ROPES = {"cat": "axial", "dinov3": "axial_normalized"}
+_EVA_ROPES = {"cat": "axial", "dinov3": "axial_normalized", "mixed": "mixed"}
 
 
 def _eva_missing(args):
@@ -1198,9 +1244,6 @@ def _eva_missing(args):
         "qk_norm": (args["qk_norm"], "qk_norm=True (norms of each head's queries and keys)"),
         "num_kv_heads": (heads is not None and set(np.ravel(heads)) != {args["num_heads"]},
                          "num_kv_heads (grouped-query attention: fewer key and value heads)"),
-        "scale_mlp": (args["scale_mlp"], "scale_mlp=True (a norm inside the MLP)"),
-        "scale_attn_inner": (args["scale_attn_inner"], "scale_attn_inner=True (a norm inside "
-                                                       "the attention)"),
         "use_post_norm": (args["use_post_norm"], "use_post_norm=True (blocks that norm their "
                                                  "branches' outputs)"),
         "attn_only_layer_scale": (args["attn_only_layer_scale"] and args["init_values"]
@@ -1211,20 +1254,26 @@ def _eva_missing(args):
         "in_chans": (args["in_chans"] != 3, f"in_chans={args['in_chans']}"),
     }
     if args["use_rot_pos_emb"]:
+        kind = args["rope_type"]
         problems.update({
-            "rope_type": (args["rope_type"] not in _EVA_ROPES,
-                          f"rope_type={args['rope_type']!r}" + (
-                              " (learned RoPE frequencies)" if args["rope_type"] == "mixed"
-                              else "")),
-            "rope_grid_offset": (args["rope_grid_offset"] != 0,
-                                 f"rope_grid_offset={args['rope_grid_offset']!r} (keras_vit's "
-                                 "patch coordinates start at 0)")})
+            "rope_type": (kind not in _EVA_ROPES, f"rope_type={kind!r}"),
+            "rope_grid_offset": (kind == "dinov3" and args["rope_grid_offset"] != 0,
+                                 f"rope_grid_offset={args['rope_grid_offset']!r} with "
+                                 "rope_type='dinov3' (keras_vit offsets the indices of 'cat' "
+                                 "RoPE only)"),
+            "rope_rotate_half": (kind == "mixed" and args["rope_rotate_half"],
+                                 "rope_rotate_half=True with rope_type='mixed' (RoPE-Mixed's "
+                                 "channels are interleaved)")})
     pool, token = args["global_pool"], args["class_token"]
     fc_norm, norm = _eva_norms(args)
     problems.update({
         "global_pool": (pool not in ("token", "avg") or (pool == "token" and not token),
                         f"global_pool={pool!r} with class_token={token}" + (
-                            " (attention pooling of Eva's is not mapped yet)"
+                            " (Eva's attention pooling, AttentionPoolLatent, attends to the "
+                            "class and register tokens as well as the patches, with its own "
+                            "head count and MLP width, attn_pool_num_heads and "
+                            "attn_pool_mlp_ratio; keras_vit's leaves the prefix tokens out "
+                            "and takes the blocks' heads and MLP width)"
                             if pool == "map" else "")),
         "use_fc_norm": (fc_norm and norm, "both a norm of the tokens and one of the pooled "
                                           "vector (use_fc_norm with use_post_transformer_norm)")})
@@ -1282,6 +1331,9 @@ def _spec_from_eva(architecture, args, config, state):
                  rope=rope, rope_temperature=float(args["rope_temperature"]) if rope else None,
                  rope_reference_grid=([reference] * 2 if isinstance(reference, int)
                                       else reference),
+                 rope_grid_offset=float(args["rope_grid_offset"]) if rope == "axial" else 0.0,
+                 mlp_inner_norm=bool(args["scale_mlp"]),
+                 attention_inner_norm=bool(args["scale_attn_inner"]),
                  dynamic_image_size=args["dynamic_img_size"],
                  dynamic_image_pad=args["dynamic_img_pad"],
                  position_embedding_interpolation="bicubic")  # as timm resamples
@@ -1336,8 +1388,9 @@ def timm_config(spec, preprocessing, arrays=None):
     `pretrained_cfg` the resize and crop of `preprocessing` (the model's
     `keras_vit.EvalPreprocessing`). A model with DeiT's distillation token is timm's
     VisionTransformerDistilled, which takes the same arguments; one with RoPE is timm's Eva,
-    whose attention depends on the weights, `arrays` (`_eva_attention`)."""
-    if spec.rope:
+    whose attention depends on the weights, `arrays` (`_eva_attention`), as is one with
+    NormFormer's inner LayerNorms (timm's scale_attn_inner, scale_mlp)."""
+    if _is_eva(spec):
         return _eva_config(spec, preprocessing, arrays)
     timm_class = next(name for name, distilled in TIMM_CLASSES.items()
                       if distilled == spec.distillation_token)
@@ -1384,8 +1437,9 @@ def _timm_config_file(spec, preprocessing, args, architecture):
 
 
 def _eva_config(spec, preprocessing, arrays):
-    """timm's Eva `config.json` for a model with RoPE: every Eva argument in `model_args` (so
-    that none of the architecture's own applies), RoPE laid out as `_EVA_WRITTEN_ROPE` says."""
+    """timm's Eva `config.json` for a model with RoPE or inner LayerNorms (`_is_eva`): every Eva
+    argument in `model_args` (so that none of the architecture's own applies), RoPE laid out as
+    `_EVA_WRITTEN_ROPE` says."""
     problems = [problem for bad, problem in (
         (spec.is_hybrid or spec.axial, f"ResNet stem or axial blocks ({spec.variant})"),
         (spec.position_embedding not in ("learned", "none"),
@@ -1402,10 +1456,10 @@ def _eva_config(spec, preprocessing, arrays):
          "keras_vit folds into the position embeddings)"))
         if bad]
     if problems:
-        raise LayoutError(f"A model with RoPE is written as timm's Eva, which has no "
-                          f"{'; no '.join(problems)}.")
+        raise LayoutError(f"A model with RoPE or inner LayerNorms is written as timm's Eva, "
+                          f"which has no {'; no '.join(problems)}.")
     height, width = spec.image_size
-    interleaved, xy = _EVA_WRITTEN_ROPE[spec.rope]
+    interleaved, xy = _EVA_WRITTEN_ROPE.get(spec.rope, (False, False))
     fc_norm = spec.final_norm == "pooled"
     args = {name: value for name, value in _EVA_DEFAULTS.items()
             if name not in ("norm_layer", "num_classes")}
@@ -1418,11 +1472,14 @@ def _eva_config(spec, preprocessing, arrays):
         "init_values": spec.layer_scale_init, "class_token": spec.class_token,
         "num_reg_tokens": spec.num_register_tokens,
         "no_embed_class": not spec.prefix_position_embeddings,
-        "use_abs_pos_emb": spec.position_embedding == "learned", "use_rot_pos_emb": True,
-        "rope_type": {kind: name for name, kind in _EVA_ROPES.items()}[spec.rope],
-        "rope_temperature": spec.rope_temperature, "rope_rotate_half": not interleaved,
-        "rope_grid_indexing": "xy" if xy else "ij",
+        "use_abs_pos_emb": spec.position_embedding == "learned",
+        "use_rot_pos_emb": bool(spec.rope),
+        "rope_type": {kind: name for name, kind in _EVA_ROPES.items()}.get(spec.rope, "cat"),
+        "rope_temperature": spec.rope_temperature or _EVA_DEFAULTS["rope_temperature"],
+        "rope_rotate_half": not interleaved, "rope_grid_indexing": "xy" if xy else "ij",
+        "rope_grid_offset": spec.rope_grid_offset,
         "ref_feat_shape": list(spec.rope_reference_grid) if spec.rope_reference_grid else None,
+        "scale_mlp": spec.mlp_inner_norm, "scale_attn_inner": spec.attention_inner_norm,
         "use_pre_transformer_norm": spec.pre_norm, "use_fc_norm": fc_norm,
         "use_post_transformer_norm": spec.final_norm == "tokens",
         "dynamic_img_size": spec.dynamic_image_size, "dynamic_img_pad": spec.dynamic_image_pad})

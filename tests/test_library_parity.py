@@ -564,6 +564,27 @@ EVA_FAMILIES = {
     "eva02_small": ("eva02_small_patch14_224", {"patch_size": 8},
                     "EVA-02 S: packed SwiGLU, a class token beside GAP, position embeddings of "
                     "every token, a reference grid"),
+    "naver_rope_mixed": ("vit_base_patch16_rope_mixed_224", {},
+                         "C8: RoPE-Mixed, learned frequencies of each block, head and pair of "
+                         "channels ('xy': x the column's), no position embeddings"),
+    "naver_rope_mixed_ape": ("vit_base_patch16_rope_mixed_ape_224", {},
+                             "C9: the same with position embeddings of the patches only"),
+    "rope_mixed_ij": ("vit_base_patch16_rope_mixed_224", {"rope_grid_indexing": "ij"},
+                      "RoPE-Mixed on the 'ij' grid (x the row's frequencies)"),
+    "eva02_base": ("eva02_base_patch14_224", {"patch_size": 8},
+                   "C22, C23: EVA-02 B/L, split q, k, v projections (k without bias), SwiGLU "
+                   "unpacked with mlp.norm (scale_mlp), fc_norm, a class token beside GAP, a "
+                   "reference grid 16x16"),
+    "eva02_clip": ("eva02_base_patch16_clip_224", {},
+                   "C24, C26, C27: EVA-02 CLIP towers, attn.norm too (scale_attn_inner), the "
+                   "class token's features, the final norm"),
+    "pe_no_class": ("vit_pe_lang_gigantic_patch14_448", {},
+                    "C19: Perception Encoder without class token, norm_pre and no patch bias, "
+                    "LayerScale, GAP without norms, 'xy' RoPE at offset 0 on a reference grid"),
+    "pe_lang_large": ("vit_pe_lang_large_patch14_448", {},
+                      "C20: a class token beside GAP, rope_grid_offset 1, LayerScale"),
+    "pe_spatial": ("vit_pe_spatial_base_patch16_512", {},
+                   "C21: rope_grid_offset 1, without LayerScale"),
 }
 
 
@@ -588,7 +609,12 @@ def test_timm_eva_both_ways(tmp_path, family):
                      safe_serialization=True)
     ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
     assert ours.spec.rope == ("axial_normalized" if "patch16_lingbot" in architecture
-                              or "dinov3" in architecture else "axial")
+                              or "dinov3" in architecture else "mixed" if "mixed" in architecture
+                              else "axial")
+    assert ours.spec.rope_grid_offset == (theirs.rope.grid_offset if ours.spec.rope == "axial"
+                                          else 0.0)
+    assert ours.spec.mlp_inner_norm == hasattr(theirs.blocks[0].mlp.norm, "weight")
+    assert ours.spec.attention_inner_norm == hasattr(theirs.blocks[0].attn.norm, "weight")
     assert ours.spec.activation == ("gelu" if type(theirs.blocks[0].mlp).__name__ == "Mlp"
                                     else "swiglu")
     pixels = np.random.default_rng(2).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
@@ -603,12 +629,13 @@ def test_timm_eva_both_ways(tmp_path, family):
 
 
 @pytest.mark.parametrize("architecture, options, reason", [
-    ("vit_base_patch16_rope_mixed_224", {}, r"rope_type='mixed' \(learned RoPE frequencies\)"),
-    ("vit_pe_core_base_patch16_224", {}, "global_pool='map'"),
-    ("eva02_base_patch14_224", {}, r"scale_mlp=True \(a norm inside the MLP\)"),
-    ("eva02_base_patch16_clip_224", {}, "scale_attn_inner=True"),
+    ("vit_pe_core_base_patch16_224", {}, r"global_pool='map' with class_token=True \(Eva's "
+                                         r"attention pooling, AttentionPoolLatent, attends to "
+                                         r"the class and register tokens"),
+    ("vit_pe_core_gigantic_patch14_448", {}, "attn_pool_num_heads"),
     ("eva02_enormous_patch14_clip_224", {}, "use_post_norm=True"),
-    ("vit_pe_spatial_base_patch16_512", {"global_pool": "token"}, "rope_grid_offset=1.0"),
+    ("vit_base_patch16_dinov3", {"rope_grid_offset": 1.0},
+     "rope_grid_offset=1.0 with rope_type='dinov3'"),
     ("vit_base_patch16_rope_reg1_gap_256", {"qk_norm": True}, "qk_norm=True"),
     ("vit_base_patch16_rope_224", {"num_kv_heads": 1, "qkv_fused": False}, "num_kv_heads"),
     ("vit_base_patch16_rope_224", {"attn_only_layer_scale": True},
@@ -678,3 +705,27 @@ def test_rope_models_transformers_lacks_are_refused_when_saving(tmp_path):
     with pytest.raises(LayoutError, match="DINOv3ViTModel, which has no rope='axial'"):
         keras_vit.save_pretrained(model, tmp_path / "ours", format="transformers")
     assert not (tmp_path / "ours").exists()
+
+
+def test_inner_norms_are_timms_eva_and_refused_for_transformers(tmp_path):
+    """NormFormer's inner LayerNorms (mlp_inner_norm, attention_inner_norm) are timm's Eva's
+    scale_mlp and scale_attn_inner, RoPE or not; transformers' classes have none."""
+    from timm.models.eva import Eva
+    model = keras_vit.vit("Ti/16", hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1,
+                          image_size=32, patch_size=8, num_classes=5, activation="gelu",
+                          mlp_inner_norm=True, attention_inner_norm=True)
+    with pytest.raises(LayoutError, match="Only timm's Eva has LayerNorms inside"):
+        keras_vit.save_pretrained(model, tmp_path / "hf", format="transformers")
+    assert not (tmp_path / "hf").exists()
+    rng = np.random.default_rng(0)
+    for weight in model.weights:  # order 1, as `order_one`: LayerNorm scales 1 + N(0, 0.1)
+        scale = weight.path.endswith("scale")
+        weight.assign(rng.normal(float(scale), 0.1 if scale else 0.3, weight.shape))
+    keras_vit.save_pretrained(model, tmp_path / "ours", format="timm")
+    back = timm.create_model("local-dir:" + os.fspath(tmp_path / "ours"), pretrained=True)
+    assert isinstance(back, Eva) and back.rope is None
+    assert hasattr(back.blocks[0].mlp.norm, "weight") and hasattr(back.blocks[0].attn.norm,
+                                                                  "weight")
+    pixels = np.random.default_rng(2).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
+    assert_close(model(keras_vit.preprocess_inputs(pixels)),
+                 eva_pixels_and_logits(pixels)(back.eval()), 1e-5)
