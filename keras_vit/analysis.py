@@ -286,7 +286,8 @@ def position_embedding_similarity(model):
         relative = next((layer.relative_position for layer in model.layers
                          if getattr(layer, "relative_position", None)), None)
         if relative:  # the blocks' attention holds them: logits of offsets, not vectors
-            kind = {"1d": "relative", "2d": "relative_2d"}.get(relative, relative)
+            kind = {"1d": "relative", "2d": "relative_2d",
+                    "mlp": "relative_mlp"}.get(relative, relative)
             raise ValueError(
                 f"Model {model.name!r} has relative position embeddings "
                 f"(position_embedding={kind!r}): each block's attention adds logits for the "

@@ -101,9 +101,14 @@ def _relative_position(relative, tokens):
 
     A table is `[offsets, heads, head_dim]`; per head, `[tokens, head_dim] x [head_dim,
     offsets]`. Picking each pair's logit out of the result is a gather, not counted.
+    `RelativePositionMlp`: its two dense layers on every offset of the grid.
     """
     if relative is None:
         return 0
+    if isinstance(relative, vit_layers.RelativePositionMlp):  # its MLP on every offset
+        rows, columns = relative.grid_size
+        return (2 * rows - 1) * (2 * columns - 1) * (_dense(relative.fc1, 1)
+                                                     + _dense(relative.fc2, 1))
     return sum(2 * tokens * math.prod(table.shape) for table in relative.tables)
 
 

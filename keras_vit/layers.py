@@ -578,6 +578,78 @@ RELATIVE_POSITIONS = ("1d", "2d")
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
+class RelativePositionMlp(keras.layers.Layer):
+    """Attention logits from the patches' offsets through a small MLP (Liu et al.'s Swin
+    Transformer V2, 2022, continuous position bias; timm's `RelPosMlp` in its "cr" mode, as its
+    `vit_relpos_*` models): each (row, column) offset between two patches, as
+    sign(d) log(1 + |d|), goes through Dense(hidden, ReLU) and Dense(heads); the logit of a
+    query and key is their offset's output, 0 for pairs with a prefix token. No dropout in its
+    hidden layer (timm drops 12.5% there in training). Float32 inside, any image size.
+
+    `call(queries, grid=None)`: queries `[batch, heads, tokens, head_dim]` (their dtype only),
+    `grid` as in `RelativePositionBias`; returns logits `[1, heads, tokens, tokens]`. Weights:
+    `fc1`, `fc2` (kernel and bias each).
+    """
+
+    def __init__(self, grid_size, num_heads, num_prefix_tokens=0, hidden_dim=128, **kwargs):
+        super().__init__(**kwargs)
+        self.grid_size = tuple(int(g) for g in grid_size)
+        self.num_heads = int(num_heads)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.hidden_dim = int(hidden_dim)
+
+    def build(self, queries_shape=None):
+        self.fc1 = keras.layers.Dense(self.hidden_dim, activation="relu", name="fc1",
+                                      dtype="float32")
+        self.fc2 = keras.layers.Dense(self.num_heads, name="fc2", dtype="float32")
+        self.fc1.build((None, 2))
+        self.fc2.build((None, self.hidden_dim))
+
+    @staticmethod
+    def offsets(sides, xp=np):
+        """(every (row, column) offset of a grid of `sides`, sign(d) log(1 + |d|),
+        `[(2 rows - 1) * (2 columns - 1), 2]`; for each pair of patches, row-major, the row of
+        their offset `[patches, patches]`)."""
+        rows, columns = sides
+        dtype = "float32"
+        row = xp.arange(rows) if xp is np else ops.arange(rows)
+        column = xp.arange(columns) if xp is np else ops.arange(columns)
+        row_offsets = xp.arange(-(rows - 1), rows, dtype=dtype)
+        column_offsets = xp.arange(-(columns - 1), columns, dtype=dtype)
+        table = xp.stack([
+            xp.reshape(xp.broadcast_to(row_offsets[:, None], (2 * rows - 1, 2 * columns - 1)),
+                       (-1,)),
+            xp.reshape(xp.broadcast_to(column_offsets[None], (2 * rows - 1, 2 * columns - 1)),
+                       (-1,))], axis=1)
+        table = xp.sign(table) * xp.log1p(xp.abs(table))
+        patch_row = xp.reshape(xp.broadcast_to(row[:, None], (rows, columns)), (-1,))
+        patch_column = xp.reshape(xp.broadcast_to(column[None], (rows, columns)), (-1,))
+        index = ((patch_row[:, None] - patch_row[None] + rows - 1) * (2 * columns - 1)
+                 + patch_column[:, None] - patch_column[None] + columns - 1)
+        return table, index
+
+    def call(self, queries, grid=None):
+        sides = self.grid_size if grid is None else grid_sides(grid)
+        xp = np if all(isinstance(side, int) for side in sides) else ops
+        table, index = self.offsets(sides, xp)
+        logits = self.fc2(self.fc1(ops.convert_to_tensor(table, "float32")))  # [offsets, heads]
+        patches = ops.shape(index)[0] if xp is ops else index.shape[0]
+        bias = ops.take(logits, ops.reshape(index, (-1,)), axis=0)
+        bias = ops.transpose(ops.reshape(bias, (patches, patches, self.num_heads)), (2, 0, 1))
+        prefix = self.num_prefix_tokens
+        bias = ops.pad(bias, ((0, 0), (prefix, 0), (prefix, 0)))
+        return ops.cast(bias[None], queries.dtype)
+
+    def compute_output_shape(self, queries_shape, grid_shape=None):
+        return (1, self.num_heads, queries_shape[2], queries_shape[2])
+
+    def get_config(self):
+        return {**super().get_config(), "grid_size": self.grid_size,
+                "num_heads": self.num_heads, "num_prefix_tokens": self.num_prefix_tokens,
+                "hidden_dim": self.hidden_dim}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
 class RelativePositionBias(keras.layers.Layer):
     """Attention logits from relative positions (paper appendix D.4).
 
@@ -714,7 +786,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         num_heads: attention heads; must divide the input width.
         dropout: dropout on the attention weights.
         relative_position: None, or "1d" / "2d" to add relative position logits (appendix
-            D.4) from a `RelativePositionBias` sub-layer named `relative_position`.
+            D.4) from a `RelativePositionBias` sub-layer named `relative_position`, or "mlp"
+            for a `RelativePositionMlp` of `relative_mlp_dim` hidden units.
         grid_size: `(rows, columns)` of the patch grid; needed with `relative_position`.
         num_prefix_tokens: tokens before the grid; used with `relative_position`.
         interpolation: how the relative tables are resampled for another grid.
@@ -740,7 +813,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                  num_prefix_tokens=0, interpolation="bilinear", qkv_bias=True,
                  attention_impl="auto", rope=None, rope_temperature=None,
                  rope_reference_grid=None, rope_grid_offset=0.0, inner_norm_epsilon=None,
-                 **kwargs):
+                 relative_mlp_dim=None, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
         self.qkv_bias = bool(qkv_bias)
@@ -758,6 +831,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         self.rope_reference_grid = (None if rope_reference_grid is None
                                     else tuple(int(g) for g in rope_reference_grid))
         self.rope_grid_offset = float(rope_grid_offset)
+        self.relative_mlp_dim = None if relative_mlp_dim is None else int(relative_mlp_dim)
         self.inner_norm_epsilon = (None if inner_norm_epsilon is None
                                    else float(inner_norm_epsilon))
         self.relative_position = relative_position
@@ -797,7 +871,13 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                 self.num_heads, self.head_dim, self.rope_temperature, name="rope")
             self.rope_frequencies.build()
         self.relative = None
-        if self.relative_position is not None:
+        if self.relative_position == "mlp":
+            self.relative = RelativePositionMlp(
+                self.grid_size, self.num_heads, self.num_prefix_tokens,
+                hidden_dim=self.relative_mlp_dim, name="relative_position",
+                dtype=self.dtype_policy)
+            self.relative.build()
+        elif self.relative_position is not None:
             self.relative = RelativePositionBias(
                 self.grid_size, self.num_heads, self.num_prefix_tokens,
                 kind=self.relative_position, interpolation=self.interpolation,
@@ -890,7 +970,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                 "rope_temperature": self.rope_temperature,
                 "rope_reference_grid": self.rope_reference_grid,
                 "rope_grid_offset": self.rope_grid_offset,
-                "inner_norm_epsilon": self.inner_norm_epsilon}
+                "inner_norm_epsilon": self.inner_norm_epsilon,
+                "relative_mlp_dim": self.relative_mlp_dim}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -1090,8 +1171,9 @@ class EncoderBlock(keras.layers.Layer):
         drop_path_rate: stochastic-depth rate of this block.
         activation, approximate_gelu: the MLP's activation, see `MlpBlock`.
         layer_norm_epsilon: of the two LayerNorms (the original's 1e-6).
-        relative_position, grid_size, num_prefix_tokens, interpolation: relative position
-            logits in the attention, see `MultiHeadSelfAttention` (None: none, the original).
+        relative_position, grid_size, num_prefix_tokens, interpolation, relative_mlp_dim:
+            relative position logits in the attention, see `MultiHeadSelfAttention` (None:
+            none, the original).
         qkv_bias: biases in the query, key and value projections.
         rope, rope_temperature, rope_reference_grid, rope_grid_offset: rotary embeddings in
             the attention, see `MultiHeadSelfAttention` (None: none, the original).
@@ -1117,8 +1199,10 @@ class EncoderBlock(keras.layers.Layer):
                  interpolation="bilinear", qkv_bias=True, layer_scale_init=None,
                  approximate_gelu=None, attention_impl="auto", remat=False, rope=None,
                  rope_temperature=None, rope_reference_grid=None, rope_grid_offset=0.0,
-                 mlp_inner_norm=False, attention_inner_norm=False, **kwargs):
+                 mlp_inner_norm=False, attention_inner_norm=False, relative_mlp_dim=None,
+                 **kwargs):
         super().__init__(**kwargs)
+        self.relative_mlp_dim = None if relative_mlp_dim is None else int(relative_mlp_dim)
         self.rope_options = {"rope": rope, "rope_temperature": rope_temperature,
                              "rope_reference_grid": rope_reference_grid,
                              "rope_grid_offset": rope_grid_offset}
@@ -1152,6 +1236,7 @@ class EncoderBlock(keras.layers.Layer):
             num_prefix_tokens=self.num_prefix_tokens, interpolation=self.interpolation,
             qkv_bias=self.qkv_bias, attention_impl=self.attention_impl, **self.rope_options,
             inner_norm_epsilon=self.layer_norm_epsilon if self.attention_inner_norm else None,
+            relative_mlp_dim=self.relative_mlp_dim,
             name="MultiHeadDotProductAttention_1", dtype=policy)
         self.norm_2 = LayerNorm(self.layer_norm_epsilon, name="LayerNorm_2", dtype=policy)
         self.mlp = MlpBlock(self.mlp_dim, dropout=self.dropout, activation=self.activation,
@@ -1239,7 +1324,8 @@ class EncoderBlock(keras.layers.Layer):
                 "interpolation": self.interpolation, "qkv_bias": self.qkv_bias,
                 "layer_scale_init": self.layer_scale_init, "attention_impl": self.attention_impl,
                 "remat": self.remat, **self.rope_options, "mlp_inner_norm": self.mlp_inner_norm,
-                "attention_inner_norm": self.attention_inner_norm}
+                "attention_inner_norm": self.attention_inner_norm,
+                "relative_mlp_dim": self.relative_mlp_dim}
 
 
 AXES = ("row", "column")

@@ -348,7 +348,8 @@ def _build(spec, policy, name):
         x = vit_layers.DistillationToken(name="dist", dtype=policy)(x)
     if spec.class_token:
         x = vit_layers.ClassToken(name="cls", dtype=policy)(x)
-    relative = {"relative": "1d", "relative_2d": "2d"}.get(spec.position_embedding)
+    relative = {"relative": "1d", "relative_2d": "2d",
+                "relative_mlp": "mlp"}.get(spec.position_embedding)
 
     interpolation = spec.position_embedding_interpolation
     grid_input = {} if patch_grid is None else {"grid": patch_grid}
@@ -398,6 +399,7 @@ def _build(spec, policy, name):
             grid_size=grid if relative or spec.rope else None, num_prefix_tokens=prefix,
             rope=spec.rope, rope_temperature=spec.rope_temperature,
             rope_reference_grid=spec.rope_reference_grid, rope_grid_offset=spec.rope_grid_offset,
+            relative_mlp_dim=spec.relative_mlp_dim,
             name=f"encoderblock_{index}", **block_options)(x, **block_grid)
     if spec.final_norm == "tokens":
         x = vit_layers.LayerNorm(epsilon=spec.layer_norm_epsilon, name="encoder_norm",

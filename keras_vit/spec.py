@@ -25,7 +25,8 @@ from keras_vit.variants import _describe
 CLASSIFIERS = ("token", "gap", "map", "token_gap")
 # Paper appendix D.4: the absolute kinds (added to tokens) and the relative kinds (in the
 # attention); and the fixed 2-D sine-cosine embedding of later ViTs.
-POSITION_EMBEDDINGS = ("learned", "learned_2d", "none", "relative", "relative_2d", "sincos_2d")
+POSITION_EMBEDDINGS = ("learned", "learned_2d", "none", "relative", "relative_2d", "sincos_2d",
+                       "relative_mlp")
 # Only embeddings added to the tokens can be added again before every block (Table 8).
 LEARNED_POSITION_EMBEDDINGS = ("learned", "learned_2d")
 PLACEMENTS = ("stem", "every_layer", "every_layer_shared")
@@ -108,7 +109,10 @@ class ViTConfig:
             block's attention); or "sincos_2d", fixed sines and cosines of each patch's row
             and column (no weights; the patches only, not the class and register tokens; as
             big_vision's `posemb_sincos_2d`, used by MAE and by "Better plain ViT baselines for
-            ImageNet-1k", Beyer et al., 2022).
+            ImageNet-1k", Beyer et al., 2022); or "relative_mlp", logits in every block's
+            attention from each (row, column) offset between two patches, log-spaced, through
+            an MLP of `relative_mlp_dim` hidden units (Swin Transformer V2's continuous
+            position bias, timm's `vit_relpos_*`; 0 for pairs with the class token).
         position_embedding_placement: where learned kinds are added (Table 8): "stem" (once,
             before the encoder), "every_layer" (a new one before every block) or
             "every_layer_shared" (the same one before every block).
@@ -197,6 +201,8 @@ class ViTConfig:
         rope_reference_grid: None, or (rows, columns) for "axial" rope: the patch indices are
             scaled to this grid (timm's `ref_feat_shape`: EVA-02 fine-tuned at a larger size
             keeps the rotations of its pre-training grid).
+        relative_mlp_dim: the hidden units of position_embedding "relative_mlp"'s MLP; None
+            takes timm's 128.
         rope_grid_offset: added to the patch indices of "axial" rope before any scaling
             (timm's `rope_grid_offset`: 1 in Perception Encoder's models).
         mlp_inner_norm: a LayerNorm (`inner_norm`) on each MLP's hidden units before its second
@@ -240,6 +246,7 @@ class ViTConfig:
     rope_temperature: float = None
     rope_reference_grid: tuple = None
     rope_grid_offset: float = 0.0
+    relative_mlp_dim: int = None
     mlp_inner_norm: bool = False
     attention_inner_norm: bool = False
 
@@ -485,6 +492,7 @@ def _resolved(fields):
     check("final_norm", lambda value: variants.check_choice("final_norm", value, FINAL_NORMS))
     _check_class_token(fields, values, check)
     _check_rope(fields, values, check)
+    _check_relative_mlp(fields, values, check)
 
     # The rules that combine fields.
     if ok("dynamic_image_size", "dynamic_image_pad") and (
@@ -602,6 +610,22 @@ def _check_class_token(fields, values, check):
 
     if classifier is not None or given is None:
         check("class_token", class_token)
+
+
+def _check_relative_mlp(fields, values, check):
+    """relative_mlp_dim: its hidden units (128 by default) with position_embedding
+    "relative_mlp", None otherwise."""
+    kind = values.get("position_embedding")
+
+    def hidden_units(value):
+        if kind != "relative_mlp":
+            if value is None:
+                return None
+            raise ValueError("applies to position_embedding 'relative_mlp' only: set it too, "
+                             "or leave relative_mlp_dim None")
+        return 128 if value is None else variants.check_int("relative_mlp_dim", value)
+
+    check("relative_mlp_dim", hidden_units)
 
 
 def _check_rope(fields, values, check):

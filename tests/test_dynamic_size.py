@@ -33,6 +33,8 @@ CASES = {
     "rope_axial_normalized": dict(variant="Ti/16", rope="axial_normalized",
                                   position_embedding="none"),
     "rope_mixed": dict(variant="Ti/16", rope="mixed", num_register_tokens=1),
+    "relative_mlp": dict(variant="Ti/16", position_embedding="relative_mlp",
+                         relative_mlp_dim=8),
 }
 
 

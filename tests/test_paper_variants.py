@@ -112,6 +112,30 @@ def test_with_zero_content_weights_attention_depends_only_on_the_offset(kind, gr
     assert np.ptp(relative) > 0.1  # ...but not constant: the offsets matter
 
 
+def test_relative_mlp_logits_are_the_mlp_of_each_log_spaced_offset():
+    """`RelativePositionMlp` against its definition written out pair by pair: the (row,
+    column) offset of query and key patches, sign(d) log(1 + |d|), through ReLU(x W1 + b1) W2
+    + b2; zero for pairs with the class token. At the weights' grid and at another."""
+    layer = L.RelativePositionMlp((3, 4), num_heads=2, num_prefix_tokens=1, hidden_dim=6)
+    layer.build()
+    randomise(layer, scale=1.0)
+    w1, b1, w2, b2 = (to_np(v).astype("float64") for v in
+                      (layer.fc1.kernel, layer.fc1.bias, layer.fc2.kernel, layer.fc2.bias))
+    queries = np.zeros((1, 2, 1, 4), "float32")
+    for rows, columns in ((3, 4), (2, 5)):
+        grid = None if (rows, columns) == (3, 4) else np.zeros((1, rows, columns, 4), "float32")
+        got = to_np(layer(queries, grid=grid))[0]
+        patches = rows * columns
+        expected = np.zeros((2, patches + 1, patches + 1))
+        for q in range(patches):
+            for k in range(patches):
+                d = np.array([q // columns - k // columns, q % columns - k % columns], float)
+                x = np.sign(d) * np.log1p(np.abs(d))
+                expected[:, 1 + q, 1 + k] = np.maximum(x @ w1 + b1, 0) @ w2 + b2
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+        assert np.ptp(expected[:, 1:, 1:]) > 0.1
+
+
 def test_relative_attention_matches_the_numpy_reference():
     attention = L.MultiHeadSelfAttention(2, relative_position="1d", grid_size=(2, 2),
                                          num_prefix_tokens=1, name="attention")
@@ -262,6 +286,8 @@ VARIANTS = {
     "gap_with_class_token": ("B/16", dict(classifier="gap", class_token=True)),
     "rope_mixed": ("B/16", dict(rope="mixed", position_embedding="none")),
     "token_gap_registers": ("B/16", dict(classifier="token_gap", num_register_tokens=1)),
+    "relative_mlp_gap": ("B/16", dict(position_embedding="relative_mlp", relative_mlp_dim=16,
+                                      classifier="gap", class_token=True)),
     "eva02_like": ("B/16", dict(classifier="gap", class_token=True, final_norm="pooled",
                                 activation="swiglu", mlp_inner_norm=True,
                                 attention_inner_norm=True, rope="axial", rope_grid_offset=1.0,

@@ -228,10 +228,13 @@ def test_later_vit_options_are_checked_with_the_rest():
     ({"rope": "axial", "rope_grid_offset": 1.0, "rope_reference_grid": (4, 4)}, 0),
     ({"rope": "mixed"}, 2 * 2 * 4),  # a row and a column frequency per head and channel pair
     ({"classifier": "token_gap"}, 16 * 3),  # a head on 2 x 16 features
+    # Its MLP (2 -> 8 -> 2 heads) in place of the position embeddings (16 x 5 tokens).
+    ({"position_embedding": "relative_mlp", "relative_mlp_dim": 8},
+     (2 * 8 + 8) + (8 * 2 + 2) - 16 * 5),
 ], ids=["no_qkv_bias", "layer_scale", "registers", "registers_no_prefix_embeddings",
         "pre_norm", "pooled_norm", "no_final_norm", "distillation_token", "swiglu", "gap",
         "gap_with_class_token", "mlp_inner_norm", "attention_inner_norm", "rope", "rope_mixed",
-        "token_gap"])
+        "token_gap", "relative_mlp"])
 def test_each_later_option_adds_exactly_its_weights(fields, extra):
     plain = keras_vit.vit("S/16", **TINY).count_params()
     model = keras_vit.vit("S/16", **TINY, **fields)

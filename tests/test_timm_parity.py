@@ -99,6 +99,23 @@ def test_mixed_rope_angles_equal_timms(grid):
     np.testing.assert_allclose(np.sin(angles).reshape(-1, 8), sin, atol=2e-5)
 
 
+def test_relative_mlp_equals_timms_relposmlp():
+    """`RelativePositionMlp` against timm's `RelPosMlp` ("cr" mode, its `vit_relpos_*`
+    models') holding the same weights, with a class token, at two grids."""
+    from timm.layers.pos_embed_rel import RelPosMlp
+    for grid in ((4, 4), (3, 5)):
+        theirs = RelPosMlp(grid, num_heads=3, hidden_dim=8, prefix_tokens=1).eval()
+        ours = vit_layers.RelativePositionMlp(grid, num_heads=3, num_prefix_tokens=1,
+                                              hidden_dim=8)
+        ours.build()
+        ours.fc1.kernel.assign(theirs.mlp.fc1.weight.detach().numpy().T)
+        ours.fc1.bias.assign(theirs.mlp.fc1.bias.detach().numpy())
+        ours.fc2.kernel.assign(theirs.mlp.fc2.weight.detach().numpy().T)
+        ours.fc2.bias.assign(theirs.mlp.fc2.bias.detach().numpy())
+        got = keras.ops.convert_to_numpy(ours(np.zeros((1, 3, 1, 8), "float32")))
+        np.testing.assert_allclose(got, theirs.get_bias().detach().numpy(), atol=1e-6)
+
+
 @pytest.mark.parametrize("old", [8, 14, 16, 32])
 def test_the_patch_embedding_resize_equals_timms(old):
     kernel = np.random.default_rng(1).normal(size=(6, 3, old, old)).astype("float32")  # torch
