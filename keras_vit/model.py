@@ -328,10 +328,12 @@ def _build(spec, policy, name):
     if spec.dynamic_image_pad:
         x = vit_layers.PadToMultiple(spec.total_stride, name="pad", dtype=policy)(x)
     if spec.is_hybrid:
-        x = resnet.ResNetStem(64, name="resnet_root", dtype=policy)(x)
+        numerics = spec.resnet_numerics
+        x = resnet.ResNetStem(64, numerics=numerics, name="resnet_root", dtype=policy)(x)
         for index, units in enumerate(spec.resnet_units):
             x = resnet.ResNetStage(units, 64 * 2**index, first_stride=1 if index == 0 else 2,
-                                   name=f"block{index + 1}", dtype=policy)(x)
+                                   numerics=numerics, name=f"block{index + 1}",
+                                   dtype=policy)(x)
     x = vit_layers.PatchEmbed(spec.patch_size, spec.hidden_size, flatten=not dynamic,
                               name="embedding", dtype=policy)(x)
     # A model of any image size keeps the patch grid beside the tokens: the layers that need

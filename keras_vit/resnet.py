@@ -7,20 +7,27 @@ from keras import ops
 
 GROUP_NORM_EPSILON = 1e-6
 WEIGHT_STANDARDIZATION_EPSILON = 1e-5
+# How the ResNet normalises (`ViTConfig.resnet_numerics`) -> (the weight standardisation's
+# epsilon and whether it is added to the variance, not the standard deviation; GroupNorm's
+# epsilon): the original code's, or timm's ResNetV2 (StdConv2dSame(eps=1e-8), GroupNormAct).
+NUMERICS = {"original": (WEIGHT_STANDARDIZATION_EPSILON, False, GROUP_NORM_EPSILON),
+            "timm": (1e-8, True, 1e-5)}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class StdConv2D(keras.layers.Conv2D):
     """A `Conv2D` whose kernel is standardised per output channel at every call:
-    `(w - mean) / (std + 1e-5)` over the spatial and input axes (no bias by default).
+    `(w - mean) / (std + 1e-5)` over the spatial and input axes (no bias by default); with
+    `numerics="timm"`, `(w - mean) / sqrt(var + 1e-8)` as timm's `StdConv2dSame`.
 
     Takes the arguments of `keras.layers.Conv2D`; padding defaults to "same".
     """
 
     def __init__(self, filters, kernel_size, strides=1, padding="same", use_bias=False,
-                 **kwargs):
+                 numerics="original", **kwargs):
         super().__init__(filters, kernel_size, strides=strides, padding=padding,
                          use_bias=use_bias, **kwargs)
+        self.numerics = _checked_numerics(numerics)
 
     def convolution_op(self, inputs, kernel):
         # Standardise in at least float32, also when the policy computes in bfloat16.
@@ -28,9 +35,25 @@ class StdConv2D(keras.layers.Conv2D):
         precise = "float64" if input_dtype == "float64" else "float32"
         kernel = ops.cast(kernel, precise)
         mean = ops.mean(kernel, axis=(0, 1, 2), keepdims=True)
-        std = ops.std(kernel, axis=(0, 1, 2), keepdims=True)
-        kernel = ops.cast((kernel - mean) / (std + WEIGHT_STANDARDIZATION_EPSILON), inputs.dtype)
+        epsilon, of_variance, _ = NUMERICS[self.numerics]
+        if of_variance:
+            scale = ops.rsqrt(ops.var(kernel, axis=(0, 1, 2), keepdims=True) + epsilon)
+        else:
+            scale = 1.0 / (ops.std(kernel, axis=(0, 1, 2), keepdims=True) + epsilon)
+        kernel = ops.cast((kernel - mean) * scale, inputs.dtype)
         return super().convolution_op(inputs, kernel)
+
+    def get_config(self):
+        config = super().get_config()
+        if self.numerics != "original":  # files of the original's numerics unchanged
+            config["numerics"] = self.numerics
+        return config
+
+
+def _checked_numerics(numerics):
+    if numerics not in NUMERICS:
+        raise ValueError(f"numerics must be one of {tuple(NUMERICS)}, got {numerics!r}.")
+    return numerics
 
 
 def _strided_shape(input_shape, stride, channels):
@@ -83,8 +106,8 @@ class GroupNorm(keras.layers.GroupNormalization):
         return ops.reshape(spread, (-1, *shape[1:]))
 
 
-def _group_norm(name, policy, zero_scale=False):
-    return GroupNorm(groups=32, epsilon=GROUP_NORM_EPSILON, name=name, dtype=policy,
+def _group_norm(name, policy, numerics, zero_scale=False):
+    return GroupNorm(groups=32, epsilon=NUMERICS[numerics][2], name=name, dtype=policy,
                      gamma_initializer="zeros" if zero_scale else "ones")
 
 
@@ -151,18 +174,20 @@ class ResNetStem(keras.layers.Layer):
 
     Args:
         width: output channels (64 in every released hybrid).
+        numerics: "original" or "timm", see `ViTConfig.resnet_numerics`.
     """
 
-    def __init__(self, width=64, **kwargs):
+    def __init__(self, width=64, numerics="original", **kwargs):
         super().__init__(**kwargs)
         self.width = int(width)
+        self.numerics = _checked_numerics(numerics)
 
     def build(self, input_shape):
         if len(input_shape) != 4:
             raise ValueError(f"ResNetStem expects images of rank 4, got shape {tuple(input_shape)}.")
         self.conv_root = StdConv2D(self.width, 7, strides=2, name="conv_root",
-                                   dtype=self.dtype_policy)
-        self.gn_root = _group_norm("gn_root", self.dtype_policy)
+                                   numerics=self.numerics, dtype=self.dtype_policy)
+        self.gn_root = _group_norm("gn_root", self.dtype_policy, self.numerics)
         self.conv_root.build(input_shape)
         self.gn_root.build(self.conv_root.compute_output_shape(input_shape))
         self.input_channels = input_shape[-1]
@@ -197,7 +222,7 @@ class ResNetStem(keras.layers.Layer):
         return _strided_shape(input_shape, 4, self.width)
 
     def get_config(self):
-        return {**super().get_config(), "width": self.width}
+        return {**super().get_config(), "width": self.width, **_numerics_config(self)}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -209,29 +234,31 @@ class BottleneckUnit(keras.layers.Layer):
     Args:
         features: width of the bottleneck; the output has `4 * features` channels.
         strides: stride of the 3x3 convolution and of the projection.
+        numerics: "original" or "timm", see `ViTConfig.resnet_numerics`.
     """
 
-    def __init__(self, features, strides=1, **kwargs):
+    def __init__(self, features, strides=1, numerics="original", **kwargs):
         super().__init__(**kwargs)
         self.features = int(features)
         self.strides = int(strides)
+        self.numerics = _checked_numerics(numerics)
 
     def build(self, input_shape):
         input_shape = tuple(input_shape)  # a list when Keras rebuilds a loaded model
-        policy = self.dtype_policy
+        policy, numerics = self.dtype_policy, self.numerics
         out = 4 * self.features
         self.needs_projection = input_shape[-1] != out or self.strides != 1
         if self.needs_projection:
             self.conv_proj = StdConv2D(out, 1, strides=self.strides, name="conv_proj",
-                                       dtype=policy)
-            self.gn_proj = _group_norm("gn_proj", policy)
-        self.conv1 = StdConv2D(self.features, 1, name="conv1", dtype=policy)
-        self.gn1 = _group_norm("gn1", policy)
+                                       numerics=numerics, dtype=policy)
+            self.gn_proj = _group_norm("gn_proj", policy, numerics)
+        self.conv1 = StdConv2D(self.features, 1, name="conv1", numerics=numerics, dtype=policy)
+        self.gn1 = _group_norm("gn1", policy, numerics)
         self.conv2 = StdConv2D(self.features, 3, strides=self.strides, name="conv2",
-                               dtype=policy)
-        self.gn2 = _group_norm("gn2", policy)
-        self.conv3 = StdConv2D(out, 1, name="conv3", dtype=policy)
-        self.gn3 = _group_norm("gn3", policy, zero_scale=True)
+                               numerics=numerics, dtype=policy)
+        self.gn2 = _group_norm("gn2", policy, numerics)
+        self.conv3 = StdConv2D(out, 1, name="conv3", numerics=numerics, dtype=policy)
+        self.gn3 = _group_norm("gn3", policy, numerics, zero_scale=True)
         # Build in call order so each weight exists before the first call.
         shape = input_shape
         strided = self.compute_output_shape(input_shape)
@@ -258,7 +285,8 @@ class BottleneckUnit(keras.layers.Layer):
         return _strided_shape(input_shape, self.strides, 4 * self.features)
 
     def get_config(self):
-        return {**super().get_config(), "features": self.features, "strides": self.strides}
+        return {**super().get_config(), "features": self.features, "strides": self.strides,
+                **_numerics_config(self)}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -269,20 +297,23 @@ class ResNetStage(keras.layers.Layer):
         num_units: bottleneck units in the stage.
         features: bottleneck width (output channels are `4 * features`).
         first_stride: stride of the first unit (1 for the first stage, 2 after).
+        numerics: "original" or "timm", see `ViTConfig.resnet_numerics`.
     """
 
-    def __init__(self, num_units, features, first_stride=1, **kwargs):
+    def __init__(self, num_units, features, first_stride=1, numerics="original", **kwargs):
         super().__init__(**kwargs)
         self.num_units = int(num_units)
         self.features = int(features)
         self.first_stride = int(first_stride)
+        self.numerics = _checked_numerics(numerics)
 
     def build(self, input_shape):
         self.units = []
         shape = input_shape
         for index in range(self.num_units):
             unit = BottleneckUnit(self.features, self.first_stride if index == 0 else 1,
-                                  name=f"unit{index + 1}", dtype=self.dtype_policy)
+                                  numerics=self.numerics, name=f"unit{index + 1}",
+                                  dtype=self.dtype_policy)
             unit.build(shape)
             shape = unit.compute_output_shape(shape)
             self.units.append(unit)
@@ -297,4 +328,9 @@ class ResNetStage(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "num_units": self.num_units, "features": self.features,
-                "first_stride": self.first_stride}
+                "first_stride": self.first_stride, **_numerics_config(self)}
+
+
+def _numerics_config(layer):
+    """`numerics` for a layer's config where it is not the original's (older files unchanged)."""
+    return {} if layer.numerics == "original" else {"numerics": layer.numerics}

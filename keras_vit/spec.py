@@ -43,6 +43,8 @@ ACTIVATIONS = ("gelu_tanh", "gelu", "quick_gelu", "swiglu")
 ATTENTION_IMPLS = ("auto", "fused", "explicit")
 # What the backward pass computes again instead of keeping: nothing, or every encoder block.
 REMAT = ("none", "blocks")
+# How a hybrid's ResNet normalises: the original code's, or timm's ResNetV2 (keras_vit.resnet).
+RESNET_NUMERICS = ("original", "timm")
 # Rotary position embeddings of the patches' rows and columns in every attention: at the
 # patches' indices (EVA-02, timm's RoPE ViTs), or at their centres scaled to [-1, 1] (DINOv3),
 # or learned frequencies mixing both axes (RoPE-Mixed); each kind's default temperature (the
@@ -201,6 +203,11 @@ class ViTConfig:
         rope_reference_grid: None, or (rows, columns) for "axial" rope: the patch indices are
             scaled to this grid (timm's `ref_feat_shape`: EVA-02 fine-tuned at a larger size
             keeps the rotations of its pre-training grid).
+        resnet_numerics: how a hybrid's ResNet normalises: "original" (the original code's
+            weight standardisation (w - mean) / (std + 1e-5) and GroupNorm epsilon 1e-6, as the
+            paper's checkpoints were trained) or "timm" (timm's ResNetV2: (w - mean) /
+            sqrt(var + 1e-8), GroupNorm epsilon 1e-5; its copies of those checkpoints give its
+            logits only so).
         relative_mlp_dim: the hidden units of position_embedding "relative_mlp"'s MLP; None
             takes timm's 128.
         rope_grid_offset: added to the patch indices of "axial" rope before any scaling
@@ -247,6 +254,7 @@ class ViTConfig:
     rope_reference_grid: tuple = None
     rope_grid_offset: float = 0.0
     relative_mlp_dim: int = None
+    resnet_numerics: str = "original"
     mlp_inner_norm: bool = False
     attention_inner_norm: bool = False
 
@@ -493,6 +501,12 @@ def _resolved(fields):
     _check_class_token(fields, values, check)
     _check_rope(fields, values, check)
     _check_relative_mlp(fields, values, check)
+    check("resnet_numerics", lambda value: variants.check_choice(
+        "resnet_numerics", value, RESNET_NUMERICS))
+    if ok("resnet_numerics") and values["resnet_numerics"] != "original" and not (
+            row and row["resnet_units"] is not None):
+        add(("variant", "resnet_numerics"), "only a hybrid (R50+B/16, ...) has a ResNet: "
+            "leave resnet_numerics 'original'")
 
     # The rules that combine fields.
     if ok("dynamic_image_size", "dynamic_image_pad") and (

@@ -633,6 +633,27 @@ def test_std_conv_standardises_the_kernel_per_output_channel(kernel_scale):
     assert layer.use_bias is False and layer.padding == "same"
 
 
+def test_timm_numerics_standardise_by_the_variance_and_norm_groups_with_its_epsilon():
+    """`numerics="timm"` (timm's ResNetV2: StdConv2dSame(eps=1e-8), GroupNormAct(eps=1e-5)):
+    (w - mean) / sqrt(var + 1e-8); and every GroupNorm of the stem and units at 1e-5. The
+    small kernel tells the two standardisations apart."""
+    layer = R.StdConv2D(6, 1, numerics="timm")
+    x = np.random.default_rng(0).normal(size=(2, 3, 3, 5)).astype("float32")
+    layer.build(x.shape)
+    kernel = np.random.default_rng(1).normal(loc=0.0, scale=0.0003, size=(1, 1, 5, 6))
+    layer.kernel.assign(kernel.astype("float32"))
+    w = kernel.astype("float32").astype("float64").reshape(5, 6)
+    ours = np.einsum("bhwc,cd->bhwd", x, (w - w.mean(0)) / np.sqrt(w.var(0) + 1e-8))
+    original = np.einsum("bhwc,cd->bhwd", x, (w - w.mean(0)) / (w.std(0) + 1e-5))
+    np.testing.assert_allclose(to_np(layer(x)), ours, rtol=1e-4, atol=1e-4)
+    assert np.abs(ours - original).max() > 0.05
+    model = keras_vit.vit("R+Ti/16", image_size=32, num_layers=1, resnet_numerics="timm")
+    epsilons = {layer.epsilon for layer in model.get_layer("resnet_root")._flatten_layers()
+                if isinstance(layer, R.GroupNorm)}
+    assert epsilons == {1e-5}
+    assert R.StdConv2D.from_config(layer.get_config()).numerics == "timm"
+
+
 def test_resnet_stem_structure():
     stem = R.ResNetStem(32)
     x = np.random.default_rng(0).normal(size=(2, 32, 24, 3)).astype("float32")

@@ -286,6 +286,7 @@ VARIANTS = {
     "gap_with_class_token": ("B/16", dict(classifier="gap", class_token=True)),
     "rope_mixed": ("B/16", dict(rope="mixed", position_embedding="none")),
     "token_gap_registers": ("B/16", dict(classifier="token_gap", num_register_tokens=1)),
+    "hybrid_timm_numerics": ("R+Ti/16", dict(resnet_numerics="timm", patch_size=2)),
     "relative_mlp_gap": ("B/16", dict(position_embedding="relative_mlp", relative_mlp_dim=16,
                                       classifier="gap", class_token=True)),
     "eva02_like": ("B/16", dict(classifier="gap", class_token=True, final_norm="pooled",
@@ -297,7 +298,7 @@ VARIANTS = {
 
 def build(case, **kwargs):
     variant, options = VARIANTS[case]
-    return keras_vit.vit(variant, **SMALL, **options, **kwargs)
+    return keras_vit.vit(variant, **{**SMALL, **options}, **kwargs)
 
 
 def images(batch=2, seed=6):
