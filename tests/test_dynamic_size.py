@@ -298,7 +298,8 @@ def test_attention_distance_at_any_size():
 
 # --- SavedModel -----------------------------------------------------------------------------------
 
-@pytest.fixture(params=["relative_2d", "hybrid_padded_bicubic"])
+@pytest.fixture(params=["relative_2d", "hybrid_padded_bicubic", "relative_mlp", "rope_axial",
+                        "rope_mixed"])
 def served(request, tmp_path):
     if keras.backend.backend() != "tensorflow":
         pytest.skip("the SavedModel export runs on Keras' TensorFlow backend")
@@ -308,7 +309,12 @@ def served(request, tmp_path):
     fields = {"relative_2d": dict(position_embedding="relative_2d"),
               "hybrid_padded_bicubic": dict(variant="R+Ti/16", patch_size=2,
                                             dynamic_image_pad=True,
-                                            position_embedding_interpolation="bicubic")}
+                                            position_embedding_interpolation="bicubic"),
+              # Angles and offsets computed in the graph for sides known only when it runs.
+              "relative_mlp": dict(position_embedding="relative_mlp", relative_mlp_dim=8),
+              "rope_axial": dict(rope="axial", rope_reference_grid=(3, 3),
+                                 rope_grid_offset=1.0),
+              "rope_mixed": dict(rope="mixed", num_register_tokens=1)}
     model = tiny(dynamic_image_size=True, **fields[request.param])
     randomise(model, scale=0.2)
     path = export.export_saved_model(model, tmp_path / "served")

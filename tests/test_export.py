@@ -401,9 +401,13 @@ def test_tflite_hybrid(tmp_path):
 
 @pytest.mark.parametrize("fields", [{"distillation_token": True}, {"activation": "swiglu"},
                                     {"rope": "axial"}, {"rope": "axial_normalized"},
-                                    {"rope": "mixed"}],
+                                    {"rope": "mixed"},
+                                    {"position_embedding": "relative_mlp",
+                                     "classifier": "token_gap"},
+                                    {"mlp_inner_norm": True, "attention_inner_norm": True,
+                                     "classifier": "gap", "class_token": True}],
                          ids=["distillation_token", "swiglu", "rope", "rope_normalized",
-                              "rope_mixed"])
+                              "rope_mixed", "relative_mlp_token_gap", "inner_norms"])
 def test_later_options_export_as_the_keras_model_computes(tmp_path, fields):
     """DeiT's distillation token and two heads (their mean is the output), SwiGLU's gated
     MLPs and rotary embeddings: the SavedModel and the TFLite file give the Keras model's
