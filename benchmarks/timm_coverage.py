@@ -13,6 +13,7 @@ keras_vit has no option for is reported with the reason `from_pretrained` gives.
 
     KERAS_BACKEND=torch python benchmarks/timm_coverage.py              # the tables
     KERAS_BACKEND=torch python benchmarks/timm_coverage.py --only deit  # DeiT's only
+    KERAS_BACKEND=torch python benchmarks/timm_coverage.py --only eva02  # EVA-02's only
     python benchmarks/timm_coverage.py --write_table    # keras_vit/timm_architectures.json
 
 `--write_table` records, for each `vit_*`, `deit*` and `eva02*` architecture timm registers, its
