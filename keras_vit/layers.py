@@ -1179,6 +1179,8 @@ class EncoderBlock(keras.layers.Layer):
             the attention, see `MultiHeadSelfAttention` (None: none, the original).
         mlp_inner_norm, attention_inner_norm: LayerNorms inside the MLP and the attention
             (`ViTConfig.mlp_inner_norm`, `attention_inner_norm`).
+        residual_post_norm: True to norm each branch's output (x + LN(branch(x))) instead of
+            its input (`ViTConfig.residual_post_norm`).
         attention_impl: how the attention is computed, see `MultiHeadSelfAttention`.
         remat: True to keep only the block's input for the backward pass, which computes the
             block again (see `_rematerialized`).
@@ -1200,8 +1202,9 @@ class EncoderBlock(keras.layers.Layer):
                  approximate_gelu=None, attention_impl="auto", remat=False, rope=None,
                  rope_temperature=None, rope_reference_grid=None, rope_grid_offset=0.0,
                  mlp_inner_norm=False, attention_inner_norm=False, relative_mlp_dim=None,
-                 **kwargs):
+                 residual_post_norm=False, **kwargs):
         super().__init__(**kwargs)
+        self.residual_post_norm = bool(residual_post_norm)
         self.relative_mlp_dim = None if relative_mlp_dim is None else int(relative_mlp_dim)
         self.rope_options = {"rope": rope, "rope_temperature": rope_temperature,
                              "rope_reference_grid": rope_reference_grid,
@@ -1294,14 +1297,19 @@ class EncoderBlock(keras.layers.Layer):
 
     def _forward(self, x, training, return_attention_scores, grid):
         record = self.attention_recorder is not None
-        attended = self.attend(self.norm_0(x), training, return_attention_scores or record, grid)
+        pre, post = ((lambda y: y), self.norm_0) if self.residual_post_norm else (
+            self.norm_0, lambda y: y)
+        attended = self.attend(pre(x), training, return_attention_scores or record, grid)
         if return_attention_scores or record:
             attended, weights = attended
             if record:
                 self.attention_recorder(weights)
-        attended = self.dropout_layer(attended, training=training)
+        attended = post(self.dropout_layer(attended, training=training))
         x = x + self.drop_path(self._scaled(0, attended), training=training)
-        mlp = self.mlp(self.norm_2(x), training=training)
+        if self.residual_post_norm:
+            mlp = self.norm_2(self.mlp(x, training=training))
+        else:
+            mlp = self.mlp(self.norm_2(x), training=training)
         x = x + self.drop_path(self._scaled(1, mlp), training=training)
         if return_attention_scores:
             return x, weights
@@ -1325,7 +1333,8 @@ class EncoderBlock(keras.layers.Layer):
                 "layer_scale_init": self.layer_scale_init, "attention_impl": self.attention_impl,
                 "remat": self.remat, **self.rope_options, "mlp_inner_norm": self.mlp_inner_norm,
                 "attention_inner_norm": self.attention_inner_norm,
-                "relative_mlp_dim": self.relative_mlp_dim}
+                "relative_mlp_dim": self.relative_mlp_dim,
+                "residual_post_norm": self.residual_post_norm}
 
 
 AXES = ("row", "column")

@@ -379,6 +379,7 @@ def _build(spec, policy, name):
                          attention_impl=spec.attention_impl, remat=spec.remat == "blocks",
                          mlp_inner_norm=spec.mlp_inner_norm,
                          attention_inner_norm=spec.attention_inner_norm,
+                         residual_post_norm=spec.residual_post_norm,
                          dtype=policy)
     # Only the blocks that need the grid's size get it.
     block_grid = grid_input if relative or spec.rope or spec.axial else {}
@@ -409,7 +410,8 @@ def _build(spec, policy, name):
     head_dtype = _head_dtype(policy)
     if spec.classifier == "map":  # big_vision's name for it
         x = vit_layers.AttentionPooling(
-            spec.num_heads, spec.mlp_dim, num_prefix_tokens=prefix,
+            spec.map_num_heads or spec.num_heads, spec.map_mlp_dim or spec.mlp_dim,
+            num_prefix_tokens=0 if spec.map_include_prefix else prefix,
             layer_norm_epsilon=spec.layer_norm_epsilon, activation=spec.activation,
             attention_impl=spec.attention_impl, name="MAPHead_0", dtype=policy)(x)
     elif spec.distillation_token:

@@ -203,6 +203,17 @@ class ViTConfig:
         rope_reference_grid: None, or (rows, columns) for "axial" rope: the patch indices are
             scaled to this grid (timm's `ref_feat_shape`: EVA-02 fine-tuned at a larger size
             keeps the rotations of its pre-training grid).
+        residual_post_norm: True for blocks that norm each branch's output before adding it
+            to the residual stream, x + LN(attention(x)) and x + LN(MLP(x)) (Liu et al.'s Swin
+            Transformer V2 "res-post-norm"; timm's `ResPostBlock`, Eva's `use_post_norm`), in
+            place of the pre-norm x + attention(LN(x)); the same weights (`LayerNorm_0`,
+            `LayerNorm_2`). Not with layer_scale_init.
+        map_num_heads, map_mlp_dim: the heads and MLP width of classifier "map"'s attention
+            pooling; None takes num_heads and mlp_dim (Perception Encoder's pooling has 8 heads
+            and 4 x hidden_size whatever the model's).
+        map_include_prefix: True for classifier "map"'s pooling to attend to the class and
+            register tokens too (timm's Eva), not the patches alone (big_vision, timm's
+            VisionTransformer).
         resnet_numerics: how a hybrid's ResNet normalises: "original" (the original code's
             weight standardisation (w - mean) / (std + 1e-5) and GroupNorm epsilon 1e-6, as the
             paper's checkpoints were trained) or "timm" (timm's ResNetV2: (w - mean) /
@@ -255,6 +266,10 @@ class ViTConfig:
     rope_grid_offset: float = 0.0
     relative_mlp_dim: int = None
     resnet_numerics: str = "original"
+    residual_post_norm: bool = False
+    map_num_heads: int = None
+    map_mlp_dim: int = None
+    map_include_prefix: bool = False
     mlp_inner_norm: bool = False
     attention_inner_norm: bool = False
 
@@ -489,7 +504,8 @@ def _resolved(fields):
         "attention_impl", value, ATTENTION_IMPLS))
     check("remat", lambda value: variants.check_choice("remat", value, REMAT))
     for field in ("qkv_bias", "prefix_position_embeddings", "pre_norm", "distillation_token",
-                  "mlp_inner_norm", "attention_inner_norm"):
+                  "mlp_inner_norm", "attention_inner_norm", "residual_post_norm",
+                  "map_include_prefix"):
         check(field, lambda value, name=field: variants.check_bool(name, value))
     if fields.get("layer_scale_init") is None:
         values["layer_scale_init"] = None
@@ -501,6 +517,22 @@ def _resolved(fields):
     _check_class_token(fields, values, check)
     _check_rope(fields, values, check)
     _check_relative_mlp(fields, values, check)
+    for field in ("map_num_heads", "map_mlp_dim"):
+        check(field, lambda value, name=field: variants.check_int(name, value, allow_none=True))
+    map_fields = [name for name in ("map_num_heads", "map_mlp_dim", "map_include_prefix")
+                  if ok(name) and values[name] not in (None, False)]
+    if map_fields and ok("classifier") and values["classifier"] != "map":
+        add(("classifier", *map_fields), "these shape the attention pooling of classifier "
+            "'map': set classifier='map', or leave them None (False)")
+    elif ok("map_num_heads", "hidden_size") and values["map_num_heads"] and (
+            values["hidden_size"] % values["map_num_heads"]):
+        add(("map_num_heads", "hidden_size"), "map_num_heads must divide hidden_size (each "
+            "head gets an equal share)")
+    if ok("residual_post_norm", "layer_scale_init") and (
+            values["residual_post_norm"] and values["layer_scale_init"] is not None):
+        add(("residual_post_norm", "layer_scale_init"), "post-norm blocks scale each branch "
+            "by its norm's own weights (timm's ResPostBlock starts them at init_values): use "
+            "layer_scale_init=None with residual_post_norm")
     check("resnet_numerics", lambda value: variants.check_choice(
         "resnet_numerics", value, RESNET_NUMERICS))
     if ok("resnet_numerics") and values["resnet_numerics"] != "original" and not (

@@ -294,10 +294,10 @@ def test_position_and_axial_rules(name):
         assert word in str(error.value), f"{word!r} not in {str(error.value)!r}"
 
 
-# Of the 36 combinations, those the model API builds: for ViT the learned kinds at every
+# Of the 42 combinations, those the model API builds: for ViT the learned kinds at every
 # placement and the others at the stem, with either classifier; for Axial-ViT only with "gap",
 # and no relative kinds.
-@pytest.mark.parametrize("model, buildable", [("Ti/16", 20), ("Axial-Ti/16", 8)])
+@pytest.mark.parametrize("model, buildable", [("Ti/16", 22), ("Axial-Ti/16", 8)])
 def test_config_checks_refuse_what_the_model_refuses(model, buildable):
     """Every kind x placement x classifier: config_checks passes exactly the combinations that
     keras_vit.vit() builds, so a run never fails after its slow start."""

@@ -574,6 +574,26 @@ def test_encoder_block_is_pre_norm_residual():
     np.testing.assert_allclose(to_np(block(x)), x, rtol=1e-6, atol=1e-6)
 
 
+def test_residual_post_norm_norms_each_branch_before_adding_it():
+    """timm's ResPostBlock (Swin V2's res-post-norm): x + LN(MSA(x)), then + LN(MLP(.)), with
+    the pre-norm block's weights."""
+    block = L.EncoderBlock(num_heads=2, mlp_dim=16, activation="gelu", residual_post_norm=True)
+    x = np.random.default_rng(0).normal(size=(2, 5, 8))
+    block.build(x.shape)
+    randomise(block, scale=0.5)
+    w = {f"b/{v.path.split('/', 1)[1]}": to_np(v).astype("float64") for v in block.weights}
+    ref = numpy_reference
+    attention = ref.multi_head_self_attention(x, w, "b/MultiHeadDotProductAttention_1", 2)
+    y = x + ref.layer_norm(attention, w["b/LayerNorm_0/gamma"], w["b/LayerNorm_0/beta"])
+    mlp = ref.mlp_block(y, w, "b/MlpBlock_3", approximate_gelu=False)
+    expected = y + ref.layer_norm(mlp, w["b/LayerNorm_2/gamma"], w["b/LayerNorm_2/beta"])
+    np.testing.assert_allclose(to_np(block(x.astype("float32"))), expected, atol=1e-4)
+    pre = L.EncoderBlock(num_heads=2, mlp_dim=16, activation="gelu")
+    pre.build(x.shape)
+    pre.set_weights(block.get_weights())
+    assert np.abs(to_np(pre(x.astype("float32"))) - expected).max() > 0.1
+
+
 # ---------------------------------------------------------------------------------------------
 # DropPath
 

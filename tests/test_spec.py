@@ -231,10 +231,15 @@ def test_later_vit_options_are_checked_with_the_rest():
     # Its MLP (2 -> 8 -> 2 heads) in place of the position embeddings (16 x 5 tokens).
     ({"position_embedding": "relative_mlp", "relative_mlp_dim": 8},
      (2 * 8 + 8) + (8 * 2 + 2) - 16 * 5),
+    ({"residual_post_norm": True}, 0),  # the same norms, elsewhere
+    # Attention pooling with Perception Encoder's own MLP width (16 -> 8 -> 16): its probe,
+    # attention, LayerNorm and MLP, less the class token and its position row.
+    ({"classifier": "map", "map_num_heads": 1, "map_mlp_dim": 8},
+     16 + 4 * (16 * 16 + 16) + 2 * 16 + (16 * 8 + 8 + 8 * 16 + 16) - 2 * 16),
 ], ids=["no_qkv_bias", "layer_scale", "registers", "registers_no_prefix_embeddings",
         "pre_norm", "pooled_norm", "no_final_norm", "distillation_token", "swiglu", "gap",
         "gap_with_class_token", "mlp_inner_norm", "attention_inner_norm", "rope", "rope_mixed",
-        "token_gap", "relative_mlp"])
+        "token_gap", "relative_mlp", "residual_post_norm", "map_of_its_own_size"])
 def test_each_later_option_adds_exactly_its_weights(fields, extra):
     plain = keras_vit.vit("S/16", **TINY).count_params()
     model = keras_vit.vit("S/16", **TINY, **fields)
@@ -283,6 +288,28 @@ def test_token_gap_puts_the_class_token_beside_the_patches_mean():
         ViTConfig.from_variant("S/16", classifier="token_gap", final_norm="pooled")
     with pytest.raises(ValueError, match="token_gap classifier reads the class token"):
         ViTConfig.from_variant("S/16", classifier="token_gap", class_token=False)
+
+
+def test_attention_pooling_of_the_prefix_too():
+    """Eva's attention pooling (Perception Encoder) attends to the class token as well as the
+    patches: the pooled vector is the pooling of every normed token, and differs from the
+    patches-only pooling of the same weights."""
+    spec = ViTConfig.from_variant("S/16", **{**TINY, "include_top": False}, classifier="map",
+                                  class_token=True, map_include_prefix=True, map_num_heads=1)
+    model = keras_vit.vit(spec)
+    randomise(model, scale=0.5)
+    images = np.random.default_rng(3).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    tokens = keras_vit.features(model, layers=-1, norm=True)(images)
+    pool = model.get_layer("MAPHead_0")
+    assert pool.num_prefix_tokens == 0 and pool.num_heads == 1
+    np.testing.assert_allclose(np.asarray(model(images)), np.asarray(pool(tokens)), atol=1e-6)
+    patches_only = keras_vit.vit(spec.replace(map_include_prefix=False))
+    patches_only.set_weights(model.get_weights())
+    assert np.abs(np.asarray(patches_only(images)) - np.asarray(model(images))).max() > 1e-3
+    with pytest.raises(ValueError, match="set classifier='map'"):
+        ViTConfig.from_variant("S/16", map_num_heads=4)
+    with pytest.raises(ValueError, match="layer_scale_init=None with residual_post_norm"):
+        ViTConfig.from_variant("S/16", residual_post_norm=True, layer_scale_init=0.1)
 
 
 def test_later_options_reach_the_tools():
