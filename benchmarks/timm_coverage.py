@@ -73,7 +73,8 @@ class _Captured(Exception):
 def _json_value(value):
     """An argument as JSON: plain values as they are, a LayerNorm as its epsilon (the only
     thing that differs between timm's ViTs), an RmsNorm of a set epsilon (Eva's) as that
-    epsilon, anything else by name."""
+    epsilon, a partial of one of timm's MLP classes as {"partial": its class, its keyword
+    arguments}, anything else by name."""
     if isinstance(value, (bool, int, float, str, type(None))):
         return value
     if isinstance(value, (list, tuple)):
@@ -82,10 +83,21 @@ def _json_value(value):
         return {"layer_norm": value.keywords.get("eps", 1e-5)}
     if isinstance(value, functools.partial) and "RmsNorm" in value.func.__name__:
         return {"rms_norm": value.keywords.get("eps", value.func(8).eps)}
+    if isinstance(value, functools.partial) and _is_mlp(value.func):
+        # an MLP class with its arguments (DINOv2 giant's SwiGLUPacked: GluMlp, SiLU, the
+        # gate's rows first), which decide the layout of its weights
+        return {"partial": value.func.__name__,
+                **{name: _json_value(argument) for name, argument in
+                   sorted(value.keywords.items())}}
     name = getattr(value, "__name__", type(value).__name__)
     if name == "LayerNorm" and isinstance(value, type):  # its own default epsilon
         return {"layer_norm": value(8).eps}
     return f"<{name}>"
+
+
+def _is_mlp(function):
+    """Whether `function` is one of timm's MLP classes (timm.layers.mlp)."""
+    return isinstance(function, type) and function.__module__ == "timm.layers.mlp"
 
 
 def architecture_table(timm):

@@ -108,7 +108,15 @@ _TIMM_DEFAULTS = {
     "reg_tokens": 0, "pre_norm": False, "final_norm": True, "fc_norm": None,
     "dynamic_img_size": False, "dynamic_img_pad": False, "act_layer": "gelu",
     "norm_layer": {"layer_norm": 1e-6}, "drop_rate": 0.0, "pos_drop_rate": 0.0,
-    "proj_drop_rate": 0.0, "attn_drop_rate": 0.0, "drop_path_rate": 0.0}
+    "proj_drop_rate": 0.0, "attn_drop_rate": 0.0, "drop_path_rate": 0.0,
+    "block_fn": None, "mlp_layer": None}  # None: timm's Block and Mlp
+# timm's block_fn and mlp_layer keras_vit maps, as timm_architectures.json records them:
+# ResPostBlock (x + LN(branch(x)): residual_post_norm) and DINOv2 giant's SwiGLUPacked (GluMlp,
+# its fc1 the gate's rows, then the value's; SiLU from the model's act_layer, which the block
+# passes over the partial's).
+_RES_POST_BLOCK = "<ResPostBlock>"
+_SWIGLU_PACKED = {"partial": "GluMlp", "act_layer": "<SiLU>", "gate_last": False}
+_SILU = ("<SiLU>", "silu", "swish")  # act_layer as a class, or get_act_layer's names
 # norm_layer is read as layer_norm_epsilon where it is a LayerNorm; any other is missing.
 _TIMM_OPTIONS = set(_TIMM_DEFAULTS) - {"norm_layer"} | {"layer_norm_epsilon"}
 _TIMM_POOLS = {"token": "token", "avg": "gap", "map": "map"}  # timm's global_pool -> classifier
@@ -499,8 +507,15 @@ def from_npz_arrays(arrays, spec, layout):
         arrays = _dinov2_position_rows(arrays, spec)
     if layout == "timm" and spec.rope:
         arrays = _permuted_rope(arrays, spec, *_EVA_WRITTEN_ROPE[spec.rope], inverse=True)
+    pairs = _pairs(spec, layout, prefix)
+    unwritten = sorted(set(arrays) - {ours for ours, _, _ in pairs})
+    if unwritten:  # an option whose weights the layout has no place for yet
+        raise LayoutError(
+            f"The {layout} layout of this model has no place for {len(unwritten)} of its "
+            f"weights: {', '.join(unwritten[:8])}. Nothing was written; keras_vit does not map "
+            f"that option to {layout} yet.")
     state = {theirs: np.ascontiguousarray(transforms[kind][1](arrays[ours]))
-             for ours, theirs, kind in _pairs(spec, layout, prefix)}
+             for ours, theirs, kind in pairs}
     if dinov2:  # transformers' initial value; only masked image modelling reads it
         state["embeddings.mask_token"] = np.zeros((1, spec.hidden_size),
                                                   arrays["cls"].dtype)
@@ -508,6 +523,8 @@ def from_npz_arrays(arrays, spec, layout):
         return _dinov3_state(state, spec, _key_bias(arrays, spec))
     if layout == "timm" and _is_eva(spec):
         state = _eva_state(state, spec, _eva_attention(arrays, spec))
+    elif layout == "timm" and spec.activation == "swiglu":  # VisionTransformer's GluMlp
+        state = _packed(state, _EVA_PACKED)
     return _packed(state, _TIMM_PACKED if layout == "timm" else _TRANSFORMERS_PACKED)
 
 
@@ -634,9 +651,21 @@ def _eva_state(state, spec, attention):
 
 
 def _is_eva(spec):
-    """Whether timm's files of a model of `spec` are its Eva's: RoPE, or NormFormer's inner
-    LayerNorms (scale_attn_inner, scale_mlp), which its VisionTransformer has not mapped."""
-    return bool(spec.rope or spec.mlp_inner_norm or spec.attention_inner_norm)
+    """Whether timm's files of a model of `spec` are its Eva's: RoPE, NormFormer's inner
+    LayerNorms (scale_attn_inner, scale_mlp), which its VisionTransformer has not mapped, or
+    Eva's attention pooling (`_eva_pooling`)."""
+    return bool(spec.rope or spec.mlp_inner_norm or spec.attention_inner_norm
+                or _eva_pooling(spec))
+
+
+def _eva_pooling(spec):
+    """Whether the model's attention pooling is timm's Eva's, not its VisionTransformer's
+    (whose pooling has the blocks' heads and MLP width and leaves the prefix tokens out): one
+    over the class and register tokens too, or of its own heads or MLP width."""
+    return spec.classifier == "map" and bool(
+        (spec.map_include_prefix and spec.num_prefix_tokens)
+        or spec.map_num_heads not in (None, spec.num_heads)
+        or spec.map_mlp_dim not in (None, spec.mlp_dim))
 
 
 def _dinov3_names(state, spec):
@@ -1055,6 +1084,14 @@ def transformers_config(spec, arrays=None):
     CLIPVisionModel or SiglipVisionModel for one of their options, its DINOv3ViTModel for one
     with RoPE (whose key bias, in the weights `arrays`, says its key_bias; a LayoutError for
     what they cannot express)."""
+    timms = [problem for bad, problem in (
+        (spec.residual_post_norm, "post-norm blocks (residual_post_norm, timm's ResPostBlock)"),
+        (_eva_pooling(spec), "an attention pooling of its own heads or MLP width, or over the "
+                             "class and register tokens (map_num_heads, map_mlp_dim, "
+                             "map_include_prefix: timm's Eva)")) if bad]
+    if timms:
+        raise LayoutError(f"transformers' ViT classes have no {'; no '.join(timms)}: save this "
+                          "model with format='timm'.")
     if spec.rope:
         return _dinov3_config(spec, arrays)
     if _is_dinov2(spec):
@@ -1150,11 +1187,23 @@ def _timm_missing(args, distilled=False):
     """What keras_vit has no option for, in timm's words."""
     missing = [f"{name}={value!r}" for name, value in sorted(args.items())
                if name not in _TIMM_OPTIONS]
-    if args["act_layer"] not in ACTIVATIONS:  # timm's names are the spec's
+    if args["block_fn"] not in (None, _RES_POST_BLOCK):
+        missing.append(f"block_fn={args['block_fn']!r}")
+    glu = _is_glu(args["mlp_layer"])
+    if args["mlp_layer"] is not None and not glu:
+        missing.append(f"mlp_layer={args['mlp_layer']!r}")
+    if glu and args["act_layer"] not in _SILU:
+        missing.append(f"mlp_layer=GluMlp with act_layer={args['act_layer']!r} (keras_vit's "
+                       "gated MLP is SwiGLU: SiLU)")
+    elif not glu and (args["act_layer"] not in ACTIVATIONS
+                      or args["act_layer"] == "swiglu"):  # timm's names are the spec's
         missing.append(f"act_layer={args['act_layer']!r}")
+    if glu and args["global_pool"] == "map":
+        missing.append("global_pool='map' with a SwiGLU MLP (timm's attention pooling has a "
+                       "plain MLP of act_layer, keras_vit's the blocks' SwiGLU)")
     if args["global_pool"] not in _TIMM_POOLS:
         missing.append(f"global_pool={args['global_pool']!r}")
-    elif (args["global_pool"] == "token") != bool(args["class_token"]):
+    elif args["global_pool"] == "token" and not args["class_token"]:
         missing.append(f"global_pool={args['global_pool']!r} with class_token="
                        f"{args['class_token']}")
     if args["in_chans"] != 3:
@@ -1162,6 +1211,13 @@ def _timm_missing(args, distilled=False):
     if distilled:
         missing += _distilled_missing(args)
     return missing
+
+
+def _is_glu(mlp_layer):
+    """Whether timm's `mlp_layer` (as the table records it) is a GluMlp whose fc1 holds the
+    gate's rows first, as DINOv2 giant's SwiGLUPacked (gate_last=False)."""
+    return (isinstance(mlp_layer, dict) and mlp_layer.get("partial") == "GluMlp"
+            and mlp_layer.get("gate_last") is False)
 
 
 def _distilled_missing(args):
@@ -1189,7 +1245,9 @@ def spec_from_timm(config, state):
     kernel = _tensor(state, "patch_embed.proj.weight", "timm")
     hidden, patch = kernel.shape[0], kernel.shape[-1]
     layers = len({key.split(".")[1] for key in state if key.startswith("blocks.")})
-    mlp = _tensor(state, "blocks.0.mlp.fc1.weight", "timm").shape[0]
+    glu = _is_glu(args["mlp_layer"])  # GluMlp's fc1: the gate's rows and the value's
+    mlp = _tensor(state, "blocks.0.mlp.fc1.weight", "timm").shape[0] // (2 if glu else 1)
+    post_norm = args["block_fn"] == _RES_POST_BLOCK  # its init_values only start its norms
     prefix_tokens = int(bool(args["class_token"])) + int(distilled) + args["reg_tokens"]
     _check_grid(_tensor(state, "pos_embed", "timm"), args["img_size"], patch,
                 0 if args["no_embed_class"] else prefix_tokens, "img_size")
@@ -1201,9 +1259,12 @@ def spec_from_timm(config, state):
                  image_size=_whole_patches(args["img_size"], patch, architecture),
                  include_top=num_classes > 0, num_classes=max(num_classes, 1),
                  classifier=_TIMM_POOLS[args["global_pool"]],
-                 activation=args["act_layer"],
+                 class_token=bool(args["class_token"]),  # GAP and MAP leave it out
+                 activation="swiglu" if glu else args["act_layer"],
                  layer_norm_epsilon=args["layer_norm_epsilon"],
-                 qkv_bias=args["qkv_bias"], layer_scale_init=args["init_values"],
+                 qkv_bias=args["qkv_bias"],
+                 layer_scale_init=None if post_norm else args["init_values"],
+                 residual_post_norm=post_norm,
                  num_register_tokens=args["reg_tokens"],
                  prefix_position_embeddings=not args["no_embed_class"],
                  pre_norm=args["pre_norm"], final_norm=final_norm, distillation_token=distilled,
@@ -1244,8 +1305,6 @@ def _eva_missing(args):
         "qk_norm": (args["qk_norm"], "qk_norm=True (norms of each head's queries and keys)"),
         "num_kv_heads": (heads is not None and set(np.ravel(heads)) != {args["num_heads"]},
                          "num_kv_heads (grouped-query attention: fewer key and value heads)"),
-        "use_post_norm": (args["use_post_norm"], "use_post_norm=True (blocks that norm their "
-                                                 "branches' outputs)"),
         "attn_only_layer_scale": (args["attn_only_layer_scale"] and args["init_values"]
                                   is not None, "attn_only_layer_scale=True (LayerScale on the "
                                                "attention alone)"),
@@ -1267,14 +1326,14 @@ def _eva_missing(args):
     pool, token = args["global_pool"], args["class_token"]
     fc_norm, norm = _eva_norms(args)
     problems.update({
-        "global_pool": (pool not in ("token", "avg") or (pool == "token" and not token),
-                        f"global_pool={pool!r} with class_token={token}" + (
-                            " (Eva's attention pooling, AttentionPoolLatent, attends to the "
-                            "class and register tokens as well as the patches, with its own "
-                            "head count and MLP width, attn_pool_num_heads and "
-                            "attn_pool_mlp_ratio; keras_vit's leaves the prefix tokens out "
-                            "and takes the blocks' heads and MLP width)"
-                            if pool == "map" else "")),
+        "global_pool": (pool not in ("token", "avg", "map") or (pool == "token" and not token),
+                        f"global_pool={pool!r} with class_token={token}"),
+        # Eva's AttentionPoolLatent is VisionTransformer's (one latent, no position
+        # embeddings, no q/k norms) over every token, prefix ones too (map_include_prefix),
+        # of attn_pool_num_heads heads and an exact-GELU MLP of attn_pool_mlp_ratio.
+        "attn_pool": (pool == "map" and args["swiglu_mlp"],
+                      "global_pool='map' with swiglu_mlp=True (Eva's attention pooling has an "
+                      "exact-GELU MLP, keras_vit's the blocks' SwiGLU)"),
         "use_fc_norm": (fc_norm and norm, "both a norm of the tokens and one of the pooled "
                                           "vector (use_fc_norm with use_post_transformer_norm)")})
     missing = [why for bad, why in problems.values() if bad]
@@ -1311,17 +1370,28 @@ def _spec_from_eva(architecture, args, config, state):
         _check_grid(_tensor(state, "pos_embed", "timm"), args["img_size"], patch,
                     0 if args["no_embed_class"] else prefix_tokens, "img_size")
     fc_norm, norm = _eva_norms(args)
+    pool = args["global_pool"]
+    attention_pool = {}
+    if pool == "map":  # AttentionPoolLatent over every token: int(width * ratio) MLP units
+        ratio = args["attn_pool_mlp_ratio"]
+        attention_pool = dict(map_num_heads=args["attn_pool_num_heads"],
+                              map_mlp_dim=int(hidden * ratio) if ratio else None,
+                              map_include_prefix=True)
+    post_norm = bool(args["use_post_norm"])  # EvaBlockPostNorm ignores init_values
     rope = _EVA_ROPES[args["rope_type"]] if args["use_rot_pos_emb"] else None
     reference = args["ref_feat_shape"] if rope == "axial" else None
     num_classes = config.get("num_classes", args["num_classes"])
     return _spec(hidden, mlp, args["num_heads"], layers, patch,
                  image_size=_whole_patches(args["img_size"], patch, architecture),
                  include_top=num_classes > 0, num_classes=max(num_classes, 1),
-                 classifier="token" if args["global_pool"] == "token" else "gap",
+                 classifier={"token": "token", "map": "map"}.get(pool, "gap"),
                  class_token=bool(args["class_token"]),  # GAP leaves it out (DINOv3, EVA-02)
+                 **attention_pool,
                  activation="swiglu" if swiglu else "gelu",  # Eva's Mlp: exact GELU
                  layer_norm_epsilon=args["layer_norm_epsilon"],
-                 qkv_bias=args["qkv_bias"], layer_scale_init=args["init_values"],
+                 qkv_bias=args["qkv_bias"],
+                 layer_scale_init=None if post_norm else args["init_values"],
+                 residual_post_norm=post_norm,
                  num_register_tokens=args["num_reg_tokens"],
                  position_embedding="learned" if args["use_abs_pos_emb"] else "none",
                  prefix_position_embeddings=not (args["use_abs_pos_emb"]
@@ -1394,7 +1464,12 @@ def timm_config(spec, preprocessing, arrays=None):
         return _eva_config(spec, preprocessing, arrays)
     timm_class = next(name for name, distilled in TIMM_CLASSES.items()
                       if distilled == spec.distillation_token)
-    _check_plain(spec, f"timm's {timm_class}")
+    _check_plain(spec, f"timm's {timm_class}", swiglu=True)
+    swiglu = spec.activation == "swiglu"
+    if swiglu and spec.classifier == "map":
+        raise LayoutError("timm's attention pooling has a plain MLP of the model's act_layer "
+                          "(SiLU for its SwiGLU ViTs), where keras_vit's has the blocks' SwiGLU: "
+                          "save a SwiGLU model with another classifier.")
     if spec.representation_size is not None:
         raise LayoutError("timm's VisionTransformer has no tanh pre_logits layer; save a model "
                           "without representation_size.")
@@ -1406,19 +1481,25 @@ def timm_config(spec, preprocessing, arrays=None):
     pool = {classifier: pool for pool, classifier in _TIMM_POOLS.items()}[spec.classifier]
     args = {"img_size": [height, width], "patch_size": spec.patch_size,
             "embed_dim": spec.hidden_size, "depth": spec.num_layers,
-            "num_heads": spec.num_heads, "mlp_ratio": spec.mlp_dim / spec.hidden_size,
-            "class_token": spec.classifier == "token", "global_pool": pool,
-            "fc_norm": spec.final_norm == "pooled", "act_layer": spec.activation}
+            "num_heads": spec.num_heads,
+            # GluMlp's fc1 holds the gate's units and the value's: int(width * ratio) of both
+            "mlp_ratio": (_ratio(spec.hidden_size, 2 * spec.mlp_dim) if swiglu
+                          else spec.mlp_dim / spec.hidden_size),
+            "class_token": bool(spec.class_token), "global_pool": pool,
+            "fc_norm": spec.final_norm == "pooled",
+            "act_layer": "silu" if swiglu else spec.activation}
     later = {"final_norm": spec.final_norm != "none", "qkv_bias": spec.qkv_bias,
              "init_values": spec.layer_scale_init, "reg_tokens": spec.num_register_tokens,
              "no_embed_class": not spec.prefix_position_embeddings, "pre_norm": spec.pre_norm,
              "dynamic_img_size": spec.dynamic_image_size,
              "dynamic_img_pad": spec.dynamic_image_pad}
-    # Only those that differ from timm's defaults: a config any timm with them reads.
-    args.update({name: value for name, value in later.items()
-                 if value != _TIMM_DEFAULTS[name]})
-    return _timm_config_file(spec, preprocessing, args,
-                             _timm_architecture_of_epsilon(spec.layer_norm_epsilon, timm_class))
+    # timm's model_args cannot name a block or an MLP class: an architecture of them is chosen
+    architecture, chosen = _timm_architecture_of_epsilon(
+        spec.layer_norm_epsilon, timm_class,
+        block_fn=_RES_POST_BLOCK if spec.residual_post_norm else None, glu=swiglu)
+    # Only those that differ from the architecture's own: a config any timm with them reads.
+    args.update({name: value for name, value in later.items() if value != chosen[name]})
+    return _timm_config_file(spec, preprocessing, args, architecture)
 
 
 def _timm_config_file(spec, preprocessing, args, architecture):
@@ -1437,9 +1518,9 @@ def _timm_config_file(spec, preprocessing, args, architecture):
 
 
 def _eva_config(spec, preprocessing, arrays):
-    """timm's Eva `config.json` for a model with RoPE or inner LayerNorms (`_is_eva`): every Eva
-    argument in `model_args` (so that none of the architecture's own applies), RoPE laid out as
-    `_EVA_WRITTEN_ROPE` says."""
+    """timm's Eva `config.json` for a model with RoPE, inner LayerNorms or Eva's attention
+    pooling (`_is_eva`): every Eva argument in `model_args` (so that none of the
+    architecture's own applies), RoPE laid out as `_EVA_WRITTEN_ROPE` says."""
     problems = [problem for bad, problem in (
         (spec.is_hybrid or spec.axial, f"ResNet stem or axial blocks ({spec.variant})"),
         (spec.position_embedding not in ("learned", "none"),
@@ -1448,7 +1529,12 @@ def _eva_config(spec, preprocessing, arrays):
          f"position embeddings added in every block ({spec.position_embedding_placement!r})"),
         (spec.distillation_token, "distillation token"),
         (spec.representation_size is not None, "pre_logits layer (representation_size)"),
-        (spec.classifier == "map", "attention pooling (classifier='map')"),
+        (spec.classifier == "map" and spec.activation != "gelu",
+         f"attention pooling with activation={spec.activation!r} (its pooling's MLP is exact "
+         "GELU whatever the blocks')"),
+        (spec.classifier == "map" and spec.num_prefix_tokens and not spec.map_include_prefix,
+         "attention pooling that leaves the class and register tokens out (its attends to "
+         "every token: map_include_prefix=True)"),
         (spec.activation not in ("gelu", "swiglu"), f"activation={spec.activation!r} (its MLPs "
                                                     "are exact GELU or SwiGLU)"),
         (spec.pre_norm and spec.position_embedding == "none",
@@ -1456,8 +1542,8 @@ def _eva_config(spec, preprocessing, arrays):
          "keras_vit folds into the position embeddings)"))
         if bad]
     if problems:
-        raise LayoutError(f"A model with RoPE or inner LayerNorms is written as timm's Eva, "
-                          f"which has no {'; no '.join(problems)}.")
+        raise LayoutError(f"A model with RoPE, inner LayerNorms or Eva's attention pooling is "
+                          f"written as timm's Eva, which has no {'; no '.join(problems)}.")
     height, width = spec.image_size
     interleaved, xy = _EVA_WRITTEN_ROPE.get(spec.rope, (False, False))
     fc_norm = spec.final_norm == "pooled"
@@ -1465,7 +1551,7 @@ def _eva_config(spec, preprocessing, arrays):
             if name not in ("norm_layer", "num_classes")}
     args.update({
         "img_size": [height, width], "patch_size": spec.patch_size,
-        "global_pool": "token" if spec.classifier == "token" else "avg",
+        "global_pool": {"token": "token", "map": "map"}.get(spec.classifier, "avg"),
         "embed_dim": spec.hidden_size, "depth": spec.num_layers, "num_heads": spec.num_heads,
         "qkv_bias": spec.qkv_bias, "attn_type": _eva_attention(arrays, spec),
         "mlp_ratio": _mlp_ratio(spec), "swiglu_mlp": spec.activation == "swiglu",
@@ -1480,17 +1566,27 @@ def _eva_config(spec, preprocessing, arrays):
         "rope_grid_offset": spec.rope_grid_offset,
         "ref_feat_shape": list(spec.rope_reference_grid) if spec.rope_reference_grid else None,
         "scale_mlp": spec.mlp_inner_norm, "scale_attn_inner": spec.attention_inner_norm,
+        "use_post_norm": spec.residual_post_norm,
         "use_pre_transformer_norm": spec.pre_norm, "use_fc_norm": fc_norm,
         "use_post_transformer_norm": spec.final_norm == "tokens",
         "dynamic_img_size": spec.dynamic_image_size, "dynamic_img_pad": spec.dynamic_image_pad})
+    if spec.classifier == "map":  # AttentionPoolLatent: its heads, int(width * ratio) units
+        args.update(attn_pool_num_heads=spec.map_num_heads or spec.num_heads,
+                    attn_pool_mlp_ratio=_ratio(spec.hidden_size,
+                                               spec.map_mlp_dim or spec.mlp_dim))
     return _timm_config_file(spec, preprocessing, args,
                              _eva_architecture_of_epsilon(spec.layer_norm_epsilon))
 
 
 def _mlp_ratio(spec):
     """timm's mlp_ratio r for mlp_dim: its blocks make int(width * r) units."""
-    ratio = spec.mlp_dim / spec.hidden_size
-    while int(spec.hidden_size * ratio) < spec.mlp_dim:  # a quotient rounded down
+    return _ratio(spec.hidden_size, spec.mlp_dim)
+
+
+def _ratio(width, units):
+    """The ratio r for which timm's int(width * r) is `units`."""
+    ratio = units / width
+    while int(width * ratio) < units:  # a quotient rounded down
         ratio = math.nextafter(ratio, math.inf)
     return ratio
 
@@ -1515,9 +1611,12 @@ def _eva_architecture_of_epsilon(epsilon):
         f"{epsilon}; timm's model_args cannot name another.")
 
 
-def _timm_architecture_of_epsilon(epsilon, timm_class="VisionTransformer"):
-    """An architecture of timm's `timm_class` of plain options (all of which model_args
-    override) whose LayerNorms have this epsilon."""
+def _timm_architecture_of_epsilon(epsilon, timm_class="VisionTransformer", block_fn=None,
+                                  glu=False):
+    """(name, its arguments): an architecture of timm's `timm_class` whose options keras_vit
+    maps (all of which model_args override), whose LayerNorms have this epsilon, whose blocks
+    are `block_fn` (None: timm's Block) and whose MLPs are GluMlp (`glu`) or not: model_args
+    can name neither a norm's epsilon nor a class."""
     table = timm_architectures()
     distilled = TIMM_CLASSES[timm_class]
     # The familiar names first: ViT-B/16 (epsilon 1e-6), its CLIP form (1e-5), DeiT-B (1e-6).
@@ -1531,15 +1630,22 @@ def _timm_architecture_of_epsilon(epsilon, timm_class="VisionTransformer"):
         args = {**_TIMM_DEFAULTS, **entry["args"]}
         norm = args.pop("norm_layer")
         if (not isinstance(norm, dict) or "layer_norm" not in norm
-                or _timm_missing({**args, "layer_norm_epsilon": norm["layer_norm"]}, distilled)):
+                or _timm_missing({**args, "layer_norm_epsilon": norm["layer_norm"]}, distilled)
+                or args["block_fn"] != block_fn or _is_glu(args["mlp_layer"]) != glu):
             continue
         if norm["layer_norm"] == epsilon:
-            return name
+            return name, args
         epsilons.add(norm["layer_norm"])
+    kind = " and ".join(what for what, wanted in (
+        ("ResPostBlock blocks (residual_post_norm)", block_fn == _RES_POST_BLOCK),
+        ("SwiGLU MLPs (SwiGLUPacked)", glu)) if wanted)
+    if not epsilons:
+        raise LayoutError(f"No {timm_class} architecture of timm's has {kind}, and its "
+                          "model_args cannot name a block or an MLP class.")
     raise LayoutError(
-        f"timm's {timm_class} architectures have LayerNorms of epsilon "
-        f"{' or '.join(f'{value:g}' for value in sorted(epsilons, reverse=True))}, the model "
-        f"{epsilon}; timm's model_args cannot name another.")
+        f"timm's {timm_class} architectures{' of ' + kind if kind else ''} have LayerNorms of "
+        f"epsilon {' or '.join(f'{value:g}' for value in sorted(epsilons, reverse=True))}, the "
+        f"model {epsilon}; timm's model_args cannot name another.")
 
 
 def _check_plain(spec, target, swiglu=False):

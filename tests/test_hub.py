@@ -90,8 +90,18 @@ def test_what_a_library_cannot_express_is_refused_before_writing(tmp_path):
             ({"representation_size": 16}, "timm", "pre_logits"),
             ({"layer_norm_epsilon": 1e-4}, "timm", "epsilon"),
             ({"num_register_tokens": 1}, "transformers", "num_register_tokens=1"),
-            ({"activation": "swiglu"}, "timm", "SwiGLU"),
+            ({"activation": "swiglu", "classifier": "map"}, "timm", "plain MLP"),
+            ({"activation": "swiglu", "residual_post_norm": True}, "timm",
+             "No VisionTransformer architecture of timm's has ResPostBlock blocks "
+             r"\(residual_post_norm\) and SwiGLU MLPs"),
+            ({"residual_post_norm": True, "layer_norm_epsilon": 1e-5}, "timm",
+             "VisionTransformer architectures of ResPostBlock blocks .* epsilon 1e-06"),
+            ({"classifier": "map", "map_include_prefix": True, "class_token": True}, "timm",
+             "Eva, which has no attention pooling with activation='gelu_tanh'"),
             ({"activation": "swiglu"}, "transformers", "SwiGLU"),
+            ({"residual_post_norm": True}, "transformers", "no post-norm blocks"),
+            ({"classifier": "map", "map_num_heads": 1}, "transformers",
+             "map_num_heads, map_mlp_dim, map_include_prefix"),
             ({"pre_norm": True}, "transformers", "pre_norm=True"),
             ({"include_top": False}, "transformers", "pooler")):
         with pytest.raises(torch_layouts.LayoutError, match=message):
@@ -99,6 +109,22 @@ def test_what_a_library_cannot_express_is_refused_before_writing(tmp_path):
     assert not os.path.exists(tmp_path / "never")
     with pytest.raises(ValueError, match="format must be one of"):
         save_pretrained(tiny(), tmp_path / "never", format="onnx")
+
+
+def test_a_weight_the_layout_has_no_place_for_is_refused_before_writing(tmp_path, monkeypatch):
+    """A weight of the model that the chosen layout's pairs do not write (as a future option's
+    would be) is named, and nothing is written, rather than silently dropped."""
+    model = tiny()
+    arrays = checkpoint.model_arrays(model)
+    extra = "Transformer/encoderblock_1/future_option/scale"
+    monkeypatch.setattr(checkpoint, "model_arrays",
+                        lambda model: {**arrays, extra: np.ones(24, "float32")})
+    for layout in torch_layouts.FORMATS:
+        with pytest.raises(torch_layouts.LayoutError,
+                           match=f"{layout} layout of this model has no place for 1 of its "
+                                 f"weights: {extra}"):
+            save_pretrained(model, tmp_path / "never", format=layout)
+    assert not os.path.exists(tmp_path / "never")
 
 
 def test_weights_that_do_not_fit_are_named_and_nothing_loads(tmp_path):
@@ -133,9 +159,8 @@ def test_directories_that_are_not_models_are_clear_errors(tmp_path):
     with pytest.raises(torch_layouts.LayoutError, match="neither transformers' ViT"):
         from_pretrained(str(other))
     for architecture, message in (
-            ("vit_base_patch16_rpn_224", "needs block_fn='<ResPostBlock>', which keras_vit "
-                                         "has no option for yet"),
-            ("vit_giant_patch14_dinov2", "needs mlp_layer='<partial>', act_layer='<SiLU>'"),
+            ("vit_small_patch16_18x2_224", "needs block_fn='<ParallelThingsBlock>', which "
+                                           "keras_vit has no option for yet"),
             ("vit_relpos_base_patch16_224", "timm's VisionTransformerRelPos, not its "
                                             "VisionTransformer"),
             ("vit_made_up", "not one keras_vit knows")):
@@ -145,6 +170,11 @@ def test_directories_that_are_not_models_are_clear_errors(tmp_path):
     (other / "config.json").write_text(json.dumps(
         {"architecture": "vit_base_patch16_224", "model_args": {"norm_layer": "rmsnorm"}}))
     with pytest.raises(torch_layouts.LayoutError, match="needs norm_layer='rmsnorm'"):
+        from_pretrained(str(other))
+    (other / "config.json").write_text(json.dumps(  # DINOv2 giant's GluMlp made a GeGLU
+        {"architecture": "vit_giant_patch14_dinov2", "model_args": {"act_layer": "gelu"}}))
+    with pytest.raises(torch_layouts.LayoutError,
+                       match="needs mlp_layer=GluMlp with act_layer='gelu' .*SwiGLU: SiLU"):
         from_pretrained(str(other))
 
 
@@ -216,6 +246,12 @@ LATER_OPTIONS = {
     "no_qkv_bias_no_final_norm": dict(qkv_bias=False, final_norm="none"),
     "attention_pooling": dict(classifier="map"),
     "quick_gelu": dict(activation="quick_gelu"),
+    # timm architectures are chosen by epsilon, and their own options overridden
+    "epsilon_1e-5_no_pre_norm": dict(layer_norm_epsilon=1e-5),
+    "swiglu_layer_scale": dict(activation="swiglu", layer_scale_init=0.5),  # DINOv2 giant's
+    "residual_post_norm_gap": dict(residual_post_norm=True, classifier="gap"),  # ResPostBlock
+    "eva_attention_pooling": dict(classifier="map", class_token=True, map_include_prefix=True,
+                                  map_num_heads=1, map_mlp_dim=40, activation="gelu"),
 }
 
 
@@ -488,13 +524,15 @@ def test_dinov2_files_keras_vit_has_no_model_of_are_refused(tmp_path):
 
 def test_a_swiglu_model_with_layerscale_round_trips_as_dinov2_giants_layout(tmp_path):
     """DINOv2 giant's SwiGLU MLP: mlp_dim two thirds of an int mlp_ratio x width, up to a
-    multiple of 8 (at width 24, ratio 4: 64); another mlp_dim has no DINOv2 config, and timm's
-    layout does not write SwiGLU yet."""
+    multiple of 8 (at width 24, ratio 4: 64); another mlp_dim has no DINOv2 config (timm's
+    layout, DINOv2 giant's SwiGLUPacked, takes any)."""
     fields = dict(include_top=False, layer_scale_init=0.5, activation="swiglu")
     with pytest.raises(torch_layouts.LayoutError, match="mlp_dim 50"):
         save_pretrained(tiny(**fields, mlp_dim=50), tmp_path / "never", format="transformers")
-    with pytest.raises(torch_layouts.LayoutError, match="SwiGLU"):
-        save_pretrained(tiny(**fields, mlp_dim=64), tmp_path / "never", format="timm")
+    odd = tiny(**fields, mlp_dim=50)
+    save_pretrained(odd, tmp_path / "timm", format="timm")
+    np.testing.assert_allclose(to_np(from_pretrained(str(tmp_path / "timm"))(pixels())),
+                               to_np(odd(pixels())), atol=1e-5)
     model = tiny(**fields, mlp_dim=64)
     save_pretrained(model, tmp_path / "saved", format="transformers")
     with open(tmp_path / "saved" / "config.json") as handle:

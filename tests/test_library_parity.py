@@ -585,6 +585,12 @@ EVA_FAMILIES = {
                       "C20: a class token beside GAP, rope_grid_offset 1, LayerScale"),
     "pe_spatial": ("vit_pe_spatial_base_patch16_512", {},
                    "C21: rope_grid_offset 1, without LayerScale"),
+    "pe_core": ("vit_pe_core_base_patch16_224", {},
+                "Perception Encoder core (4 tags): attention pooling (AttentionPoolLatent) of 8 "
+                "heads and MLP ratio 4 (not the blocks' 2 and 2) over the class token and the "
+                "patches, a head of num_classes (PE's projection) with a bias"),
+    "pe_core_gigantic": ("vit_pe_core_gigantic_patch14_448", {},
+                         "its gigantic: the same pooling without class token"),
 }
 
 
@@ -617,6 +623,12 @@ def test_timm_eva_both_ways(tmp_path, family):
     assert ours.spec.attention_inner_norm == hasattr(theirs.blocks[0].attn.norm, "weight")
     assert ours.spec.activation == ("gelu" if type(theirs.blocks[0].mlp).__name__ == "Mlp"
                                     else "swiglu")
+    pool = theirs.attn_pool
+    assert (ours.spec.classifier == "map") == (pool is not None)
+    if pool is not None:  # Eva's AttentionPoolLatent: over every token, its own shape
+        assert (ours.spec.map_num_heads, ours.spec.map_mlp_dim, ours.spec.map_include_prefix,
+                ours.spec.class_token) == (pool.num_heads, pool.mlp.fc1.out_features, True,
+                                           theirs.cls_token is not None)
     pixels = np.random.default_rng(2).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
     logits = eva_pixels_and_logits(pixels)
     expected = logits(theirs)
@@ -629,11 +641,8 @@ def test_timm_eva_both_ways(tmp_path, family):
 
 
 @pytest.mark.parametrize("architecture, options, reason", [
-    ("vit_pe_core_base_patch16_224", {}, r"global_pool='map' with class_token=True \(Eva's "
-                                         r"attention pooling, AttentionPoolLatent, attends to "
-                                         r"the class and register tokens"),
-    ("vit_pe_core_gigantic_patch14_448", {}, "attn_pool_num_heads"),
-    ("eva02_enormous_patch14_clip_224", {}, "use_post_norm=True"),
+    ("vit_pe_core_base_patch16_224", {"swiglu_mlp": True},
+     r"global_pool='map' with swiglu_mlp=True \(Eva's attention pooling has an exact-GELU MLP"),
     ("vit_base_patch16_dinov3", {"rope_grid_offset": 1.0},
      "rope_grid_offset=1.0 with rope_type='dinov3'"),
     ("vit_base_patch16_rope_reg1_gap_256", {"qk_norm": True}, "qk_norm=True"),
@@ -651,6 +660,51 @@ def test_timm_eva_options_keras_vit_lacks_are_refused(tmp_path, architecture, op
                                           f"needs .*{reason}") as error:
         keras_vit.from_pretrained(str(tmp_path))
     assert "\n" not in str(error.value)
+
+
+# timm's post-norm blocks (x + LN(branch(x)): VisionTransformer's ResPostBlock, Eva's
+# EvaBlockPostNorm) and DINOv2 giant's SwiGLUPacked MLP (GluMlp, the gate's rows first, SiLU):
+# architecture -> (its options here, keras_vit's fields it loads as, timm's block class saved
+# back, what it shows).
+TIMM_BLOCKS = {
+    "vit_base_patch16_rpn_224": (
+        {}, dict(residual_post_norm=True, layer_scale_init=None, classifier="gap",
+                 qkv_bias=False), "ResPostBlock",
+        "ResPostBlock: no LayerScale (init_values starts its norms), GAP with fc_norm"),
+    "eva02_enormous_patch14_clip_224": (
+        EVA_SMALL, dict(residual_post_norm=True, rope=None, classifier="token"), "ResPostBlock",
+        "EVA-02-E (2 tags): EvaBlockPostNorm, no RoPE, fused qkv with q_bias and v_bias; "
+        "written back as VisionTransformer's ResPostBlock (the zero key bias as such)"),
+    "vit_giant_patch14_dinov2": (
+        {}, dict(activation="swiglu", mlp_dim=24, layer_scale_init=1e-5), "Block",
+        "DINOv2 giant: fc1 of 48 rows (mlp_ratio 2), the gate's 24 first"),
+    "vit_giant_patch14_reg1_tipsv2": (
+        {}, dict(activation="swiglu", num_register_tokens=1, prefix_position_embeddings=False),
+        "Block", "TIPSv2 giant: the same with a register and no prefix position rows"),
+}
+
+
+@pytest.mark.parametrize("architecture", TIMM_BLOCKS)
+def test_timm_post_norm_and_swiglu_blocks_both_ways(tmp_path, architecture):
+    from timm.models import _hub
+    from timm.models.vision_transformer import VisionTransformer
+    options, fields, block, _ = TIMM_BLOCKS[architecture]
+    args = {**dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=3,
+                   mlp_ratio=2.0, num_classes=5), **options}
+    theirs = order_one(timm.create_model(architecture, pretrained=False, **args))
+    _hub.save_for_hf(theirs, str(tmp_path / "theirs"), model_args=args,
+                     safe_serialization=True)
+    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    assert {name: getattr(ours.spec, name) for name in fields} == fields
+    pixels = np.random.default_rng(2).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
+    logits = eva_pixels_and_logits(pixels)
+    expected = logits(theirs)
+    assert_close(ours(keras_vit.preprocess_inputs(pixels)), expected, 1e-5)
+    keras_vit.save_pretrained(ours, tmp_path / "ours", format="timm")
+    back = timm.create_model("local-dir:" + os.fspath(tmp_path / "ours"), pretrained=True)
+    assert isinstance(back, VisionTransformer) and type(back.blocks[0]).__name__ == block
+    assert type(back.blocks[0].mlp).__name__ == type(theirs.blocks[0].mlp).__name__
+    assert_close(logits(back.eval()), expected, 1e-5)
 
 
 # DINOv3 (Siméoni et al. 2025): transformers' DINOv3ViTModel loads as a model without a head
@@ -726,6 +780,27 @@ def test_inner_norms_are_timms_eva_and_refused_for_transformers(tmp_path):
     assert isinstance(back, Eva) and back.rope is None
     assert hasattr(back.blocks[0].mlp.norm, "weight") and hasattr(back.blocks[0].attn.norm,
                                                                   "weight")
+    pixels = np.random.default_rng(2).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
+    assert_close(model(keras_vit.preprocess_inputs(pixels)),
+                 eva_pixels_and_logits(pixels)(back.eval()), 1e-5)
+
+
+@pytest.mark.parametrize("fields", [dict(rope="axial"), dict(mlp_inner_norm=True)],
+                         ids=["rope", "inner_norm"])
+def test_post_norm_models_of_evas_options_are_its_post_norm_blocks(tmp_path, fields):
+    """A post-norm model with RoPE or an inner norm is written as timm's Eva of
+    EvaBlockPostNorm (use_post_norm), with its logits."""
+    from timm.models.eva import Eva
+    model = keras_vit.vit("Ti/16", hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2,
+                          image_size=32, patch_size=8, num_classes=5, activation="gelu",
+                          residual_post_norm=True, **fields)
+    rng = np.random.default_rng(0)
+    for weight in model.weights:  # order 1, as `order_one`: LayerNorm scales 1 + N(0, 0.1)
+        scale = weight.path.endswith("scale")
+        weight.assign(rng.normal(float(scale), 0.1 if scale else 0.3, weight.shape))
+    keras_vit.save_pretrained(model, tmp_path / "ours", format="timm")
+    back = timm.create_model("local-dir:" + os.fspath(tmp_path / "ours"), pretrained=True)
+    assert isinstance(back, Eva) and type(back.blocks[0]).__name__ == "EvaBlockPostNorm"
     pixels = np.random.default_rng(2).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
     assert_close(model(keras_vit.preprocess_inputs(pixels)),
                  eva_pixels_and_logits(pixels)(back.eval()), 1e-5)
