@@ -81,10 +81,37 @@ def _json_value(value):
         return {"layer_norm": value.keywords.get("eps", 1e-5)}
     if isinstance(value, functools.partial) and "RmsNorm" in value.func.__name__:
         return {"rms_norm": value.keywords.get("eps", value.func(8).eps)}
+    if isinstance(value, functools.partial) and value.func.__name__ == "HybridEmbed":
+        return {"hybrid_embed": {
+            name: _backbone(item) if name == "backbone" else _json_value(item)
+            for name, item in sorted(value.keywords.items())}}
     name = getattr(value, "__name__", type(value).__name__)
     if name == "LayerNorm" and isinstance(value, type):  # its own default epsilon
         return {"layer_norm": value(8).eps}
     return f"<{name}>"
+
+
+def _backbone(module):
+    """A hybrid's backbone (the `backbone` of timm's HybridEmbed, a built module) as what
+    decides its weights and numerics: for timm's ResNetV2 (or its stem alone, a Sequential of
+    `conv`, `norm`, `pool`), the units of each stage, its block, and the classes and epsilons
+    of its convolutions (StdConv2dSame: "same" padding; StdConv2d: padding_same=False), norms
+    and pooling; any other backbone (MobileCLIP's ConvStem) by its class."""
+    name = type(module).__name__
+    stem = getattr(module, "stem", module)
+    if name not in ("ResNetV2", "Sequential") or not all(
+            hasattr(stem, part) for part in ("conv", "norm", "pool")):
+        return {"class": name}
+    stages = list(getattr(module, "stages", []))
+    entry = {"class": name if stages else "ResNetV2 stem",
+             "layers": [len(stage.blocks) for stage in stages],
+             "conv": type(stem.conv).__name__, "conv_eps": stem.conv.eps,
+             "norm": type(stem.norm).__name__, "norm_eps": stem.norm.eps,
+             "pool": type(stem.pool).__name__}
+    if stages:
+        entry.update(block=type(stages[0].blocks[0]).__name__,
+                     final_norm=type(module.norm).__name__)
+    return entry
 
 
 def architecture_table(timm):

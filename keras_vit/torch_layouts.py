@@ -115,6 +115,18 @@ _TIMM_POOLS = {"token": "token", "avg": "gap", "map": "map"}  # timm's global_po
 # Spec options transformers' ViT does not have (timm's VisionTransformer has them all).
 _LATER_OPTIONS = ("layer_scale_init", "num_register_tokens", "prefix_position_embeddings",
                   "pre_norm", "final_norm")
+# timm's ViT-ResNet hybrids (vision_transformer_hybrid.py: a VisionTransformer whose
+# embed_layer is HybridEmbed on a ResNetV2, `_resnetv2`): the units of each stage of its
+# backbone -> keras_vit's variant with that ResNet (the checkpoint's sizes override the rest),
+# and the architectures written for each, familiar names first.
+_TIMM_HYBRIDS = {(): "R+Ti/16", (2, 2, 2, 2): "R26+S/32", (3, 4, 9): "R50+B/16",
+                 (3, 4, 6, 3): "R50+L/32"}
+_TIMM_HYBRID_ARCHITECTURES = {(): "vit_tiny_r_s16_p8_224", (2, 2, 2, 2): "vit_small_r26_s32_224",
+                              (3, 4, 9): "vit_base_r50_s16_224",
+                              (3, 4, 6, 3): "vit_large_r50_s32_224"}
+# Its numerics, keras_vit's resnet_numerics="timm" (keras_vit.resnet.NUMERICS, not imported:
+# this module needs no Keras): the weight standardisation's and GroupNorm's epsilons.
+_TIMM_RESNET_EPSILONS = (1e-8, 1e-5)
 
 
 class LayoutError(ValueError):
@@ -235,6 +247,8 @@ def _pairs(spec, layout, prefix=""):
         heads = [("head", "head")] + ([("head_dist", "head_dist")] if spec.distillation_token
                                       else [])
     pairs = [(ours, prefix + theirs, kind) for ours, theirs, kind in stem]
+    if layout == "timm" and spec.is_hybrid:
+        pairs += _timm_resnet_pairs(spec)
     for index in range(spec.num_layers):
         theirs = {key: prefix + block.format(index) + value for key, value in names.items()}
         pairs += _block_pairs(index, theirs, spec)
@@ -256,6 +270,34 @@ def _pairs(spec, layout, prefix=""):
         for ours, theirs in heads:
             pairs += [(ours + "/kernel", theirs + ".weight", "linear"),
                       (ours + "/bias", theirs + ".bias", "copy")]
+    return pairs
+
+
+def _timm_resnet_pairs(spec):
+    """The ResNet of a hybrid as timm's ResNetV2 names it under `patch_embed.backbone.`: its
+    stem `stem.conv`, `stem.norm` (R+Ti/16's stem alone: `conv`, `norm`), and in stage s,
+    block u, `conv1..3`, `norm1..3` and the first block's `downsample.conv`, `.norm` (the
+    original's `block{s+1}/unit{u+1}/conv1..3`, `gn1..3`, `conv_proj`, `gn_proj`). Its final
+    `norm` is an Identity (preact=False), without weights."""
+    backbone = "patch_embed.backbone."
+    stem = backbone + ("stem." if spec.resnet_units else "")
+
+    def conv_norm(ours, conv, norm, theirs):
+        return [(f"{ours}{conv}/kernel", f"{theirs[0]}.weight", "conv"),
+                (f"{ours}{norm}/scale", f"{theirs[1]}.weight", "copy"),
+                (f"{ours}{norm}/bias", f"{theirs[1]}.bias", "copy")]
+
+    pairs = conv_norm("", "conv_root", "gn_root", (stem + "conv", stem + "norm"))
+    for stage, units in enumerate(spec.resnet_units):
+        for unit in range(units):
+            ours = f"block{stage + 1}/unit{unit + 1}/"
+            theirs = f"{backbone}stages.{stage}.blocks.{unit}."
+            if unit == 0:  # the projection of the shortcut
+                pairs += conv_norm(ours, "conv_proj", "gn_proj",
+                                   (theirs + "downsample.conv", theirs + "downsample.norm"))
+            for index in (1, 2, 3):
+                pairs += conv_norm(ours, f"conv{index}", f"gn{index}",
+                                   (f"{theirs}conv{index}", f"{theirs}norm{index}"))
     return pairs
 
 
@@ -730,8 +772,9 @@ def _variant_for(hidden, mlp, heads, layers, patch):
     return "B/16"
 
 
-def _spec(hidden, mlp, heads, layers, patch, **fields):
-    return ViTConfig(variant=_variant_for(hidden, mlp, heads, layers, patch), hidden_size=hidden,
+def _spec(hidden, mlp, heads, layers, patch, variant=None, **fields):
+    return ViTConfig(variant=variant or _variant_for(hidden, mlp, heads, layers, patch),
+                     hidden_size=hidden,
                      mlp_dim=mlp, num_heads=heads, num_layers=layers, patch_size=patch, **fields)
 
 
@@ -1164,6 +1207,48 @@ def _timm_missing(args, distilled=False):
     return missing
 
 
+def _timm_hybrid(architecture, args):
+    """The units per stage of the ResNet of timm's hybrid `architecture` (None for one with
+    timm's PatchEmbed), its embed_layer and padding_same taken out of `args`; a LayoutError
+    for a stem keras_vit has not got, saying why."""
+    embed = args.pop("embed_layer", None)
+    padding_same = args.pop("padding_same", True)
+    if embed is None:
+        if padding_same is not True:
+            args["padding_same"] = padding_same  # named by _timm_missing
+        return None
+    backbone = embed.get("hybrid_embed", {}).get("backbone", {}) if isinstance(embed,
+                                                                               dict) else {}
+    timm_numerics = _TIMM_RESNET_EPSILONS
+    problems = [problem for bad, problem in (
+        (backbone.get("class") == "ConvStem",
+         "MobileCLIP's convolutional stem (ConvStem: 3x3 convolutions with BatchNorm and a "
+         "patch projection of their own, no ResNet), which keras_vit has no stem for"),
+        (not backbone.get("class", "").startswith("ResNetV2"),
+         f"an embed_layer {embed!r} that is not HybridEmbed on timm's ResNetV2"),
+        (not padding_same or backbone.get("conv") == "StdConv2d",
+         "padding_same=False (StdConv2d and a max pooling padded symmetrically, where "
+         "keras_vit's ResNet pads as TensorFlow's 'same', as timm's StdConv2dSame does)"),
+        (set(embed.get("hybrid_embed", {}) if isinstance(embed, dict) else ()) - {"backbone"},
+         f"HybridEmbed options {embed!r}"),
+        (tuple(backbone.get("layers", ())) not in _TIMM_HYBRIDS,
+         f"a ResNetV2 of {backbone.get('layers')} units per stage (keras_vit's hybrids: "
+         f"{', '.join(str(list(units)) for units in _TIMM_HYBRIDS)})"),
+        (backbone.get("block", "Bottleneck") != "Bottleneck"
+         or backbone.get("final_norm", "Identity") != "Identity",
+         "a pre-activation ResNetV2 (preact=True)"),
+        (backbone.get("conv") in ("StdConv2dSame", "StdConv2d") and (
+            (backbone.get("conv_eps"), backbone.get("norm_eps")) != timm_numerics),
+         f"weight standardisation epsilon {backbone.get('conv_eps')} and GroupNorm epsilon "
+         f"{backbone.get('norm_eps')} (keras_vit's resnet_numerics='timm': "
+         f"{timm_numerics[0]:g}, {timm_numerics[1]:g})"))
+        if bad]
+    if problems:
+        raise LayoutError(f"timm architecture {architecture!r} is a hybrid of "
+                          f"{problems[0]}, which keras_vit has no option for yet.")
+    return tuple(backbone["layers"])
+
+
 def _distilled_missing(args):
     """What timm's VisionTransformerDistilled accepts but keras_vit's distillation token does
     not: its heads read the normed class and distillation tokens (its forward skips fc_norm
@@ -1182,23 +1267,28 @@ def spec_from_timm(config, state):
     if timm_class == "Eva":
         return _spec_from_eva(architecture, args, config, state)
     distilled = TIMM_CLASSES[timm_class]
+    hybrid = _timm_hybrid(architecture, args)  # None, or the ResNet's units per stage
     missing = _timm_missing(args, distilled)
     if missing:
         raise LayoutError(f"timm architecture {architecture!r} needs {', '.join(missing)}, "
                           "which keras_vit has no option for yet.")
     kernel = _tensor(state, "patch_embed.proj.weight", "timm")
     hidden, patch = kernel.shape[0], kernel.shape[-1]
+    # A hybrid's patches are cut from the ResNet's map: pixels per patch, its stride times.
+    pixels = patch * (1 if hybrid is None else 4 * 2 ** max(len(hybrid) - 1, 0))
     layers = len({key.split(".")[1] for key in state if key.startswith("blocks.")})
     mlp = _tensor(state, "blocks.0.mlp.fc1.weight", "timm").shape[0]
     prefix_tokens = int(bool(args["class_token"])) + int(distilled) + args["reg_tokens"]
-    _check_grid(_tensor(state, "pos_embed", "timm"), args["img_size"], patch,
+    _check_grid(_tensor(state, "pos_embed", "timm"), args["img_size"], pixels,
                 0 if args["no_embed_class"] else prefix_tokens, "img_size")
+    hybrid_fields = {} if hybrid is None else dict(variant=_TIMM_HYBRIDS[hybrid],
+                                                    resnet_numerics="timm")
     gap = args["global_pool"] == "avg"
     fc_norm = gap if args["fc_norm"] is None else args["fc_norm"]  # timm's rule
     final_norm = "none" if not args["final_norm"] else "pooled" if fc_norm else "tokens"
     num_classes = config.get("num_classes", args["num_classes"])
-    return _spec(hidden, mlp, args["num_heads"], layers, patch,
-                 image_size=_whole_patches(args["img_size"], patch, architecture),
+    return _spec(hidden, mlp, args["num_heads"], layers, patch, **hybrid_fields,
+                 image_size=_whole_patches(args["img_size"], pixels, architecture),
                  include_top=num_classes > 0, num_classes=max(num_classes, 1),
                  classifier=_TIMM_POOLS[args["global_pool"]],
                  activation=args["act_layer"],
@@ -1394,7 +1484,9 @@ def timm_config(spec, preprocessing, arrays=None):
         return _eva_config(spec, preprocessing, arrays)
     timm_class = next(name for name, distilled in TIMM_CLASSES.items()
                       if distilled == spec.distillation_token)
-    _check_plain(spec, f"timm's {timm_class}")
+    if spec.is_hybrid:
+        _check_timm_hybrid(spec)
+    _check_plain(spec, f"timm's {timm_class}", hybrid=spec.is_hybrid)
     if spec.representation_size is not None:
         raise LayoutError("timm's VisionTransformer has no tanh pre_logits layer; save a model "
                           "without representation_size.")
@@ -1417,8 +1509,52 @@ def timm_config(spec, preprocessing, arrays=None):
     # Only those that differ from timm's defaults: a config any timm with them reads.
     args.update({name: value for name, value in later.items()
                  if value != _TIMM_DEFAULTS[name]})
-    return _timm_config_file(spec, preprocessing, args,
-                             _timm_architecture_of_epsilon(spec.layer_norm_epsilon, timm_class))
+    architecture = (_timm_hybrid_architecture(spec) if spec.is_hybrid
+                    else _timm_architecture_of_epsilon(spec.layer_norm_epsilon, timm_class))
+    return _timm_config_file(spec, preprocessing, args, architecture)
+
+
+def _check_timm_hybrid(spec):
+    """A LayoutError for a hybrid timm cannot build: its ResNetV2 hard-codes timm's numerics,
+    and it has no distilled hybrid."""
+    if spec.resnet_numerics != "timm":
+        raise LayoutError(
+            f"timm's ResNetV2 hard-codes its numerics (weights standardised by sqrt(var + "
+            f"1e-8), GroupNorm epsilon 1e-5; StdConv2dSame, GroupNormAct), and this "
+            f"{spec.variant} has resnet_numerics={spec.resnet_numerics!r} (the original's, "
+            "which timm's logits would not match): build it with resnet_numerics='timm' to "
+            "write it for timm, or save it with keras_vit.checkpoint.save_npz.")
+    if spec.distillation_token or spec.axial:
+        raise LayoutError("timm's hybrids are VisionTransformers: it has no hybrid with a "
+                          "distillation token or axial blocks.")
+
+
+def _timm_hybrid_architecture(spec):
+    """timm's hybrid architecture with the model's ResNet (its entry point builds the
+    backbone; model_args set the rest) and LayerNorm epsilon."""
+    table, epsilons = timm_architectures(), set()
+    units = tuple(spec.resnet_units)
+    for name in [_TIMM_HYBRID_ARCHITECTURES[units], *sorted(table)]:
+        entry = table.get(name, {})
+        args = {**_TIMM_DEFAULTS, **entry.get("args", {})}
+        if entry.get("class") != "VisionTransformer" or "embed_layer" not in args:
+            continue
+        try:
+            if _timm_hybrid(name, args) != units:
+                continue
+        except LayoutError:
+            continue
+        norm = args.pop("norm_layer")
+        if (not isinstance(norm, dict) or "layer_norm" not in norm
+                or _timm_missing({**args, "layer_norm_epsilon": norm["layer_norm"]})):
+            continue
+        if norm["layer_norm"] == spec.layer_norm_epsilon:
+            return name
+        epsilons.add(norm["layer_norm"])
+    raise LayoutError(
+        f"timm's hybrids of this ResNet ({spec.variant}) have LayerNorms of epsilon "
+        f"{' or '.join(f'{value:g}' for value in sorted(epsilons, reverse=True))}, the model "
+        f"{spec.layer_norm_epsilon}; timm's model_args cannot name another.")
 
 
 def _timm_config_file(spec, preprocessing, args, architecture):
@@ -1542,12 +1678,12 @@ def _timm_architecture_of_epsilon(epsilon, timm_class="VisionTransformer"):
         f"{epsilon}; timm's model_args cannot name another.")
 
 
-def _check_plain(spec, target, swiglu=False):
+def _check_plain(spec, target, swiglu=False, hybrid=False):
     if spec.rope:
         raise LayoutError(f"{target} has no rotary position embeddings (rope={spec.rope!r}); "
                           "save the model for timm (its Eva), or with rope 'axial_normalized' "
                           "for transformers (its DINOv3ViTModel).")
-    if (spec.is_hybrid or spec.axial or spec.position_embedding != "learned"
+    if ((spec.is_hybrid and not hybrid) or spec.axial or spec.position_embedding != "learned"
             or spec.position_embedding_placement != "stem"):
         raise LayoutError(
             f"{target} has learned 1-D position embeddings added once, and no ResNet stem or "

@@ -729,3 +729,69 @@ def test_inner_norms_are_timms_eva_and_refused_for_transformers(tmp_path):
     pixels = np.random.default_rng(2).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
     assert_close(model(keras_vit.preprocess_inputs(pixels)),
                  eva_pixels_and_logits(pixels)(back.eval()), 1e-5)
+
+
+# timm's ViT-ResNet hybrids (vision_transformer_hybrid.py: HybridEmbed on a ResNetV2 of "same"
+# padding): keras_vit's hybrids with resnet_numerics="timm" (weights standardised by
+# sqrt(var + 1e-8), GroupNorm epsilon 1e-5, as its StdConv2dSame and GroupNormAct), one
+# transformer block, at a small size. architecture -> (keras_vit's variant, image size,
+# tolerance): R50+L/32's 16 units in float32 round to about 1.5e-5 of the largest logit with
+# the numerics matched (the same model in float64 agrees to 1e-12), hence 5e-5 for it.
+TIMM_HYBRIDS = {"vit_tiny_r_s16_p8_224": ("R+Ti/16", 96, 1e-5),
+                "vit_small_r26_s32_224": ("R26+S/32", 96, 1e-5),
+                "vit_base_r50_s16_224": ("R50+B/16", 64, 1e-5),
+                "vit_large_r50_s32_224": ("R50+L/32", 64, 5e-5)}
+
+
+@pytest.mark.parametrize("architecture", TIMM_HYBRIDS)
+def test_timm_hybrids_both_ways(tmp_path, architecture):
+    from timm.models import _hub
+    variant, size, tolerance = TIMM_HYBRIDS[architecture]
+    args = dict(depth=1, img_size=size, num_classes=10)
+    theirs = coverage_benchmark().order_one(torch, timm.create_model(architecture, **args))
+    _hub.save_for_hf(theirs, str(tmp_path / "theirs"), model_args=args, safe_serialization=True)
+    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    assert (ours.spec.variant, ours.spec.resnet_numerics) == (variant, "timm")
+    assert ours.spec.hidden_size == theirs.embed_dim
+    assert ours.spec.patch_size == theirs.patch_embed.patch_size[0]
+    assert (ours.spec.activation, ours.spec.layer_norm_epsilon) == ("gelu", 1e-6)
+    images = np.random.default_rng(0).uniform(-1, 1, (2, size, size, 3)).astype("float32")
+    with torch.no_grad():
+        expected = theirs(torch.tensor(images.transpose(0, 3, 1, 2))).numpy()
+    assert_close(ours(images), expected, tolerance)
+    keras_vit.save_pretrained(ours, tmp_path / "ours", format="timm")
+    back = timm.create_model("local-dir:" + os.fspath(tmp_path / "ours"), pretrained=True)
+    assert type(back.patch_embed).__name__ == "HybridEmbed"
+    with torch.no_grad():
+        assert_close(back.eval()(torch.tensor(images.transpose(0, 3, 1, 2))).numpy(), expected,
+                     tolerance)
+
+
+def test_a_hybrid_of_the_originals_numerics_is_refused_for_timm(tmp_path):
+    model = keras_vit.vit("R26+S/32", num_layers=1, image_size=64)
+    with pytest.raises(LayoutError, match="timm's ResNetV2 hard-codes its numerics"):
+        keras_vit.save_pretrained(model, tmp_path / "ours", format="timm")
+    assert not (tmp_path / "ours").exists()
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"architecture": "vit_base_mci_224"}, "MobileCLIP's convolutional stem"),
+    ({"model_args": {"padding_same": False}}, "padding_same=False"),
+    ({"pretrained_cfg": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}},
+     "not into a hybrid's ResNet"),
+])
+def test_timm_hybrids_keras_vit_lacks_are_refused(tmp_path, change, reason):
+    """MobileCLIP's stem and timm's padding_same=False ResNets are refused naming why, as is a
+    normalisation other than [-1, 1] (which would have to fold into the ResNet)."""
+    import json
+    from timm.models import _hub
+    args = dict(depth=1, img_size=64, num_classes=10)
+    theirs = timm.create_model("vit_small_r26_s32_224", **args)
+    _hub.save_for_hf(theirs, str(tmp_path), model_args=args, safe_serialization=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    for key, value in change.items():
+        config[key] = {**config[key], **value} if isinstance(value, dict) else value
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(LayoutError, match=reason) as error:
+        keras_vit.from_pretrained(str(tmp_path))
+    assert "\n" not in str(error.value)
