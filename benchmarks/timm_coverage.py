@@ -22,7 +22,8 @@ takes the same arguments) the arguments its entry point passes that differ from
 (heads, activation, LayerNorm epsilon, pooling...), which `from_pretrained` reads from there.
 For timm's `Eva` class it records the same, relative to `Eva.__init__`'s defaults, and says so
 with `"defaults": "Eva"` (an entry without "defaults" is relative to `VisionTransformer`'s),
-which `from_pretrained` reads as Eva's (RoPE, registers without class token, SwiGLU...).
+which `from_pretrained` reads as Eva's (RoPE, registers without class token, SwiGLU...), and
+for `VisionTransformerRelPos` relative to its own (`"defaults": "VisionTransformerRelPos"`).
 Needs torch and timm (CI's torch leg has both).
 """
 
@@ -51,7 +52,8 @@ FAMILIES = ("vit_*", "deit*", "eva02*")
 # timm's classes whose arguments the table records -> the class whose `__init__` defaults they
 # are relative to (VisionTransformerDistilled takes VisionTransformer's arguments).
 _ARGUMENT_CLASSES = {"VisionTransformer": "VisionTransformer",
-                     "VisionTransformerDistilled": "VisionTransformer", "Eva": "Eva"}
+                     "VisionTransformerDistilled": "VisionTransformer", "Eva": "Eva",
+                     "VisionTransformerRelPos": "VisionTransformerRelPos"}
 
 
 def parse_args(argv=None):
@@ -120,11 +122,12 @@ def architecture_table(timm):
     from timm.models import _builder
     from timm.models.eva import Eva
     from timm.models.vision_transformer import VisionTransformer
+    from timm.models.vision_transformer_relpos import VisionTransformerRelPos
 
     defaults = {model_class.__name__: {
         name: parameter.default for name, parameter in
         inspect.signature(model_class.__init__).parameters.items()}
-        for model_class in (VisionTransformer, Eva)}
+        for model_class in (VisionTransformer, Eva, VisionTransformerRelPos)}
     original, seen = _builder.build_model_with_cfg, {}
 
     def capture(model_class, variant, pretrained, **kwargs):

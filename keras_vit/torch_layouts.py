@@ -94,7 +94,8 @@ _TRANSFORMERS_REFUSED = {
 }
 # timm's model classes keras_vit reads -> whether it has DeiT's distillation token;
 # VisionTransformerDistilled takes VisionTransformer's arguments, Eva its own (`_EVA_DEFAULTS`).
-TIMM_CLASSES = {"VisionTransformer": False, "VisionTransformerDistilled": True, "Eva": False}
+TIMM_CLASSES = {"VisionTransformer": False, "VisionTransformerDistilled": True, "Eva": False,
+                "VisionTransformerRelPos": False}
 # transformers' hidden_act -> the spec's activation (the tanh GELU is the original's).
 _TRANSFORMERS_ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
                              "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh",
@@ -173,6 +174,13 @@ def _block_pairs(index, theirs, spec):
         pairs += [(ours + f"MlpBlock_3/{ours_name}/kernel", theirs[their_name] + ".weight",
                    "linear"),
                   (ours + f"MlpBlock_3/{ours_name}/bias", theirs[their_name] + ".bias", "copy")]
+    if spec.position_embedding == "relative_mlp" and "relative_fc_0" in theirs:
+        # timm's VisionTransformerRelPos: RelPosMlp's fc1 (2 -> hidden), fc2 (hidden -> heads)
+        for index in range(2):
+            ours_name = attention + f"relative_position/fc{index + 1}/"
+            pairs += [(ours_name + "kernel", theirs[f"relative_fc_{index}"] + ".weight",
+                       "linear"),
+                      (ours_name + "bias", theirs[f"relative_fc_{index}"] + ".bias", "copy")]
     if spec.layer_scale_init is not None:  # timm's and DINOv2's LayerScale (not ViT's)
         pairs += [(ours + f"layer_scale_{branch}/scale", theirs[f"scale_{branch}"], "copy")
                   for branch in range(2)]
@@ -242,8 +250,10 @@ def _pairs(spec, layout, prefix=""):
                  "scale_0": "ls1.gamma", "scale_1": "ls2.gamma"}
         if spec.activation == "swiglu":  # Eva's, its packed GluMlp unpacked (`_eva_names`)
             names.update(fc_0="mlp.fc1_x", gate="mlp.fc1_g")
-        # Eva's NormFormer LayerNorms (scale_attn_inner, scale_mlp)
-        names.update(attention_norm="attn.norm", mlp_norm="mlp.norm")
+        # Eva's NormFormer LayerNorms (scale_attn_inner, scale_mlp); VisionTransformerRelPos's
+        # relative-position MLP
+        names.update(attention_norm="attn.norm", mlp_norm="mlp.norm",
+                     relative_fc_0="attn.rel_pos.mlp.fc1", relative_fc_1="attn.rel_pos.mlp.fc2")
         heads = [("head", "head")] + ([("head_dist", "head_dist")] if spec.distillation_token
                                       else [])
     pairs = [(ours, prefix + theirs, kind) for ours, theirs, kind in stem]
@@ -1176,7 +1186,8 @@ def _timm_args(config):
             "VisionTransformer: keras_vit reads the VisionTransformer family (and DeiT's "
             "VisionTransformerDistilled, and Eva).")
     pretrained = config.get("pretrained_cfg") or {}
-    defaults = _EVA_DEFAULTS if entry.get("defaults") == "Eva" else _TIMM_DEFAULTS
+    defaults = {"Eva": _EVA_DEFAULTS, "VisionTransformerRelPos": _RELPOS_DEFAULTS}.get(
+        entry.get("defaults"), _TIMM_DEFAULTS)
     merged = {**defaults, "img_size": pretrained.get("input_size", [3, 224, 224])[1:],
               **entry["args"], **args}
     if "global_pool" in config:  # timm writes the model's pooling beside model_args
@@ -1266,6 +1277,8 @@ def spec_from_timm(config, state):
     architecture, args, timm_class = _timm_args(config)
     if timm_class == "Eva":
         return _spec_from_eva(architecture, args, config, state)
+    if timm_class == "VisionTransformerRelPos":
+        return _spec_from_relpos(architecture, args, config, state)
     distilled = TIMM_CLASSES[timm_class]
     hybrid = _timm_hybrid(architecture, args)  # None, or the ResNet's units per stage
     missing = _timm_missing(args, distilled)
@@ -1300,6 +1313,73 @@ def spec_from_timm(config, state):
                  dynamic_image_size=args["dynamic_img_size"],
                  dynamic_image_pad=args["dynamic_img_pad"],
                  position_embedding_interpolation="bicubic")  # as timm resamples
+
+
+# timm's VisionTransformerRelPos arguments (timm 1.0.31's defaults; its norm_layer None is a
+# LayerNorm of epsilon 1e-6, its act_layer None the exact GELU), and those that change nothing
+# at inference.
+_RELPOS_DEFAULTS = {
+    "img_size": 224, "patch_size": 16, "in_chans": 3, "num_classes": 1000, "global_pool": "avg",
+    "embed_dim": 768, "depth": 12, "num_heads": 12, "mlp_ratio": 4.0, "qkv_bias": True,
+    "qk_norm": False, "init_values": 1e-6, "class_token": False, "fc_norm": False,
+    "rel_pos_type": "mlp", "rel_pos_dim": None, "shared_rel_pos": False,
+    "embed_layer": "<PatchEmbed>", "norm_layer": {"layer_norm": 1e-6}, "act_layer": None,
+    "block_fn": "<RelPosBlock>"}
+_RELPOS_IGNORED = {"drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate",
+                   "weight_init", "fix_init"}
+_RELPOS_HIDDEN = 128  # RelPosMlp's hidden_dim where rel_pos_dim is None
+
+
+def _relpos_missing(args):
+    """What of timm's VisionTransformerRelPos `args` keras_vit has no option for, with why."""
+    pool = args["global_pool"]
+    problems = [why for bad, why in (
+        (args.get("shared_rel_pos"), "shared_rel_pos=True (one relative-position MLP shared by "
+                                     "all blocks, vit_srelpos_*, where keras_vit's blocks have "
+                                     "one each)"),
+        (args["block_fn"] != "<RelPosBlock>",
+         f"block_fn={args['block_fn']!r}" + (
+             " (post-norm blocks, _rpn: a LayerNorm after the attention and after the MLP, "
+             "where keras_vit's blocks norm their inputs)"
+             if args["block_fn"] == "<ResPostRelPosBlock>" else "")),
+        (args["rel_pos_type"] != "mlp",
+         f"rel_pos_type={args['rel_pos_type']!r} (keras_vit's relative_mlp is RelPosMlp in its "
+         "default 'cr' mode, rel_pos_type 'mlp')"),
+        (args["qk_norm"], "qk_norm=True (norms of each head's queries and keys)"),
+        (pool not in ("avg", "token"), f"global_pool={pool!r}"),
+        (args["embed_layer"] != "<PatchEmbed>", f"embed_layer={args['embed_layer']!r}"),
+        (args["act_layer"] not in (None, "gelu"), f"act_layer={args['act_layer']!r}"),
+        (args["in_chans"] != 3, f"in_chans={args['in_chans']}"),
+        ("norm_layer" in args, f"norm_layer={args.get('norm_layer')!r}"))
+        if bad]
+    return problems + [f"{name}={value!r}" for name, value in sorted(args.items())
+                       if name not in _RELPOS_DEFAULTS and name not in _RELPOS_IGNORED
+                       and name != "layer_norm_epsilon"]
+
+
+def _spec_from_relpos(architecture, args, config, state):
+    """The `ViTConfig` of timm's VisionTransformerRelPos (its `vit_relpos_*`): no position
+    embeddings, a relative-position MLP in every block (position_embedding "relative_mlp"),
+    LayerScale, GAP (with or without a class token) or the class token."""
+    missing = _relpos_missing(args)
+    if missing:
+        raise LayoutError(f"timm architecture {architecture!r} (timm's VisionTransformerRelPos) "
+                          f"needs {', '.join(missing)}, which keras_vit has no option for yet.")
+    kernel = _tensor(state, "patch_embed.proj.weight", "timm")
+    hidden, patch = kernel.shape[0], kernel.shape[-1]
+    layers = len({key.split(".")[1] for key in state if key.startswith("blocks.")})
+    mlp = _tensor(state, "blocks.0.mlp.fc1.weight", "timm").shape[0]
+    relative = _tensor(state, "blocks.0.attn.rel_pos.mlp.fc1.weight", "timm").shape[0]
+    num_classes = config.get("num_classes", args["num_classes"])
+    return _spec(hidden, mlp, args["num_heads"], layers, patch,
+                 image_size=_whole_patches(args["img_size"], patch, architecture),
+                 include_top=num_classes > 0, num_classes=max(num_classes, 1),
+                 classifier="token" if args["global_pool"] == "token" else "gap",
+                 class_token=bool(args["class_token"]), activation="gelu",
+                 layer_norm_epsilon=args["layer_norm_epsilon"], qkv_bias=args["qkv_bias"],
+                 layer_scale_init=args["init_values"] or None,
+                 position_embedding="relative_mlp", relative_mlp_dim=int(relative),
+                 final_norm="pooled" if args["fc_norm"] else "tokens")
 
 
 # timm's Eva arguments (timm 1.0.31's defaults): those keras_vit maps, those it cannot, and
@@ -1482,6 +1562,8 @@ def timm_config(spec, preprocessing, arrays=None):
     NormFormer's inner LayerNorms (timm's scale_attn_inner, scale_mlp)."""
     if _is_eva(spec):
         return _eva_config(spec, preprocessing, arrays)
+    if spec.position_embedding == "relative_mlp":
+        return _relpos_config(spec, preprocessing)
     timm_class = next(name for name, distilled in TIMM_CLASSES.items()
                       if distilled == spec.distillation_token)
     if spec.is_hybrid:
@@ -1555,6 +1637,44 @@ def _timm_hybrid_architecture(spec):
         f"timm's hybrids of this ResNet ({spec.variant}) have LayerNorms of epsilon "
         f"{' or '.join(f'{value:g}' for value in sorted(epsilons, reverse=True))}, the model "
         f"{spec.layer_norm_epsilon}; timm's model_args cannot name another.")
+
+
+def _relpos_config(spec, preprocessing):
+    """timm's VisionTransformerRelPos `config.json` for a model of position_embedding
+    "relative_mlp" (its RelPosMlp in every block): every argument in `model_args`."""
+    problems = [problem for bad, problem in (
+        (spec.is_hybrid or spec.axial, f"ResNet stem or axial blocks ({spec.variant})"),
+        (spec.position_embedding_placement != "stem",
+         f"position embeddings placed {spec.position_embedding_placement!r}"),
+        (spec.distillation_token, "distillation token"),
+        (spec.num_register_tokens, "register tokens"),
+        (spec.pre_norm, "norm before the blocks (pre_norm)"),
+        (spec.final_norm == "none", "model without a final norm (final_norm='none')"),
+        (spec.classifier not in ("token", "gap"), f"classifier={spec.classifier!r}"),
+        (spec.activation != "gelu", f"activation={spec.activation!r} (its MLPs are exact "
+                                    "GELU)"),
+        (spec.representation_size is not None, "pre_logits layer (representation_size)"),
+        (spec.rope or spec.mlp_inner_norm or spec.attention_inner_norm,
+         "RoPE or inner LayerNorms"),
+        (spec.dynamic_image_size or spec.dynamic_image_pad,
+         "dynamic image size (its relative positions are made for one grid)"),
+        (spec.layer_norm_epsilon != _RELPOS_DEFAULTS["norm_layer"]["layer_norm"],
+         f"LayerNorm epsilon {spec.layer_norm_epsilon} (its are 1e-6; timm's model_args "
+         "cannot name another)"))
+        if bad]
+    if problems:
+        raise LayoutError(f"A model of position_embedding='relative_mlp' is written as timm's "
+                          f"VisionTransformerRelPos, which has no {'; no '.join(problems)}.")
+    height, width = spec.image_size
+    args = {"img_size": [height, width], "patch_size": spec.patch_size,
+            "embed_dim": spec.hidden_size, "depth": spec.num_layers,
+            "num_heads": spec.num_heads, "mlp_ratio": _mlp_ratio(spec),
+            "qkv_bias": spec.qkv_bias, "init_values": spec.layer_scale_init,
+            "class_token": spec.class_token,
+            "global_pool": "token" if spec.classifier == "token" else "avg",
+            "fc_norm": spec.final_norm == "pooled", "rel_pos_type": "mlp",
+            "rel_pos_dim": spec.relative_mlp_dim or _RELPOS_HIDDEN, "shared_rel_pos": False}
+    return _timm_config_file(spec, preprocessing, args, "vit_relpos_base_patch16_224")
 
 
 def _timm_config_file(spec, preprocessing, args, architecture):

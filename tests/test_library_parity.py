@@ -282,8 +282,8 @@ def test_the_coverage_benchmark_checks_an_architecture_each_way(tmp_path):
     for architecture in ("vit_xsmall_patch16_clip_224", "deit_tiny_distilled_patch16_224"):
         status, detail = check(architecture, 1, 1e-4, str(tmp_path))
         assert status == "covered", (architecture, detail)
-    assert check("vit_relpos_small_patch16_224", 1, 1e-4, str(tmp_path)) == (
-        "missing", "timm's VisionTransformerRelPos class")
+    status, detail = check("vit_srelpos_small_patch16_224", 1, 1e-4, str(tmp_path))
+    assert status == "missing" and "shared_rel_pos=True" in detail
 
 
 @pytest.mark.parametrize("crop_mode", ["center", "squash"])
@@ -795,3 +795,66 @@ def test_timm_hybrids_keras_vit_lacks_are_refused(tmp_path, change, reason):
     with pytest.raises(LayoutError, match=reason) as error:
         keras_vit.from_pretrained(str(tmp_path))
     assert "\n" not in str(error.value)
+
+
+# timm's VisionTransformerRelPos (vision_transformer_relpos.py): no position embeddings, a
+# relative-position MLP in every block (RelPosMlp, "cr" mode: keras_vit's "relative_mlp"),
+# LayerScale, no query, key and value biases. architecture -> what it adds.
+RELPOS_SMALL = dict(img_size=48, patch_size=8, embed_dim=48, depth=1, num_heads=3,
+                    mlp_ratio=2.0, num_classes=5)
+TIMM_RELPOS = {
+    "vit_relpos_small_patch16_224": "GAP normed after pooling (fc_norm)",
+    "vit_relpos_medium_patch16_cls_224": "the class token (token pooling), 256 hidden units",
+    "vit_relpos_base_patch16_clsgap_224": "a class token beside GAP of the patches, fc_norm",
+}
+
+
+@pytest.mark.parametrize("architecture", TIMM_RELPOS)
+def test_timm_relpos_both_ways(tmp_path, architecture):
+    from timm.models import _hub
+    theirs = coverage_benchmark().order_one(torch, timm.create_model(architecture,
+                                                                     **RELPOS_SMALL))
+    _hub.save_for_hf(theirs, str(tmp_path / "theirs"), model_args=RELPOS_SMALL,
+                     safe_serialization=True)
+    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    spec = ours.spec
+    assert (spec.position_embedding, spec.qkv_bias, spec.layer_scale_init) == (
+        "relative_mlp", False, 1e-6)
+    assert spec.relative_mlp_dim == theirs.blocks[0].attn.rel_pos.mlp.fc1.out_features
+    assert (spec.classifier, spec.class_token, spec.final_norm) == (
+        "token" if theirs.global_pool == "token" else "gap", theirs.cls_token is not None,
+        "pooled" if hasattr(theirs.fc_norm, "weight") else "tokens")
+    pixels = np.random.default_rng(2).uniform(0, 255, (2, 48, 48, 3)).astype("float32")
+    logits = eva_pixels_and_logits(pixels)
+    expected = logits(theirs)
+    assert_close(ours(keras_vit.preprocess_inputs(pixels)), expected, 1e-5)
+    keras_vit.save_pretrained(ours, tmp_path / "ours", format="timm")
+    back = timm.create_model("local-dir:" + os.fspath(tmp_path / "ours"), pretrained=True)
+    assert type(back).__name__ == "VisionTransformerRelPos"
+    assert_close(logits(back.eval()), expected, 1e-5)
+
+
+@pytest.mark.parametrize("architecture, options, reason", [
+    ("vit_srelpos_small_patch16_224", {}, "shared_rel_pos=True"),
+    ("vit_relpos_small_patch16_rpn_224", {}, "block_fn='<ResPostRelPosBlock>' \\(post-norm"),
+    ("vit_relpos_small_patch16_224", {"rel_pos_type": "bias"}, "rel_pos_type='bias'"),
+])
+def test_timm_relpos_options_keras_vit_lacks_are_refused(tmp_path, architecture, options,
+                                                         reason):
+    from timm.models import _hub
+    args = {**RELPOS_SMALL, **options}
+    theirs = timm.create_model(architecture, **args)
+    _hub.save_for_hf(theirs, str(tmp_path), model_args=args, safe_serialization=True)
+    with pytest.raises(LayoutError, match=f"^timm architecture '{architecture}' \\(timm's "
+                                          f"VisionTransformerRelPos\\) needs .*{reason}"):
+        keras_vit.from_pretrained(str(tmp_path))
+
+
+def test_relative_mlp_models_timm_lacks_are_refused_when_saving(tmp_path):
+    model = keras_vit.vit("Ti/16", hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1,
+                          image_size=32, patch_size=8, position_embedding="relative_mlp",
+                          final_norm="none")
+    with pytest.raises(LayoutError, match="VisionTransformerRelPos, which has no model without "
+                                          "a final norm"):
+        keras_vit.save_pretrained(model, tmp_path / "ours", format="timm")
+    assert not (tmp_path / "ours").exists()
