@@ -23,7 +23,8 @@ takes the same arguments) the arguments its entry point passes that differ from
 (heads, activation, LayerNorm epsilon, pooling...), which `from_pretrained` reads from there.
 For timm's `Eva` class it records the same, relative to `Eva.__init__`'s defaults, and says so
 with `"defaults": "Eva"` (an entry without "defaults" is relative to `VisionTransformer`'s),
-which `from_pretrained` reads as Eva's (RoPE, registers without class token, SwiGLU...).
+which `from_pretrained` reads as Eva's (RoPE, registers without class token, SwiGLU...), and
+for `VisionTransformerRelPos` relative to its own (`"defaults": "VisionTransformerRelPos"`).
 Needs torch and timm (CI's torch leg has both).
 """
 
@@ -52,7 +53,8 @@ FAMILIES = ("vit_*", "deit*", "eva02*")
 # timm's classes whose arguments the table records -> the class whose `__init__` defaults they
 # are relative to (VisionTransformerDistilled takes VisionTransformer's arguments).
 _ARGUMENT_CLASSES = {"VisionTransformer": "VisionTransformer",
-                     "VisionTransformerDistilled": "VisionTransformer", "Eva": "Eva"}
+                     "VisionTransformerDistilled": "VisionTransformer", "Eva": "Eva",
+                     "VisionTransformerRelPos": "VisionTransformerRelPos"}
 
 
 def parse_args(argv=None):
@@ -74,7 +76,7 @@ def _json_value(value):
     """An argument as JSON: plain values as they are, a LayerNorm as its epsilon (the only
     thing that differs between timm's ViTs), an RmsNorm of a set epsilon (Eva's) as that
     epsilon, a partial of one of timm's MLP classes as {"partial": its class, its keyword
-    arguments}, anything else by name."""
+    arguments}, a hybrid's HybridEmbed as its backbone (`_backbone`), anything else by name."""
     if isinstance(value, (bool, int, float, str, type(None))):
         return value
     if isinstance(value, (list, tuple)):
@@ -89,6 +91,10 @@ def _json_value(value):
         return {"partial": value.func.__name__,
                 **{name: _json_value(argument) for name, argument in
                    sorted(value.keywords.items())}}
+    if isinstance(value, functools.partial) and value.func.__name__ == "HybridEmbed":
+        return {"hybrid_embed": {
+            name: _backbone(item) if name == "backbone" else _json_value(item)
+            for name, item in sorted(value.keywords.items())}}
     name = getattr(value, "__name__", type(value).__name__)
     if name == "LayerNorm" and isinstance(value, type):  # its own default epsilon
         return {"layer_norm": value(8).eps}
@@ -100,17 +106,41 @@ def _is_mlp(function):
     return isinstance(function, type) and function.__module__ == "timm.layers.mlp"
 
 
+def _backbone(module):
+    """A hybrid's backbone (the `backbone` of timm's HybridEmbed, a built module) as what
+    decides its weights and numerics: for timm's ResNetV2 (or its stem alone, a Sequential of
+    `conv`, `norm`, `pool`), the units of each stage, its block, and the classes and epsilons
+    of its convolutions (StdConv2dSame: "same" padding; StdConv2d: padding_same=False), norms
+    and pooling; any other backbone (MobileCLIP's ConvStem) by its class."""
+    name = type(module).__name__
+    stem = getattr(module, "stem", module)
+    if name not in ("ResNetV2", "Sequential") or not all(
+            hasattr(stem, part) for part in ("conv", "norm", "pool")):
+        return {"class": name}
+    stages = list(getattr(module, "stages", []))
+    entry = {"class": name if stages else "ResNetV2 stem",
+             "layers": [len(stage.blocks) for stage in stages],
+             "conv": type(stem.conv).__name__, "conv_eps": stem.conv.eps,
+             "norm": type(stem.norm).__name__, "norm_eps": stem.norm.eps,
+             "pool": type(stem.pool).__name__}
+    if stages:
+        entry.update(block=type(stages[0].blocks[0]).__name__,
+                     final_norm=type(module.norm).__name__)
+    return entry
+
+
 def architecture_table(timm):
     """architecture -> {"class": timm's model class, "args": its non-default arguments, and for
     a class whose defaults are not VisionTransformer's, "defaults": that class (Eva)}."""
     from timm.models import _builder
     from timm.models.eva import Eva
     from timm.models.vision_transformer import VisionTransformer
+    from timm.models.vision_transformer_relpos import VisionTransformerRelPos
 
     defaults = {model_class.__name__: {
         name: parameter.default for name, parameter in
         inspect.signature(model_class.__init__).parameters.items()}
-        for model_class in (VisionTransformer, Eva)}
+        for model_class in (VisionTransformer, Eva, VisionTransformerRelPos)}
     original, seen = _builder.build_model_with_cfg, {}
 
     def capture(model_class, variant, pretrained, **kwargs):

@@ -298,6 +298,12 @@ def _fold_normalization(arrays, mean, std):
     linear, so the normalisation folds into its kernel and bias exactly."""
     if np.allclose(mean, 0.5) and np.allclose(std, 0.5):
         return
+    if "conv_root/kernel" in arrays:  # a hybrid: a ResNet, not the patch embedding, comes first
+        raise torch_layouts.LayoutError(
+            f"The checkpoint's weights take pixels normalised by mean {list(mean)} and std "
+            f"{list(std)}, which fold into a patch embedding but not into a hybrid's ResNet "
+            "(its weight-standardised convolution and GroupNorm are not linear in them): "
+            "keras_vit's hybrids take preprocess_inputs' [-1, 1] (mean and std 0.5) only.")
     kernel = arrays["embedding/kernel"].astype(np.float64)  # [p, p, 3, D]
     # x = pixels / 127.5 - 1 gives pixels / 255 = (x + 1) / 2, so their input is
     # x / (2 std) + (0.5 - mean) / std.

@@ -94,7 +94,8 @@ _TRANSFORMERS_REFUSED = {
 }
 # timm's model classes keras_vit reads -> whether it has DeiT's distillation token;
 # VisionTransformerDistilled takes VisionTransformer's arguments, Eva its own (`_EVA_DEFAULTS`).
-TIMM_CLASSES = {"VisionTransformer": False, "VisionTransformerDistilled": True, "Eva": False}
+TIMM_CLASSES = {"VisionTransformer": False, "VisionTransformerDistilled": True, "Eva": False,
+                "VisionTransformerRelPos": False}
 # transformers' hidden_act -> the spec's activation (the tanh GELU is the original's).
 _TRANSFORMERS_ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
                              "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh",
@@ -123,6 +124,18 @@ _TIMM_POOLS = {"token": "token", "avg": "gap", "map": "map"}  # timm's global_po
 # Spec options transformers' ViT does not have (timm's VisionTransformer has them all).
 _LATER_OPTIONS = ("layer_scale_init", "num_register_tokens", "prefix_position_embeddings",
                   "pre_norm", "final_norm")
+# timm's ViT-ResNet hybrids (vision_transformer_hybrid.py: a VisionTransformer whose
+# embed_layer is HybridEmbed on a ResNetV2, `_resnetv2`): the units of each stage of its
+# backbone -> keras_vit's variant with that ResNet (the checkpoint's sizes override the rest),
+# and the architectures written for each, familiar names first.
+_TIMM_HYBRIDS = {(): "R+Ti/16", (2, 2, 2, 2): "R26+S/32", (3, 4, 9): "R50+B/16",
+                 (3, 4, 6, 3): "R50+L/32"}
+_TIMM_HYBRID_ARCHITECTURES = {(): "vit_tiny_r_s16_p8_224", (2, 2, 2, 2): "vit_small_r26_s32_224",
+                              (3, 4, 9): "vit_base_r50_s16_224",
+                              (3, 4, 6, 3): "vit_large_r50_s32_224"}
+# Its numerics, keras_vit's resnet_numerics="timm" (keras_vit.resnet.NUMERICS, not imported:
+# this module needs no Keras): the weight standardisation's and GroupNorm's epsilons.
+_TIMM_RESNET_EPSILONS = (1e-8, 1e-5)
 
 
 class LayoutError(ValueError):
@@ -169,6 +182,13 @@ def _block_pairs(index, theirs, spec):
         pairs += [(ours + f"MlpBlock_3/{ours_name}/kernel", theirs[their_name] + ".weight",
                    "linear"),
                   (ours + f"MlpBlock_3/{ours_name}/bias", theirs[their_name] + ".bias", "copy")]
+    if spec.position_embedding == "relative_mlp" and "relative_fc_0" in theirs:
+        # timm's VisionTransformerRelPos: RelPosMlp's fc1 (2 -> hidden), fc2 (hidden -> heads)
+        for index in range(2):
+            ours_name = attention + f"relative_position/fc{index + 1}/"
+            pairs += [(ours_name + "kernel", theirs[f"relative_fc_{index}"] + ".weight",
+                       "linear"),
+                      (ours_name + "bias", theirs[f"relative_fc_{index}"] + ".bias", "copy")]
     if spec.layer_scale_init is not None:  # timm's and DINOv2's LayerScale (not ViT's)
         pairs += [(ours + f"layer_scale_{branch}/scale", theirs[f"scale_{branch}"], "copy")
                   for branch in range(2)]
@@ -238,11 +258,15 @@ def _pairs(spec, layout, prefix=""):
                  "scale_0": "ls1.gamma", "scale_1": "ls2.gamma"}
         if spec.activation == "swiglu":  # Eva's, its packed GluMlp unpacked (`_eva_names`)
             names.update(fc_0="mlp.fc1_x", gate="mlp.fc1_g")
-        # Eva's NormFormer LayerNorms (scale_attn_inner, scale_mlp)
-        names.update(attention_norm="attn.norm", mlp_norm="mlp.norm")
+        # Eva's NormFormer LayerNorms (scale_attn_inner, scale_mlp); VisionTransformerRelPos's
+        # relative-position MLP
+        names.update(attention_norm="attn.norm", mlp_norm="mlp.norm",
+                     relative_fc_0="attn.rel_pos.mlp.fc1", relative_fc_1="attn.rel_pos.mlp.fc2")
         heads = [("head", "head")] + ([("head_dist", "head_dist")] if spec.distillation_token
                                       else [])
     pairs = [(ours, prefix + theirs, kind) for ours, theirs, kind in stem]
+    if layout == "timm" and spec.is_hybrid:
+        pairs += _timm_resnet_pairs(spec)
     for index in range(spec.num_layers):
         theirs = {key: prefix + block.format(index) + value for key, value in names.items()}
         pairs += _block_pairs(index, theirs, spec)
@@ -264,6 +288,34 @@ def _pairs(spec, layout, prefix=""):
         for ours, theirs in heads:
             pairs += [(ours + "/kernel", theirs + ".weight", "linear"),
                       (ours + "/bias", theirs + ".bias", "copy")]
+    return pairs
+
+
+def _timm_resnet_pairs(spec):
+    """The ResNet of a hybrid as timm's ResNetV2 names it under `patch_embed.backbone.`: its
+    stem `stem.conv`, `stem.norm` (R+Ti/16's stem alone: `conv`, `norm`), and in stage s,
+    block u, `conv1..3`, `norm1..3` and the first block's `downsample.conv`, `.norm` (the
+    original's `block{s+1}/unit{u+1}/conv1..3`, `gn1..3`, `conv_proj`, `gn_proj`). Its final
+    `norm` is an Identity (preact=False), without weights."""
+    backbone = "patch_embed.backbone."
+    stem = backbone + ("stem." if spec.resnet_units else "")
+
+    def conv_norm(ours, conv, norm, theirs):
+        return [(f"{ours}{conv}/kernel", f"{theirs[0]}.weight", "conv"),
+                (f"{ours}{norm}/scale", f"{theirs[1]}.weight", "copy"),
+                (f"{ours}{norm}/bias", f"{theirs[1]}.bias", "copy")]
+
+    pairs = conv_norm("", "conv_root", "gn_root", (stem + "conv", stem + "norm"))
+    for stage, units in enumerate(spec.resnet_units):
+        for unit in range(units):
+            ours = f"block{stage + 1}/unit{unit + 1}/"
+            theirs = f"{backbone}stages.{stage}.blocks.{unit}."
+            if unit == 0:  # the projection of the shortcut
+                pairs += conv_norm(ours, "conv_proj", "gn_proj",
+                                   (theirs + "downsample.conv", theirs + "downsample.norm"))
+            for index in (1, 2, 3):
+                pairs += conv_norm(ours, f"conv{index}", f"gn{index}",
+                                   (f"{theirs}conv{index}", f"{theirs}norm{index}"))
     return pairs
 
 
@@ -759,8 +811,9 @@ def _variant_for(hidden, mlp, heads, layers, patch):
     return "B/16"
 
 
-def _spec(hidden, mlp, heads, layers, patch, **fields):
-    return ViTConfig(variant=_variant_for(hidden, mlp, heads, layers, patch), hidden_size=hidden,
+def _spec(hidden, mlp, heads, layers, patch, variant=None, **fields):
+    return ViTConfig(variant=variant or _variant_for(hidden, mlp, heads, layers, patch),
+                     hidden_size=hidden,
                      mlp_dim=mlp, num_heads=heads, num_layers=layers, patch_size=patch, **fields)
 
 
@@ -1170,7 +1223,8 @@ def _timm_args(config):
             "VisionTransformer: keras_vit reads the VisionTransformer family (and DeiT's "
             "VisionTransformerDistilled, and Eva).")
     pretrained = config.get("pretrained_cfg") or {}
-    defaults = _EVA_DEFAULTS if entry.get("defaults") == "Eva" else _TIMM_DEFAULTS
+    defaults = {"Eva": _EVA_DEFAULTS, "VisionTransformerRelPos": _RELPOS_DEFAULTS}.get(
+        entry.get("defaults"), _TIMM_DEFAULTS)
     merged = {**defaults, "img_size": pretrained.get("input_size", [3, 224, 224])[1:],
               **entry["args"], **args}
     if "global_pool" in config:  # timm writes the model's pooling beside model_args
@@ -1220,6 +1274,48 @@ def _is_glu(mlp_layer):
             and mlp_layer.get("gate_last") is False)
 
 
+def _timm_hybrid(architecture, args):
+    """The units per stage of the ResNet of timm's hybrid `architecture` (None for one with
+    timm's PatchEmbed), its embed_layer and padding_same taken out of `args`; a LayoutError
+    for a stem keras_vit has not got, saying why."""
+    embed = args.pop("embed_layer", None)
+    padding_same = args.pop("padding_same", True)
+    if embed is None:
+        if padding_same is not True:
+            args["padding_same"] = padding_same  # named by _timm_missing
+        return None
+    backbone = embed.get("hybrid_embed", {}).get("backbone", {}) if isinstance(embed,
+                                                                               dict) else {}
+    timm_numerics = _TIMM_RESNET_EPSILONS
+    problems = [problem for bad, problem in (
+        (backbone.get("class") == "ConvStem",
+         "MobileCLIP's convolutional stem (ConvStem: 3x3 convolutions with BatchNorm and a "
+         "patch projection of their own, no ResNet), which keras_vit has no stem for"),
+        (not backbone.get("class", "").startswith("ResNetV2"),
+         f"an embed_layer {embed!r} that is not HybridEmbed on timm's ResNetV2"),
+        (not padding_same or backbone.get("conv") == "StdConv2d",
+         "padding_same=False (StdConv2d and a max pooling padded symmetrically, where "
+         "keras_vit's ResNet pads as TensorFlow's 'same', as timm's StdConv2dSame does)"),
+        (set(embed.get("hybrid_embed", {}) if isinstance(embed, dict) else ()) - {"backbone"},
+         f"HybridEmbed options {embed!r}"),
+        (tuple(backbone.get("layers", ())) not in _TIMM_HYBRIDS,
+         f"a ResNetV2 of {backbone.get('layers')} units per stage (keras_vit's hybrids: "
+         f"{', '.join(str(list(units)) for units in _TIMM_HYBRIDS)})"),
+        (backbone.get("block", "Bottleneck") != "Bottleneck"
+         or backbone.get("final_norm", "Identity") != "Identity",
+         "a pre-activation ResNetV2 (preact=True)"),
+        (backbone.get("conv") in ("StdConv2dSame", "StdConv2d") and (
+            (backbone.get("conv_eps"), backbone.get("norm_eps")) != timm_numerics),
+         f"weight standardisation epsilon {backbone.get('conv_eps')} and GroupNorm epsilon "
+         f"{backbone.get('norm_eps')} (keras_vit's resnet_numerics='timm': "
+         f"{timm_numerics[0]:g}, {timm_numerics[1]:g})"))
+        if bad]
+    if problems:
+        raise LayoutError(f"timm architecture {architecture!r} is a hybrid of "
+                          f"{problems[0]}, which keras_vit has no option for yet.")
+    return tuple(backbone["layers"])
+
+
 def _distilled_missing(args):
     """What timm's VisionTransformerDistilled accepts but keras_vit's distillation token does
     not: its heads read the normed class and distillation tokens (its forward skips fc_norm
@@ -1237,26 +1333,33 @@ def spec_from_timm(config, state):
     architecture, args, timm_class = _timm_args(config)
     if timm_class == "Eva":
         return _spec_from_eva(architecture, args, config, state)
+    if timm_class == "VisionTransformerRelPos":
+        return _spec_from_relpos(architecture, args, config, state)
     distilled = TIMM_CLASSES[timm_class]
+    hybrid = _timm_hybrid(architecture, args)  # None, or the ResNet's units per stage
     missing = _timm_missing(args, distilled)
     if missing:
         raise LayoutError(f"timm architecture {architecture!r} needs {', '.join(missing)}, "
                           "which keras_vit has no option for yet.")
     kernel = _tensor(state, "patch_embed.proj.weight", "timm")
     hidden, patch = kernel.shape[0], kernel.shape[-1]
+    # A hybrid's patches are cut from the ResNet's map: pixels per patch, its stride times.
+    pixels = patch * (1 if hybrid is None else 4 * 2 ** max(len(hybrid) - 1, 0))
     layers = len({key.split(".")[1] for key in state if key.startswith("blocks.")})
     glu = _is_glu(args["mlp_layer"])  # GluMlp's fc1: the gate's rows and the value's
     mlp = _tensor(state, "blocks.0.mlp.fc1.weight", "timm").shape[0] // (2 if glu else 1)
     post_norm = args["block_fn"] == _RES_POST_BLOCK  # its init_values only start its norms
     prefix_tokens = int(bool(args["class_token"])) + int(distilled) + args["reg_tokens"]
-    _check_grid(_tensor(state, "pos_embed", "timm"), args["img_size"], patch,
+    _check_grid(_tensor(state, "pos_embed", "timm"), args["img_size"], pixels,
                 0 if args["no_embed_class"] else prefix_tokens, "img_size")
+    hybrid_fields = {} if hybrid is None else dict(variant=_TIMM_HYBRIDS[hybrid],
+                                                    resnet_numerics="timm")
     gap = args["global_pool"] == "avg"
     fc_norm = gap if args["fc_norm"] is None else args["fc_norm"]  # timm's rule
     final_norm = "none" if not args["final_norm"] else "pooled" if fc_norm else "tokens"
     num_classes = config.get("num_classes", args["num_classes"])
-    return _spec(hidden, mlp, args["num_heads"], layers, patch,
-                 image_size=_whole_patches(args["img_size"], patch, architecture),
+    return _spec(hidden, mlp, args["num_heads"], layers, patch, **hybrid_fields,
+                 image_size=_whole_patches(args["img_size"], pixels, architecture),
                  include_top=num_classes > 0, num_classes=max(num_classes, 1),
                  classifier=_TIMM_POOLS[args["global_pool"]],
                  class_token=bool(args["class_token"]),  # GAP and MAP leave it out
@@ -1271,6 +1374,76 @@ def spec_from_timm(config, state):
                  dynamic_image_size=args["dynamic_img_size"],
                  dynamic_image_pad=args["dynamic_img_pad"],
                  position_embedding_interpolation="bicubic")  # as timm resamples
+
+
+# timm's VisionTransformerRelPos arguments (timm 1.0.31's defaults; its norm_layer None is a
+# LayerNorm of epsilon 1e-6, its act_layer None the exact GELU), and those that change nothing
+# at inference.
+_RELPOS_DEFAULTS = {
+    "img_size": 224, "patch_size": 16, "in_chans": 3, "num_classes": 1000, "global_pool": "avg",
+    "embed_dim": 768, "depth": 12, "num_heads": 12, "mlp_ratio": 4.0, "qkv_bias": True,
+    "qk_norm": False, "init_values": 1e-6, "class_token": False, "fc_norm": False,
+    "rel_pos_type": "mlp", "rel_pos_dim": None, "shared_rel_pos": False,
+    "embed_layer": "<PatchEmbed>", "norm_layer": {"layer_norm": 1e-6}, "act_layer": None,
+    "block_fn": "<RelPosBlock>"}
+_RELPOS_IGNORED = {"drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate",
+                   "weight_init", "fix_init"}
+_RELPOS_HIDDEN = 128  # RelPosMlp's hidden_dim where rel_pos_dim is None
+# Its blocks -> an architecture of them (model_args cannot name a block class): pre-norm with
+# LayerScale, or post-norm (`_rpn`, residual_post_norm; its init_values only start the norms).
+_RELPOS_BLOCKS = {"<RelPosBlock>": "vit_relpos_base_patch16_224",
+                  "<ResPostRelPosBlock>": "vit_relpos_medium_patch16_rpn_224"}
+
+
+def _relpos_missing(args):
+    """What of timm's VisionTransformerRelPos `args` keras_vit has no option for, with why."""
+    pool = args["global_pool"]
+    problems = [why for bad, why in (
+        (args.get("shared_rel_pos"), "shared_rel_pos=True (one relative-position MLP shared by "
+                                     "all blocks, vit_srelpos_*, where keras_vit's blocks have "
+                                     "one each)"),
+        (args["block_fn"] not in _RELPOS_BLOCKS, f"block_fn={args['block_fn']!r}"),
+        (args["rel_pos_type"] != "mlp",
+         f"rel_pos_type={args['rel_pos_type']!r} (keras_vit's relative_mlp is RelPosMlp in its "
+         "default 'cr' mode, rel_pos_type 'mlp')"),
+        (args["qk_norm"], "qk_norm=True (norms of each head's queries and keys)"),
+        (pool not in ("avg", "token"), f"global_pool={pool!r}"),
+        (args["embed_layer"] != "<PatchEmbed>", f"embed_layer={args['embed_layer']!r}"),
+        (args["act_layer"] not in (None, "gelu"), f"act_layer={args['act_layer']!r}"),
+        (args["in_chans"] != 3, f"in_chans={args['in_chans']}"),
+        ("norm_layer" in args, f"norm_layer={args.get('norm_layer')!r}"))
+        if bad]
+    return problems + [f"{name}={value!r}" for name, value in sorted(args.items())
+                       if name not in _RELPOS_DEFAULTS and name not in _RELPOS_IGNORED
+                       and name != "layer_norm_epsilon"]
+
+
+def _spec_from_relpos(architecture, args, config, state):
+    """The `ViTConfig` of timm's VisionTransformerRelPos (its `vit_relpos_*`): no position
+    embeddings, a relative-position MLP in every block (position_embedding "relative_mlp"),
+    LayerScale (or post-norm blocks), GAP (with or without a class token) or the class
+    token."""
+    missing = _relpos_missing(args)
+    if missing:
+        raise LayoutError(f"timm architecture {architecture!r} (timm's VisionTransformerRelPos) "
+                          f"needs {', '.join(missing)}, which keras_vit has no option for yet.")
+    kernel = _tensor(state, "patch_embed.proj.weight", "timm")
+    hidden, patch = kernel.shape[0], kernel.shape[-1]
+    layers = len({key.split(".")[1] for key in state if key.startswith("blocks.")})
+    mlp = _tensor(state, "blocks.0.mlp.fc1.weight", "timm").shape[0]
+    relative = _tensor(state, "blocks.0.attn.rel_pos.mlp.fc1.weight", "timm").shape[0]
+    num_classes = config.get("num_classes", args["num_classes"])
+    post_norm = args["block_fn"] == "<ResPostRelPosBlock>"
+    return _spec(hidden, mlp, args["num_heads"], layers, patch,
+                 image_size=_whole_patches(args["img_size"], patch, architecture),
+                 include_top=num_classes > 0, num_classes=max(num_classes, 1),
+                 classifier="token" if args["global_pool"] == "token" else "gap",
+                 class_token=bool(args["class_token"]), activation="gelu",
+                 layer_norm_epsilon=args["layer_norm_epsilon"], qkv_bias=args["qkv_bias"],
+                 layer_scale_init=None if post_norm else args["init_values"] or None,
+                 residual_post_norm=post_norm,
+                 position_embedding="relative_mlp", relative_mlp_dim=int(relative),
+                 final_norm="pooled" if args["fc_norm"] else "tokens")
 
 
 # timm's Eva arguments (timm 1.0.31's defaults): those keras_vit maps, those it cannot, and
@@ -1462,9 +1635,13 @@ def timm_config(spec, preprocessing, arrays=None):
     NormFormer's inner LayerNorms (timm's scale_attn_inner, scale_mlp)."""
     if _is_eva(spec):
         return _eva_config(spec, preprocessing, arrays)
+    if spec.position_embedding == "relative_mlp":
+        return _relpos_config(spec, preprocessing)
     timm_class = next(name for name, distilled in TIMM_CLASSES.items()
                       if distilled == spec.distillation_token)
-    _check_plain(spec, f"timm's {timm_class}", swiglu=True)
+    if spec.is_hybrid:
+        _check_timm_hybrid(spec)
+    _check_plain(spec, f"timm's {timm_class}", swiglu=True, hybrid=spec.is_hybrid)
     swiglu = spec.activation == "swiglu"
     if swiglu and spec.classifier == "map":
         raise LayoutError("timm's attention pooling has a plain MLP of the model's act_layer "
@@ -1493,13 +1670,103 @@ def timm_config(spec, preprocessing, arrays=None):
              "no_embed_class": not spec.prefix_position_embeddings, "pre_norm": spec.pre_norm,
              "dynamic_img_size": spec.dynamic_image_size,
              "dynamic_img_pad": spec.dynamic_image_pad}
-    # timm's model_args cannot name a block or an MLP class: an architecture of them is chosen
-    architecture, chosen = _timm_architecture_of_epsilon(
-        spec.layer_norm_epsilon, timm_class,
-        block_fn=_RES_POST_BLOCK if spec.residual_post_norm else None, glu=swiglu)
-    # Only those that differ from the architecture's own: a config any timm with them reads.
+    # timm's model_args cannot name a stem, a block or an MLP class: an architecture of them
+    # is chosen, and only the options that differ from its own are written (a config any timm
+    # with them reads).
+    if spec.is_hybrid:
+        architecture = _timm_hybrid_architecture(spec)
+        chosen = {**_TIMM_DEFAULTS, **timm_architectures()[architecture].get("args", {})}
+    else:
+        architecture, chosen = _timm_architecture_of_epsilon(
+            spec.layer_norm_epsilon, timm_class,
+            block_fn=_RES_POST_BLOCK if spec.residual_post_norm else None, glu=swiglu)
     args.update({name: value for name, value in later.items() if value != chosen[name]})
     return _timm_config_file(spec, preprocessing, args, architecture)
+
+
+def _check_timm_hybrid(spec):
+    """A LayoutError for a hybrid timm cannot build: its ResNetV2 hard-codes timm's numerics,
+    and it has no distilled hybrid."""
+    if spec.residual_post_norm or spec.activation == "swiglu":
+        raise LayoutError("timm's hybrids have pre-norm blocks and GELU MLPs: save a hybrid "
+                          "without residual_post_norm or SwiGLU.")
+    if spec.resnet_numerics != "timm":
+        raise LayoutError(
+            f"timm's ResNetV2 hard-codes its numerics (weights standardised by sqrt(var + "
+            f"1e-8), GroupNorm epsilon 1e-5; StdConv2dSame, GroupNormAct), and this "
+            f"{spec.variant} has resnet_numerics={spec.resnet_numerics!r} (the original's, "
+            "which timm's logits would not match): build it with resnet_numerics='timm' to "
+            "write it for timm, or save it with keras_vit.checkpoint.save_npz.")
+    if spec.distillation_token or spec.axial:
+        raise LayoutError("timm's hybrids are VisionTransformers: it has no hybrid with a "
+                          "distillation token or axial blocks.")
+
+
+def _timm_hybrid_architecture(spec):
+    """timm's hybrid architecture with the model's ResNet (its entry point builds the
+    backbone; model_args set the rest) and LayerNorm epsilon."""
+    table, epsilons = timm_architectures(), set()
+    units = tuple(spec.resnet_units)
+    for name in [_TIMM_HYBRID_ARCHITECTURES[units], *sorted(table)]:
+        entry = table.get(name, {})
+        args = {**_TIMM_DEFAULTS, **entry.get("args", {})}
+        if entry.get("class") != "VisionTransformer" or "embed_layer" not in args:
+            continue
+        try:
+            if _timm_hybrid(name, args) != units:
+                continue
+        except LayoutError:
+            continue
+        norm = args.pop("norm_layer")
+        if (not isinstance(norm, dict) or "layer_norm" not in norm
+                or _timm_missing({**args, "layer_norm_epsilon": norm["layer_norm"]})):
+            continue
+        if norm["layer_norm"] == spec.layer_norm_epsilon:
+            return name
+        epsilons.add(norm["layer_norm"])
+    raise LayoutError(
+        f"timm's hybrids of this ResNet ({spec.variant}) have LayerNorms of epsilon "
+        f"{' or '.join(f'{value:g}' for value in sorted(epsilons, reverse=True))}, the model "
+        f"{spec.layer_norm_epsilon}; timm's model_args cannot name another.")
+
+
+def _relpos_config(spec, preprocessing):
+    """timm's VisionTransformerRelPos `config.json` for a model of position_embedding
+    "relative_mlp" (its RelPosMlp in every block): every argument in `model_args`."""
+    problems = [problem for bad, problem in (
+        (spec.is_hybrid or spec.axial, f"ResNet stem or axial blocks ({spec.variant})"),
+        (spec.position_embedding_placement != "stem",
+         f"position embeddings placed {spec.position_embedding_placement!r}"),
+        (spec.distillation_token, "distillation token"),
+        (spec.num_register_tokens, "register tokens"),
+        (spec.pre_norm, "norm before the blocks (pre_norm)"),
+        (spec.final_norm == "none", "model without a final norm (final_norm='none')"),
+        (spec.classifier not in ("token", "gap"), f"classifier={spec.classifier!r}"),
+        (spec.activation != "gelu", f"activation={spec.activation!r} (its MLPs are exact "
+                                    "GELU)"),
+        (spec.representation_size is not None, "pre_logits layer (representation_size)"),
+        (spec.rope or spec.mlp_inner_norm or spec.attention_inner_norm,
+         "RoPE or inner LayerNorms"),
+        (spec.dynamic_image_size or spec.dynamic_image_pad,
+         "dynamic image size (its relative positions are made for one grid)"),
+        (spec.layer_norm_epsilon != _RELPOS_DEFAULTS["norm_layer"]["layer_norm"],
+         f"LayerNorm epsilon {spec.layer_norm_epsilon} (its are 1e-6; timm's model_args "
+         "cannot name another)"))
+        if bad]
+    if problems:
+        raise LayoutError(f"A model of position_embedding='relative_mlp' is written as timm's "
+                          f"VisionTransformerRelPos, which has no {'; no '.join(problems)}.")
+    height, width = spec.image_size
+    args = {"img_size": [height, width], "patch_size": spec.patch_size,
+            "embed_dim": spec.hidden_size, "depth": spec.num_layers,
+            "num_heads": spec.num_heads, "mlp_ratio": _mlp_ratio(spec),
+            "qkv_bias": spec.qkv_bias, "init_values": spec.layer_scale_init,
+            "class_token": spec.class_token,
+            "global_pool": "token" if spec.classifier == "token" else "avg",
+            "fc_norm": spec.final_norm == "pooled", "rel_pos_type": "mlp",
+            "rel_pos_dim": spec.relative_mlp_dim or _RELPOS_HIDDEN, "shared_rel_pos": False}
+    block = "<ResPostRelPosBlock>" if spec.residual_post_norm else "<RelPosBlock>"
+    return _timm_config_file(spec, preprocessing, args, _RELPOS_BLOCKS[block])
 
 
 def _timm_config_file(spec, preprocessing, args, architecture):
@@ -1648,12 +1915,12 @@ def _timm_architecture_of_epsilon(epsilon, timm_class="VisionTransformer", block
         f"model {epsilon}; timm's model_args cannot name another.")
 
 
-def _check_plain(spec, target, swiglu=False):
+def _check_plain(spec, target, swiglu=False, hybrid=False):
     if spec.rope:
         raise LayoutError(f"{target} has no rotary position embeddings (rope={spec.rope!r}); "
                           "save the model for timm (its Eva), or with rope 'axial_normalized' "
                           "for transformers (its DINOv3ViTModel).")
-    if (spec.is_hybrid or spec.axial or spec.position_embedding != "learned"
+    if ((spec.is_hybrid and not hybrid) or spec.axial or spec.position_embedding != "learned"
             or spec.position_embedding_placement != "stem"):
         raise LayoutError(
             f"{target} has learned 1-D position embeddings added once, and no ResNet stem or "

@@ -282,8 +282,8 @@ def test_the_coverage_benchmark_checks_an_architecture_each_way(tmp_path):
     for architecture in ("vit_xsmall_patch16_clip_224", "deit_tiny_distilled_patch16_224"):
         status, detail = check(architecture, 1, 1e-4, str(tmp_path))
         assert status == "covered", (architecture, detail)
-    assert check("vit_relpos_small_patch16_224", 1, 1e-4, str(tmp_path)) == (
-        "missing", "timm's VisionTransformerRelPos class")
+    status, detail = check("vit_srelpos_small_patch16_224", 1, 1e-4, str(tmp_path))
+    assert status == "missing" and "shared_rel_pos=True" in detail
 
 
 @pytest.mark.parametrize("crop_mode", ["center", "squash"])
@@ -804,3 +804,135 @@ def test_post_norm_models_of_evas_options_are_its_post_norm_blocks(tmp_path, fie
     pixels = np.random.default_rng(2).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
     assert_close(model(keras_vit.preprocess_inputs(pixels)),
                  eva_pixels_and_logits(pixels)(back.eval()), 1e-5)
+
+
+# timm's ViT-ResNet hybrids (vision_transformer_hybrid.py: HybridEmbed on a ResNetV2 of "same"
+# padding): keras_vit's hybrids with resnet_numerics="timm" (weights standardised by
+# sqrt(var + 1e-8), GroupNorm epsilon 1e-5, as its StdConv2dSame and GroupNormAct), one
+# transformer block, at a small size. architecture -> (keras_vit's variant, image size,
+# tolerance): R50+L/32's 16 units in float32 round to about 1.5e-5 of the largest logit with
+# the numerics matched (the same model in float64 agrees to 1e-12), hence 5e-5 for it.
+TIMM_HYBRIDS = {"vit_tiny_r_s16_p8_224": ("R+Ti/16", 96, 1e-5),
+                "vit_small_r26_s32_224": ("R26+S/32", 96, 1e-5),
+                "vit_base_r50_s16_224": ("R50+B/16", 64, 1e-5),
+                "vit_large_r50_s32_224": ("R50+L/32", 64, 5e-5)}
+
+
+@pytest.mark.parametrize("architecture", TIMM_HYBRIDS)
+def test_timm_hybrids_both_ways(tmp_path, architecture):
+    from timm.models import _hub
+    variant, size, tolerance = TIMM_HYBRIDS[architecture]
+    args = dict(depth=1, img_size=size, num_classes=10)
+    theirs = coverage_benchmark().order_one(torch, timm.create_model(architecture, **args))
+    _hub.save_for_hf(theirs, str(tmp_path / "theirs"), model_args=args, safe_serialization=True)
+    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    assert (ours.spec.variant, ours.spec.resnet_numerics) == (variant, "timm")
+    assert ours.spec.hidden_size == theirs.embed_dim
+    assert ours.spec.patch_size == theirs.patch_embed.patch_size[0]
+    assert (ours.spec.activation, ours.spec.layer_norm_epsilon) == ("gelu", 1e-6)
+    images = np.random.default_rng(0).uniform(-1, 1, (2, size, size, 3)).astype("float32")
+    with torch.no_grad():
+        expected = theirs(torch.tensor(images.transpose(0, 3, 1, 2))).numpy()
+    assert_close(ours(images), expected, tolerance)
+    keras_vit.save_pretrained(ours, tmp_path / "ours", format="timm")
+    back = timm.create_model("local-dir:" + os.fspath(tmp_path / "ours"), pretrained=True)
+    assert type(back.patch_embed).__name__ == "HybridEmbed"
+    with torch.no_grad():
+        assert_close(back.eval()(torch.tensor(images.transpose(0, 3, 1, 2))).numpy(), expected,
+                     tolerance)
+
+
+def test_a_hybrid_of_the_originals_numerics_is_refused_for_timm(tmp_path):
+    model = keras_vit.vit("R26+S/32", num_layers=1, image_size=64)
+    with pytest.raises(LayoutError, match="timm's ResNetV2 hard-codes its numerics"):
+        keras_vit.save_pretrained(model, tmp_path / "ours", format="timm")
+    assert not (tmp_path / "ours").exists()
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"architecture": "vit_base_mci_224"}, "MobileCLIP's convolutional stem"),
+    ({"model_args": {"padding_same": False}}, "padding_same=False"),
+    ({"pretrained_cfg": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}},
+     "not into a hybrid's ResNet"),
+])
+def test_timm_hybrids_keras_vit_lacks_are_refused(tmp_path, change, reason):
+    """MobileCLIP's stem and timm's padding_same=False ResNets are refused naming why, as is a
+    normalisation other than [-1, 1] (which would have to fold into the ResNet)."""
+    import json
+    from timm.models import _hub
+    args = dict(depth=1, img_size=64, num_classes=10)
+    theirs = timm.create_model("vit_small_r26_s32_224", **args)
+    _hub.save_for_hf(theirs, str(tmp_path), model_args=args, safe_serialization=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    for key, value in change.items():
+        config[key] = {**config[key], **value} if isinstance(value, dict) else value
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(LayoutError, match=reason) as error:
+        keras_vit.from_pretrained(str(tmp_path))
+    assert "\n" not in str(error.value)
+
+
+# timm's VisionTransformerRelPos (vision_transformer_relpos.py): no position embeddings, a
+# relative-position MLP in every block (RelPosMlp, "cr" mode: keras_vit's "relative_mlp"),
+# LayerScale, no query, key and value biases. architecture -> what it adds.
+RELPOS_SMALL = dict(img_size=48, patch_size=8, embed_dim=48, depth=1, num_heads=3,
+                    mlp_ratio=2.0, num_classes=5)
+TIMM_RELPOS = {
+    "vit_relpos_small_patch16_224": "GAP normed after pooling (fc_norm)",
+    "vit_relpos_medium_patch16_cls_224": "the class token (token pooling), 256 hidden units",
+    "vit_relpos_base_patch16_clsgap_224": "a class token beside GAP of the patches, fc_norm",
+    "vit_relpos_medium_patch16_rpn_224": "post-norm blocks (ResPostRelPosBlock), no LayerScale",
+}
+
+
+@pytest.mark.parametrize("architecture", TIMM_RELPOS)
+def test_timm_relpos_both_ways(tmp_path, architecture):
+    from timm.models import _hub
+    theirs = coverage_benchmark().order_one(torch, timm.create_model(architecture,
+                                                                     **RELPOS_SMALL))
+    _hub.save_for_hf(theirs, str(tmp_path / "theirs"), model_args=RELPOS_SMALL,
+                     safe_serialization=True)
+    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    spec = ours.spec
+    post_norm = type(theirs.blocks[0]).__name__ == "ResPostRelPosBlock"
+    assert (spec.position_embedding, spec.qkv_bias, spec.layer_scale_init,
+            spec.residual_post_norm) == ("relative_mlp", False, None if post_norm else 1e-6,
+                                         post_norm)
+    assert spec.relative_mlp_dim == theirs.blocks[0].attn.rel_pos.mlp.fc1.out_features
+    assert (spec.classifier, spec.class_token, spec.final_norm) == (
+        "token" if theirs.global_pool == "token" else "gap", theirs.cls_token is not None,
+        "pooled" if hasattr(theirs.fc_norm, "weight") else "tokens")
+    pixels = np.random.default_rng(2).uniform(0, 255, (2, 48, 48, 3)).astype("float32")
+    logits = eva_pixels_and_logits(pixels)
+    expected = logits(theirs)
+    assert_close(ours(keras_vit.preprocess_inputs(pixels)), expected, 1e-5)
+    keras_vit.save_pretrained(ours, tmp_path / "ours", format="timm")
+    back = timm.create_model("local-dir:" + os.fspath(tmp_path / "ours"), pretrained=True)
+    assert type(back).__name__ == "VisionTransformerRelPos"
+    assert type(back.blocks[0]) is type(theirs.blocks[0])
+    assert_close(logits(back.eval()), expected, 1e-5)
+
+
+@pytest.mark.parametrize("architecture, options, reason", [
+    ("vit_srelpos_small_patch16_224", {}, "shared_rel_pos=True"),
+    ("vit_relpos_small_patch16_224", {"rel_pos_type": "bias"}, "rel_pos_type='bias'"),
+])
+def test_timm_relpos_options_keras_vit_lacks_are_refused(tmp_path, architecture, options,
+                                                         reason):
+    from timm.models import _hub
+    args = {**RELPOS_SMALL, **options}
+    theirs = timm.create_model(architecture, **args)
+    _hub.save_for_hf(theirs, str(tmp_path), model_args=args, safe_serialization=True)
+    with pytest.raises(LayoutError, match=f"^timm architecture '{architecture}' \\(timm's "
+                                          f"VisionTransformerRelPos\\) needs .*{reason}"):
+        keras_vit.from_pretrained(str(tmp_path))
+
+
+def test_relative_mlp_models_timm_lacks_are_refused_when_saving(tmp_path):
+    model = keras_vit.vit("Ti/16", hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1,
+                          image_size=32, patch_size=8, position_embedding="relative_mlp",
+                          final_norm="none")
+    with pytest.raises(LayoutError, match="VisionTransformerRelPos, which has no model without "
+                                          "a final norm"):
+        keras_vit.save_pretrained(model, tmp_path / "ours", format="timm")
+    assert not (tmp_path / "ours").exists()
