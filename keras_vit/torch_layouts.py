@@ -1341,11 +1341,9 @@ def spec_from_timm(config, state):
     if missing:
         raise LayoutError(f"timm architecture {architecture!r} needs {', '.join(missing)}, "
                           "which keras_vit has no option for yet.")
-    kernel = _tensor(state, "patch_embed.proj.weight", "timm")
-    hidden, patch = kernel.shape[0], kernel.shape[-1]
+    hidden, patch, layers = _timm_sizes(state)
     # A hybrid's patches are cut from the ResNet's map: pixels per patch, its stride times.
     pixels = patch * (1 if hybrid is None else 4 * 2 ** max(len(hybrid) - 1, 0))
-    layers = len({key.split(".")[1] for key in state if key.startswith("blocks.")})
     glu = _is_glu(args["mlp_layer"])  # GluMlp's fc1: the gate's rows and the value's
     mlp = _tensor(state, "blocks.0.mlp.fc1.weight", "timm").shape[0] // (2 if glu else 1)
     post_norm = args["block_fn"] == _RES_POST_BLOCK  # its init_values only start its norms
@@ -1418,6 +1416,13 @@ def _relpos_missing(args):
                        and name != "layer_norm_epsilon"]
 
 
+def _timm_sizes(state):
+    """(width, patch size, blocks) of a timm ViT's weights: its patch kernel and block names."""
+    kernel = _tensor(state, "patch_embed.proj.weight", "timm")
+    layers = len({key.split(".")[1] for key in state if key.startswith("blocks.")})
+    return kernel.shape[0], kernel.shape[-1], layers
+
+
 def _spec_from_relpos(architecture, args, config, state):
     """The `ViTConfig` of timm's VisionTransformerRelPos (its `vit_relpos_*`): no position
     embeddings, a relative-position MLP in every block (position_embedding "relative_mlp"),
@@ -1427,9 +1432,7 @@ def _spec_from_relpos(architecture, args, config, state):
     if missing:
         raise LayoutError(f"timm architecture {architecture!r} (timm's VisionTransformerRelPos) "
                           f"needs {', '.join(missing)}, which keras_vit has no option for yet.")
-    kernel = _tensor(state, "patch_embed.proj.weight", "timm")
-    hidden, patch = kernel.shape[0], kernel.shape[-1]
-    layers = len({key.split(".")[1] for key in state if key.startswith("blocks.")})
+    hidden, patch, layers = _timm_sizes(state)
     mlp = _tensor(state, "blocks.0.mlp.fc1.weight", "timm").shape[0]
     relative = _tensor(state, "blocks.0.attn.rel_pos.mlp.fc1.weight", "timm").shape[0]
     num_classes = config.get("num_classes", args["num_classes"])
@@ -1530,9 +1533,7 @@ def _spec_from_eva(architecture, args, config, state):
     if missing:
         raise LayoutError(f"timm architecture {architecture!r} (timm's Eva) needs "
                           f"{', '.join(missing)}, which keras_vit has no option for yet.")
-    kernel = _tensor(state, "patch_embed.proj.weight", "timm")
-    hidden, patch = kernel.shape[0], kernel.shape[-1]
-    layers = len({key.split(".")[1] for key in state if key.startswith("blocks.")})
+    hidden, patch, layers = _timm_sizes(state)
     swiglu = args["swiglu_mlp"]
     if swiglu and "blocks.0.mlp.fc1_g.weight" in state:  # SwiGLU's unpacked (aligned) rows
         mlp = state["blocks.0.mlp.fc1_g.weight"].shape[0]
