@@ -266,12 +266,14 @@ def test_rope_logits_depend_on_the_patches_offset_and_leave_the_prefix_alone(kin
     _, weights = attention(x, return_attention_scores=True)
     log_weights = np.log(to_np(weights)[0].astype("float64"))  # [heads, query, key]
     # Each patch query's logits minus its logit against its own key (offset zero).
-    patch = log_weights[:, 1:, 1:] - np.diagonal(log_weights[:, 1:, 1:], axis1=1, axis2=2)[..., None]
+    patches = log_weights[:, 1:, 1:]
+    patch = patches - np.diagonal(patches, axis1=1, axis2=2)[..., None]
     row, column = np.divmod(np.arange(rows * columns), columns)
     by_offset = {}
     for q in range(rows * columns):
         for k in range(rows * columns):
-            by_offset.setdefault((row[q] - row[k], column[q] - column[k]), []).append(patch[:, q, k])
+            offset = (row[q] - row[k], column[q] - column[k])
+            by_offset.setdefault(offset, []).append(patch[:, q, k])
     for values in by_offset.values():
         np.testing.assert_allclose(values, [values[0]] * len(values), atol=1e-4)
     assert np.ptp([values[0] for values in by_offset.values()]) > 0.1
