@@ -611,11 +611,9 @@ class RelativePositionMlp(keras.layers.Layer):
         `[(2 rows - 1) * (2 columns - 1), 2]`; for each pair of patches, row-major, the row of
         their offset `[patches, patches]`)."""
         rows, columns = sides
-        dtype = "float32"
-        row = xp.arange(rows) if xp is np else ops.arange(rows)
-        column = xp.arange(columns) if xp is np else ops.arange(columns)
-        row_offsets = xp.arange(-(rows - 1), rows, dtype=dtype)
-        column_offsets = xp.arange(-(columns - 1), columns, dtype=dtype)
+        row, column = xp.arange(rows), xp.arange(columns)
+        row_offsets = xp.arange(-(rows - 1), rows, dtype="float32")
+        column_offsets = xp.arange(-(columns - 1), columns, dtype="float32")
         table = xp.stack([
             xp.reshape(xp.broadcast_to(row_offsets[:, None], (2 * rows - 1, 2 * columns - 1)),
                        (-1,)),
