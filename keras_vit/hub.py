@@ -123,7 +123,9 @@ def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, preprocess
     names it, and nothing is loaded. The config says which GELU and which LayerNorm epsilon
     (transformers' default is 1e-12, timm's 1e-6). transformers' `ViTForImageClassification`
     gives its logits, its `ViTModel` the pooler's output, its `Dinov2Model` (and
-    `Dinov2WithRegistersModel`) its `pooler_output`, the final LayerNorm's class token;
+    `Dinov2WithRegistersModel`) its `pooler_output`, the final LayerNorm's class token, their
+    `...ForImageClassification` their logits (classifier "token_gap");
+    `CLIPVisionModelWithProjection` its `image_embeds` (the projection as the head);
     `CLIPVisionModel` and `SiglipVisionModel` (and the vision tower of `CLIPModel` and
     `SiglipModel`, the rest left out with a log line) their `pooler_output`.
     DeiT's distilled models (timm's `VisionTransformerDistilled`, transformers'
@@ -327,7 +329,10 @@ def _preprocessor_config(spec, preprocessing, architecture):
               "image_std": [0.5, 0.5, 0.5]}
     cropping = {"DeiTForImageClassificationWithTeacher": "DeiTImageProcessor",
                 "Dinov2Model": "BitImageProcessor", "Dinov2WithRegistersModel": "BitImageProcessor",
-                "CLIPVisionModel": "CLIPImageProcessor"}
+                "Dinov2ForImageClassification": "BitImageProcessor",
+                "Dinov2WithRegistersForImageClassification": "BitImageProcessor",
+                "CLIPVisionModel": "CLIPImageProcessor",
+                "CLIPVisionModelWithProjection": "CLIPImageProcessor"}
     straight = {"SiglipVisionModel": "SiglipImageProcessor",  # else ViT's; none crops
                 "DINOv3ViTModel": "DINOv3ViTImageProcessor"}
     if architecture in cropping:  # `architecture`: the config.json's transformers class
@@ -378,8 +383,10 @@ def save_pretrained(model, directory, format="transformers"):
     `LayoutError` naming it, before anything is written. A model with DeiT's distillation token
     is written as timm's `VisionTransformerDistilled` or transformers'
     `DeiTForImageClassificationWithTeacher`; for transformers, one with LayerScale and no head
-    as its `Dinov2Model` (with registers, `Dinov2WithRegistersModel`); one of CLIP's options
-    (pre_norm, the pooled class token normed, no head) as `CLIPVisionModel`, one of SigLIP's
+    as its `Dinov2Model` (with registers, `Dinov2WithRegistersModel`), with a head on
+    classifier "token_gap" as `Dinov2ForImageClassification` (...WithRegisters...); one of
+    CLIP's options (pre_norm, the pooled class token normed) as `CLIPVisionModel`, with a head
+    of zero bias as `CLIPVisionModelWithProjection`; one of SigLIP's
     (attention pooling of normed tokens, no head) as `SiglipVisionModel`. The
     model's `preprocessing` goes into timm's `pretrained_cfg` (interpolation, crop_pct,
     crop_mode) or transformers' `preprocessor_config.json` (resample; its ViTImageProcessor

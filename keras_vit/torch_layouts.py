@@ -23,7 +23,11 @@ its registers form (Darcet et al., "Vision Transformers Need Registers", 2024) a
 transformers' `Dinov2Model` / `Dinov2WithRegistersModel`: ViT's attention names, with
 LayerScale (`layer_scale1.lambda1`), `norm1`, `norm2`, `mlp.fc1`, `mlp.fc2`, a `mask_token`
 used only for masked image modelling, and for registers `embeddings.register_tokens` after the
-class token, which have no position-embedding rows (the class token has one).
+class token, which have no position-embedding rows (the class token has one). Their
+`Dinov2ForImageClassification` / `Dinov2WithRegistersForImageClassification` hold that model
+under `dinov2.` / `dinov2_with_registers.` and a `classifier` on the final LayerNorm's class
+token concatenated with the mean of the patch tokens, registers left out (keras_vit's
+classifier "token_gap").
 
 The vision towers of CLIP (Radford et al., "Learning Transferable Visual Models From Natural
 Language Supervision", 2021) and SigLIP (Zhai et al., "Sigmoid Loss for Language Image
@@ -33,7 +37,9 @@ Pre-Training", 2023) are transformers' `CLIPVisionModel` and `SiglipVisionModel`
 embeddings as an nn.Embedding (tokens, D). CLIP has a class token `class_embedding` (D,), a
 patch convolution without bias, `pre_layrnorm` and `post_layernorm` on the pooled class token;
 SigLIP no class token, `post_layernorm` on every token and attention pooling, `head` (a torch
-nn.MultiheadAttention with a packed `in_proj_weight`).
+nn.MultiheadAttention with a packed `in_proj_weight`). `CLIPVisionModelWithProjection` holds
+CLIP's tower under `vision_model.` and `visual_projection` (a Linear without bias to the joint
+embedding, its `image_embeds`): keras_vit's head, with a zero bias.
 
 ViT-MSN (Assran et al., "Masked Siamese Networks for Label-Efficient Learning", 2022) and
 ViT-MAE's encoder (He et al., "Masked Autoencoders Are Scalable Vision Learners", 2022) are
@@ -63,7 +69,11 @@ FORMATS = ("transformers", "timm")
 TRANSFORMERS_ARCHITECTURES = {"ViTForImageClassification": "vit.", "ViTModel": "",
                               "DeiTForImageClassificationWithTeacher": "deit.",
                               "Dinov2Model": "", "Dinov2WithRegistersModel": "",
+                              "Dinov2ForImageClassification": "dinov2.",
+                              "Dinov2WithRegistersForImageClassification":
+                                  "dinov2_with_registers.",
                               "CLIPVisionModel": "", "SiglipVisionModel": "",
+                              "CLIPVisionModelWithProjection": "vision_model.",
                               "ViTMSNModel": "", "ViTMSNForImageClassification": "vit.",
                               "ViTMAEModel": "", "DINOv3ViTModel": ""}
 # transformers' model types keras_vit reads -> the class of a config that names none.
@@ -78,14 +88,17 @@ _TRANSFORMERS_MODEL_TYPES = {"vit": "ViTModel", "deit": "DeiTModel", "dinov2": "
 _TRANSFORMERS_CLASSIFIERS = ("ViTForImageClassification", "ViTMSNForImageClassification")
 # Image-text models whose vision tower loads (`vision_tower`): model_type -> tower's class.
 _TOWERS = {"clip": "CLIPVisionModel", "siglip": "SiglipVisionModel"}
-_TOWER_FAMILIES = {"CLIPVisionModel": "clip", "SiglipVisionModel": "siglip"}
-_DINOV2_ARCHITECTURES = ("Dinov2Model", "Dinov2WithRegistersModel")
-_DINOV2_HEAD = ("its classifier reads the class token concatenated with the mean of the patch "
-                "tokens, a pooling keras_vit lacks; {} (the backbone alone) loads")
-# transformers' DeiT and DINOv2 classes keras_vit has no model of, with why.
+_TOWER_FAMILIES = {"CLIPVisionModel": "clip", "SiglipVisionModel": "siglip",
+                   # CLIP's tower with visual_projection (a Linear without bias) as the head
+                   "CLIPVisionModelWithProjection": "clip"}
+# DINOv2's classes -> whether they classify: their classifier reads the final LayerNorm's class
+# token concatenated with the mean of the patch tokens (registers left out), classifier
+# "token_gap".
+_DINOV2_ARCHITECTURES = {"Dinov2Model": False, "Dinov2WithRegistersModel": False,
+                         "Dinov2ForImageClassification": True,
+                         "Dinov2WithRegistersForImageClassification": True}
+# transformers' DeiT classes keras_vit has no model of, with why.
 _TRANSFORMERS_REFUSED = {
-    "Dinov2ForImageClassification": _DINOV2_HEAD.format("Dinov2Model"),
-    "Dinov2WithRegistersForImageClassification": _DINOV2_HEAD.format("Dinov2WithRegistersModel"),
     "DeiTForImageClassification": "it classifies from the class token alone while its "
                                   "distillation token still attends, where keras_vit's distilled "
                                   "models average a head on each token",
@@ -371,6 +384,8 @@ def _tower_pairs(spec, family, prefix):
     norm = "fc_norm" if family == "clip" else "Transformer/encoder_norm"
     pairs += [(f"{norm}/scale", prefix + "post_layernorm.weight", "copy"),
               (f"{norm}/bias", prefix + "post_layernorm.bias", "copy")]
+    if family == "clip" and spec.include_top:  # outside vision_model.; no bias (a zero one)
+        pairs.append(("head/kernel", "visual_projection.weight", "linear"))
     if family == "siglip":  # the packed in_proj unpacked (`_TRANSFORMERS_PACKED`)
         ours, theirs = "MAPHead_0/", prefix + "head."
         pairs.append((ours + "probe", theirs + "probe", "copy"))
@@ -496,12 +511,15 @@ def _transformers_architecture(spec):
     if spec.rope:  # transformers_config refuses any but DINOv3's
         return "DINOv3ViTModel"
     family = _tower_family(spec)
+    if family == "clip":
+        return "CLIPVisionModelWithProjection" if spec.include_top else "CLIPVisionModel"
     if family:
-        return {name: tower for tower, name in _TOWER_FAMILIES.items()}[family]
+        return "SiglipVisionModel"
     if spec.distillation_token:
         return "DeiTForImageClassificationWithTeacher"
     if _is_dinov2(spec):
-        return "Dinov2WithRegistersModel" if spec.num_register_tokens else "Dinov2Model"
+        registers = "WithRegisters" if spec.num_register_tokens else ""
+        return f"Dinov2{registers}{'ForImageClassification' if spec.include_top else 'Model'}"
     return "ViTForImageClassification" if spec.include_top else "ViTModel"
 
 
@@ -522,7 +540,7 @@ def to_npz_arrays(state, spec, layout, config=None):
     elif spec.rope:
         state = _dinov3_names(state, spec)
     dinov2 = layout == "transformers" and _is_dinov2(spec)
-    if dinov2 and state.pop("embeddings.mask_token", None) is not None:
+    if dinov2 and state.pop(prefix + "embeddings.mask_token", None) is not None:
         logger.info("Dropped DINOv2's embeddings.mask_token: it replaces masked patches in "
                     "masked image modelling, which keras_vit's model does not do.")
     transforms = _transforms(spec.num_heads)
@@ -534,6 +552,9 @@ def to_npz_arrays(state, spec, layout, config=None):
         arrays[ours] = transforms[kind][0](np.asarray(state.pop(theirs)))
     if spec.pre_norm and "embedding/bias" not in arrays:  # timm's and CLIP's: no patch bias
         arrays["embedding/bias"] = np.zeros_like(arrays["embedding/kernel"][0, 0, 0])
+    if layout == "transformers" and _tower_family(spec) == "clip" and spec.include_top:
+        # CLIP's visual_projection: a Linear without bias
+        arrays["head/bias"] = np.zeros_like(arrays["head/kernel"][0])
     if missing or state:
         problems = [f"missing ({len(missing)}): {', '.join(missing[:8])}"] if missing else []
         if state:
@@ -554,6 +575,9 @@ def from_npz_arrays(arrays, spec, layout):
     family = _tower_family(spec) if layout == "transformers" else None
     if (layout == "timm" and spec.pre_norm) or family == "clip":
         arrays = _fold_patch_bias(arrays, spec)
+    if family == "clip" and spec.include_top:  # visual_projection has no bias
+        arrays = dict(arrays)
+        _check_projection_bias(arrays.pop("head/bias"))
     dinov2 = layout == "transformers" and _is_dinov2(spec)
     if dinov2:
         arrays = _dinov2_position_rows(arrays, spec)
@@ -569,7 +593,7 @@ def from_npz_arrays(arrays, spec, layout):
     state = {theirs: np.ascontiguousarray(transforms[kind][1](arrays[ours]))
              for ours, theirs, kind in pairs}
     if dinov2:  # transformers' initial value; only masked image modelling reads it
-        state["embeddings.mask_token"] = np.zeros((1, spec.hidden_size),
+        state[prefix + "embeddings.mask_token"] = np.zeros((1, spec.hidden_size),
                                                   arrays["cls"].dtype)
     if layout == "transformers" and spec.rope:
         return _dinov3_state(state, spec, _key_bias(arrays, spec))
@@ -860,7 +884,8 @@ def spec_from_transformers(config, state):
         raise LayoutError(f"hidden_act {act!r}: keras_vit reads "
                           f"{', '.join(_TRANSFORMERS_ACTIVATIONS)}.")
     if architecture in _TOWER_FAMILIES:
-        return _spec_from_tower(config, state, _TOWER_FAMILIES[architecture])
+        return _spec_from_tower(config, state, _TOWER_FAMILIES[architecture],
+                                TRANSFORMERS_ARCHITECTURES[architecture])
     classifier = architecture in _TRANSFORMERS_CLASSIFIERS
     if architecture == "ViTMAEModel":
         _check_mae(config)
@@ -883,7 +908,7 @@ def spec_from_transformers(config, state):
     _check_grid(_tensor(state, prefix + "embeddings.position_embeddings", "transformers"),
                 image_size, patch, 1 + distilled, "image_size")  # rows: cls (, distillation)
     if architecture in _DINOV2_ARCHITECTURES:
-        return _spec_from_dinov2(config, architecture, patch, image_size)
+        return _spec_from_dinov2(config, state, architecture, patch, image_size)
     if distilled:  # a config of num_labels 0 has no heads: the mean of the two tokens
         head = state.get("cls_classifier.weight")
         top = dict(include_top=head is not None, distillation_token=True,
@@ -911,19 +936,24 @@ def _check_mae(config):
                     "order, as transformers' ViTMAEModel does with mask_ratio=0.0.", mask_ratio)
 
 
-def _spec_from_dinov2(config, architecture, patch, image_size):
-    """The `ViTConfig` of DINOv2's `config.json`: no head, the final LayerNorm's class token
-    (transformers' `pooler_output`) as the output."""
+def _spec_from_dinov2(config, state, architecture, patch, image_size):
+    """The `ViTConfig` of DINOv2's `config.json`: for its models no head, the final LayerNorm's
+    class token (transformers' `pooler_output`) as the output; for its classifiers a head on
+    that class token beside the mean of the patch tokens (classifier "token_gap"), as many
+    classes as `state`'s classifier has."""
     hidden = config.get("hidden_size", 768)
     mlp, activation = int(hidden * config.get("mlp_ratio", 4)), _TRANSFORMERS_ACTIVATIONS[
         config.get("hidden_act", "gelu")]
     if config.get("use_swiglu_ffn"):  # DINOv2 giant: two thirds, up to a multiple of 8
         mlp, activation = (int(mlp * 2 / 3) + 7) // 8 * 8, "swiglu"
-    registers = config.get("num_register_tokens", 0) if architecture.endswith(
-        "RegistersModel") else 0
+    registers = config.get("num_register_tokens", 0) if "WithRegisters" in architecture else 0
+    top = dict(include_top=False, num_classes=1)
+    if _DINOV2_ARCHITECTURES[architecture]:
+        top = dict(include_top=True, classifier="token_gap",
+                   num_classes=int(_tensor(state, "classifier.weight", "transformers").shape[0]))
     return _spec(hidden, mlp,
                  config.get("num_attention_heads", 12), config.get("num_hidden_layers", 12),
-                 patch, image_size=image_size, include_top=False, num_classes=1,
+                 patch, image_size=image_size, **top,
                  activation=activation,
                  layer_norm_epsilon=config.get("layer_norm_eps", 1e-6),
                  qkv_bias=config.get("qkv_bias", True),
@@ -1009,10 +1039,12 @@ def _dinov3_config(spec, arrays):
     }
 
 
-def _spec_from_tower(config, state, family):
+def _spec_from_tower(config, state, family, prefix=""):
     """The `ViTConfig` of CLIP's or SigLIP's vision `config.json`: no head, the output their
     `pooler_output` (CLIP: the class token, normed; SigLIP: the attention pooling of the normed
-    tokens)."""
+    tokens); CLIPVisionModelWithProjection's (its tower under `prefix`) with its
+    visual_projection as the head (of projection_dim classes, a zero bias), the output its
+    image_embeds."""
     clip = family == "clip"
     if not clip and not config.get("vision_use_head", True):
         raise LayoutError(
@@ -1021,12 +1053,12 @@ def _spec_from_tower(config, state, family):
             "head, or read the tokens of another with keras_vit.features().")
     patch, image_size = config.get("patch_size", 32 if clip else 16), config.get("image_size",
                                                                                   224)
-    kernel = _tensor(state, "embeddings.patch_embedding.weight", "transformers")
+    kernel = _tensor(state, prefix + "embeddings.patch_embedding.weight", "transformers")
     if tuple(kernel.shape[-2:]) != (patch, patch):
         raise LayoutError(f"config.json says patch_size {patch}, but model.safetensors holds "
                           f"{kernel.shape[-2]}x{kernel.shape[-1]} patch kernels: use the "
                           "config.json written with these weights.")
-    positions = _tensor(state, "embeddings.position_embedding.weight", "transformers")
+    positions = _tensor(state, prefix + "embeddings.position_embedding.weight", "transformers")
     _check_grid(positions[None], image_size, patch, int(clip), "image_size")
     act = config.get("hidden_act", "quick_gelu" if clip else "gelu_pytorch_tanh")
     if act not in _TRANSFORMERS_ACTIVATIONS:
@@ -1035,21 +1067,29 @@ def _spec_from_tower(config, state, family):
     hidden = config.get("hidden_size", 768)
     pooling = (dict(pre_norm=True, classifier="token", final_norm="pooled") if clip
                else dict(classifier="map", final_norm="tokens"))
+    top = dict(include_top=False, num_classes=1)
+    if prefix:  # CLIPVisionModelWithProjection's visual_projection
+        top = dict(include_top=True, num_classes=int(
+            _tensor(state, "visual_projection.weight", "transformers").shape[0]))
     return _spec(hidden, config.get("intermediate_size", 3072),
                  config.get("num_attention_heads", 12), config.get("num_hidden_layers", 12),
-                 patch, image_size=image_size, include_top=False, num_classes=1, **pooling,
+                 patch, image_size=image_size, **top, **pooling,
                  activation=_TRANSFORMERS_ACTIVATIONS[act],
                  layer_norm_epsilon=config.get("layer_norm_eps", 1e-5 if clip else 1e-6),
                  attention_dropout=config.get("attention_dropout", 0.0))
 
 
-def _tower_config(spec, family):
+def _tower_config(spec, family, arrays=None):
     """transformers' CLIPVisionModel or SiglipVisionModel `config.json` for a model of their
-    options (`_tower_family`), or a LayoutError naming what else it has."""
+    options (`_tower_family`), CLIPVisionModelWithProjection for CLIP's with a head whose bias
+    (in `arrays`) is zero, or a LayoutError naming what else it has."""
     name = {"clip": "CLIPVisionModel", "siglip": "SiglipVisionModel"}[family]
     _check_plain(spec, f"transformers' {name}")
+    projection = family == "clip" and spec.include_top  # CLIPVisionModelWithProjection
+    if projection and arrays is not None:
+        _check_projection_bias(arrays["head/bias"])
     problems = [problem for bad, problem in (
-        (spec.include_top, "head: save a model with include_top=False"),
+        (spec.include_top and not projection, "head: save a model with include_top=False"),
         (spec.representation_size is not None, "pre_logits layer (representation_size)"),
         (spec.num_register_tokens, "register tokens"),
         (not spec.qkv_bias, "query, key and value without bias (qkv_bias=False)"),
@@ -1062,7 +1102,8 @@ def _tower_config(spec, family):
     if problems:
         raise LayoutError(f"A model with {name[:-len('VisionModel')]}'s options is written as "
                           f"transformers' {name}, which has no {'; no '.join(problems)}.")
-    config = {"model_type": f"{family}_vision_model", "architectures": [name],
+    config = {"model_type": f"{family}_vision_model",
+              "architectures": [name + "WithProjection" if projection else name],
               "hidden_size": spec.hidden_size, "intermediate_size": spec.mlp_dim,
               "num_attention_heads": spec.num_heads, "num_hidden_layers": spec.num_layers,
               "patch_size": spec.patch_size, "image_size": spec.image_size[0], "num_channels": 3,
@@ -1070,7 +1111,20 @@ def _tower_config(spec, family):
               "attention_dropout": spec.attention_dropout}
     if family == "siglip":
         config["vision_use_head"] = True
+    if projection:
+        config["projection_dim"] = spec.num_classes
     return config
+
+
+def _check_projection_bias(bias):
+    """A LayoutError unless the head's `bias` is zero: CLIP's visual_projection has none."""
+    bias = np.asarray(bias)
+    if np.any(bias):
+        raise LayoutError(
+            "A model with CLIP's options and a head is written as transformers' "
+            "CLIPVisionModelWithProjection, whose visual_projection has no bias, but this "
+            f"head's bias is not zero (largest {float(np.abs(bias).max()):.3g}); nothing was "
+            "written. Zero the bias, or save the model without its head (include_top=False).")
 
 
 def _hidden_act(spec):
@@ -1078,16 +1132,20 @@ def _hidden_act(spec):
 
 
 def _dinov2_config(spec):
-    """transformers' DINOv2 `config.json` for a model with LayerScale (a LayoutError for what
-    its Dinov2Model cannot express)."""
+    """transformers' DINOv2 `config.json` for a model with LayerScale: its Dinov2Model (or with
+    registers Dinov2WithRegistersModel) without a head, its Dinov2ForImageClassification (or
+    Dinov2WithRegistersForImageClassification) with a head on classifier "token_gap" (a
+    LayoutError for what they cannot express)."""
     _check_plain(spec, "transformers' DINOv2", swiglu=True)
     swiglu = spec.activation == "swiglu"
     ratio = _dinov2_mlp_ratio(spec)
+    pooling = "token_gap" if spec.include_top else "token"
     problems = [problem for bad, problem in (
-        (spec.include_top, "head (its Dinov2ForImageClassification pools the class token "
-                           "with the patches' mean): save a model with include_top=False"),
-        (spec.classifier != "token", f"classifier={spec.classifier!r} (it outputs the class "
-                                     "token)"),
+        (spec.classifier != pooling,
+         f"{'head' if spec.include_top else 'output'} on classifier={spec.classifier!r} (its "
+         "Dinov2Model outputs the class token, classifier 'token' without a head; its "
+         "Dinov2ForImageClassification's head reads the class token beside the patches' mean, "
+         "classifier 'token_gap')"),
         (spec.representation_size is not None, "pre_logits layer (representation_size)"),
         (spec.pre_norm, "pre_norm=True"),
         (spec.final_norm != "tokens", f"final_norm={spec.final_norm!r} (it norms every "
@@ -1098,8 +1156,9 @@ def _dinov2_config(spec):
                         "hidden_size, two thirds of one up to a multiple of 8 with SwiGLU)"))
         if bad]
     if problems:
-        raise LayoutError(f"A model with LayerScale is written as transformers' Dinov2Model, "
-                          f"which has no {'; no '.join(problems)}.")
+        raise LayoutError(f"A model with LayerScale is written as transformers' Dinov2Model "
+                          f"(with a head, Dinov2ForImageClassification), which has no "
+                          f"{'; no '.join(problems)}.")
     registers = spec.num_register_tokens
     config = {
         "model_type": "dinov2_with_registers" if registers else "dinov2",
@@ -1117,6 +1176,10 @@ def _dinov2_config(spec):
         config["num_register_tokens"] = registers
     else:
         config["use_mask_token"] = True
+    if spec.include_top:
+        labels = {str(index): f"LABEL_{index}" for index in range(spec.num_classes)}
+        config["id2label"] = labels
+        config["label2id"] = {name: int(index) for index, name in labels.items()}
     return config
 
 
@@ -1150,7 +1213,7 @@ def transformers_config(spec, arrays=None):
     if _is_dinov2(spec):
         return _dinov2_config(spec)
     if _tower_family(spec):
-        return _tower_config(spec, _tower_family(spec))
+        return _tower_config(spec, _tower_family(spec), arrays)
     family = "DeiT" if spec.distillation_token else "ViT"
     _check_plain(spec, f"transformers' {family}")
     later = [f"{name}={getattr(spec, name)!r}" for name in _LATER_OPTIONS

@@ -499,29 +499,44 @@ def test_a_model_with_layer_scale_goes_through_transformers_dinov2_and_back(tmp_
 
 def test_what_transformers_dinov2_cannot_express_is_refused(tmp_path):
     for fields, message in (
-            ({}, "head .*include_top=False"),
-            ({"include_top": False, "classifier": "gap"}, "classifier='gap'"),
+            ({}, "head on classifier='token'.*'token_gap'"),
+            ({"include_top": False, "classifier": "gap"}, "output on classifier='gap'"),
+            ({"include_top": False, "classifier": "token_gap"}, "classifier='token_gap'"),
             ({"include_top": False, "pre_norm": True}, "pre_norm=True"),
             ({"include_top": False, "image_size": (32, 48)}, "square grid"),
             ({"include_top": False, "mlp_dim": 36}, "mlp_dim 36")):
         with pytest.raises(torch_layouts.LayoutError,
                            match="^A model with LayerScale is written as transformers' "
-                                 "Dinov2Model, which has no .*" + message):
+                                 r"Dinov2Model \(with a head, Dinov2ForImageClassification\), "
+                                 "which has no .*" + message):
             save_pretrained(tiny(layer_scale_init=0.5, **fields), tmp_path / "never",
                             format="transformers")
     assert not os.path.exists(tmp_path / "never")
 
 
-def test_dinov2_files_keras_vit_has_no_model_of_are_refused(tmp_path):
-    save_pretrained(tiny(include_top=False, layer_scale_init=0.5), tmp_path / "saved",
-                    format="transformers")
-    path = tmp_path / "saved" / "config.json"
-    _edit_json(path, architectures=["Dinov2ForImageClassification"])
-    with pytest.raises(torch_layouts.LayoutError,
-                       match="^transformers' Dinov2ForImageClassification has no keras_vit "
-                             "equivalent yet: .*mean of the patch tokens.*Dinov2Model "
-                             r"\(the backbone alone\) loads\.$"):
-        from_pretrained(str(tmp_path / "saved"))
+@pytest.mark.parametrize("registers", [0, 2], ids=["dinov2", "registers"])
+def test_a_token_gap_model_with_layer_scale_goes_through_dinov2s_classifier(tmp_path,
+                                                                            registers):
+    """A head on the class token beside the patches' mean (classifier "token_gap") is
+    transformers' Dinov2ForImageClassification (Dinov2WithRegistersForImageClassification)."""
+    model = tiny(classifier="token_gap", layer_scale_init=0.5, num_register_tokens=registers,
+                 num_classes=3)
+    save_pretrained(model, tmp_path / "saved", format="transformers")
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert config["architectures"] == [
+        "Dinov2WithRegistersForImageClassification" if registers
+        else "Dinov2ForImageClassification"]
+    assert len(config["id2label"]) == 3
+    from safetensors.numpy import load_file
+    state = load_file(tmp_path / "saved" / "model.safetensors")
+    prefix = "dinov2_with_registers." if registers else "dinov2."
+    assert state["classifier.weight"].shape == (3, 2 * 24)
+    assert not np.any(state[prefix + "embeddings.mask_token"])
+    loaded = from_pretrained(str(tmp_path / "saved"))
+    assert (loaded.spec.classifier, loaded.spec.num_classes, loaded.spec.num_register_tokens) == (
+        "token_gap", 3, registers)
+    np.testing.assert_allclose(to_np(loaded(pixels())), to_np(model(pixels())), rtol=1e-5,
+                               atol=1e-5)
 
 
 def test_a_swiglu_model_with_layerscale_round_trips_as_dinov2_giants_layout(tmp_path):
@@ -629,7 +644,7 @@ def test_the_vision_tower_of_a_full_clip_or_siglip_loads_without_the_text_tower(
 
 def test_what_clip_and_siglip_cannot_express_is_refused(tmp_path):
     for family, fields, message in (
-            ("clip", {"include_top": True}, "head: save a model with include_top=False"),
+            ("siglip", {"include_top": True}, "head: save a model with include_top=False"),
             ("clip", {"prefix_position_embeddings": False}, "prefix_position_embeddings"),
             ("siglip", {"num_register_tokens": 2}, "register tokens"),
             ("siglip", {"dropout": 0.1}, "dropout 0.1"),
@@ -641,6 +656,30 @@ def test_what_clip_and_siglip_cannot_express_is_refused(tmp_path):
             save_pretrained(tiny(**{**TOWER_OPTIONS[family], **fields}), tmp_path / "never",
                             format="transformers")
     assert not os.path.exists(tmp_path / "never")
+
+
+def test_a_clip_tower_with_a_head_of_zero_bias_is_clip_vision_model_with_projection(tmp_path):
+    """CLIP's visual_projection is a Linear without bias: a head whose bias is zero is written
+    as it, another refused naming the bias."""
+    model = tiny(**{**TOWER_OPTIONS["clip"], "include_top": True, "num_classes": 16})
+    with pytest.raises(torch_layouts.LayoutError,
+                       match="CLIPVisionModelWithProjection, whose visual_projection has no "
+                             "bias, but this head's bias is not zero"):
+        save_pretrained(model, tmp_path / "never", format="transformers")
+    assert not os.path.exists(tmp_path / "never")
+    model.get_layer("head").bias.assign(np.zeros(16, "float32"))
+    save_pretrained(model, tmp_path / "saved", format="transformers")
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert (config["architectures"], config["projection_dim"]) == (
+        ["CLIPVisionModelWithProjection"], 16)
+    from safetensors.numpy import load_file
+    state = load_file(tmp_path / "saved" / "model.safetensors")
+    assert state["visual_projection.weight"].shape == (16, 24)
+    assert "vision_model.post_layernorm.weight" in state
+    loaded = from_pretrained(str(tmp_path / "saved"))
+    assert loaded.spec == model.spec.replace(variant=loaded.spec.variant)
+    np.testing.assert_allclose(to_np(loaded(pixels())), to_np(model(pixels())), rtol=1e-5,
+                               atol=1e-5)
 
 
 def test_the_hubs_clip_and_siglip_image_processors_are_read():

@@ -358,17 +358,27 @@ def test_transformers_dinov2_both_ways(tmp_path, registers):
     assert type(processor).__name__.startswith("BitImageProcessor")
 
 
-@pytest.mark.parametrize("architecture", ["Dinov2ForImageClassification",
-                                          "Dinov2WithRegistersForImageClassification"])
-def test_dinov2_classifiers_are_refused(tmp_path, architecture):
-    """Their classifier reads the class token concatenated with the patch tokens' mean."""
-    registers = 2 if "Registers" in architecture else 0
-    getattr(transformers, architecture)(dinov2_config(registers, num_labels=3)).save_pretrained(
-        tmp_path)
-    with pytest.raises(LayoutError, match=f"^transformers' {architecture} has no keras_vit "
-                                          "equivalent yet: .*mean of the patch tokens") as error:
-        keras_vit.from_pretrained(str(tmp_path))
-    assert "\n" not in str(error.value)
+@pytest.mark.parametrize("registers", [0, 2], ids=["dinov2", "with_registers"])
+def test_transformers_dinov2_classifiers_both_ways(tmp_path, registers):
+    """Dinov2ForImageClassification and Dinov2WithRegistersForImageClassification: a head on
+    the final LayerNorm's class token beside the patch tokens' mean, registers left out
+    (classifier "token_gap")."""
+    cls = (transformers.Dinov2WithRegistersForImageClassification if registers
+           else transformers.Dinov2ForImageClassification)
+    theirs = order_one(cls(dinov2_config(registers, num_labels=3)))
+    theirs.save_pretrained(tmp_path / "theirs")
+    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    assert (ours.spec.classifier, ours.spec.include_top, ours.spec.num_classes) == (
+        "token_gap", True, 3)
+    assert ours.spec.num_register_tokens == registers
+    expected = dinov2_outputs(theirs).logits.numpy()
+    assert_close(ours(DINO_IMAGES), expected, 1e-5)
+    keras_vit.save_pretrained(ours, tmp_path / "ours", format="transformers")
+    back = transformers.AutoModelForImageClassification.from_pretrained(tmp_path / "ours").eval()
+    assert type(back) is cls
+    assert_close(dinov2_outputs(back).logits.numpy(), expected, 1e-5)
+    processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "ours")
+    assert type(processor).__name__.startswith("BitImageProcessor")
 
 
 def test_dinov2_giants_swiglu_mlp_both_ways(tmp_path):
@@ -462,13 +472,38 @@ def test_a_siglip_without_its_pooling_head_is_refused(tmp_path):
         keras_vit.from_pretrained(str(tmp_path))
 
 
+def test_clip_vision_model_with_projection_both_ways(tmp_path):
+    """CLIPVisionModelWithProjection: its visual_projection (a Linear without bias) is the head,
+    of projection_dim classes with a zero bias; the output its image_embeds."""
+    cls = transformers.CLIPVisionModelWithProjection
+    theirs = order_one(cls(transformers.CLIPVisionConfig(**TOWER_SIZES, projection_dim=16)))
+    theirs.save_pretrained(tmp_path / "theirs")
+    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    assert (ours.spec.include_top, ours.spec.num_classes) == (True, 16)
+    assert not keras.ops.convert_to_numpy(ours.get_layer("head").bias).any()
+    # The default preprocessing: CLIPVisionConfig alone, no processor (mean and std 0.5).
+    expected = tower_outputs(theirs, IMAGES).image_embeds.numpy()
+    assert_close(ours(IMAGES), expected, 1e-5)
+    keras_vit.save_pretrained(ours, tmp_path / "ours", format="transformers")
+    back = cls.from_pretrained(tmp_path / "ours").eval()
+    assert back.config.projection_dim == 16
+    assert_close(tower_outputs(back, IMAGES).image_embeds.numpy(), expected, 1e-5)
+    written = transformers.AutoImageProcessor.from_pretrained(tmp_path / "ours")
+    assert type(written).__name__.startswith("CLIPImageProcessor")
+
+
 def test_clip_options_it_lacks_are_refused_when_saving(tmp_path):
     theirs, _ = tower("clip", False)
     theirs.save_pretrained(tmp_path / "theirs")
     spec = keras_vit.from_pretrained(str(tmp_path / "theirs")).spec
     model = keras_vit.vit(spec.replace(include_top=True, num_classes=3, qkv_bias=False))
-    with pytest.raises(LayoutError, match="CLIPVisionModel, which has no head.*no query, key and "
+    with pytest.raises(LayoutError, match="CLIPVisionModel, which has no query, key and "
                                           "value without bias"):
+        keras_vit.save_pretrained(model, tmp_path / "ours", format="transformers")
+    model = keras_vit.vit(spec.replace(include_top=True, num_classes=3))
+    model.get_layer("head").bias.assign(np.ones(3, "float32"))  # a projection has no bias
+    with pytest.raises(LayoutError, match="CLIPVisionModelWithProjection, whose "
+                                          "visual_projection has no bias.*not zero"):
         keras_vit.save_pretrained(model, tmp_path / "ours", format="transformers")
     assert not (tmp_path / "ours").exists()
 
