@@ -36,11 +36,12 @@ class StdConv2D(keras.layers.Conv2D):
         kernel = ops.cast(kernel, precise)
         mean = ops.mean(kernel, axis=(0, 1, 2), keepdims=True)
         epsilon, of_variance, _ = NUMERICS[self.numerics]
-        if of_variance:
-            scale = ops.rsqrt(ops.var(kernel, axis=(0, 1, 2), keepdims=True) + epsilon)
-        else:
-            scale = 1.0 / (ops.std(kernel, axis=(0, 1, 2), keepdims=True) + epsilon)
-        kernel = ops.cast((kernel - mean) * scale, inputs.dtype)
+        if of_variance:  # timm's: batch_norm's (w - mean) * rsqrt(var + eps)
+            variance = ops.var(kernel, axis=(0, 1, 2), keepdims=True)
+            kernel = (kernel - mean) * ops.rsqrt(variance + epsilon)
+        else:  # the original's, a division (the trained runs' numbers to the last bit)
+            kernel = (kernel - mean) / (ops.std(kernel, axis=(0, 1, 2), keepdims=True) + epsilon)
+        kernel = ops.cast(kernel, inputs.dtype)
         return super().convolution_op(inputs, kernel)
 
     def get_config(self):
