@@ -19,7 +19,6 @@ ARCHITECTURES = {
     "learned_2d": dict(position_embedding="learned_2d"),
     "none": dict(position_embedding="none"),
     "sincos_2d": dict(position_embedding="sincos_2d"),
-    "rope_axial": dict(rope="axial", position_embedding="none"),
     "rope_normalized_registers": dict(rope="axial_normalized", num_register_tokens=2),
     "rope_mixed": dict(rope="mixed", position_embedding="none"),
     "relative_mlp": dict(position_embedding="relative_mlp", relative_mlp_dim=16),

@@ -403,7 +403,9 @@ def _commands(code):
 
 
 def _run_flags_only(block, cwd, env):
+    """Each command with --help, all at once (each spends seconds importing TensorFlow)."""
     variables = {name: env[name] for name in TEST_VARIABLES}
+    started = []
     for words in _commands(block.text(cwd, variables)):
         assignments = {}  # leading NAME=value words, as the shell reads them
         while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
@@ -411,13 +413,16 @@ def _run_flags_only(block, cwd, env):
             assignments[name] = value
         assert words and (words[0] == "python" or words[0].startswith("keras-vit-")), (
             f"{block.name}: flags-only runs python and keras-vit-* commands, not {words!r}")
-        result = subprocess.run([*words, "--help"], cwd=cwd, env={**env, **assignments},
-                                capture_output=True, text=True, timeout=120)
-        output = result.stdout + result.stderr
-        helped = ((result.returncode == 0 and "usage:" in result.stdout) or  # argparse
-                  (result.returncode == 1 and "Try --helpfull" in result.stdout))  # absl
+        started.append((words, subprocess.Popen(
+            [*words, "--help"], cwd=cwd, env={**env, **assignments}, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)))
+    for words, process in started:
+        stdout, stderr = process.communicate(timeout=120)
+        output = stdout + stderr
+        helped = ((process.returncode == 0 and "usage:" in stdout) or  # argparse
+                  (process.returncode == 1 and "Try --helpfull" in stdout))  # absl
         assert helped and not re.search(r"^Error:", output, flags=re.MULTILINE), (
-            f"{block.name}: {shlex.join(words)} --help (status {result.returncode}):\n"
+            f"{block.name}: {shlex.join(words)} --help (status {process.returncode}):\n"
             f"{output[-3000:]}")
 
 
