@@ -520,7 +520,11 @@ def _transformers_architecture(spec):
     if _is_dinov2(spec):
         registers = "WithRegisters" if spec.num_register_tokens else ""
         return f"Dinov2{registers}{'ForImageClassification' if spec.include_top else 'Model'}"
-    return "ViTForImageClassification" if spec.include_top else "ViTModel"
+    if spec.include_top:
+        return "ViTForImageClassification"
+    # Without a pooler, ViT's encoder is transformers' ViTMSNModel (its ViTModel's pooler would
+    # start at random): the same weights and last_hidden_state, as MSN's and MAE's encoders.
+    return "ViTModel" if spec.representation_size == spec.hidden_size else "ViTMSNModel"
 
 
 def _transformers_prefix(spec):
@@ -1228,18 +1232,20 @@ def transformers_config(spec, arrays=None):
         raise LayoutError("transformers' ViTForImageClassification has no pre_logits layer "
                           "before its head; save a model without representation_size.")
     if (not spec.include_top and not spec.distillation_token
-            and spec.representation_size != spec.hidden_size):
+            and spec.representation_size not in (None, spec.hidden_size)):
         raise LayoutError(
-            "transformers' ViTModel has a pooler (a tanh Dense of the class token's width, "
-            "the original's pre_logits) that its from_pretrained would start at random: save "
-            "a model with representation_size=hidden_size, or with a head.")
+            "transformers' ViTModel's pooler (the original's pre_logits) is a tanh Dense of "
+            f"the class token's width, {spec.hidden_size}, not {spec.representation_size}: "
+            "save a model with representation_size=hidden_size, or None (written as its "
+            "pooler-less ViTMSNModel), or with a head.")
     # DeiT without a head is its num_labels 0 (the heads are identities), which must be said.
     classes = spec.num_classes if spec.include_top else 0
     labels = {str(index): f"LABEL_{index}" for index in range(classes)}
     height, width = spec.image_size
+    architecture = _transformers_architecture(spec)
     config = {
-        "model_type": family.lower(),
-        "architectures": [_transformers_architecture(spec)],
+        "model_type": "vit_msn" if architecture == "ViTMSNModel" else family.lower(),
+        "architectures": [architecture],
         "hidden_size": spec.hidden_size, "intermediate_size": spec.mlp_dim,
         "num_attention_heads": spec.num_heads, "num_hidden_layers": spec.num_layers,
         "patch_size": spec.patch_size, "image_size": height if height == width else [height,

@@ -103,7 +103,7 @@ def test_what_a_library_cannot_express_is_refused_before_writing(tmp_path):
             ({"classifier": "map", "map_num_heads": 1}, "transformers",
              "map_num_heads, map_mlp_dim, map_include_prefix"),
             ({"pre_norm": True}, "transformers", "pre_norm=True"),
-            ({"include_top": False}, "transformers", "pooler")):
+            ({"include_top": False, "representation_size": 8}, "transformers", "pooler")):
         with pytest.raises(torch_layouts.LayoutError, match=message):
             save_pretrained(tiny(**fields), tmp_path / "never", format=layout)
     assert not os.path.exists(tmp_path / "never")

@@ -552,6 +552,12 @@ def test_vit_msn_and_vit_mae_encoders_load_as_normed_class_tokens(tmp_path, cls)
     tokens = keras_vit.features(ours, layers=-1, norm=True)
     assert_close(ours(IMAGES), expected[:, 0].numpy(), 1e-5)
     assert_close(tokens(IMAGES), expected.numpy(), 1e-5)
+    # Back as transformers' ViT encoder without a pooler, ViTMSNModel (MAE's encoder too, which
+    # is the same computation once nothing is masked).
+    keras_vit.save_pretrained(ours, tmp_path / "ours", format="transformers")
+    back = transformers.AutoModel.from_pretrained(tmp_path / "ours").eval()
+    assert type(back) is transformers.ViTMSNModel
+    assert_close(masked_outputs(back, IMAGES).last_hidden_state.numpy(), expected.numpy(), 1e-5)
 
 
 def test_vit_msn_classifier_loads_with_its_head_and_goes_back_as_vit(tmp_path):
