@@ -117,7 +117,9 @@ def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, preprocess
             `preprocessor_config.json` resample), which the model's `preprocessing` holds.
         **fields: `ViTConfig` fields to change: `num_classes` (a new zero-initialised head
             where it differs), `image_size` (position embeddings resampled, bicubic for timm's
-            weights as timm does it), `dynamic_image_size`, dropout rates...
+            weights as timm does it), `dynamic_image_size`, dropout rates...; for a
+            `CLIPModel`, `include_top=True` keeps its `visual_projection` as the head (its
+            `image_embeds`; the tower alone otherwise).
 
     Every tensor is loaded strictly: a missing, extra or mis-shaped one is an error that
     names it, and nothing is loaded. The config says which GELU and which LayerNorm epsilon
@@ -136,7 +138,9 @@ def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, preprocess
     if preprocessing is not None and not isinstance(preprocessing, EvalPreprocessing):
         raise TypeError(f"preprocessing must be a keras_vit.EvalPreprocessing or None (the "
                         f"checkpoint's), got {type(preprocessing).__name__}.")
-    found = read_checkpoint(source, cache_dir, preprocessing)
+    # include_top=True asks for a CLIPModel's projection, the top of its image encoder.
+    found = read_checkpoint(source, cache_dir, preprocessing,
+                            projection=fields.get("include_top") is True)
     if found.spec is None:  # an .npz always has one (its sidecar's or its tensors')
         raise checkpoint.CheckpointError(
             f"{source!r} has no keras_vit spec, so its architecture is unknown: build the model "
@@ -159,13 +163,14 @@ class Checkpoint:
     preprocessing: EvalPreprocessing
 
 
-def read_checkpoint(source, cache_dir=None, preprocessing=None):
+def read_checkpoint(source, cache_dir=None, preprocessing=None, projection=False):
     """The `Checkpoint` of `source`, as `from_pretrained` reads it, without building a model:
     a directory in transformers' or timm's layout, a hub name ("hf:...", "timm:..."), an
     `.npz` (its spec from the file `save_npz` writes beside it, or where there is none, as
     for the paper's files, read from its tensors and logged: `npz_architecture.spec_from_npz`),
     or a keras_vit `.keras` model (loaded in Keras' safe mode). `preprocessing`, when given,
-    replaces the checkpoint's."""
+    replaces the checkpoint's. `projection`: a CLIPModel's image encoder with its
+    `visual_projection` as the head (its `image_embeds`), not the tower alone."""
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"source must be a directory, a hub name, an .npz or a .keras path, "
                         f"got {type(source).__name__}.")
@@ -183,7 +188,8 @@ def read_checkpoint(source, cache_dir=None, preprocessing=None):
     source_directory = local_directory(source, cache_dir)
     config, state = read_directory(source_directory)
     layout = torch_layouts.detect(config)
-    config, state = torch_layouts.vision_tower(config, state)  # CLIPModel's, SiglipModel's
+    config, state = torch_layouts.vision_tower(  # CLIPModel's, SiglipModel's
+        config, state, projection=projection)
     processor = _processor(source_directory)
     preprocessing = preprocessing or _eval_preprocessing(config, layout, processor)
     if layout == "transformers":

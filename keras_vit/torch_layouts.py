@@ -450,12 +450,13 @@ def _packed(state, packings):
     return packed
 
 
-def vision_tower(config, state):
+def vision_tower(config, state, projection=False):
     """`(config, state)` of the vision tower of a CLIPModel's or SiglipModel's files (its
     `vision_config`, its `vision_model.` weights without the prefix), the text tower and the
-    contrastive parameters dropped with a log line; of a ViTMAEForPreTraining, its encoder as
-    ViTMAEModel's (the decoder dropped with a log line); ViTMSNForImageClassification's with
-    its blocks under `vit.`; other files as they are."""
+    contrastive parameters dropped with a log line; with `projection`, a CLIPModel's tower and
+    its `visual_projection` as CLIPVisionModelWithProjection's files; of a
+    ViTMAEForPreTraining, its encoder as ViTMAEModel's (the decoder dropped with a log line);
+    ViTMSNForImageClassification's with its blocks under `vit.`; other files as they are."""
     architecture = (config.get("architectures") or [None])[0]
     if architecture == "ViTMAEForPreTraining":
         return _mae_encoder(config, state)
@@ -464,6 +465,8 @@ def vision_tower(config, state):
     tower = _TOWERS.get(config.get("model_type"))
     if tower is None:
         return config, state
+    if projection and tower == "CLIPVisionModel":
+        return _clip_tower_with_projection(config, state)
     vision = {key[len("vision_model."):]: value for key, value in state.items()
               if key.startswith("vision_model.")}
     dropped = sorted(key for key in state if not key.startswith("vision_model."))
@@ -479,6 +482,23 @@ def vision_tower(config, state):
     vision_config = {**(config.get("vision_config") or {}), "architectures": [tower],
                      "model_type": f"{config['model_type']}_vision_model"}
     return vision_config, vision
+
+
+def _clip_tower_with_projection(config, state):
+    """A CLIPModel's image encoder and its projection to the joint embedding, as
+    CLIPVisionModelWithProjection's files (`vision_model.`, `visual_projection`)."""
+    kept = {key: value for key, value in state.items()
+            if key.startswith("vision_model.") or key == "visual_projection.weight"}
+    _tensor(state, "visual_projection.weight", "transformers")
+    logger.info("Loaded the vision tower (vision_model.) and visual_projection of "
+                "transformers' %s and left out %s: the output is its image_embeds.",
+                (config.get("architectures") or [config["model_type"]])[0],
+                ", ".join(sorted({key.split(".")[0] for key in state if key not in kept})))
+    vision_config = {**(config.get("vision_config") or {}),
+                     "architectures": ["CLIPVisionModelWithProjection"],
+                     "model_type": "clip_vision_model",
+                     "projection_dim": config.get("projection_dim", 512)}
+    return vision_config, kept
 
 
 def _mae_encoder(config, state):

@@ -492,6 +492,22 @@ def test_clip_vision_model_with_projection_both_ways(tmp_path):
     assert type(written).__name__.startswith("CLIPImageProcessor")
 
 
+def test_a_whole_clip_model_with_include_top_keeps_its_projection(tmp_path):
+    """`from_pretrained(CLIPModel's files, include_top=True)`: the image encoder with its
+    visual_projection as the head, the output CLIPModel's image features (image_embeds)."""
+    theirs, _ = tower("clip", full=True)
+    theirs.save_pretrained(tmp_path / "theirs")
+    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"), include_top=True)
+    assert (ours.spec.include_top, ours.spec.num_classes) == (True, 16)
+    with torch.no_grad():
+        expected = theirs.get_image_features(
+            pixel_values=torch.tensor(IMAGES.transpose(0, 3, 1, 2)))
+    expected = getattr(expected, "pooler_output", expected).numpy()  # transformers 5: an output
+    assert_close(ours(IMAGES), expected, 1e-5)
+    tower_alone = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    assert not tower_alone.spec.include_top
+
+
 def test_clip_options_it_lacks_are_refused_when_saving(tmp_path):
     theirs, _ = tower("clip", False)
     theirs.save_pretrained(tmp_path / "theirs")
