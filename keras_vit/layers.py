@@ -611,7 +611,6 @@ class RelativePositionMlp(keras.layers.Layer):
         `[(2 rows - 1) * (2 columns - 1), 2]`; for each pair of patches, row-major, the row of
         their offset `[patches, patches]`)."""
         rows, columns = sides
-        row, column = xp.arange(rows), xp.arange(columns)
         row_offsets = xp.arange(-(rows - 1), rows, dtype="float32")
         column_offsets = xp.arange(-(columns - 1), columns, dtype="float32")
         table = xp.stack([
@@ -620,10 +619,11 @@ class RelativePositionMlp(keras.layers.Layer):
             xp.reshape(xp.broadcast_to(column_offsets[None], (2 * rows - 1, 2 * columns - 1)),
                        (-1,))], axis=1)
         table = xp.sign(table) * xp.log1p(xp.abs(table))
-        patch_row = xp.reshape(xp.broadcast_to(row[:, None], (rows, columns)), (-1,))
-        patch_column = xp.reshape(xp.broadcast_to(column[None], (rows, columns)), (-1,))
-        index = ((patch_row[:, None] - patch_row[None] + rows - 1) * (2 * columns - 1)
-                 + patch_column[:, None] - patch_column[None] + columns - 1)
+        patch = _patch_coordinates(sides)  # each patch's (row, column), as exact floats
+        patch = ops.cast(patch, "int32") if xp is ops else patch.astype("int32")
+        row, column = patch[:, 0], patch[:, 1]
+        index = ((row[:, None] - row[None] + rows - 1) * (2 * columns - 1)
+                 + column[:, None] - column[None] + columns - 1)
         return table, index
 
     def call(self, queries, grid=None):
