@@ -32,6 +32,29 @@ def order_one(model):
     return model.eval()
 
 
+def through_timm_files(theirs, directory, model_args=None):
+    """keras_vit's model of timm's `theirs`, saved as its hub files (config.json with its
+    architecture and `model_args`, model.safetensors) in `directory`."""
+    from timm.models import _hub
+    _hub.save_for_hf(theirs, str(directory), model_args=model_args, safe_serialization=True)
+    return keras_vit.from_pretrained(str(directory))
+
+
+def back_in_timm(model, directory):
+    """timm's model of keras_vit's `model`, written by `save_pretrained(format="timm")` in
+    `directory` and built by `timm.create_model("local-dir:...")`."""
+    keras_vit.save_pretrained(model, directory, format="timm")
+    return timm.create_model("local-dir:" + os.fspath(directory), pretrained=True)
+
+
+def keras_order_one(model):
+    """`order_one` for a keras_vit model: weights N(0, 0.3), LayerNorm scales 1 + N(0, 0.1)."""
+    rng = np.random.default_rng(0)
+    for weight in model.weights:
+        scale = weight.path.endswith(("gamma", "scale"))  # Keras' LayerNorm scale: gamma
+        weight.assign(rng.normal(float(scale), 0.1 if scale else 0.3, weight.shape))
+
+
 def their_outputs(model, head):
     with torch.no_grad():
         outputs = model(pixel_values=torch.tensor(IMAGES.transpose(0, 3, 1, 2)))
@@ -95,13 +118,11 @@ def test_a_native_model_loads_in_transformers(tmp_path):
 
 @pytest.mark.parametrize("gap", [False, True], ids=["token", "gap"])
 def test_timm_both_ways(tmp_path, gap):
-    from timm.models import _hub
     pool = dict(global_pool="avg", class_token=False, fc_norm=False) if gap else {}
     theirs = order_one(timm.create_model(
         "vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=24,
         depth=2, num_heads=3, mlp_ratio=2.0, num_classes=5, **pool))
-    _hub.save_for_hf(theirs, str(tmp_path / "theirs"), safe_serialization=True)
-    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    ours = through_timm_files(theirs, tmp_path / "theirs")
     assert ours.spec.classifier == ("gap" if gap else "token")
     cfg = theirs.pretrained_cfg  # its evaluation transform: bicubic, crop_pct 0.9
     assert ours.preprocessing == keras_vit.EvalPreprocessing(
@@ -110,8 +131,7 @@ def test_timm_both_ways(tmp_path, gap):
     with torch.no_grad():
         expected = theirs(images).numpy()
     assert_close(ours(IMAGES), expected)
-    keras_vit.save_pretrained(ours, tmp_path / "ours", format="timm")
-    back = timm.create_model("local-dir:" + os.fspath(tmp_path / "ours"), pretrained=True)
+    back = back_in_timm(ours, tmp_path / "ours")
     with torch.no_grad():
         assert_close(expected, back.eval()(images).numpy())
 
@@ -119,14 +139,12 @@ def test_timm_both_ways(tmp_path, gap):
 def test_a_timm_checkpoint_of_imagenet_normalisation_takes_keras_vit_inputs(tmp_path):
     """timm's DeiT-style weights expect (pixels / 255 - mean) / std with ImageNet's statistics;
     loaded here they take `keras_vit.preprocess_inputs(pixels)` and give timm's logits."""
-    from timm.models import _hub
     theirs = order_one(timm.create_model(
         "vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=24,
         depth=2, num_heads=3, mlp_ratio=2.0, num_classes=5))
     mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
     theirs.pretrained_cfg = {**theirs.pretrained_cfg, "mean": tuple(mean), "std": tuple(std)}
-    _hub.save_for_hf(theirs, str(tmp_path / "theirs"), safe_serialization=True)
-    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    ours = through_timm_files(theirs, tmp_path / "theirs")
     pixels = np.random.default_rng(3).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
     normalised = ((pixels / 255 - mean) / std).astype("float32").transpose(0, 3, 1, 2)
     with torch.no_grad():
@@ -151,14 +169,11 @@ TIMM_FAMILIES = {
 
 @pytest.mark.parametrize("architecture", TIMM_FAMILIES)
 def test_timm_families_both_ways(tmp_path, architecture):
-    from timm.models import _hub
     small = dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=3, mlp_ratio=2.0,
                  num_classes=5)
     theirs = order_one(timm.create_model(architecture, pretrained=False, **small))
     # As timm writes a model of its own arguments: the architecture and model_args.
-    _hub.save_for_hf(theirs, str(tmp_path / "theirs"), model_args=small,
-                     safe_serialization=True)
-    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    ours = through_timm_files(theirs, tmp_path / "theirs", small)
     pixels = np.random.default_rng(2).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
 
     def logits(model):  # on the pixels as the model's pretrained_cfg normalises them
@@ -169,8 +184,7 @@ def test_timm_families_both_ways(tmp_path, architecture):
 
     expected = logits(theirs)
     assert_close(ours(keras_vit.preprocess_inputs(pixels)), expected)
-    keras_vit.save_pretrained(ours, tmp_path / "ours", format="timm")
-    back = timm.create_model("local-dir:" + os.fspath(tmp_path / "ours"), pretrained=True)
+    back = back_in_timm(ours, tmp_path / "ours")
     assert_close(logits(back.eval()), expected)
 
 
@@ -184,15 +198,12 @@ DEIT_SMALL = dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=3,
                                      {"num_classes": 0}],
                          ids=["deit", "layer_scale_pre_norm", "no_heads"])
 def test_timms_distilled_deit_both_ways(tmp_path, options):
-    from timm.models import _hub
     from timm.models.deit import VisionTransformerDistilled
     args = {**DEIT_SMALL, **options}
     theirs = order_one(timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False,
                                          **args))
     assert isinstance(theirs, VisionTransformerDistilled)
-    _hub.save_for_hf(theirs, str(tmp_path / "theirs"), model_args=args,
-                     safe_serialization=True)
-    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    ours = through_timm_files(theirs, tmp_path / "theirs", args)
     assert ours.spec.distillation_token and ours.spec.include_top == bool(args["num_classes"])
     pixels = np.random.default_rng(4).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
 
@@ -210,8 +221,7 @@ def test_timms_distilled_deit_both_ways(tmp_path, options):
     if ours.spec.include_top:  # each head, not only their mean
         for actual, head in zip(keras_vit.distillation_heads(ours)(inputs), heads):
             assert_close(actual, head, 1e-5)
-    keras_vit.save_pretrained(ours, tmp_path / "ours", format="timm")
-    back = timm.create_model("local-dir:" + os.fspath(tmp_path / "ours"), pretrained=True)
+    back = back_in_timm(ours, tmp_path / "ours")
     assert isinstance(back, VisionTransformerDistilled)
     with torch.no_grad():
         assert_close(back.eval()(normalised(back)).numpy(), expected, 1e-5)
@@ -662,15 +672,12 @@ def eva_pixels_and_logits(pixels):
 
 @pytest.mark.parametrize("family", EVA_FAMILIES)
 def test_timm_eva_both_ways(tmp_path, family):
-    from timm.models import _hub
     from timm.models.eva import Eva
     architecture, options, _ = EVA_FAMILIES[family]
     args = {**EVA_SMALL, **options}
     theirs = order_one(timm.create_model(architecture, pretrained=False, **args))
     assert isinstance(theirs, Eva)
-    _hub.save_for_hf(theirs, str(tmp_path / "theirs"), model_args=args,
-                     safe_serialization=True)
-    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    ours = through_timm_files(theirs, tmp_path / "theirs", args)
     assert ours.spec.rope == ("axial_normalized" if "patch16_lingbot" in architecture
                               or "dinov3" in architecture else "mixed" if "mixed" in architecture
                               else "axial")
@@ -690,8 +697,7 @@ def test_timm_eva_both_ways(tmp_path, family):
     logits = eva_pixels_and_logits(pixels)
     expected = logits(theirs)
     assert_close(ours(keras_vit.preprocess_inputs(pixels)), expected, 1e-5)
-    keras_vit.save_pretrained(ours, tmp_path / "ours", format="timm")
-    back = timm.create_model("local-dir:" + os.fspath(tmp_path / "ours"), pretrained=True)
+    back = back_in_timm(ours, tmp_path / "ours")
     # A non-zero key bias (AttentionRope's) goes back to AttentionRope; EvaAttention has none.
     assert type(back.blocks[0].attn).__name__ == type(theirs.blocks[0].attn).__name__
     assert_close(logits(back.eval()), expected, 1e-5)
@@ -743,22 +749,18 @@ TIMM_BLOCKS = {
 
 @pytest.mark.parametrize("architecture", TIMM_BLOCKS)
 def test_timm_post_norm_and_swiglu_blocks_both_ways(tmp_path, architecture):
-    from timm.models import _hub
     from timm.models.vision_transformer import VisionTransformer
     options, fields, block, _ = TIMM_BLOCKS[architecture]
     args = {**dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=3,
                    mlp_ratio=2.0, num_classes=5), **options}
     theirs = order_one(timm.create_model(architecture, pretrained=False, **args))
-    _hub.save_for_hf(theirs, str(tmp_path / "theirs"), model_args=args,
-                     safe_serialization=True)
-    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    ours = through_timm_files(theirs, tmp_path / "theirs", args)
     assert {name: getattr(ours.spec, name) for name in fields} == fields
     pixels = np.random.default_rng(2).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
     logits = eva_pixels_and_logits(pixels)
     expected = logits(theirs)
     assert_close(ours(keras_vit.preprocess_inputs(pixels)), expected, 1e-5)
-    keras_vit.save_pretrained(ours, tmp_path / "ours", format="timm")
-    back = timm.create_model("local-dir:" + os.fspath(tmp_path / "ours"), pretrained=True)
+    back = back_in_timm(ours, tmp_path / "ours")
     assert isinstance(back, VisionTransformer) and type(back.blocks[0]).__name__ == block
     assert type(back.blocks[0].mlp).__name__ == type(theirs.blocks[0].mlp).__name__
     assert_close(logits(back.eval()), expected, 1e-5)
@@ -828,12 +830,8 @@ def test_inner_norms_are_timms_eva_and_refused_for_transformers(tmp_path):
     with pytest.raises(LayoutError, match="Only timm's Eva has LayerNorms inside"):
         keras_vit.save_pretrained(model, tmp_path / "hf", format="transformers")
     assert not (tmp_path / "hf").exists()
-    rng = np.random.default_rng(0)
-    for weight in model.weights:  # order 1, as `order_one`: LayerNorm scales 1 + N(0, 0.1)
-        scale = weight.path.endswith("scale")
-        weight.assign(rng.normal(float(scale), 0.1 if scale else 0.3, weight.shape))
-    keras_vit.save_pretrained(model, tmp_path / "ours", format="timm")
-    back = timm.create_model("local-dir:" + os.fspath(tmp_path / "ours"), pretrained=True)
+    keras_order_one(model)
+    back = back_in_timm(model, tmp_path / "ours")
     assert isinstance(back, Eva) and back.rope is None
     assert hasattr(back.blocks[0].mlp.norm, "weight") and hasattr(back.blocks[0].attn.norm,
                                                                   "weight")
@@ -851,12 +849,8 @@ def test_post_norm_models_of_evas_options_are_its_post_norm_blocks(tmp_path, fie
     model = keras_vit.vit("Ti/16", hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2,
                           image_size=32, patch_size=8, num_classes=5, activation="gelu",
                           residual_post_norm=True, **fields)
-    rng = np.random.default_rng(0)
-    for weight in model.weights:  # order 1, as `order_one`: LayerNorm scales 1 + N(0, 0.1)
-        scale = weight.path.endswith("scale")
-        weight.assign(rng.normal(float(scale), 0.1 if scale else 0.3, weight.shape))
-    keras_vit.save_pretrained(model, tmp_path / "ours", format="timm")
-    back = timm.create_model("local-dir:" + os.fspath(tmp_path / "ours"), pretrained=True)
+    keras_order_one(model)
+    back = back_in_timm(model, tmp_path / "ours")
     assert isinstance(back, Eva) and type(back.blocks[0]).__name__ == "EvaBlockPostNorm"
     pixels = np.random.default_rng(2).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
     assert_close(model(keras_vit.preprocess_inputs(pixels)),
@@ -877,12 +871,10 @@ TIMM_HYBRIDS = {"vit_tiny_r_s16_p8_224": ("R+Ti/16", 96, 1e-5),
 
 @pytest.mark.parametrize("architecture", TIMM_HYBRIDS)
 def test_timm_hybrids_both_ways(tmp_path, architecture):
-    from timm.models import _hub
     variant, size, tolerance = TIMM_HYBRIDS[architecture]
     args = dict(depth=1, img_size=size, num_classes=10)
     theirs = coverage_benchmark().order_one(torch, timm.create_model(architecture, **args))
-    _hub.save_for_hf(theirs, str(tmp_path / "theirs"), model_args=args, safe_serialization=True)
-    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    ours = through_timm_files(theirs, tmp_path / "theirs", args)
     assert (ours.spec.variant, ours.spec.resnet_numerics) == (variant, "timm")
     assert ours.spec.hidden_size == theirs.embed_dim
     assert ours.spec.patch_size == theirs.patch_embed.patch_size[0]
@@ -891,8 +883,7 @@ def test_timm_hybrids_both_ways(tmp_path, architecture):
     with torch.no_grad():
         expected = theirs(torch.tensor(images.transpose(0, 3, 1, 2))).numpy()
     assert_close(ours(images), expected, tolerance)
-    keras_vit.save_pretrained(ours, tmp_path / "ours", format="timm")
-    back = timm.create_model("local-dir:" + os.fspath(tmp_path / "ours"), pretrained=True)
+    back = back_in_timm(ours, tmp_path / "ours")
     assert type(back.patch_embed).__name__ == "HybridEmbed"
     with torch.no_grad():
         assert_close(back.eval()(torch.tensor(images.transpose(0, 3, 1, 2))).numpy(), expected,
@@ -944,12 +935,9 @@ TIMM_RELPOS = {
 
 @pytest.mark.parametrize("architecture", TIMM_RELPOS)
 def test_timm_relpos_both_ways(tmp_path, architecture):
-    from timm.models import _hub
     theirs = coverage_benchmark().order_one(torch, timm.create_model(architecture,
                                                                      **RELPOS_SMALL))
-    _hub.save_for_hf(theirs, str(tmp_path / "theirs"), model_args=RELPOS_SMALL,
-                     safe_serialization=True)
-    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    ours = through_timm_files(theirs, tmp_path / "theirs", RELPOS_SMALL)
     spec = ours.spec
     post_norm = type(theirs.blocks[0]).__name__ == "ResPostRelPosBlock"
     assert (spec.position_embedding, spec.qkv_bias, spec.layer_scale_init,
@@ -963,8 +951,7 @@ def test_timm_relpos_both_ways(tmp_path, architecture):
     logits = eva_pixels_and_logits(pixels)
     expected = logits(theirs)
     assert_close(ours(keras_vit.preprocess_inputs(pixels)), expected, 1e-5)
-    keras_vit.save_pretrained(ours, tmp_path / "ours", format="timm")
-    back = timm.create_model("local-dir:" + os.fspath(tmp_path / "ours"), pretrained=True)
+    back = back_in_timm(ours, tmp_path / "ours")
     assert type(back).__name__ == "VisionTransformerRelPos"
     assert type(back.blocks[0]) is type(theirs.blocks[0])
     assert_close(logits(back.eval()), expected, 1e-5)
