@@ -515,8 +515,8 @@ def _resolved(fields):
         "num_register_tokens", value, minimum=0))
     check("final_norm", lambda value: variants.check_choice("final_norm", value, FINAL_NORMS))
     _check_class_token(fields, values, check)
-    _check_rope(fields, values, check)
-    _check_relative_mlp(fields, values, check)
+    _check_rope(values, check)
+    _check_relative_mlp(values, check)
     for field in ("map_num_heads", "map_mlp_dim"):
         check(field, lambda value, name=field: variants.check_int(name, value, allow_none=True))
     map_fields = [name for name in ("map_num_heads", "map_mlp_dim", "map_include_prefix")
@@ -658,7 +658,7 @@ def _check_class_token(fields, values, check):
         check("class_token", class_token)
 
 
-def _check_relative_mlp(fields, values, check):
+def _check_relative_mlp(values, check):
     """relative_mlp_dim: its hidden units (128 by default) with position_embedding
     "relative_mlp", None otherwise."""
     kind = values.get("position_embedding")
@@ -674,7 +674,7 @@ def _check_relative_mlp(fields, values, check):
     check("relative_mlp_dim", hidden_units)
 
 
-def _check_rope(fields, values, check):
+def _check_rope(values, check):
     """rope, rope_temperature (the kind's default filled in) and rope_reference_grid."""
     def kind(value):
         if value is not None and value not in ROPE_TEMPERATURES:
