@@ -56,7 +56,7 @@ setup(
                 *TRAIN_TOOLS],
         # from_pretrained / save_pretrained: transformers' and timm's files, hub names.
         "hub": HUB,
-        "test": ["pytest", "matplotlib", *HUB, *TRAIN_TOOLS],
+        "test": ["pytest>=7.3", "matplotlib", *HUB, *TRAIN_TOOLS],
         "benchmark": ["keras-hub"],
     },
     license="Apache-2.0",
