@@ -1,13 +1,14 @@
 """The ViT weight layouts of PyTorch's two libraries, Hugging Face transformers
-(`transformers_layout`) and timm (`timm_layout`), as maps to and from the original `.npz`
-layout (`keras_vit.checkpoint`), and their `config.json` to and from a `ViTConfig`; what the
-two share is in `common`. Pure NumPy: no torch is needed to read or write them.
+(`transformers_layout`) and timm (`timm_layout`, its Eva class in `eva_layout`), as maps to
+and from the original `.npz` layout (`keras_vit.checkpoint`), and their `config.json` to and
+from a `ViTConfig`; what they share is in `common` (and timm's classes' in `timm_common`).
+Pure NumPy: no torch is needed to read or write them.
 """
 
 from keras_vit.torch_layouts import transformers_layout, timm_layout
 from keras_vit.torch_layouts.common import LayoutError
-from keras_vit.torch_layouts.timm_layout import (TIMM_CLASSES, spec_from_timm,
-                                                 timm_architectures, timm_config)
+from keras_vit.torch_layouts.timm_common import timm_architectures
+from keras_vit.torch_layouts.timm_layout import TIMM_CLASSES, spec_from_timm, timm_config
 from keras_vit.torch_layouts.transformers_layout import (spec_from_transformers,
                                                          transformers_config, vision_tower)
 

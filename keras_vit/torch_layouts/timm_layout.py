@@ -7,28 +7,23 @@ timm's `VisionTransformer` fuses the query, key and value (`blocks.N.attn.qkv`, 
 Linear weights are (out, in), the patch convolution (D, C, p, p). Its later ViTs add register
 tokens (`reg_token`), a norm before the blocks (`norm_pre`, with no patch bias), LayerScale
 (`blocks.N.ls1.gamma`, `ls2.gamma`) and a norm after pooling (`fc_norm`); which of these an
-architecture has is in `timm_architectures.json`, which also records the arguments of the
-architectures of its `Eva` class (EVA-02, DINOv3, the RoPE ViTs) and its
-`VisionTransformerRelPos`.
+architecture has is in `timm_architectures.json` (`timm_common`), which also records the
+arguments of its `Eva` class's architectures (`eva_layout`) and its `VisionTransformerRelPos`'s.
 """
 
-import functools
-import json
 import logging
-import math
-import os
-import re
 
-import numpy as np
 
 from keras_vit.spec import ACTIVATIONS
-from keras_vit.torch_layouts import common
+from keras_vit.torch_layouts import common, eva_layout, timm_common
 from keras_vit.torch_layouts.common import LayoutError, check_grid, sized_spec, tensor
 
 logger = logging.getLogger(__name__)
 
+
 # timm's model classes keras_vit reads -> whether it has DeiT's distillation token;
-# VisionTransformerDistilled takes VisionTransformer's arguments, Eva its own (`_EVA_DEFAULTS`).
+# VisionTransformerDistilled takes VisionTransformer's arguments, Eva its own
+# (`eva_layout.DEFAULTS`).
 TIMM_CLASSES = {"VisionTransformer": False, "VisionTransformerDistilled": True, "Eva": False,
                 "VisionTransformerRelPos": False}
 # timm's VisionTransformer arguments that keras_vit has options for, with timm's defaults
@@ -67,17 +62,11 @@ TIMM_RESNET_EPSILONS = (1e-8, 1e-5)
 _PACKED = ((r".*attn", ".qkv.", ("q", "k", "v")),  # the blocks' attention
            # the attention pooling's (its q apart: it projects the probe)
            (r".*attn_pool", ".kv.", ("k", "v")))
-# timm's Eva RoPE layout (interleaved, rows and columns swapped: grid_indexing 'xy') that
-# timm_config writes for each of keras_vit's kinds: its pretrained EVA-02's and DINOv3's.
-_EVA_WRITTEN_ROPE = {"axial": (True, False), "axial_normalized": (False, False),
-                     "mixed": (True, True)}  # RoPE-Mixed: naver's pretrained 'xy' grid
-# Eva's packed SwiGLU (GluMlp's fc1: the gate's rows, then the value's), as its unpacked names.
-_EVA_PACKED = ((r".*\.mlp", ".fc1.", ("fc1_g", "fc1_x")),)
 
 
 def weight_pairs(spec):
     """Every (`.npz` key, their key, kind) of a model of `spec` in timm's class for it, its
-    Eva's names as its VisionTransformer's (`_eva_names`)."""
+    Eva's names as its VisionTransformer's (`eva_layout.eva_names`)."""
     stem = [("embedding/kernel", "patch_embed.proj.weight", "conv")]
     if spec.position_embedding == "learned":  # Eva's RoPE models may have none
         stem.append((common.POSITIONS, "pos_embed", "copy"))
@@ -100,7 +89,7 @@ def weight_pairs(spec):
              # VisionTransformerRelPos's relative-position MLP
              "attention_norm": "attn.norm", "mlp_norm": "mlp.norm",
              "relative_fc_0": "attn.rel_pos.mlp.fc1", "relative_fc_1": "attn.rel_pos.mlp.fc2"}
-    if spec.activation == "swiglu":  # Eva's, its packed GluMlp unpacked (`_eva_names`)
+    if spec.activation == "swiglu":  # its packed GluMlp unpacked (`eva_layout.eva_names`)
         names.update(fc_0="mlp.fc1_x", gate="mlp.fc1_g")
     pairs = stem + common.encoder_pairs(spec, "blocks.{}.", names)
     if spec.rope == "mixed":  # Eva's rope.freqs[:, index]
@@ -124,10 +113,10 @@ def to_npz_arrays(state, spec, config=None):
     """timm's state dict (name -> array) of a model of `spec` as the `.npz` layout
     `checkpoint.load_npz` reads (`common.to_arrays`). `config`, the checkpoint's config.json,
     says how timm's Eva lays out RoPE's channels (None: as keras_vit does)."""
-    state = _eva_names(common.unpacked(state, _PACKED), spec)
+    state = eva_layout.eva_names(common.unpacked(state, _PACKED), spec)
     arrays = common.to_arrays(state, weight_pairs(spec), spec, "timm")
     if spec.rope:
-        arrays = _permuted_rope(arrays, spec, *_timm_rope_layout(config))
+        arrays = eva_layout.permuted_rope(arrays, spec, *_timm_rope_layout(config))
     return arrays
 
 
@@ -136,12 +125,13 @@ def from_npz_arrays(arrays, spec):
     if spec.pre_norm:
         arrays = common.fold_patch_bias(arrays, spec)
     if spec.rope:
-        arrays = _permuted_rope(arrays, spec, *_EVA_WRITTEN_ROPE[spec.rope], inverse=True)
+        arrays = eva_layout.permuted_rope(arrays, spec, *eva_layout.WRITTEN_ROPE[spec.rope],
+                                          inverse=True)
     state = common.from_arrays(arrays, weight_pairs(spec), spec, "timm")
-    if _is_eva(spec):
-        state = _eva_state(state, spec, _eva_attention(arrays, spec))
+    if eva_layout.is_eva(spec):
+        state = eva_layout.eva_state(state, spec, eva_layout.eva_attention(arrays, spec))
     elif spec.activation == "swiglu":  # VisionTransformer's GluMlp
-        state = common.packed(state, _EVA_PACKED)
+        state = common.packed(state, timm_common.GLU_PACKED)
     return common.packed(state, _PACKED)
 
 
@@ -172,49 +162,6 @@ def _resnet_pairs(spec):
     return pairs
 
 
-def _rope_channels(head_dim, interleaved, xy):
-    """For each channel of a head's query or key in keras_vit's layout (channel i turns with
-    i + head_dim / 2 by angle i; angles: the row's bands, then the column's), timm's channel
-    that turns by the same angle in the same role. timm's interleaved layout turns channels 2j
-    and 2j + 1 by its angle j; with grid_indexing 'xy' its angles are the column's bands
-    first. Queries and keys permuted alike keep every product q.k, so the attention is the
-    same; values are not turned, nor permuted."""
-    half, quarter = head_dim // 2, head_dim // 4
-    angles = np.arange(half)
-    if xy:  # keras_vit's row band j is timm's angle j + quarter, its column band j - quarter
-        angles = (angles + quarter) % half
-    if interleaved:
-        return np.concatenate([2 * angles, 2 * angles + 1])
-    return np.concatenate([angles, angles + half])
-
-
-def _permuted_rope(arrays, spec, interleaved, xy, inverse=False):
-    """The arrays with each head's query and key channels from timm's RoPE layout to keras_vit's
-    (`inverse`: back). RoPE-Mixed ("mixed") has a frequency of each axis for every pair of
-    channels: its pairs keep their order (timm's pair j, channels 2j and 2j + 1, is keras_vit's
-    pair j, channels j and j + head_dim / 2), and its frequencies [x, y] are keras_vit's
-    [row, column] with grid_indexing 'ij' (x multiplies the first index, the row), [column, row]
-    with 'xy'."""
-    arrays = dict(arrays)
-    if spec.rope == "mixed":
-        if xy:  # the rows of each block's frequencies swapped, which is its own inverse
-            for index in range(spec.num_layers):
-                key = common.ATTENTION.format(index) + "rope/frequencies"
-                arrays[key] = arrays[key][::-1]
-        xy = False
-    if not (interleaved or xy):
-        return arrays
-    order = _rope_channels(spec.hidden_size // spec.num_heads, interleaved, xy)
-    if inverse:
-        order = np.argsort(order)
-    for index in range(spec.num_layers):
-        for name in ("query/kernel", "query/bias", "key/kernel", "key/bias"):
-            key = common.ATTENTION.format(index) + name
-            if key in arrays:  # kernels [D, heads, head_dim], biases [heads, head_dim]
-                arrays[key] = arrays[key][..., order]
-    return arrays
-
-
 def _timm_rope_layout(config):
     """(interleaved, xy) of the RoPE of timm's checkpoint of `config` (None: keras_vit's)."""
     if config is None:
@@ -223,85 +170,12 @@ def _timm_rope_layout(config):
     return not args.get("rope_rotate_half", True), args.get("rope_grid_indexing") == "xy"
 
 
-def _eva_names(state, spec):
-    """timm's Eva names as its VisionTransformer's: LayerScale's `gamma_1`, `gamma_2` as
-    `ls1.gamma`, `ls2.gamma`; the split `q_proj`, `k_proj`, `v_proj` as `q`, `k`, `v`;
-    EvaAttention's `q_bias`, `v_bias` as q's and v's biases, with the key's bias it keeps as a
-    zero buffer (not in its files) as zeros; a packed SwiGLU's `fc1` as `fc1_g`, `fc1_x`;
-    RoPE-Mixed's `rope.freqs` [2, depth, heads, head_dim / 2] as each block's
-    `rope.freqs.N`."""
-    if spec.activation == "swiglu":
-        state = common.unpacked(state, _EVA_PACKED)
-    if spec.rope == "mixed" and "rope.freqs" in state:
-        state = dict(state)
-        frequencies = state.pop("rope.freqs")
-        state.update({f"rope.freqs.{index}": frequencies[:, index]
-                      for index in range(frequencies.shape[1])})
-    renamed = {}
-    for key, value in state.items():
-        key = re.sub(r"\.gamma_([12])$", r".ls\1.gamma", key)
-        key = re.sub(r"\.attn\.([qkv])_proj\.", r".attn.\1.", key)
-        renamed[re.sub(r"\.attn\.([qv])_bias$", r".attn.\1.bias", key)] = value
-    for key in list(renamed):
-        match = re.fullmatch(r"(.*\.attn)\.q\.bias", key)
-        if match and match[1] + ".k.bias" not in renamed:
-            renamed[match[1] + ".k.bias"] = np.zeros_like(renamed[key])
-    return renamed
-
-
-def _eva_attention(arrays, spec):
-    """timm's Eva attention for the model's weights: EvaAttention ("eva": query and value
-    biases, the key's zero), or AttentionRope ("rope": all three) for a non-zero key bias."""
-    return "rope" if common.key_bias(arrays, spec) else "eva"
-
-
-def _eva_state(state, spec, attention):
-    """The inverse of `_eva_names`, for Eva's `attention` (`_eva_attention`); SwiGLU packed
-    as GluMlp unless timm builds it unpacked (SwiGLU, for scale_mlp)."""
-    renamed = {}
-    if spec.rope == "mixed":
-        state = dict(state)
-        state["rope.freqs"] = np.stack([state.pop(f"rope.freqs.{index}")
-                                        for index in range(spec.num_layers)], axis=1)
-    for key, value in state.items():
-        key = re.sub(r"\.ls([12])\.gamma$", r".gamma_\1", key)
-        if attention == "eva":  # EvaAttention: the key's bias is a zero buffer
-            if key.endswith(".attn.k.bias"):
-                continue
-            key = re.sub(r"\.attn\.([qv])\.bias$", r".attn.\1_bias", key)
-        renamed[key] = value
-    if spec.activation == "swiglu" and not spec.mlp_inner_norm:
-        return common.packed(renamed, _EVA_PACKED)
-    return renamed
-
-
-def _is_eva(spec):
-    """Whether timm's files of a model of `spec` are its Eva's: RoPE, NormFormer's inner
-    LayerNorms (scale_attn_inner, scale_mlp), which its VisionTransformer has not mapped, or
-    Eva's attention pooling (`common.eva_pooling`)."""
-    return bool(spec.rope or spec.mlp_inner_norm or spec.attention_inner_norm
-                or common.eva_pooling(spec))
-
-
-@functools.cache
-def timm_architectures():
-    """timm's `vit_*`, `deit*` and `eva02*` architectures: name -> {"class", "args"}, the
-    arguments each entry point passes beyond `VisionTransformer`'s defaults (for Eva's, marked
-    `"defaults": "Eva"`, beyond `Eva`'s) (written by
-    benchmarks/timm_coverage.py --write_table from timm itself). A checkpoint's `config.json`
-    names its architecture but does not repeat these."""
-    path = os.path.join(os.path.dirname(os.path.dirname(__file__)),
-                        "timm_architectures.json")
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)["architectures"]
-
-
 def _timm_args(config):
     """(architecture, arguments, class): the arguments timm builds the checkpoint's model
     with (its class's defaults, `VisionTransformer`'s or `Eva`'s, its architecture's, then the
     config's `model_args`, as `timm.create_model` does), and that class."""
     architecture = config["architecture"].split(".")[0]
-    entry = timm_architectures().get(architecture)
+    entry = timm_common.timm_architectures().get(architecture)
     args = dict(config.get("model_args") or {})
     if entry is None:  # its options (heads, activation, epsilon...) would be guesses
         raise LayoutError(
@@ -313,7 +187,7 @@ def _timm_args(config):
             "VisionTransformer: keras_vit reads the VisionTransformer family (and DeiT's "
             "VisionTransformerDistilled, and Eva).")
     pretrained = config.get("pretrained_cfg") or {}
-    defaults = {"Eva": _EVA_DEFAULTS, "VisionTransformerRelPos": _RELPOS_DEFAULTS}.get(
+    defaults = {"Eva": eva_layout.DEFAULTS, "VisionTransformerRelPos": _RELPOS_DEFAULTS}.get(
         entry.get("defaults"), _TIMM_DEFAULTS)
     merged = {**defaults, "img_size": pretrained.get("input_size", [3, 224, 224])[1:],
               **entry["args"], **args}
@@ -422,7 +296,7 @@ def spec_from_timm(config, state):
     """The `ViTConfig` of timm's `config.json`, with the sizes the weights `state` show."""
     architecture, args, timm_class = _timm_args(config)
     if timm_class == "Eva":
-        return _spec_from_eva(architecture, args, config, state)
+        return eva_layout.spec_from_eva(architecture, args, config, state)
     if timm_class == "VisionTransformerRelPos":
         return _spec_from_relpos(architecture, args, config, state)
     distilled = TIMM_CLASSES[timm_class]
@@ -431,7 +305,7 @@ def spec_from_timm(config, state):
     if missing:
         raise LayoutError(f"timm architecture {architecture!r} needs {', '.join(missing)}, "
                           "which keras_vit has no option for yet.")
-    hidden, patch, layers = _timm_sizes(state)
+    hidden, patch, layers = timm_common.sizes(state)
     # A hybrid's patches are cut from the ResNet's map: pixels per patch, its stride times.
     pixels = patch * (1 if hybrid is None else 4 * 2 ** max(len(hybrid) - 1, 0))
     glu = _is_glu(args["mlp_layer"])  # GluMlp's fc1: the gate's rows and the value's
@@ -447,7 +321,7 @@ def spec_from_timm(config, state):
     final_norm = "none" if not args["final_norm"] else "pooled" if fc_norm else "tokens"
     num_classes = config.get("num_classes", args["num_classes"])
     return sized_spec(hidden, mlp, args["num_heads"], layers, patch, **hybrid_fields,
-                      image_size=_whole_patches(args["img_size"], pixels, architecture),
+                      image_size=timm_common.whole_patches(args["img_size"], pixels, architecture),
                       include_top=num_classes > 0, num_classes=max(num_classes, 1),
                       classifier=_TIMM_POOLS[args["global_pool"]],
                       class_token=bool(args["class_token"]),  # GAP and MAP leave it out
@@ -507,13 +381,6 @@ def _relpos_missing(args):
                        and name != "layer_norm_epsilon"]
 
 
-def _timm_sizes(state):
-    """(width, patch size, blocks) of a timm ViT's weights: its patch kernel and block names."""
-    kernel = tensor(state, "patch_embed.proj.weight", "timm")
-    layers = len({key.split(".")[1] for key in state if key.startswith("blocks.")})
-    return kernel.shape[0], kernel.shape[-1], layers
-
-
 def _spec_from_relpos(architecture, args, config, state):
     """The `ViTConfig` of timm's VisionTransformerRelPos (its `vit_relpos_*`): no position
     embeddings, a relative-position MLP in every block (position_embedding "relative_mlp"),
@@ -523,13 +390,13 @@ def _spec_from_relpos(architecture, args, config, state):
     if missing:
         raise LayoutError(f"timm architecture {architecture!r} (timm's VisionTransformerRelPos) "
                           f"needs {', '.join(missing)}, which keras_vit has no option for yet.")
-    hidden, patch, layers = _timm_sizes(state)
+    hidden, patch, layers = timm_common.sizes(state)
     mlp = tensor(state, "blocks.0.mlp.fc1.weight", "timm").shape[0]
     relative = tensor(state, "blocks.0.attn.rel_pos.mlp.fc1.weight", "timm").shape[0]
     num_classes = config.get("num_classes", args["num_classes"])
     post_norm = args["block_fn"] == "<ResPostRelPosBlock>"
     return sized_spec(hidden, mlp, args["num_heads"], layers, patch,
-                      image_size=_whole_patches(args["img_size"], patch, architecture),
+                      image_size=timm_common.whole_patches(args["img_size"], patch, architecture),
                       include_top=num_classes > 0, num_classes=max(num_classes, 1),
                       classifier="token" if args["global_pool"] == "token" else "gap",
                       class_token=bool(args["class_token"]), activation="gelu",
@@ -540,154 +407,6 @@ def _spec_from_relpos(architecture, args, config, state):
                       final_norm="pooled" if args["fc_norm"] else "tokens")
 
 
-# timm's Eva arguments (timm 1.0.31's defaults): those keras_vit maps, those it cannot, and
-# the rest, which change nothing at inference.
-_EVA_DEFAULTS = {
-    "img_size": 224, "patch_size": 16, "in_chans": 3, "num_classes": 1000, "global_pool": "avg",
-    "embed_dim": 768, "depth": 12, "num_heads": 12, "num_kv_heads": None, "qkv_bias": True,
-    "qkv_fused": True, "qk_norm": False, "mlp_ratio": 4.0, "swiglu_mlp": False,
-    "swiglu_align_to": 0, "scale_mlp": False, "scale_attn_inner": False, "attn_type": "eva",
-    "norm_layer": {"layer_norm": 1e-6}, "init_values": None, "attn_only_layer_scale": False,
-    "class_token": True, "num_reg_tokens": 0, "no_embed_class": False, "use_abs_pos_emb": True,
-    "use_rot_pos_emb": False, "rope_type": "cat", "rope_grid_offset": 0.0,
-    "rope_grid_indexing": "ij", "rope_temperature": 10000.0, "rope_rotate_half": False,
-    "rope_mrope_section": None, "use_post_norm": False, "use_pre_transformer_norm": False,
-    "use_post_transformer_norm": None, "use_fc_norm": None, "attn_pool_num_heads": None,
-    "attn_pool_mlp_ratio": None, "dynamic_img_size": False, "dynamic_img_pad": False,
-    "ref_feat_shape": None}
-# Training only (dropout, stochastic depth, RoPE's coordinate augmentation) or initialisation.
-_EVA_IGNORED = {"drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate",
-                "attn_drop_rate", "drop_path_rate", "rope_shift_coords", "rope_jitter_coords",
-                "rope_rescale_coords", "head_init_scale"}
-# timm's Eva RoPE kinds -> keras_vit's.
-_EVA_ROPES = {"cat": "axial", "dinov3": "axial_normalized", "mixed": "mixed"}
-
-
-def _eva_missing(args):
-    """What of timm's Eva `args` keras_vit has no option for, in timm's words, with why."""
-    heads = args["num_kv_heads"]
-    problems = {
-        "norm_layer": ("norm_layer" in args, f"norm_layer={args.get('norm_layer')!r} (keras_vit's "
-                                             "norms are LayerNorms; RmsNorm is not one)"),
-        "qk_norm": (args["qk_norm"], "qk_norm=True (norms of each head's queries and keys)"),
-        "num_kv_heads": (heads is not None and set(np.ravel(heads)) != {args["num_heads"]},
-                         "num_kv_heads (grouped-query attention: fewer key and value heads)"),
-        "attn_only_layer_scale": (args["attn_only_layer_scale"] and args["init_values"]
-                                  is not None, "attn_only_layer_scale=True (LayerScale on the "
-                                               "attention alone)"),
-        "attn_type": (args["attn_type"] not in ("eva", "rope"),
-                      f"attn_type={args['attn_type']!r}"),
-        "in_chans": (args["in_chans"] != 3, f"in_chans={args['in_chans']}"),
-    }
-    if args["use_rot_pos_emb"]:
-        kind = args["rope_type"]
-        problems.update({
-            "rope_type": (kind not in _EVA_ROPES, f"rope_type={kind!r}"),
-            "rope_grid_offset": (kind == "dinov3" and args["rope_grid_offset"] != 0,
-                                 f"rope_grid_offset={args['rope_grid_offset']!r} with "
-                                 "rope_type='dinov3' (keras_vit offsets the indices of 'cat' "
-                                 "RoPE only)"),
-            "rope_rotate_half": (kind == "mixed" and args["rope_rotate_half"],
-                                 "rope_rotate_half=True with rope_type='mixed' (RoPE-Mixed's "
-                                 "channels are interleaved)")})
-    pool, token = args["global_pool"], args["class_token"]
-    fc_norm, norm = _eva_norms(args)
-    problems.update({
-        "global_pool": (pool not in ("token", "avg", "map") or (pool == "token" and not token),
-                        f"global_pool={pool!r} with class_token={token}"),
-        # Eva's AttentionPoolLatent is VisionTransformer's (one latent, no position
-        # embeddings, no q/k norms) over every token, prefix ones too (map_include_prefix),
-        # of attn_pool_num_heads heads and an exact-GELU MLP of attn_pool_mlp_ratio.
-        "attn_pool": (pool == "map" and args["swiglu_mlp"],
-                      "global_pool='map' with swiglu_mlp=True (Eva's attention pooling has an "
-                      "exact-GELU MLP, keras_vit's the blocks' SwiGLU)"),
-        "use_fc_norm": (fc_norm and norm, "both a norm of the tokens and one of the pooled "
-                                          "vector (use_fc_norm with use_post_transformer_norm)")})
-    missing = [why for bad, why in problems.values() if bad]
-    return missing + [f"{name}={value!r}" for name, value in sorted(args.items())
-                      if name not in _EVA_DEFAULTS and name not in _EVA_IGNORED
-                      and name != "layer_norm_epsilon"]
-
-
-def _eva_norms(args):
-    """(fc_norm, norm): whether timm's Eva norms the pooled vector, and the tokens (its rule)."""
-    fc_norm = (args["global_pool"] == "avg" if args["use_fc_norm"] is None
-               else bool(args["use_fc_norm"]))
-    norm = (not fc_norm if args["use_post_transformer_norm"] is None
-            else bool(args["use_post_transformer_norm"]))
-    return fc_norm, norm
-
-
-def _spec_from_eva(architecture, args, config, state):
-    """The `ViTConfig` of timm's Eva (EVA-02, its RoPE ViTs, DINOv3...)."""
-    missing = _eva_missing(args)
-    if missing:
-        raise LayoutError(f"timm architecture {architecture!r} (timm's Eva) needs "
-                          f"{', '.join(missing)}, which keras_vit has no option for yet.")
-    hidden, patch, layers = _timm_sizes(state)
-    swiglu = args["swiglu_mlp"]
-    if swiglu and "blocks.0.mlp.fc1_g.weight" in state:  # SwiGLU's unpacked (aligned) rows
-        mlp = state["blocks.0.mlp.fc1_g.weight"].shape[0]
-    else:  # GluMlp packs the gate's rows and the value's
-        mlp = tensor(state, "blocks.0.mlp.fc1.weight", "timm").shape[0] // (2 if swiglu else 1)
-    prefix_tokens = int(bool(args["class_token"])) + args["num_reg_tokens"]
-    if args["use_abs_pos_emb"]:
-        check_grid(tensor(state, "pos_embed", "timm"), args["img_size"], patch,
-                   0 if args["no_embed_class"] else prefix_tokens, "img_size")
-    fc_norm, norm = _eva_norms(args)
-    pool = args["global_pool"]
-    attention_pool = {}
-    if pool == "map":  # AttentionPoolLatent over every token: int(width * ratio) MLP units
-        ratio = args["attn_pool_mlp_ratio"]
-        attention_pool = dict(map_num_heads=args["attn_pool_num_heads"],
-                              map_mlp_dim=int(hidden * ratio) if ratio else None,
-                              map_include_prefix=True)
-    post_norm = bool(args["use_post_norm"])  # EvaBlockPostNorm ignores init_values
-    rope = _EVA_ROPES[args["rope_type"]] if args["use_rot_pos_emb"] else None
-    reference = args["ref_feat_shape"] if rope == "axial" else None
-    num_classes = config.get("num_classes", args["num_classes"])
-    return sized_spec(hidden, mlp, args["num_heads"], layers, patch,
-                      image_size=_whole_patches(args["img_size"], patch, architecture),
-                      include_top=num_classes > 0, num_classes=max(num_classes, 1),
-                      classifier={"token": "token", "map": "map"}.get(pool, "gap"),
-                      class_token=bool(args["class_token"]),  # GAP leaves it out (DINOv3, EVA-02)
-                      **attention_pool,
-                      activation="swiglu" if swiglu else "gelu",  # Eva's Mlp: exact GELU
-                      layer_norm_epsilon=args["layer_norm_epsilon"],
-                      qkv_bias=args["qkv_bias"],
-                      layer_scale_init=None if post_norm else args["init_values"],
-                      residual_post_norm=post_norm,
-                      num_register_tokens=args["num_reg_tokens"],
-                      position_embedding="learned" if args["use_abs_pos_emb"] else "none",
-                      prefix_position_embeddings=not (args["use_abs_pos_emb"]
-                                                      and args["no_embed_class"]),
-                      pre_norm=args["use_pre_transformer_norm"],
-                      final_norm="pooled" if fc_norm else "tokens" if norm else "none",
-                      rope=rope, rope_temperature=float(args["rope_temperature"]) if rope else None,
-                      rope_reference_grid=([reference] * 2 if isinstance(reference, int)
-                                           else reference),
-                      rope_grid_offset=float(args["rope_grid_offset"]) if rope == "axial" else 0.0,
-                      mlp_inner_norm=bool(args["scale_mlp"]),
-                      attention_inner_norm=bool(args["scale_attn_inner"]),
-                      dynamic_image_size=args["dynamic_img_size"],
-                      dynamic_image_pad=args["dynamic_img_pad"],
-                      position_embedding_interpolation="bicubic")  # as timm resamples
-
-
-def _whole_patches(image_size, patch, architecture):
-    """timm's image size, less what its patch convolution drops (timm's SigLIP at 384 with
-    14-pixel patches sees 378x378)."""
-    sides = [image_size] * 2 if isinstance(image_size, int) else list(image_size)
-    whole = [side // patch * patch for side in sides]
-    if whole != sides:
-        logger.warning(
-            "timm's %s takes %sx%s images and its %d-pixel patches leave the last %s pixels "
-            "unread; the keras_vit model takes %sx%s (crop those pixels away for timm's "
-            "outputs).", architecture, *sides, patch,
-            "x".join(str(a - b) for a, b in zip(sides, whole)), *whole)
-    return whole
-
-
 def timm_config(spec, preprocessing, arrays=None):
     """timm's `config.json` (what `timm.create_model("local-dir:DIR", pretrained=True)` reads)
     for a model of `spec`: its sizes and options in `model_args`, on an architecture whose
@@ -695,10 +414,10 @@ def timm_config(spec, preprocessing, arrays=None):
     `pretrained_cfg` the resize and crop of `preprocessing` (the model's
     `keras_vit.EvalPreprocessing`). A model with DeiT's distillation token is timm's
     VisionTransformerDistilled, which takes the same arguments; one with RoPE is timm's Eva,
-    whose attention depends on the weights, `arrays` (`_eva_attention`), as is one with
-    NormFormer's inner LayerNorms (timm's scale_attn_inner, scale_mlp)."""
-    if _is_eva(spec):
-        return _eva_config(spec, preprocessing, arrays)
+    whose attention depends on the weights, `arrays` (`eva_layout.eva_attention`), as is one
+    with NormFormer's inner LayerNorms (timm's scale_attn_inner, scale_mlp)."""
+    if eva_layout.is_eva(spec):
+        return eva_layout.eva_config(spec, preprocessing, arrays)
     if spec.position_embedding == "relative_mlp":
         return _relpos_config(spec, preprocessing)
     timm_class = next(name for name, distilled in TIMM_CLASSES.items()
@@ -724,7 +443,7 @@ def timm_config(spec, preprocessing, arrays=None):
             "embed_dim": spec.hidden_size, "depth": spec.num_layers,
             "num_heads": spec.num_heads,
             # GluMlp's fc1 holds the gate's units and the value's: int(width * ratio) of both
-            "mlp_ratio": (_ratio(spec.hidden_size, 2 * spec.mlp_dim) if swiglu
+            "mlp_ratio": (timm_common.ratio(spec.hidden_size, 2 * spec.mlp_dim) if swiglu
                           else spec.mlp_dim / spec.hidden_size),
             "class_token": bool(spec.class_token), "global_pool": pool,
             "fc_norm": spec.final_norm == "pooled",
@@ -739,13 +458,14 @@ def timm_config(spec, preprocessing, arrays=None):
     # with them reads).
     if spec.is_hybrid:
         architecture = _timm_hybrid_architecture(spec)
-        chosen = {**_TIMM_DEFAULTS, **timm_architectures()[architecture].get("args", {})}
+        chosen = {**_TIMM_DEFAULTS,
+                  **timm_common.timm_architectures()[architecture].get("args", {})}
     else:
         architecture, chosen = _timm_architecture_of_epsilon(
             spec.layer_norm_epsilon, timm_class,
             block_fn=_RES_POST_BLOCK if spec.residual_post_norm else None, glu=swiglu)
     args.update({name: value for name, value in later.items() if value != chosen[name]})
-    return _timm_config_file(spec, preprocessing, args, architecture)
+    return timm_common.config_file(spec, preprocessing, args, architecture)
 
 
 def _check_timm_hybrid(spec):
@@ -769,7 +489,7 @@ def _check_timm_hybrid(spec):
 def _timm_hybrid_architecture(spec):
     """timm's hybrid architecture with the model's ResNet (its entry point builds the
     backbone; model_args set the rest) and LayerNorm epsilon."""
-    table, epsilons = timm_architectures(), set()
+    table, epsilons = timm_common.timm_architectures(), set()
     units = tuple(spec.resnet_units)
     for name in [_TIMM_HYBRID_ARCHITECTURES[units], *sorted(table)]:
         entry = table.get(name, {})
@@ -823,123 +543,14 @@ def _relpos_config(spec, preprocessing):
     height, width = spec.image_size
     args = {"img_size": [height, width], "patch_size": spec.patch_size,
             "embed_dim": spec.hidden_size, "depth": spec.num_layers,
-            "num_heads": spec.num_heads, "mlp_ratio": _mlp_ratio(spec),
+            "num_heads": spec.num_heads, "mlp_ratio": timm_common.mlp_ratio(spec),
             "qkv_bias": spec.qkv_bias, "init_values": spec.layer_scale_init,
             "class_token": spec.class_token,
             "global_pool": "token" if spec.classifier == "token" else "avg",
             "fc_norm": spec.final_norm == "pooled", "rel_pos_type": "mlp",
             "rel_pos_dim": spec.relative_mlp_dim or _RELPOS_HIDDEN, "shared_rel_pos": False}
     block = "<ResPostRelPosBlock>" if spec.residual_post_norm else "<RelPosBlock>"
-    return _timm_config_file(spec, preprocessing, args, _RELPOS_BLOCKS[block])
-
-
-def _timm_config_file(spec, preprocessing, args, architecture):
-    height, width = spec.image_size
-    num_classes = spec.num_classes if spec.include_top else 0
-    return {
-        "architecture": architecture,
-        "num_classes": num_classes, "num_features": spec.hidden_size,
-        "global_pool": args["global_pool"], "model_args": args,
-        "pretrained_cfg": {
-            "input_size": [3, height, width], "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5],
-            "interpolation": preprocessing.interpolation,
-            "crop_pct": preprocessing.crop_fraction, "crop_mode": preprocessing.crop_mode,
-            "num_classes": num_classes},
-    }
-
-
-def _eva_config(spec, preprocessing, arrays):
-    """timm's Eva `config.json` for a model with RoPE, inner LayerNorms or Eva's attention
-    pooling (`_is_eva`): every Eva argument in `model_args` (so that none of the
-    architecture's own applies), RoPE laid out as `_EVA_WRITTEN_ROPE` says."""
-    problems = [problem for bad, problem in (
-        (spec.is_hybrid or spec.axial, f"ResNet stem or axial blocks ({spec.variant})"),
-        (spec.position_embedding not in ("learned", "none"),
-         f"position_embedding={spec.position_embedding!r}"),
-        (spec.position_embedding_placement != "stem",
-         f"position embeddings added in every block ({spec.position_embedding_placement!r})"),
-        (spec.distillation_token, "distillation token"),
-        (spec.representation_size is not None, "pre_logits layer (representation_size)"),
-        (spec.classifier == "map" and spec.activation != "gelu",
-         f"attention pooling with activation={spec.activation!r} (its pooling's MLP is exact "
-         "GELU whatever the blocks')"),
-        (spec.classifier == "map" and spec.num_prefix_tokens and not spec.map_include_prefix,
-         "attention pooling that leaves the class and register tokens out (its attends to "
-         "every token: map_include_prefix=True)"),
-        (spec.activation not in ("gelu", "swiglu"), f"activation={spec.activation!r} (its MLPs "
-                                                    "are exact GELU or SwiGLU)"),
-        (spec.pre_norm and spec.position_embedding == "none",
-         "pre_norm without position embeddings (its patch embedding then has no bias, which "
-         "keras_vit folds into the position embeddings)"))
-        if bad]
-    if problems:
-        raise LayoutError(f"A model with RoPE, inner LayerNorms or Eva's attention pooling is "
-                          f"written as timm's Eva, which has no {'; no '.join(problems)}.")
-    height, width = spec.image_size
-    interleaved, xy = _EVA_WRITTEN_ROPE.get(spec.rope, (False, False))
-    fc_norm = spec.final_norm == "pooled"
-    args = {name: value for name, value in _EVA_DEFAULTS.items()
-            if name not in ("norm_layer", "num_classes")}
-    args.update({
-        "img_size": [height, width], "patch_size": spec.patch_size,
-        "global_pool": {"token": "token", "map": "map"}.get(spec.classifier, "avg"),
-        "embed_dim": spec.hidden_size, "depth": spec.num_layers, "num_heads": spec.num_heads,
-        "qkv_bias": spec.qkv_bias, "attn_type": _eva_attention(arrays, spec),
-        "mlp_ratio": _mlp_ratio(spec), "swiglu_mlp": spec.activation == "swiglu",
-        "init_values": spec.layer_scale_init, "class_token": spec.class_token,
-        "num_reg_tokens": spec.num_register_tokens,
-        "no_embed_class": not spec.prefix_position_embeddings,
-        "use_abs_pos_emb": spec.position_embedding == "learned",
-        "use_rot_pos_emb": bool(spec.rope),
-        "rope_type": {kind: name for name, kind in _EVA_ROPES.items()}.get(spec.rope, "cat"),
-        "rope_temperature": spec.rope_temperature or _EVA_DEFAULTS["rope_temperature"],
-        "rope_rotate_half": not interleaved, "rope_grid_indexing": "xy" if xy else "ij",
-        "rope_grid_offset": spec.rope_grid_offset,
-        "ref_feat_shape": list(spec.rope_reference_grid) if spec.rope_reference_grid else None,
-        "scale_mlp": spec.mlp_inner_norm, "scale_attn_inner": spec.attention_inner_norm,
-        "use_post_norm": spec.residual_post_norm,
-        "use_pre_transformer_norm": spec.pre_norm, "use_fc_norm": fc_norm,
-        "use_post_transformer_norm": spec.final_norm == "tokens",
-        "dynamic_img_size": spec.dynamic_image_size, "dynamic_img_pad": spec.dynamic_image_pad})
-    if spec.classifier == "map":  # AttentionPoolLatent: its heads, int(width * ratio) units
-        args.update(attn_pool_num_heads=spec.map_num_heads or spec.num_heads,
-                    attn_pool_mlp_ratio=_ratio(spec.hidden_size,
-                                               spec.map_mlp_dim or spec.mlp_dim))
-    return _timm_config_file(spec, preprocessing, args,
-                             _eva_architecture_of_epsilon(spec.layer_norm_epsilon))
-
-
-def _mlp_ratio(spec):
-    """timm's mlp_ratio r for mlp_dim: its blocks make int(width * r) units."""
-    return _ratio(spec.hidden_size, spec.mlp_dim)
-
-
-def _ratio(width, units):
-    """The ratio r for which timm's int(width * r) is `units`."""
-    ratio = units / width
-    while int(width * ratio) < units:  # a quotient rounded down
-        ratio = math.nextafter(ratio, math.inf)
-    return ratio
-
-
-def _eva_architecture_of_epsilon(epsilon):
-    """An Eva architecture of timm's whose LayerNorms have this epsilon, and every other
-    argument one `_eva_config` writes."""
-    epsilons, table = set(), timm_architectures()
-    # The familiar names first: EVA-02 B/14 (epsilon 1e-6), DINOv3 B/16 (1e-5).
-    for name in ["eva02_base_patch14_224", "vit_base_patch16_dinov3", *sorted(table)]:
-        entry = table.get(name, {"args": {}})
-        norm = entry["args"].get("norm_layer", _EVA_DEFAULTS["norm_layer"])
-        if (entry.get("defaults") != "Eva" or not isinstance(norm, dict)
-                or "layer_norm" not in norm or set(entry["args"]) - set(_EVA_DEFAULTS)):
-            continue
-        if norm["layer_norm"] == epsilon:
-            return name
-        epsilons.add(norm["layer_norm"])
-    raise LayoutError(
-        f"timm's Eva architectures have LayerNorms of epsilon "
-        f"{' or '.join(f'{value:g}' for value in sorted(epsilons, reverse=True))}, the model "
-        f"{epsilon}; timm's model_args cannot name another.")
+    return timm_common.config_file(spec, preprocessing, args, _RELPOS_BLOCKS[block])
 
 
 def _timm_architecture_of_epsilon(epsilon, timm_class="VisionTransformer", block_fn=None,
@@ -948,7 +559,7 @@ def _timm_architecture_of_epsilon(epsilon, timm_class="VisionTransformer", block
     maps (all of which model_args override), whose LayerNorms have this epsilon, whose blocks
     are `block_fn` (None: timm's Block) and whose MLPs are GluMlp (`glu`) or not: model_args
     can name neither a norm's epsilon nor a class."""
-    table = timm_architectures()
+    table = timm_common.timm_architectures()
     distilled = TIMM_CLASSES[timm_class]
     # The familiar names first: ViT-B/16 (epsilon 1e-6), its CLIP form (1e-5), DeiT-B (1e-6).
     familiar = ["vit_base_patch16_224", "vit_base_patch16_clip_224",
