@@ -96,6 +96,9 @@ def test_what_a_library_cannot_express_is_refused_before_writing(tmp_path):
              r"\(residual_post_norm\) and SwiGLU MLPs"),
             ({"residual_post_norm": True, "layer_norm_epsilon": 1e-5}, "timm",
              "VisionTransformer architectures of ResPostBlock blocks .* epsilon 1e-06"),
+            ({"rope": "axial", "activation": "gelu", "layer_norm_epsilon": 1e-4}, "timm",
+             "timm's Eva architectures have LayerNorms of epsilon 1e-05 or 1e-06, the model "
+             "0.0001; timm's model_args cannot name another"),
             ({"classifier": "map", "map_include_prefix": True, "class_token": True}, "timm",
              "Eva, which has no attention pooling with activation='gelu_tanh'"),
             ({"activation": "swiglu"}, "transformers", "SwiGLU"),
@@ -106,6 +109,12 @@ def test_what_a_library_cannot_express_is_refused_before_writing(tmp_path):
             ({"include_top": False, "representation_size": 8}, "transformers", "pooler")):
         with pytest.raises(torch_layouts.LayoutError, match=message):
             save_pretrained(tiny(**fields), tmp_path / "never", format=layout)
+    hybrid = keras_vit.vit("R26+S/32", num_layers=1, image_size=64, resnet_numerics="timm",
+                           layer_norm_epsilon=1e-4)
+    with pytest.raises(torch_layouts.LayoutError,
+                       match=r"timm's hybrids of this ResNet \(R26\+S/32\) have LayerNorms of "
+                             "epsilon 1e-06, the model 0.0001"):
+        save_pretrained(hybrid, tmp_path / "never", format="timm")
     assert not os.path.exists(tmp_path / "never")
     with pytest.raises(ValueError, match="format must be one of"):
         save_pretrained(tiny(), tmp_path / "never", format="onnx")

@@ -225,21 +225,17 @@ def eva_config(spec, preprocessing, arrays):
 def _architecture_of_epsilon(epsilon):
     """An Eva architecture of timm's whose LayerNorms have this epsilon, and every other
     argument one `eva_config` writes."""
-    epsilons, table = set(), timm_common.timm_architectures()
-    # The familiar names first: EVA-02 B/14 (epsilon 1e-6), DINOv3 B/16 (1e-5).
-    for name in ["eva02_base_patch14_224", "vit_base_patch16_dinov3", *sorted(table)]:
-        entry = table.get(name, {"args": {}})
-        norm = entry["args"].get("norm_layer", DEFAULTS["norm_layer"])
-        if (entry.get("defaults") != "Eva" or not isinstance(norm, dict)
-                or "layer_norm" not in norm or set(entry["args"]) - set(DEFAULTS)):
-            continue
-        if norm["layer_norm"] == epsilon:
-            return name
-        epsilons.add(norm["layer_norm"])
-    raise LayoutError(
-        f"timm's Eva architectures have LayerNorms of epsilon "
-        f"{' or '.join(f'{value:g}' for value in sorted(epsilons, reverse=True))}, the model "
-        f"{epsilon}; timm's model_args cannot name another.")
+    table = timm_common.timm_architectures()
+
+    def fitting():  # the familiar names first: EVA-02 B/14 (epsilon 1e-6), DINOv3 B/16 (1e-5)
+        for name in ["eva02_base_patch14_224", "vit_base_patch16_dinov3", *sorted(table)]:
+            entry = table.get(name, {"args": {}})
+            norm = entry["args"].get("norm_layer", DEFAULTS["norm_layer"])
+            if (entry.get("defaults") == "Eva" and isinstance(norm, dict)
+                    and "layer_norm" in norm and not set(entry["args"]) - set(DEFAULTS)):
+                yield name, norm["layer_norm"]
+
+    return timm_common.architecture_of_epsilon(epsilon, fitting(), "timm's Eva architectures")
 
 
 def eva_names(state, spec):

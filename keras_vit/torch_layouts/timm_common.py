@@ -8,7 +8,7 @@ import logging
 import math
 import os
 
-from keras_vit.torch_layouts.common import tensor
+from keras_vit.torch_layouts.common import LayoutError, tensor
 
 logger = logging.getLogger(__name__)
 
@@ -76,3 +76,21 @@ def ratio(width, units):
     while int(width * ratio) < units:  # a quotient rounded down
         ratio = math.nextafter(ratio, math.inf)
     return ratio
+
+
+def architecture_of_epsilon(epsilon, fitting, what, none=None):
+    """The first name of `fitting`, (name, LayerNorm epsilon) of the architectures of timm's
+    that can hold the model but for that epsilon, whose epsilon is `epsilon`: timm's model_args
+    cannot name one. Else a LayoutError naming the epsilons `what` (the architectures, in words)
+    have, or saying `none` where none fits."""
+    epsilons = set()
+    for name, value in fitting:
+        if value == epsilon:
+            return name
+        epsilons.add(value)
+    if none and not epsilons:
+        raise LayoutError(none)
+    raise LayoutError(
+        f"{what} have LayerNorms of epsilon "
+        f"{' or '.join(f'{value:g}' for value in sorted(epsilons, reverse=True))}, the model "
+        f"{epsilon}; timm's model_args cannot name another.")

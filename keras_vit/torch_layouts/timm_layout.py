@@ -489,29 +489,27 @@ def _check_timm_hybrid(spec):
 def _timm_hybrid_architecture(spec):
     """timm's hybrid architecture with the model's ResNet (its entry point builds the
     backbone; model_args set the rest) and LayerNorm epsilon."""
-    table, epsilons = timm_common.timm_architectures(), set()
+    table = timm_common.timm_architectures()
     units = tuple(spec.resnet_units)
-    for name in [_TIMM_HYBRID_ARCHITECTURES[units], *sorted(table)]:
-        entry = table.get(name, {})
-        args = {**_TIMM_DEFAULTS, **entry.get("args", {})}
-        if entry.get("class") != "VisionTransformer" or "embed_layer" not in args:
-            continue
-        try:
-            if _timm_hybrid(name, args) != units:
+
+    def fitting():
+        for name in [_TIMM_HYBRID_ARCHITECTURES[units], *sorted(table)]:
+            entry = table.get(name, {})
+            args = {**_TIMM_DEFAULTS, **entry.get("args", {})}
+            if entry.get("class") != "VisionTransformer" or "embed_layer" not in args:
                 continue
-        except LayoutError:
-            continue
-        norm = args.pop("norm_layer")
-        if (not isinstance(norm, dict) or "layer_norm" not in norm
-                or _timm_missing({**args, "layer_norm_epsilon": norm["layer_norm"]})):
-            continue
-        if norm["layer_norm"] == spec.layer_norm_epsilon:
-            return name
-        epsilons.add(norm["layer_norm"])
-    raise LayoutError(
-        f"timm's hybrids of this ResNet ({spec.variant}) have LayerNorms of epsilon "
-        f"{' or '.join(f'{value:g}' for value in sorted(epsilons, reverse=True))}, the model "
-        f"{spec.layer_norm_epsilon}; timm's model_args cannot name another.")
+            try:
+                if _timm_hybrid(name, args) != units:
+                    continue
+            except LayoutError:
+                continue
+            norm = args.pop("norm_layer")
+            if (isinstance(norm, dict) and "layer_norm" in norm
+                    and not _timm_missing({**args, "layer_norm_epsilon": norm["layer_norm"]})):
+                yield name, norm["layer_norm"]
+
+    return timm_common.architecture_of_epsilon(
+        spec.layer_norm_epsilon, fitting(), f"timm's hybrids of this ResNet ({spec.variant})")
 
 
 def _relpos_config(spec, preprocessing):
@@ -561,30 +559,30 @@ def _timm_architecture_of_epsilon(epsilon, timm_class="VisionTransformer", block
     can name neither a norm's epsilon nor a class."""
     table = timm_common.timm_architectures()
     distilled = TIMM_CLASSES[timm_class]
-    # The familiar names first: ViT-B/16 (epsilon 1e-6), its CLIP form (1e-5), DeiT-B (1e-6).
-    familiar = ["vit_base_patch16_224", "vit_base_patch16_clip_224",
-                "deit_base_distilled_patch16_224"]
-    epsilons = set()
-    for name in [*familiar, *sorted(table)]:
-        entry = table.get(name, {})
-        if entry.get("class") != timm_class:
-            continue
-        args = {**_TIMM_DEFAULTS, **entry["args"]}
-        norm = args.pop("norm_layer")
-        if (not isinstance(norm, dict) or "layer_norm" not in norm
-                or _timm_missing({**args, "layer_norm_epsilon": norm["layer_norm"]}, distilled)
-                or args["block_fn"] != block_fn or _is_glu(args["mlp_layer"]) != glu):
-            continue
-        if norm["layer_norm"] == epsilon:
-            return name, args
-        epsilons.add(norm["layer_norm"])
+
+    def arguments(name):
+        args = {**_TIMM_DEFAULTS, **table[name]["args"]}
+        return args, args.pop("norm_layer")
+
+    def fitting():
+        # The familiar names first: ViT-B/16 (epsilon 1e-6), its CLIP form (1e-5), DeiT-B (1e-6).
+        familiar = ["vit_base_patch16_224", "vit_base_patch16_clip_224",
+                    "deit_base_distilled_patch16_224"]
+        for name in [*familiar, *sorted(table)]:
+            if table.get(name, {}).get("class") != timm_class:
+                continue
+            args, norm = arguments(name)
+            if (isinstance(norm, dict) and "layer_norm" in norm
+                    and not _timm_missing({**args, "layer_norm_epsilon": norm["layer_norm"]},
+                                          distilled)
+                    and args["block_fn"] == block_fn and _is_glu(args["mlp_layer"]) == glu):
+                yield name, norm["layer_norm"]
+
     kind = " and ".join(what for what, wanted in (
         ("ResPostBlock blocks (residual_post_norm)", block_fn == _RES_POST_BLOCK),
         ("SwiGLU MLPs (SwiGLUPacked)", glu)) if wanted)
-    if not epsilons:
-        raise LayoutError(f"No {timm_class} architecture of timm's has {kind}, and its "
-                          "model_args cannot name a block or an MLP class.")
-    raise LayoutError(
-        f"timm's {timm_class} architectures{' of ' + kind if kind else ''} have LayerNorms of "
-        f"epsilon {' or '.join(f'{value:g}' for value in sorted(epsilons, reverse=True))}, the "
-        f"model {epsilon}; timm's model_args cannot name another.")
+    name = timm_common.architecture_of_epsilon(
+        epsilon, fitting(), f"timm's {timm_class} architectures{' of ' + kind if kind else ''}",
+        none=f"No {timm_class} architecture of timm's has {kind}, and its model_args cannot "
+             "name a block or an MLP class.")
+    return name, arguments(name)[0]
