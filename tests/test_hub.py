@@ -118,6 +118,9 @@ def test_what_a_library_cannot_express_is_refused_before_writing(tmp_path):
     assert not os.path.exists(tmp_path / "never")
     with pytest.raises(ValueError, match="format must be one of"):
         save_pretrained(tiny(), tmp_path / "never", format="onnx")
+    for convert in (torch_layouts.to_npz_arrays, torch_layouts.from_npz_arrays):
+        with pytest.raises(ValueError, match="layout must be one of"):
+            convert({}, tiny().spec, "onnx")
 
 
 def test_a_weight_the_layout_has_no_place_for_is_refused_before_writing(tmp_path, monkeypatch):

@@ -9,12 +9,13 @@ from keras_vit.torch_layouts import transformers_layout, timm_layout
 from keras_vit.torch_layouts.common import LayoutError
 from keras_vit.torch_layouts.timm_common import timm_architectures
 from keras_vit.torch_layouts.timm_layout import TIMM_CLASSES, spec_from_timm, timm_config
+from keras_vit.torch_layouts.transformers_layout import ARCHITECTURES as TRANSFORMERS_ARCHITECTURES
 from keras_vit.torch_layouts.transformers_layout import (spec_from_transformers,
                                                          transformers_config, vision_tower)
 
-__all__ = ["FORMATS", "LayoutError", "TIMM_CLASSES", "detect", "from_npz_arrays",
-           "spec_from_timm", "spec_from_transformers", "timm_architectures", "timm_config",
-           "to_npz_arrays", "transformers_config", "vision_tower"]
+__all__ = ["FORMATS", "LayoutError", "TIMM_CLASSES", "TRANSFORMERS_ARCHITECTURES", "detect",
+           "from_npz_arrays", "spec_from_timm", "spec_from_transformers", "timm_architectures",
+           "timm_config", "to_npz_arrays", "transformers_config", "vision_tower"]
 
 FORMATS = ("transformers", "timm")
 
@@ -39,13 +40,17 @@ def to_npz_arrays(state, spec, layout, config=None):
     Every tensor must be used and every expected one present: a LayoutError names the rest.
     `config`, the checkpoint's config.json, says how timm's Eva lays out RoPE's channels
     (None: as keras_vit does)."""
-    if layout == "timm":
+    if _library(layout) is timm_layout:
         return timm_layout.to_npz_arrays(state, spec, config)
     return transformers_layout.to_npz_arrays(state, spec)
 
 
 def from_npz_arrays(arrays, spec, layout):
     """The `.npz` layout (`checkpoint.model_arrays`) as their state dict."""
-    if layout == "timm":
-        return timm_layout.from_npz_arrays(arrays, spec)
-    return transformers_layout.from_npz_arrays(arrays, spec)
+    return _library(layout).from_npz_arrays(arrays, spec)
+
+
+def _library(layout):
+    if layout not in FORMATS:
+        raise ValueError(f"layout must be one of {FORMATS}, got {layout!r}.")
+    return timm_layout if layout == "timm" else transformers_layout

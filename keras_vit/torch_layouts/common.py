@@ -1,6 +1,8 @@
 """What both libraries' layouts share: the error they raise, the transforms between PyTorch's
-tensors and the `.npz` layout's, an encoder block's names, packed tensors, and the mapping of
-a whole state dict through a list of (`.npz` key, their key, kind) pairs with its checks."""
+tensors and the `.npz` layout's, the pairs (`.npz` key, their key, kind) of an encoder block and
+of common layers, the mapping of a whole state dict through such pairs with its checks, packed
+tensors, the spec a checkpoint's sizes make, the checks of a config against its weights, and
+the questions about a spec both ask (its key bias, its kind of attention pooling)."""
 
 import math
 import re
@@ -200,8 +202,9 @@ def eva_pooling(spec):
 
 def fold_patch_bias(arrays, spec):
     """The arrays with the patch embedding's bias added to the patches' position embeddings
-    instead, for timm, whose patch embedding has no bias before a pre-norm. Exact: both are
-    added to every patch token, and resampling (weights that sum to 1) keeps a constant."""
+    instead, for timm and CLIP, whose patch embeddings have no bias before a pre-norm. Exact:
+    both are added to every patch token, and resampling (weights that sum to 1) keeps a
+    constant."""
     arrays = dict(arrays)
     bias = arrays.pop("embedding/bias")
     rows = spec.num_prefix_tokens if spec.prefix_position_embeddings else 0

@@ -37,7 +37,7 @@ _IGNORED = {"drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate",
 # timm's Eva RoPE kinds -> keras_vit's.
 _ROPES = {"cat": "axial", "dinov3": "axial_normalized", "mixed": "mixed"}
 # timm's Eva RoPE layout (interleaved, rows and columns swapped: grid_indexing 'xy') that
-# timm_config writes for each of keras_vit's kinds: its pretrained EVA-02's and DINOv3's.
+# eva_config writes for each of keras_vit's kinds: its pretrained EVA-02's and DINOv3's.
 WRITTEN_ROPE = {"axial": (True, False), "axial_normalized": (False, False),
                 "mixed": (True, True)}  # RoPE-Mixed: naver's pretrained 'xy' grid
 
@@ -242,11 +242,9 @@ def eva_names(state, spec):
     """timm's Eva names as its VisionTransformer's: LayerScale's `gamma_1`, `gamma_2` as
     `ls1.gamma`, `ls2.gamma`; the split `q_proj`, `k_proj`, `v_proj` as `q`, `k`, `v`;
     EvaAttention's `q_bias`, `v_bias` as q's and v's biases, with the key's bias it keeps as a
-    zero buffer (not in its files) as zeros; a packed SwiGLU's `fc1` as `fc1_g`, `fc1_x`;
-    RoPE-Mixed's `rope.freqs` [2, depth, heads, head_dim / 2] as each block's
-    `rope.freqs.N`."""
-    if spec.activation == "swiglu":
-        state = common.unpacked(state, timm_common.GLU_PACKED)
+    zero buffer (not in its files) as zeros; RoPE-Mixed's `rope.freqs` [2, depth, heads,
+    head_dim / 2] as each block's `rope.freqs.N`. (A packed SwiGLU's `fc1` is unpacked before,
+    as VisionTransformer's.)"""
     if spec.rope == "mixed" and "rope.freqs" in state:
         state = dict(state)
         frequencies = state.pop("rope.freqs")

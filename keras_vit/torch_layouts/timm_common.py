@@ -1,6 +1,7 @@
 """What timm's ViT classes' checkpoints share: the table of its architectures and their
-arguments, the sizes a state dict shows, the `config.json` keras_vit writes, and the ratios
-its arguments take."""
+arguments, the sizes a state dict shows, the packing of a gated MLP, the `config.json`
+keras_vit writes, the ratios its arguments take, and the choice of an architecture by its
+LayerNorm epsilon."""
 
 import functools
 import json
@@ -12,7 +13,8 @@ from keras_vit.torch_layouts.common import LayoutError, tensor
 
 logger = logging.getLogger(__name__)
 
-# Eva's packed SwiGLU (GluMlp's fc1: the gate's rows, then the value's), as its unpacked names.
+# A packed SwiGLU (GluMlp's fc1: the gate's rows, then the value's: Eva's and VisionTransformer's
+# SwiGLUPacked), as its unpacked names.
 GLU_PACKED = ((r".*\.mlp", ".fc1.", ("fc1_g", "fc1_x")),)
 
 
@@ -51,6 +53,8 @@ def whole_patches(image_size, patch, architecture):
 
 
 def config_file(spec, preprocessing, args, architecture):
+    """timm's `config.json` of a model of `spec` built by `architecture` with `args` (its
+    model_args), `preprocessing`'s resize and crop in its pretrained_cfg."""
     height, width = spec.image_size
     num_classes = spec.num_classes if spec.include_top else 0
     return {
@@ -79,10 +83,10 @@ def ratio(width, units):
 
 
 def architecture_of_epsilon(epsilon, fitting, what, none=None):
-    """The first name of `fitting`, (name, LayerNorm epsilon) of the architectures of timm's
-    that can hold the model but for that epsilon, whose epsilon is `epsilon`: timm's model_args
-    cannot name one. Else a LayoutError naming the epsilons `what` (the architectures, in words)
-    have, or saying `none` where none fits."""
+    """The first name in `fitting`, the (name, LayerNorm epsilon) of each architecture of timm's
+    that fits the model apart from the epsilon, whose epsilon is `epsilon` (model_args cannot set
+    one). Otherwise a LayoutError: `none` where nothing fits, else the epsilons that `what` (those
+    architectures, in words) have."""
     epsilons = set()
     for name, value in fitting:
         if value == epsilon:

@@ -1,7 +1,7 @@
 """timm's ViT weight layouts (its `VisionTransformer`, `VisionTransformerDistilled`, the
-ViT-ResNet hybrids, `VisionTransformerRelPos` and `Eva`), as maps to and from the original
-`.npz` layout (`keras_vit.checkpoint`), and their `config.json` to and from a `ViTConfig`.
-Pure NumPy: no torch is needed to read or write them.
+ViT-ResNet hybrids and `VisionTransformerRelPos`; its `Eva` through `eva_layout`), as maps to
+and from the original `.npz` layout (`keras_vit.checkpoint`), and their `config.json` to and
+from a `ViTConfig`. Pure NumPy: no torch is needed to read or write them.
 
 timm's `VisionTransformer` fuses the query, key and value (`blocks.N.attn.qkv`, [3D, D]).
 Linear weights are (out, in), the patch convolution (D, C, p, p). Its later ViTs add register
@@ -11,15 +11,9 @@ architecture has is in `timm_architectures.json` (`timm_common`), which also rec
 arguments of its `Eva` class's architectures (`eva_layout`) and its `VisionTransformerRelPos`'s.
 """
 
-import logging
-
-
 from keras_vit.spec import ACTIVATIONS
 from keras_vit.torch_layouts import common, eva_layout, timm_common
 from keras_vit.torch_layouts.common import LayoutError, check_grid, sized_spec, tensor
-
-logger = logging.getLogger(__name__)
-
 
 # timm's model classes keras_vit reads -> whether it has DeiT's distillation token;
 # VisionTransformerDistilled takes VisionTransformer's arguments, Eva its own
@@ -28,7 +22,7 @@ TIMM_CLASSES = {"VisionTransformer": False, "VisionTransformerDistilled": True, 
                 "VisionTransformerRelPos": False}
 # timm's VisionTransformer arguments that keras_vit has options for, with timm's defaults
 # (timm 1.0.31); any other argument an architecture sets is an option keras_vit lacks.
-_TIMM_DEFAULTS = {
+_DEFAULTS = {
     "img_size": 224, "patch_size": 16, "in_chans": 3, "num_classes": 1000,
     "global_pool": "token", "embed_dim": 768, "depth": 12, "num_heads": 12, "mlp_ratio": 4.0,
     "qkv_bias": True, "init_values": None, "class_token": True, "no_embed_class": False,
@@ -37,24 +31,22 @@ _TIMM_DEFAULTS = {
     "norm_layer": {"layer_norm": 1e-6}, "drop_rate": 0.0, "pos_drop_rate": 0.0,
     "proj_drop_rate": 0.0, "attn_drop_rate": 0.0, "drop_path_rate": 0.0,
     "block_fn": None, "mlp_layer": None}  # None: timm's Block and Mlp
-# timm's block_fn and mlp_layer keras_vit maps, as timm_architectures.json records them:
-# ResPostBlock (x + LN(branch(x)): residual_post_norm) and DINOv2 giant's SwiGLUPacked (GluMlp,
-# its fc1 the gate's rows, then the value's; SiLU from the model's act_layer, which the block
-# passes over the partial's).
+# timm's block_fn keras_vit maps, as timm_architectures.json records it: ResPostBlock
+# (x + LN(branch(x)): residual_post_norm). Its mlp_layer: DINOv2 giant's SwiGLUPacked (`_is_glu`).
 _RES_POST_BLOCK = "<ResPostBlock>"
 _SILU = ("<SiLU>", "silu", "swish")  # act_layer as a class, or get_act_layer's names
 # norm_layer is read as layer_norm_epsilon where it is a LayerNorm; any other is missing.
-_TIMM_OPTIONS = set(_TIMM_DEFAULTS) - {"norm_layer"} | {"layer_norm_epsilon"}
-_TIMM_POOLS = {"token": "token", "avg": "gap", "map": "map"}  # timm's global_pool -> classifier
+_OPTIONS = set(_DEFAULTS) - {"norm_layer"} | {"layer_norm_epsilon"}
+_POOLS = {"token": "token", "avg": "gap", "map": "map"}  # timm's global_pool -> classifier
 # timm's ViT-ResNet hybrids (vision_transformer_hybrid.py: a VisionTransformer whose
 # embed_layer is HybridEmbed on a ResNetV2, `_resnetv2`): the units of each stage of its
 # backbone -> keras_vit's variant with that ResNet (the checkpoint's sizes override the rest),
 # and the architectures written for each, familiar names first.
-_TIMM_HYBRIDS = {(): "R+Ti/16", (2, 2, 2, 2): "R26+S/32", (3, 4, 9): "R50+B/16",
-                 (3, 4, 6, 3): "R50+L/32"}
-_TIMM_HYBRID_ARCHITECTURES = {(): "vit_tiny_r_s16_p8_224", (2, 2, 2, 2): "vit_small_r26_s32_224",
-                              (3, 4, 9): "vit_base_r50_s16_224",
-                              (3, 4, 6, 3): "vit_large_r50_s32_224"}
+_HYBRIDS = {(): "R+Ti/16", (2, 2, 2, 2): "R26+S/32", (3, 4, 9): "R50+B/16",
+            (3, 4, 6, 3): "R50+L/32"}
+_HYBRID_ARCHITECTURES = {(): "vit_tiny_r_s16_p8_224", (2, 2, 2, 2): "vit_small_r26_s32_224",
+                         (3, 4, 9): "vit_base_r50_s16_224",
+                         (3, 4, 6, 3): "vit_large_r50_s32_224"}
 # Its numerics, keras_vit's resnet_numerics="timm" (keras_vit.resnet.NUMERICS, not imported:
 # this module needs no Keras): the weight standardisation's and GroupNorm's epsilons.
 TIMM_RESNET_EPSILONS = (1e-8, 1e-5)
@@ -89,7 +81,7 @@ def weight_pairs(spec):
              # VisionTransformerRelPos's relative-position MLP
              "attention_norm": "attn.norm", "mlp_norm": "mlp.norm",
              "relative_fc_0": "attn.rel_pos.mlp.fc1", "relative_fc_1": "attn.rel_pos.mlp.fc2"}
-    if spec.activation == "swiglu":  # its packed GluMlp unpacked (`eva_layout.eva_names`)
+    if spec.activation == "swiglu":  # GluMlp's packed fc1 unpacked (`to_npz_arrays`)
         names.update(fc_0="mlp.fc1_x", gate="mlp.fc1_g")
     pairs = stem + common.encoder_pairs(spec, "blocks.{}.", names)
     if spec.rope == "mixed":  # Eva's rope.freqs[:, index]
@@ -113,7 +105,8 @@ def to_npz_arrays(state, spec, config=None):
     """timm's state dict (name -> array) of a model of `spec` as the `.npz` layout
     `checkpoint.load_npz` reads (`common.to_arrays`). `config`, the checkpoint's config.json,
     says how timm's Eva lays out RoPE's channels (None: as keras_vit does)."""
-    state = eva_layout.eva_names(common.unpacked(state, _PACKED), spec)
+    packings = _PACKED + (timm_common.GLU_PACKED if spec.activation == "swiglu" else ())
+    state = eva_layout.eva_names(common.unpacked(state, packings), spec)
     arrays = common.to_arrays(state, weight_pairs(spec), spec, "timm")
     if spec.rope:
         arrays = eva_layout.permuted_rope(arrays, spec, *_timm_rope_layout(config))
@@ -188,7 +181,7 @@ def _timm_args(config):
             "VisionTransformerDistilled, and Eva).")
     pretrained = config.get("pretrained_cfg") or {}
     defaults = {"Eva": eva_layout.DEFAULTS, "VisionTransformerRelPos": _RELPOS_DEFAULTS}.get(
-        entry.get("defaults"), _TIMM_DEFAULTS)
+        entry.get("defaults"), _DEFAULTS)
     merged = {**defaults, "img_size": pretrained.get("input_size", [3, 224, 224])[1:],
               **entry["args"], **args}
     if "global_pool" in config:  # timm writes the model's pooling beside model_args
@@ -204,7 +197,7 @@ def _timm_args(config):
 def _timm_missing(args, distilled=False):
     """What keras_vit has no option for, in timm's words."""
     missing = [f"{name}={value!r}" for name, value in sorted(args.items())
-               if name not in _TIMM_OPTIONS]
+               if name not in _OPTIONS]
     if args["block_fn"] not in (None, _RES_POST_BLOCK):
         missing.append(f"block_fn={args['block_fn']!r}")
     glu = _is_glu(args["mlp_layer"])
@@ -219,7 +212,7 @@ def _timm_missing(args, distilled=False):
     if glu and args["global_pool"] == "map":
         missing.append("global_pool='map' with a SwiGLU MLP (timm's attention pooling has a "
                        "plain MLP of act_layer, keras_vit's the blocks' SwiGLU)")
-    if args["global_pool"] not in _TIMM_POOLS:
+    if args["global_pool"] not in _POOLS:
         missing.append(f"global_pool={args['global_pool']!r}")
     elif args["global_pool"] == "token" and not args["class_token"]:
         missing.append(f"global_pool={args['global_pool']!r} with class_token="
@@ -262,9 +255,9 @@ def _timm_hybrid(architecture, args):
          "keras_vit's ResNet pads as TensorFlow's 'same', as timm's StdConv2dSame does)"),
         (set(embed.get("hybrid_embed", {}) if isinstance(embed, dict) else ()) - {"backbone"},
          f"HybridEmbed options {embed!r}"),
-        (tuple(backbone.get("layers", ())) not in _TIMM_HYBRIDS,
+        (tuple(backbone.get("layers", ())) not in _HYBRIDS,
          f"a ResNetV2 of {backbone.get('layers')} units per stage (keras_vit's hybrids: "
-         f"{', '.join(str(list(units)) for units in _TIMM_HYBRIDS)})"),
+         f"{', '.join(str(list(units)) for units in _HYBRIDS)})"),
         (backbone.get("block", "Bottleneck") != "Bottleneck"
          or backbone.get("final_norm", "Identity") != "Identity",
          "a pre-activation ResNetV2 (preact=True)"),
@@ -314,7 +307,7 @@ def spec_from_timm(config, state):
     prefix_tokens = int(bool(args["class_token"])) + int(distilled) + args["reg_tokens"]
     check_grid(tensor(state, "pos_embed", "timm"), args["img_size"], pixels,
                0 if args["no_embed_class"] else prefix_tokens, "img_size")
-    hybrid_fields = {} if hybrid is None else dict(variant=_TIMM_HYBRIDS[hybrid],
+    hybrid_fields = {} if hybrid is None else dict(variant=_HYBRIDS[hybrid],
                                                    resnet_numerics="timm")
     gap = args["global_pool"] == "avg"
     fc_norm = gap if args["fc_norm"] is None else args["fc_norm"]  # timm's rule
@@ -323,7 +316,7 @@ def spec_from_timm(config, state):
     return sized_spec(hidden, mlp, args["num_heads"], layers, patch, **hybrid_fields,
                       image_size=timm_common.whole_patches(args["img_size"], pixels, architecture),
                       include_top=num_classes > 0, num_classes=max(num_classes, 1),
-                      classifier=_TIMM_POOLS[args["global_pool"]],
+                      classifier=_POOLS[args["global_pool"]],
                       class_token=bool(args["class_token"]),  # GAP and MAP leave it out
                       activation="swiglu" if glu else args["act_layer"],
                       layer_norm_epsilon=args["layer_norm_epsilon"],
@@ -438,7 +431,7 @@ def timm_config(spec, preprocessing, arrays=None):
                           "class and distillation tokens even with no_embed_class (its forward "
                           "then fails): save a model with prefix_position_embeddings=True.")
     height, width = spec.image_size
-    pool = {classifier: pool for pool, classifier in _TIMM_POOLS.items()}[spec.classifier]
+    pool = {classifier: pool for pool, classifier in _POOLS.items()}[spec.classifier]
     args = {"img_size": [height, width], "patch_size": spec.patch_size,
             "embed_dim": spec.hidden_size, "depth": spec.num_layers,
             "num_heads": spec.num_heads,
@@ -458,7 +451,7 @@ def timm_config(spec, preprocessing, arrays=None):
     # with them reads).
     if spec.is_hybrid:
         architecture = _timm_hybrid_architecture(spec)
-        chosen = {**_TIMM_DEFAULTS,
+        chosen = {**_DEFAULTS,
                   **timm_common.timm_architectures()[architecture].get("args", {})}
     else:
         architecture, chosen = _timm_architecture_of_epsilon(
@@ -493,9 +486,9 @@ def _timm_hybrid_architecture(spec):
     units = tuple(spec.resnet_units)
 
     def fitting():
-        for name in [_TIMM_HYBRID_ARCHITECTURES[units], *sorted(table)]:
+        for name in [_HYBRID_ARCHITECTURES[units], *sorted(table)]:
             entry = table.get(name, {})
-            args = {**_TIMM_DEFAULTS, **entry.get("args", {})}
+            args = {**_DEFAULTS, **entry.get("args", {})}
             if entry.get("class") != "VisionTransformer" or "embed_layer" not in args:
                 continue
             try:
@@ -561,7 +554,7 @@ def _timm_architecture_of_epsilon(epsilon, timm_class="VisionTransformer", block
     distilled = TIMM_CLASSES[timm_class]
 
     def arguments(name):
-        args = {**_TIMM_DEFAULTS, **table[name]["args"]}
+        args = {**_DEFAULTS, **table[name]["args"]}
         return args, args.pop("norm_layer")
 
     def fitting():

@@ -58,16 +58,16 @@ from keras_vit.torch_layouts.common import LayoutError, check_grid, sized_spec, 
 logger = logging.getLogger(__name__)
 
 # transformers' architectures keras_vit reads -> the prefix of their encoder's weights.
-TRANSFORMERS_ARCHITECTURES = {"ViTForImageClassification": "vit.", "ViTModel": "",
-                              "DeiTForImageClassificationWithTeacher": "deit.",
-                              "Dinov2Model": "", "Dinov2WithRegistersModel": "",
-                              "Dinov2ForImageClassification": "dinov2.",
-                              "Dinov2WithRegistersForImageClassification":
-                                  "dinov2_with_registers.",
-                              "CLIPVisionModel": "", "SiglipVisionModel": "",
-                              "CLIPVisionModelWithProjection": "vision_model.",
-                              "ViTMSNModel": "", "ViTMSNForImageClassification": "vit.",
-                              "ViTMAEModel": "", "DINOv3ViTModel": ""}
+ARCHITECTURES = {"ViTForImageClassification": "vit.", "ViTModel": "",
+                 "DeiTForImageClassificationWithTeacher": "deit.",
+                 "Dinov2Model": "", "Dinov2WithRegistersModel": "",
+                 "Dinov2ForImageClassification": "dinov2.",
+                 "Dinov2WithRegistersForImageClassification":
+                     "dinov2_with_registers.",
+                 "CLIPVisionModel": "", "SiglipVisionModel": "",
+                 "CLIPVisionModelWithProjection": "vision_model.",
+                 "ViTMSNModel": "", "ViTMSNForImageClassification": "vit.",
+                 "ViTMAEModel": "", "DINOv3ViTModel": ""}
 # transformers' model types keras_vit reads -> the class of a config that names none.
 MODEL_TYPES = {"vit": "ViTModel", "deit": "DeiTModel", "dinov2": "Dinov2Model",
                "dinov2_with_registers": "Dinov2WithRegistersModel",
@@ -77,7 +77,7 @@ MODEL_TYPES = {"vit": "ViTModel", "deit": "DeiTModel", "dinov2": "Dinov2Model",
                "vit_msn": "ViTMSNModel", "vit_mae": "ViTMAEModel",
                "dinov3_vit": "DINOv3ViTModel"}
 # transformers' classes that classify from the final LayerNorm's class token, as keras_vit.
-_TRANSFORMERS_CLASSIFIERS = ("ViTForImageClassification", "ViTMSNForImageClassification")
+_CLASSIFIERS = ("ViTForImageClassification", "ViTMSNForImageClassification")
 # Image-text models whose vision tower loads (`vision_tower`): model_type -> tower's class.
 _TOWERS = {"clip": "CLIPVisionModel", "siglip": "SiglipVisionModel"}
 _TOWER_FAMILIES = {"CLIPVisionModel": "clip", "SiglipVisionModel": "siglip",
@@ -90,7 +90,7 @@ _DINOV2_ARCHITECTURES = {"Dinov2Model": False, "Dinov2WithRegistersModel": False
                          "Dinov2ForImageClassification": True,
                          "Dinov2WithRegistersForImageClassification": True}
 # transformers' DeiT classes keras_vit has no model of, with why.
-_TRANSFORMERS_REFUSED = {
+_REFUSED = {
     "DeiTForImageClassification": "it classifies from the class token alone while its "
                                   "distillation token still attends, where keras_vit's distilled "
                                   "models average a head on each token",
@@ -98,9 +98,9 @@ _TRANSFORMERS_REFUSED = {
                  "without a head average the class and distillation tokens",
 }
 # transformers' hidden_act -> the spec's activation (the tanh GELU is the original's).
-_TRANSFORMERS_ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
-                             "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh",
-                             "quick_gelu": "quick_gelu"}
+_ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
+                "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh",
+                "quick_gelu": "quick_gelu"}
 # Spec options transformers' ViT does not have (timm's VisionTransformer has them all).
 _LATER_OPTIONS = ("layer_scale_init", "num_register_tokens", "prefix_position_embeddings",
                   "pre_norm", "final_norm")
@@ -208,7 +208,7 @@ def _tower_pairs(spec, family, prefix):
     """CLIP's and SigLIP's vision towers (`_tower_family`)."""
     stem = [("embedding/kernel", "embeddings.patch_embedding.weight", "conv"),
             (common.POSITIONS, "embeddings.position_embedding.weight", "rows")]
-    if family == "clip":  # no patch bias: to_npz_arrays adds a zero one
+    if family == "clip":  # no patch bias: common.to_arrays adds a zero one
         stem += [("cls", "embeddings.class_embedding", "vector_token"),
                  *common.norm_pairs("pre_norm", "pre_layrnorm")]
     else:
@@ -340,7 +340,7 @@ def _transformers_architecture(spec):
 
 def _transformers_prefix(spec):
     """What transformers' class for `spec` puts before its encoder's weights."""
-    return TRANSFORMERS_ARCHITECTURES[_transformers_architecture(spec)]
+    return ARCHITECTURES[_transformers_architecture(spec)]
 
 
 def _dinov3_names(state, spec):
@@ -408,12 +408,12 @@ def _transformers_architecture_of(config):
     no model of."""
     default = MODEL_TYPES.get(config.get("model_type"), "ViTModel")
     architecture = (config.get("architectures") or [default])[0]
-    if architecture in _TRANSFORMERS_REFUSED:
+    if architecture in _REFUSED:
         raise LayoutError(f"transformers' {architecture} has no keras_vit equivalent yet: "
-                          f"{_TRANSFORMERS_REFUSED[architecture]}.")
-    if architecture not in TRANSFORMERS_ARCHITECTURES:
+                          f"{_REFUSED[architecture]}.")
+    if architecture not in ARCHITECTURES:
         raise LayoutError(f"architecture {architecture!r}: keras_vit reads "
-                          f"{', '.join(TRANSFORMERS_ARCHITECTURES)}.")
+                          f"{', '.join(ARCHITECTURES)}.")
     return architecture
 
 
@@ -427,13 +427,13 @@ def spec_from_transformers(config, state):
     if architecture == "DINOv3ViTModel":  # its gated MLP's activation is SiLU
         return _spec_from_dinov3(config, state)
     act = config.get("hidden_act", "gelu")
-    if act not in _TRANSFORMERS_ACTIVATIONS:
+    if act not in _ACTIVATIONS:
         raise LayoutError(f"hidden_act {act!r}: keras_vit reads "
-                          f"{', '.join(_TRANSFORMERS_ACTIVATIONS)}.")
+                          f"{', '.join(_ACTIVATIONS)}.")
     if architecture in _TOWER_FAMILIES:
         return _spec_from_tower(config, state, _TOWER_FAMILIES[architecture],
-                                TRANSFORMERS_ARCHITECTURES[architecture])
-    classifier = architecture in _TRANSFORMERS_CLASSIFIERS
+                                ARCHITECTURES[architecture])
+    classifier = architecture in _CLASSIFIERS
     if architecture == "ViTMAEModel":
         _check_mae(config)
     distilled = architecture == "DeiTForImageClassificationWithTeacher"
@@ -442,7 +442,7 @@ def spec_from_transformers(config, state):
                                                                   "tanh") != "tanh":
         raise LayoutError(f"pooler_act {config['pooler_act']!r}: only tanh (the original's).")
     hidden = config.get("hidden_size", 768)
-    prefix = TRANSFORMERS_ARCHITECTURES[architecture]
+    prefix = ARCHITECTURES[architecture]
     patch, image_size = config.get("patch_size", 16), config.get("image_size", 224)
     kernel = tensor(state, prefix + "embeddings.patch_embeddings.projection.weight",
                     "transformers")
@@ -467,7 +467,7 @@ def spec_from_transformers(config, state):
     return sized_spec(hidden, config.get("intermediate_size", 3072),
                       config.get("num_attention_heads", 12), config.get("num_hidden_layers", 12),
                       patch, image_size=image_size, **top,
-                      activation=_TRANSFORMERS_ACTIVATIONS[act],
+                      activation=_ACTIVATIONS[act],
                       layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
                       qkv_bias=config.get("qkv_bias", True),
                       dropout=config.get("hidden_dropout_prob", 0.0),
@@ -489,7 +489,7 @@ def _spec_from_dinov2(config, state, architecture, patch, image_size):
     that class token beside the mean of the patch tokens (classifier "token_gap"), as many
     classes as `state`'s classifier has."""
     hidden = config.get("hidden_size", 768)
-    mlp, activation = int(hidden * config.get("mlp_ratio", 4)), _TRANSFORMERS_ACTIVATIONS[
+    mlp, activation = int(hidden * config.get("mlp_ratio", 4)), _ACTIVATIONS[
         config.get("hidden_act", "gelu")]
     if config.get("use_swiglu_ffn"):  # DINOv2 giant: two thirds, up to a multiple of 8
         mlp, activation = (int(mlp * 2 / 3) + 7) // 8 * 8, "swiglu"
@@ -522,9 +522,9 @@ def _spec_from_dinov3(config, state):
     if gated and act != "silu":
         raise LayoutError(f"use_gated_mlp with hidden_act {act!r}: keras_vit's gated MLP is "
                           "SwiGLU (hidden_act 'silu').")
-    if not gated and act not in _TRANSFORMERS_ACTIVATIONS:
+    if not gated and act not in _ACTIVATIONS:
         raise LayoutError(f"hidden_act {act!r}: keras_vit reads "
-                          f"{', '.join(_TRANSFORMERS_ACTIVATIONS)} (and 'silu' gated).")
+                          f"{', '.join(_ACTIVATIONS)} (and 'silu' gated).")
     patch, hidden = config.get("patch_size", 16), config.get("hidden_size", 384)
     kernel = tensor(state, "embeddings.patch_embeddings.weight", "transformers")
     if tuple(kernel.shape[-2:]) != ((patch, patch) if isinstance(patch, int) else tuple(patch)):
@@ -537,7 +537,7 @@ def _spec_from_dinov3(config, state):
                       config.get("num_attention_heads", 6), config.get("num_hidden_layers", 12),
                       kernel.shape[-1], image_size=config.get("image_size", 224),
                       include_top=False, num_classes=1,
-                      activation="swiglu" if gated else _TRANSFORMERS_ACTIVATIONS[act],
+                      activation="swiglu" if gated else _ACTIVATIONS[act],
                       layer_norm_epsilon=config.get("layer_norm_eps", 1e-5),
                       qkv_bias=any(biases),  # the others' zero (`_dinov3_names`)
                       layer_scale_init=float(config.get("layerscale_value", 1.0)),
@@ -609,9 +609,9 @@ def _spec_from_tower(config, state, family, prefix=""):
     positions = tensor(state, prefix + "embeddings.position_embedding.weight", "transformers")
     check_grid(positions[None], image_size, patch, int(clip), "image_size")
     act = config.get("hidden_act", "quick_gelu" if clip else "gelu_pytorch_tanh")
-    if act not in _TRANSFORMERS_ACTIVATIONS:
+    if act not in _ACTIVATIONS:
         raise LayoutError(f"hidden_act {act!r}: keras_vit reads "
-                          f"{', '.join(_TRANSFORMERS_ACTIVATIONS)}.")
+                          f"{', '.join(_ACTIVATIONS)}.")
     hidden = config.get("hidden_size", 768)
     pooling = (dict(pre_norm=True, classifier="token", final_norm="pooled") if clip
                else dict(classifier="map", final_norm="tokens"))
@@ -622,7 +622,7 @@ def _spec_from_tower(config, state, family, prefix=""):
     return sized_spec(hidden, config.get("intermediate_size", 3072),
                       config.get("num_attention_heads", 12), config.get("num_hidden_layers", 12),
                       patch, image_size=image_size, **top, **pooling,
-                      activation=_TRANSFORMERS_ACTIVATIONS[act],
+                      activation=_ACTIVATIONS[act],
                       layer_norm_epsilon=config.get("layer_norm_eps", 1e-5 if clip else 1e-6),
                       attention_dropout=config.get("attention_dropout", 0.0))
 
