@@ -261,6 +261,14 @@ def check_grid(position_embeddings, image_size, patch, prefix_tokens, field):
             "to resample the position embeddings, pass image_size= to from_pretrained.")
 
 
+def check_expressible(target, lacking):
+    """A LayoutError for a model with any of `lacking`'s options, (whether the model has it,
+    the option in words) pairs: `target`, the library's class it is written as, has none."""
+    problems = [problem for bad, problem in lacking if bad]
+    if problems:
+        raise LayoutError(f"{target}, which has no {'; no '.join(problems)}.")
+
+
 def check_plain(spec, target, swiglu=False, hybrid=False):
     """A LayoutError for what `target`, a library's plain ViT class, cannot write: RoPE, other
     position embeddings, a ResNet stem (unless `hybrid`), axial blocks, SwiGLU (unless

@@ -165,7 +165,7 @@ def eva_config(spec, preprocessing, arrays):
     """timm's Eva `config.json` for a model with RoPE, inner LayerNorms or Eva's attention
     pooling (`is_eva`): every Eva argument in `model_args` (so that none of the
     architecture's own applies), RoPE laid out as `WRITTEN_ROPE` says."""
-    problems = [problem for bad, problem in (
+    lacking = (
         (spec.is_hybrid or spec.axial, f"ResNet stem or axial blocks ({spec.variant})"),
         (spec.position_embedding not in ("learned", "none"),
          f"position_embedding={spec.position_embedding!r}"),
@@ -184,10 +184,9 @@ def eva_config(spec, preprocessing, arrays):
         (spec.pre_norm and spec.position_embedding == "none",
          "pre_norm without position embeddings (its patch embedding then has no bias, which "
          "keras_vit folds into the position embeddings)"))
-        if bad]
-    if problems:
-        raise LayoutError(f"A model with RoPE, inner LayerNorms or Eva's attention pooling is "
-                          f"written as timm's Eva, which has no {'; no '.join(problems)}.")
+    common.check_expressible(
+        "A model with RoPE, inner LayerNorms or Eva's attention pooling is written as timm's "
+        "Eva", lacking)
     height, width = spec.image_size
     interleaved, xy = WRITTEN_ROPE.get(spec.rope, (False, False))
     fc_norm = spec.final_norm == "pooled"

@@ -508,7 +508,7 @@ def _timm_hybrid_architecture(spec):
 def _relpos_config(spec, preprocessing):
     """timm's VisionTransformerRelPos `config.json` for a model of position_embedding
     "relative_mlp" (its RelPosMlp in every block): every argument in `model_args`."""
-    problems = [problem for bad, problem in (
+    lacking = (
         (spec.is_hybrid or spec.axial, f"ResNet stem or axial blocks ({spec.variant})"),
         (spec.position_embedding_placement != "stem",
          f"position embeddings placed {spec.position_embedding_placement!r}"),
@@ -527,10 +527,9 @@ def _relpos_config(spec, preprocessing):
         (spec.layer_norm_epsilon != _RELPOS_DEFAULTS["norm_layer"]["layer_norm"],
          f"LayerNorm epsilon {spec.layer_norm_epsilon} (its are 1e-6; timm's model_args "
          "cannot name another)"))
-        if bad]
-    if problems:
-        raise LayoutError(f"A model of position_embedding='relative_mlp' is written as timm's "
-                          f"VisionTransformerRelPos, which has no {'; no '.join(problems)}.")
+    common.check_expressible(
+        "A model of position_embedding='relative_mlp' is written as timm's "
+        "VisionTransformerRelPos", lacking)
     height, width = spec.image_size
     args = {"img_size": [height, width], "patch_size": spec.patch_size,
             "embed_dim": spec.hidden_size, "depth": spec.num_layers,

@@ -551,7 +551,7 @@ def _dinov3_config(spec, arrays):
     """transformers' DINOv3ViTModel `config.json` for a model of RoPE at normalized
     coordinates (a LayoutError for what it cannot express); key_bias where the weights have a
     non-zero one."""
-    problems = [problem for bad, problem in (
+    lacking = (
         (spec.rope != "axial_normalized", f"rope={spec.rope!r} (its RoPE is at the patch "
                                           "centres in [-1, 1]: 'axial_normalized')"),
         (spec.position_embedding != "none", f"position_embedding={spec.position_embedding!r}"),
@@ -565,10 +565,8 @@ def _dinov3_config(spec, arrays):
         (spec.representation_size is not None, "pre_logits layer (representation_size)"),
         (spec.is_hybrid or spec.axial, f"ResNet stem or axial blocks ({spec.variant})"),
         (spec.dropout, f"dropout {spec.dropout} (it drops only attention weights)"))
-        if bad]
-    if problems:
-        raise LayoutError(f"A model with RoPE is written for transformers as its "
-                          f"DINOv3ViTModel, which has no {'; no '.join(problems)}.")
+    common.check_expressible(
+        "A model with RoPE is written for transformers as its DINOv3ViTModel", lacking)
     swiglu = spec.activation == "swiglu"
     height, width = spec.image_size
     return {
@@ -636,7 +634,7 @@ def _tower_config(spec, family, arrays=None):
     projection = family == "clip" and spec.include_top  # CLIPVisionModelWithProjection
     if projection and arrays is not None:
         _check_projection_bias(arrays["head/bias"])
-    problems = [problem for bad, problem in (
+    lacking = (
         (spec.include_top and not projection, "head: save a model with include_top=False"),
         (spec.representation_size is not None, "pre_logits layer (representation_size)"),
         (spec.num_register_tokens, "register tokens"),
@@ -646,10 +644,10 @@ def _tower_config(spec, family, arrays=None):
         (spec.dropout, f"dropout {spec.dropout} (it drops only attention weights)"),
         (spec.image_size[0] != spec.image_size[1], f"non-square image_size {spec.image_size} "
                                                    "(its position embeddings are a square "
-                                                   "grid)")) if bad]
-    if problems:
-        raise LayoutError(f"A model with {name[:-len('VisionModel')]}'s options is written as "
-                          f"transformers' {name}, which has no {'; no '.join(problems)}.")
+                                                   "grid)"))
+    common.check_expressible(
+        f"A model with {name[:-len('VisionModel')]}'s options is written as transformers' "
+        f"{name}", lacking)
     config = {"model_type": f"{family}_vision_model",
               "architectures": [name + "WithProjection" if projection else name],
               "hidden_size": spec.hidden_size, "intermediate_size": spec.mlp_dim,
@@ -688,7 +686,7 @@ def _dinov2_config(spec):
     swiglu = spec.activation == "swiglu"
     ratio = _dinov2_mlp_ratio(spec)
     pooling = "token_gap" if spec.include_top else "token"
-    problems = [problem for bad, problem in (
+    lacking = (
         (spec.classifier != pooling,
          f"{'head' if spec.include_top else 'output'} on classifier={spec.classifier!r} (its "
          "Dinov2Model outputs the class token, classifier 'token' without a head; its "
@@ -702,11 +700,9 @@ def _dinov2_config(spec):
                                                    "position embeddings are a square grid)"),
         (ratio is None, f"mlp_dim {spec.mlp_dim} (its mlp_ratio, an int, makes a multiple of "
                         "hidden_size, two thirds of one up to a multiple of 8 with SwiGLU)"))
-        if bad]
-    if problems:
-        raise LayoutError(f"A model with LayerScale is written as transformers' Dinov2Model "
-                          f"(with a head, Dinov2ForImageClassification), which has no "
-                          f"{'; no '.join(problems)}.")
+    common.check_expressible(
+        "A model with LayerScale is written as transformers' Dinov2Model (with a head, "
+        "Dinov2ForImageClassification)", lacking)
     registers = spec.num_register_tokens
     config = {
         "model_type": "dinov2_with_registers" if registers else "dinov2",
