@@ -1295,16 +1295,18 @@ class EncoderBlock(keras.layers.Layer):
 
     def _forward(self, x, training, return_attention_scores, grid):
         record = self.attention_recorder is not None
-        pre, post = ((lambda y: y), self.norm_0) if self.residual_post_norm else (
-            self.norm_0, lambda y: y)
-        attended = self.attend(pre(x), training, return_attention_scores or record, grid)
+        post_norm = self.residual_post_norm  # x + LN(branch(x)), not x + branch(LN(x))
+        attended = self.attend(x if post_norm else self.norm_0(x), training,
+                               return_attention_scores or record, grid)
         if return_attention_scores or record:
             attended, weights = attended
             if record:
                 self.attention_recorder(weights)
-        attended = post(self.dropout_layer(attended, training=training))
+        attended = self.dropout_layer(attended, training=training)
+        if post_norm:
+            attended = self.norm_0(attended)
         x = x + self.drop_path(self._scaled(0, attended), training=training)
-        if self.residual_post_norm:
+        if post_norm:
             mlp = self.norm_2(self.mlp(x, training=training))
         else:
             mlp = self.mlp(self.norm_2(x), training=training)
