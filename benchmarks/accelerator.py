@@ -14,16 +14,24 @@ folder .whl/, then carried with the checkout):
     pip install --no-index --no-deps --target .whl/site .whl/*.whl   # on the GPU machine
     PYTHONPATH=.whl/site KERAS_BACKEND=jax python benchmarks/accelerator.py
 
-It finishes in a few minutes on one GPU. `--tiny` runs the same code on the CPU with a small
-model in seconds (what the test suite runs).
+(On an image that has some of them already, install only the missing ones: on the H200 image of
+docs/speed.md, keras, ml_collections, namex and optree.) JAX and PyTorch each run in a process
+of their own, one after the other: JAX keeps most of the device's memory until its process
+ends. It finishes in about 3.5 minutes on one H200. `--tiny` runs the same code on the CPU
+with a small model in seconds (what the test suite runs).
 """
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
+# JAX takes 75% of a GPU's memory by default; the largest batch that fits wants more (PyTorch
+# runs in a process of its own).
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # What is trained and measured: B/16 at 224 px on 1000 classes, or with --tiny a small model.
@@ -39,19 +47,21 @@ NUM_CLASSES = 1000
 MEMORY_USE = 0.9  # of the device's memory, for the largest batch that fits
 
 
-def matmul_peak(size):
-    """bfloat16 FLOP/s of a `size`^3 matmul on the first device, the best of 5."""
+def matmul_peak(size, chained=10):
+    """bfloat16 FLOP/s of `chained` `size`^3 matmuls in one program on the first device (one
+    launch's overhead spread over them), the best of 5."""
     import jax
 
     a = jax.random.normal(jax.random.key(0), (size, size)).astype("bfloat16")
-    matmul = jax.jit(lambda x: x @ x)
-    matmul(a).block_until_ready()
+    w = (jax.random.normal(jax.random.key(1), (size, size)) / size**0.5).astype("bfloat16")
+    matmuls = jax.jit(lambda x: jax.lax.fori_loop(0, chained, lambda _, y: y @ w, x))
+    matmuls(a).block_until_ready()
     best = float("inf")
     for _ in range(5):
         start = time.perf_counter()
-        matmul(a).block_until_ready()
+        matmuls(a).block_until_ready()
         best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
+    return chained * 2 * size**3 / best
 
 
 def device_memory():
@@ -75,7 +85,8 @@ def keras_vit_config(setup, attention, remat, batch):
 
 
 def keras_vit_training(setup, attention, remat):
-    """(batch, images/s, the model, its trained state) of the JAX engine's train step at the
+    """(batch, images/s, the model, its trained state, whether cuDNN's flash attention runs in
+    it) of the JAX engine's train step at the
     largest of the setup's batches whose plan fits the device (the smallest where nothing is
     known)."""
     import jax
@@ -107,7 +118,9 @@ def keras_vit_training(setup, attention, remat):
         for _ in range(setup["steps"]):
             state, (loss, _) = compiled(state, data)
         loss.block_until_ready()
-        return batch, setup["steps"] * batch / (time.perf_counter() - start), step.model, state
+        speed = setup["steps"] * batch / (time.perf_counter() - start)
+        flash = "__cudnn$fmha" in compiled.as_text()  # cuDNN's fused attention in the program
+        return batch, speed, step.model, state, flash
     raise AssertionError("unreachable: the last candidate is always measured")
 
 
@@ -122,7 +135,9 @@ def keras_vit_inference(setup, model, state, batch):
         return model.stateless_call(state["trainable"], state["non_trainable"], images)[0]
 
     size = setup["image_size"]
-    images = np.random.default_rng(0).uniform(-1, 1, (batch, size, size, 3)).astype("float32")
+    # On the device once: a host array would be copied to it at every call (600 MB at 1,024).
+    images = jax.device_put(
+        np.random.default_rng(0).uniform(-1, 1, (batch, size, size, 3)).astype("float32"))
     forward(images).block_until_ready()
     start = time.perf_counter()
     for _ in range(setup["steps"]):
@@ -176,19 +191,20 @@ def timm_speeds(setup, batch):
         return timed(train), timed(infer)
 
     results = {}
-    results["timm"] = speeds(model)
-    try:
-        results["timm, torch.compile"] = speeds(torch.compile(model))
-    except Exception as error:  # noqa: BLE001  (its backends fail in many ways; say which)
-        results["timm, torch.compile"] = f"failed: {type(error).__name__}"
+    contenders = {"timm": lambda: model, "timm, torch.compile": lambda: torch.compile(model)}
+    for name, make in contenders.items():
+        try:
+            results[name] = speeds(make())
+        except Exception as error:  # noqa: BLE001  (out of memory, or a backend's failure: say which)
+            results[name] = f"failed: {type(error).__name__}"
+        if device == "cuda":
+            torch.cuda.empty_cache()
     return results
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tiny", action="store_true", help="a small model on the CPU, seconds")
-    args = parser.parse_args()
-    setup = TINY if args.tiny else FULL
+def jax_rows(setup):
+    """The keras_vit rows, the matmul peak and the batch timm is measured at, each training row
+    printed (to stderr) as soon as it is measured, so a run cut short still says something."""
     import jax
 
     from keras_vit import flops
@@ -196,29 +212,75 @@ def main():
     device = jax.devices()[0]
     peak = matmul_peak(setup["matmul"])
     print(f"{device.device_kind} ({device.platform}), bfloat16 matmul peak measured "
-          f"{peak / 1e12:.1f} TFLOP/s")
-    rows, training_flops = [], None
-    best = {}
+          f"{peak / 1e12:.1f} TFLOP/s", file=sys.stderr, flush=True)
+    rows, best = [], {}
     for attention in ("explicit", "fused"):
         for remat in ("none", "blocks"):
-            batch, speed, model, state = keras_vit_training(setup, attention, remat)
-            training_flops = 3 * flops.forward_flops(model)
-            rows.append((f"keras_vit, JAX engine, {attention} attention, remat {remat}",
-                         batch, speed, None))
+            name = f"keras_vit, JAX engine, {attention} attention, remat {remat}"
+            try:
+                batch, speed, model, state, flash = keras_vit_training(setup, attention, remat)
+            except Exception as error:  # noqa: BLE001  (a row that says so, then the others)
+                rows.append((f"{name} (failed: {type(error).__name__}: {error})"[:160],
+                             None, None, None))
+                print(rows[-1], file=sys.stderr, flush=True)
+                continue
+            rows.append((f"{name}{' (cuDNN flash)' if flash else ''}", batch, speed, None))
+            print(rows[-1], file=sys.stderr, flush=True)
             if remat == "none" and speed > best.get("speed", 0):
                 best = dict(speed=speed, batch=batch, model=model, state=state)
     inference = keras_vit_inference(setup, best["model"], best["state"], best["batch"])
     rows.append(("keras_vit inference (the faster attention)", best["batch"], None, inference))
-    for name, measured in timm_speeds(setup, best["batch"]).items():
-        if isinstance(measured, str):
-            rows.append((f"{name} ({measured})", best["batch"], None, None))
-        else:
-            rows.append((name, best["batch"], *measured))
+    return dict(device=f"{device.device_kind} ({device.platform})", peak=peak,
+                training_flops=3 * flops.forward_flops(best["model"]), batch=best["batch"],
+                rows=rows)
+
+
+def timm_rows(setup, batch):
+    """timm's rows at `batch`, each printed (to stderr) as soon as it is measured."""
+    rows = []
+    for name, measured in timm_speeds(setup, batch).items():
+        rows.append((f"{name} ({measured})", batch, None, None) if isinstance(measured, str)
+                    else (name, batch, *measured))
+        print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def in_child(setup_name, part, batch=0):
+    """One part's result, measured in a process of its own: JAX keeps most of the device's
+    memory for itself until its process ends, and PyTorch would find too little left."""
+    command = [sys.executable, os.path.abspath(__file__), f"--part={part}", f"--batch={batch}"]
+    if setup_name == "tiny":
+        command.append("--tiny")
+    result = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+    if result.returncode:
+        sys.exit(f"benchmarks/accelerator.py: the {part} part failed (exit "
+                 f"{result.returncode}); its output is above.")
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tiny", action="store_true", help="a small model on the CPU, seconds")
+    parser.add_argument("--part", choices=("jax", "timm"), help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    setup = TINY if args.tiny else FULL
+    if args.part == "jax":
+        print(json.dumps(jax_rows(setup)))
+        return
+    if args.part == "timm":
+        print(json.dumps(timm_rows(setup, args.batch)))
+        return
+    setup_name = "tiny" if args.tiny else "full"
+    measured = in_child(setup_name, "jax")
+    rows = measured["rows"] + in_child(setup_name, "timm", measured["batch"])
+    peak = measured["peak"]
+    print(f"{measured['device']}, bfloat16 matmul peak measured {peak / 1e12:.1f} TFLOP/s")
     print(f"\n| contender | batch | training images/s | training MFU | inference images/s |")
     print("|---|---|---|---|---|")
     for name, batch, train, infer in rows:
-        mfu = f"{train * training_flops / peak:.1%}" if train else "-"
-        print(f"| {name} | {batch} | {f'{train:,.0f}' if train else '-'} | {mfu} | "
+        mfu = f"{train * measured['training_flops'] / peak:.1%}" if train else "-"
+        print(f"| {name} | {batch or '-'} | {f'{train:,.0f}' if train else '-'} | {mfu} | "
               f"{f'{infer:,.0f}' if infer else '-'} |")
 
 

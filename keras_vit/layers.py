@@ -899,7 +899,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         if self.rope is not None:
             qkv = self._rotated(qkv, grid)
         if _fused(self.attention_impl, self.dropout, training, return_attention_scores):
-            attended = self._fused_attention(qkv, grid)
+            attended = self._fused_attention(qkv, grid, training)
             return ops.reshape(self._project(attended), (batch, tokens, hidden))
         qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # [3, batch, heads, tokens, head_dim]
         # Unstacked, not indexed: each slice's gradient would be a zero-filled copy of all of
@@ -943,7 +943,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         query, key, value = ops.unstack(qkv, 3, axis=2)
         return ops.stack([rotate(query, cos, sin), rotate(key, cos, sin), value], axis=2)
 
-    def _fused_attention(self, qkv, grid):
+    def _fused_attention(self, qkv, grid, training):
         """`[batch * tokens, D]` attended values of `qkv` `[batch, tokens, 3, heads,
         head_dim]` (queries scaled) by `keras.ops.dot_product_attention`, which never returns
         the score matrix (and on GPUs and TPUs, on JAX, never forms it whole)."""
@@ -951,9 +951,13 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         bias = None
         if self.relative is not None:  # the relative logits, [batch, heads, tokens, tokens]
             bias = self.relative(ops.transpose(query, (0, 2, 1, 3)), grid=grid)
-        # With a bias, XLA's kernel: Keras' TPU kernel (splash attention) takes none.
-        attended = ops.dot_product_attention(query, key, value, bias=bias, scale=1.0,
-                                             flash_attention=False if bias is not None else None)
+        tokens = query.shape[1]
+        if bias is None and training and tokens and tokens % 2 and odd_lengths_refused():
+            attended = _padded_to_even(query, key, value)
+        else:  # with a bias, XLA's kernel: Keras' TPU kernel (splash attention) takes none
+            attended = ops.dot_product_attention(
+                query, key, value, bias=bias, scale=1.0,
+                flash_attention=False if bias is not None else None)
         return ops.reshape(attended, (-1, qkv.shape[-1] * self.num_heads))
 
     def compute_output_spec(self, x, training=False, return_attention_scores=False, grid=None):
@@ -1054,6 +1058,31 @@ def fused_by_default():
 
         return jax.default_backend() != "cpu"
     return backend == "torch"
+
+
+@functools.cache
+def odd_lengths_refused():
+    """Whether the fused kernel cannot be trained on an odd number of tokens: cuDNN's flash
+    attention, Keras' kernel on JAX's GPUs. JAX's gradient rule for it refuses odd lengths
+    whenever there is a bias, and counts an absent one as present (jax 0.11,
+    `_dot_product_attention_fwd_rule`), so ViT's 197 tokens fall back to XLA's attention, or,
+    under remat in `lax.scan`, where Keras' fallback cannot catch the refusal, end the step."""
+    if keras.backend.backend() != "jax":
+        return False
+    import jax
+
+    return jax.default_backend() == "gpu"
+
+
+def _padded_to_even(query, key, value):
+    """Fused attention over one more (zero) token that no query attends to, cut off again: an
+    even length, which cuDNN's flash attention trains, for the price of one token."""
+    tokens = query.shape[1]
+    padded = [ops.pad(x, ((0, 0), (0, 1), (0, 0), (0, 0))) for x in (query, key, value)]
+    keep = np.ones((1, 1, tokens + 1, tokens + 1), bool)
+    keep[..., tokens] = False  # no query sees the padding key
+    attended = ops.dot_product_attention(*padded, mask=keep, scale=1.0)
+    return attended[:, :tokens]
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
