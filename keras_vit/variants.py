@@ -7,6 +7,7 @@ it a full spec.
 Pure Python, like the spec: no Keras.
 """
 
+import math
 import numbers
 import re
 
@@ -89,6 +90,20 @@ def check_rate(name, value, allow_none=False):
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be {what}, got {_describe(value)}.")
     if not 0.0 <= value < 1.0:  # also refuses NaN
+        raise ValueError(f"{name} must be {what}, got {value!r}.")
+    return float(value)
+
+
+def check_positive_number(name, value, allow_none=False):
+    """Returns `value` as a float after checking it is a finite real number > 0 (Python or
+    numpy); a `TypeError` for another type (a string, a bool), a `ValueError` for zero, a
+    negative number, inf or NaN, each naming the argument and the value."""
+    if value is None and allow_none:
+        return None
+    what = "a finite number > 0" + (" or None" if allow_none else "")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {what}, got {_describe(value)}.")
+    if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be {what}, got {value!r}.")
     return float(value)
 
