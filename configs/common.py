@@ -35,7 +35,7 @@ def get_config():
     config.pretrained = ""  # "": from scratch (docs/training.md#starting-from-a-checkpoint)
     config.pretrained_head = False  # keep the checkpoint's head (the dataset's classes)
     # LoRA: low-rank adapters on the blocks' attention and MLP kernels, which stay frozen with
-    # every other weight but the head (train/run/objectives.py); 0 trains every weight.
+    # every other weight but the heads (train/run/objectives.py); 0 trains every weight.
     config.lora_rank = 0  # the adapters' rank (8 is common); 0: no LoRA
     config.lora_alpha = placeholder(float)  # scales the adapters by alpha / rank; None: rank
     config.lora_norms = False  # the LayerNorms train too

@@ -8,7 +8,9 @@ hybrid files store GroupNorm parameters as `(1, 1, 1, C)`. Files written by the 
 code number a block's layers per class (`MlpBlock_0` for the released `MlpBlock_3`); loading
 accepts both namings, saving writes the released one.
 
-Loading checks everything before assigning anything, so a failed load leaves the model as it was.
+Loading checks everything before assigning anything, so a failed load leaves the model as it was:
+the keys, the shapes, the dtypes (numbers: float16, bfloat16 and float32 files load; strings do
+not), the finiteness of every array, and of every value in the model's dtype.
 `save_npz` also writes the model's `keras_vit.ViTConfig` beside the file (`<file>.json`).
 """
 
@@ -41,6 +43,8 @@ _OFFSET_TABLES = ("offset_embedding", "row_offset_embedding", "column_offset_emb
 # checkpoint.load reads both (flax.training.checkpoints.convert_pre_linen); so does load_npz.
 _LINEN_BLOCK_NAMES = {"MultiHeadDotProductAttention_0": "MultiHeadDotProductAttention_1",
                       "LayerNorm_1": "LayerNorm_2", "MlpBlock_0": "MlpBlock_3"}
+# What the refusals of non-numeric arrays say weights may be.
+_NUMBERS = "float16, bfloat16, float32 or float64 (or integer) arrays"
 
 
 class CheckpointError(ValueError):
@@ -101,12 +105,14 @@ def _unreachable(path, error):
 
 
 def read_npz(path):
-    """Reads an `.npz` checkpoint into a dict of numpy arrays, with clear errors for files
-    that are missing, truncated or not numpy archives. Never unpickles.
+    """Reads an `.npz` checkpoint into a dict of numpy arrays of numbers (`numeric_arrays`:
+    JAX's bfloat16 as float32), with clear errors for files that are missing, truncated or not
+    numpy archives. Never unpickles.
 
     Raises `FileNotFoundError` for a missing file, and `CheckpointError` naming the path for a
     directory, a file that could not be reached (a `gs://` path without network or access:
-    TensorFlow's error, e.g. an unresolvable host, is wrapped), or one that is not an `.npz`.
+    TensorFlow's error, e.g. an unresolvable host, is wrapped), one that is not an `.npz`, or
+    one holding arrays of anything but numbers (strings, structures).
     """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a file path or a gs:// path, got {path!r} "
@@ -127,9 +133,10 @@ def read_npz(path):
     try:
         handle = fileio.open_file(path, "rb")
         # np.load reads through GFile for gs://; a network failure mid-read is an OpError.
-        return _read_archive(path, handle)
+        arrays = _read_archive(path, handle)
     except unreachable as error:
         raise _unreachable(path, error) from error
+    return numeric_arrays(arrays, path)
 
 
 def read_weights(path):
@@ -142,16 +149,27 @@ def read_weights(path):
 
 def read_keras_model(path):
     """A keras_vit `.keras` model file, loaded in Keras' safe mode, uncompiled; a
-    `FileNotFoundError` or `CheckpointError` naming the path when it cannot be."""
+    `FileNotFoundError` or `CheckpointError` naming the path when it cannot be, or when it
+    holds another Keras model than keras_vit's (whose weights have no place in a ViT)."""
     import keras
 
     if not os.path.exists(path) and "://" not in os.fspath(path):
         raise FileNotFoundError(f"No model file at {os.fspath(path)!r}.")
     try:
-        return keras.saving.load_model(path, compile=False, safe_mode=True)
+        model = keras.saving.load_model(path, compile=False, safe_mode=True)
     except (OSError, ValueError, TypeError, zipfile.BadZipFile) as error:
         raise CheckpointError(f"{os.fspath(path)!r} is not a loadable keras_vit .keras "
                               f"model: {error}") from error
+    # keras_vit's ViTModel (keras_vit.model, which imports this module) by what it carries.
+    if not (hasattr(model, "spec") and hasattr(model, "preprocessing")):
+        raise CheckpointError(
+            f"{os.fspath(path)!r} is a Keras model of class {type(model).__name__}, not a "
+            "keras_vit model, so its weights have no place in a ViT. keras_vit reads the .keras "
+            "files of models keras_vit built (keras_vit.vit(...).save(path), a run's "
+            "model.keras), original .npz checkpoints, and transformers' or timm's models: a "
+            "directory of config.json and model.safetensors, or a hub name "
+            "(hf:<owner>/<name>, timm:<architecture>.<tag>).")
+    return model
 
 
 def model_arrays(model):
@@ -181,6 +199,50 @@ def _read_archive(path, handle):
                     f"{path!r} is not a readable .npz checkpoint (truncated, corrupt, or "
                     f"holding pickled objects, which are never loaded): {error}"
                 ) from error
+
+
+def numeric_arrays(arrays, where="the arrays given"):
+    """`arrays` (by key) as numpy arrays of numbers: floats and integers as they are, bfloat16
+    (ml_dtypes', as JAX's and safetensors' arrays convert, or the 2-byte voids numpy reads an
+    `.npz`'s back as) widened to float32, exactly. A `CheckpointError` naming `where` and
+    every array of anything else (strings, objects, structures), before anything is used."""
+    numbers, refused = {}, []
+    for key, value in arrays.items():
+        array = _as_numbers(value)
+        if array is None:
+            refused.append(f"{key} (dtype {_dtype_of(value)})")
+        else:
+            numbers[key] = array
+    if refused:
+        raise CheckpointError(
+            f"The checkpoint {where!r} holds {len(refused)} array(s) that are not numbers: "
+            f"{', '.join(refused[:10])}{', ...' if len(refused) > 10 else ''}. Weights are "
+            f"{_NUMBERS}. Nothing was loaded. Remove those arrays from the file (or pass "
+            "load_npz a dict of the others).")
+    return numbers
+
+
+def _as_numbers(value):
+    """`value` as a numpy array of floats or integers (`numeric_arrays`), or None."""
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError):  # e.g. ragged nested lists
+        return None
+    dtype = array.dtype
+    if dtype.kind in "fiu":
+        return array
+    if dtype.name == "bfloat16":
+        return array.astype(np.float32)
+    if dtype.kind == "V" and dtype.itemsize == 2 and dtype.names is None:
+        # bfloat16 stored by a writer with ml_dtypes ('|V2' in the .npy header): its bits are
+        # the high half of a float32's.
+        return (array.view("<u2").astype(np.uint32) << 16).view(np.float32)
+    return None
+
+
+def _dtype_of(value):
+    dtype = getattr(value, "dtype", None)
+    return type(value).__name__ if dtype is None else str(dtype)
 
 
 def _released_layout(arrays, where="the arrays given"):
@@ -296,18 +358,25 @@ def load_npz(model, path, *, strict=True, new_head=False, allow_nonfinite=False)
             a `CheckpointError` naming those arrays and nothing is assigned (such weights make
             every output NaN). True loads them as they are (e.g. to inspect a diverged run).
 
+    Arrays may be of any float dtype (float16, bfloat16 as JAX and big_vision write it,
+    float32, float64) or integers; each is cast to its variable's dtype. Every check is made,
+    and every value cast, before the first weight is assigned: a load that raises leaves the
+    model as it was.
+
     Raises:
         CheckpointError: the file does not fit the model (with `strict=True`), holds non-finite
-            values (with `allow_nonfinite=False`), mixes the two namings of block layers, is a
-            directory, could not be reached, or is not an `.npz` archive. `FileNotFoundError`
-            for a missing file.
+            values or values beyond the range of the model's dtype (with
+            `allow_nonfinite=False`), holds arrays that are not numbers, mixes the two namings
+            of block layers, is a directory, could not be reached, is not an `.npz` archive,
+            or is a `.keras` file of another model than keras_vit's. `FileNotFoundError` for a
+            missing file.
 
     Returns:
         A dict with lists `loaded`, `missing`, `unexpected`, `mismatched` and `resized` keys.
     """
     arrays = dict(path) if isinstance(path, dict) else read_weights(path)
     where = path if not isinstance(path, dict) else "the arrays given"
-    arrays = _released_layout(arrays, where)
+    arrays = _released_layout(numeric_arrays(arrays, where), where)
     if not allow_nonfinite:
         bad = _nonfinite_keys(arrays)
         if bad:
@@ -334,7 +403,7 @@ def load_npz(model, path, *, strict=True, new_head=False, allow_nonfinite=False)
         if key in _HEAD_KEYS and replace_head:
             used.add(key)
             report["new_head"].append(key)
-            assignments.append((variable, np.zeros(variable.shape)))
+            assignments.append((key, variable, np.zeros(variable.shape)))
             continue
         if value is None:
             report["missing"].append(key)
@@ -352,7 +421,7 @@ def load_npz(model, path, *, strict=True, new_head=False, allow_nonfinite=False)
         if value.shape != shape:
             report["mismatched"].append(f"{key}: file {value.shape}, model {shape}")
             continue
-        assignments.append((variable, value.reshape(variable.shape)))
+        assignments.append((key, variable, value.reshape(variable.shape)))
         report["loaded"].append(key)
     # Head and pre-logits the model does not have are dropped by design, not errors.
     droppable = set(_HEAD_KEYS) | set(_PRE_LOGITS_KEYS)
@@ -367,8 +436,13 @@ def load_npz(model, path, *, strict=True, new_head=False, allow_nonfinite=False)
                 "Pass strict=False to load the weights that fit.")
         logger.warning("Loaded %d weights into %s; skipped %s", len(assignments), model.name,
                        text)
-    for variable, value in assignments:
-        variable.assign(value.astype(variable.dtype))
+    if not allow_nonfinite:
+        _check_model_dtypes(assignments, where)
+    # All checked above: numbers (numeric_arrays) that fit their dtypes, or allowed not to,
+    # so no cast can stop the assignments halfway.
+    with np.errstate(over="ignore"):
+        for _, variable, value in assignments:
+            variable.assign(value.astype(_numpy_dtype(variable.dtype)))
     if "embedding/kernel" in report["resized"]:
         # Not an error (it is how a model changes its patch size), but far from free: say so.
         logger.warning(
@@ -382,6 +456,36 @@ def load_npz(model, path, *, strict=True, new_head=False, allow_nonfinite=False)
     if report["new_head"]:
         logger.info("Started a new zero-initialised head (%s).", ", ".join(report["new_head"]))
     return report
+
+
+def _check_model_dtypes(assignments, where):
+    """A CheckpointError naming the arrays (of `(key, variable, value)` assignments) whose
+    finite values their variable's dtype cannot hold: float16 ends at 65504, and the values
+    beyond would be infinities."""
+    overflowed, dtypes = [], set()
+    for key, variable, value in assignments:
+        dtype = _numpy_dtype(variable.dtype)
+        if np.can_cast(value.dtype, dtype, "safe") or not np.all(np.isfinite(value)):
+            continue  # widened exactly, or non-finite already (and allowed)
+        with np.errstate(over="ignore"):  # the overflow is what is looked for
+            if not np.all(np.isfinite(value.astype(dtype))):
+                overflowed.append(key)
+                dtypes.add(str(dtype))
+    if overflowed:
+        raise CheckpointError(
+            f"The checkpoint {where!r} holds values beyond the range of the model's "
+            f"{' and '.join(sorted(dtypes))} in {len(overflowed)} array(s): "
+            f"{', '.join(overflowed[:10])}{', ...' if len(overflowed) > 10 else ''}. Nothing "
+            "was loaded (they would be infinities, and every output NaN). Build the model in "
+            "float32 or bfloat16 (keras_vit.vit(..., dtype=...)), or pass allow_nonfinite=True "
+            "to load them anyway.")
+
+
+def _numpy_dtype(name):
+    """The numpy dtype of a Keras dtype name (numpy has no bfloat16 of its own)."""
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16) if str(name) == "bfloat16" else np.dtype(str(name))
 
 
 def save_npz(model, path):

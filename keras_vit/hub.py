@@ -70,7 +70,8 @@ def local_directory(source, cache_dir=None):
 
 
 def read_directory(directory):
-    """`(config, state)`: a directory's `config.json` and its safetensors weights, by name."""
+    """`(config, state)`: a directory's `config.json` and its safetensors weights, by name,
+    as numbers (`checkpoint.numeric_arrays`: bfloat16 as float32)."""
     config_path = os.path.join(directory, CONFIG_FILE)
     weights_path = os.path.join(directory, WEIGHTS_FILE)
     if not os.path.exists(config_path):
@@ -95,7 +96,8 @@ def read_directory(directory):
     except Exception as error:  # the reader raises its own types for a damaged file
         raise checkpoint.CheckpointError(
             f"{weights_path} is not a readable safetensors file: {error}") from error
-    return config, state
+    # bfloat16 widened to float32 now: the normalisation folds into the patch embedding in it.
+    return config, checkpoint.numeric_arrays(state, weights_path)
 
 
 def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, preprocessing=None,

@@ -1209,8 +1209,8 @@ class EncoderBlock(keras.layers.Layer):
         residual_post_norm: True to norm each branch's output (x + LN(branch(x))) instead of
             its input (`ViTConfig.residual_post_norm`).
         attention_impl: how the attention is computed, see `MultiHeadSelfAttention`.
-        remat: True to keep only the block's input for the backward pass, which computes the
-            block again (see `_rematerialized`).
+        remat: True to keep, in training, only the block's input for the backward pass,
+            which computes the block again (see `_rematerialized`).
         layer_scale_init: None (the original), or LayerScale's initial value: each residual
             branch is multiplied by a learned per-channel scale (`layer_scale_0` after the
             attention, `layer_scale_1` after the MLP).
@@ -1295,7 +1295,10 @@ class EncoderBlock(keras.layers.Layer):
                               return_attention_scores=return_attention_scores, grid=grid)
 
     def call(self, x, training=False, return_attention_scores=False, grid=None):
-        if self.remat and not return_attention_scores and self.attention_recorder is None:
+        # Remat serves a backward pass, so only training: an inference graph (an export's
+        # SavedModel or TFLite file) must not carry its custom gradient.
+        if (self.remat and training and not return_attention_scores
+                and self.attention_recorder is None):
             return self._rematerialized(x, training, grid)
         return self._forward(x, training, return_attention_scores, grid)
 

@@ -678,7 +678,8 @@ def _check_rope(values, check):
     """rope, rope_temperature (the kind's default filled in) and rope_reference_grid."""
     def kind(value):
         if value is not None and value not in ROPE_TEMPERATURES:
-            raise ValueError(f"must be None or one of {tuple(ROPE_TEMPERATURES)}")
+            error = ValueError if isinstance(value, str) else TypeError
+            raise error(f"must be None or one of {tuple(ROPE_TEMPERATURES)}")
         return value
 
     check("rope", kind)

@@ -1,10 +1,36 @@
-"""Shared by the model tests: the tiny ViT's size, `randomise` and `random_tiny_vit`."""
+"""Shared by the model tests: the tiny ViT's size, `randomise`, `random_tiny_vit`, and the
+option families that every tool is tried on (`OPTION_FAMILIES`)."""
 
 import numpy as np
 
 # Width 24 (3 heads of 8), MLP 48, 2 blocks: small enough for fast tests, with several heads
 # and blocks. Tests add image_size, patch_size and num_classes, or override num_layers.
 TINY_VIT = dict(hidden_size=24, mlp_dim=48, num_heads=3, num_layers=2)
+
+# A model of each family of spec options, each with the fields that shape its weights or its
+# computation: the tools (export, `.keras`, `.npz`, LoRA, remat, fused attention, any image
+# size) are tried on every one (tests/test_option_matrix.py, tests/test_export.py). A new
+# option family joins here.
+OPTION_FAMILIES = {
+    "learned": {},
+    "distillation_token": {"distillation_token": True},
+    "swiglu_layer_scale": {"activation": "swiglu", "layer_scale_init": 0.1},
+    "rope": {"rope": "axial"},
+    "rope_normalized": {"rope": "axial_normalized"},
+    "rope_mixed": {"rope": "mixed"},
+    "relative_mlp_token_gap": {"position_embedding": "relative_mlp",
+                               "classifier": "token_gap"},
+    "inner_norms": {"mlp_inner_norm": True, "attention_inner_norm": True, "classifier": "gap",
+                    "class_token": True},
+    "relative_2d_gap": {"position_embedding": "relative_2d", "classifier": "gap"},
+    "map_registers": {"classifier": "map", "num_register_tokens": 2},
+    "post_norm_pooled": {"residual_post_norm": True, "final_norm": "pooled",
+                         "classifier": "gap"},
+    "learned_2d_every_layer": {"position_embedding": "learned_2d",
+                               "position_embedding_placement": "every_layer"},
+    "remat_fused_relative": {"remat": "blocks", "attention_impl": "fused",
+                             "position_embedding": "relative"},
+}
 
 
 def randomise(layer, seed=1, scale=0.3):

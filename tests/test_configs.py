@@ -467,3 +467,62 @@ def test_a_run_saved_with_approximate_gelu_resumes_as_its_activation(tmp_path):
                        match="model.activation: 'gelu' -> 'gelu_tanh'"):
         run_config.check_resume(_tiny_quickstart(), str(tmp_path))
     assert model_config.model_spec(ml_collections.ConfigDict(saved), 10).activation == "gelu"
+
+
+# LoRA's fields (config.lora_rank, lora_alpha, lora_norms): checked with the model's shape before
+# any slow work, as keras_vit.lora.enable would refuse them later.
+
+def _small_lora(model=None, **fields):
+    """`_small` with the run's `fields` set (config.lora_alpha = 16.0, ...)."""
+    config = _small(**(model or {}))
+    for name, value in fields.items():
+        config[name] = value
+    return config
+
+
+@pytest.mark.parametrize("fields, shown", [
+    (dict(lora_alpha=16.0), "config.lora_alpha=16.0"),
+    (dict(lora_norms=True), "config.lora_norms=True"),
+    (dict(lora_alpha=16.0, lora_norms=True), "config.lora_alpha=16.0, config.lora_norms=True")])
+def test_lora_scale_or_norms_without_a_rank_are_refused(fields, shown):
+    """Without a rank the run trains every weight: the other LoRA fields would do nothing."""
+    from train.run import config_checks
+    with pytest.raises(ValueError) as error:
+        config_checks.check(_small_lora(**fields))
+    message = str(error.value)
+    assert f"config.lora_rank=0: {shown} given" in message, message
+    assert "set config.lora_rank" in message and "8 is common" in message, message
+    config_checks.check(_small_lora(lora_rank=4, **fields))
+
+
+def test_a_lora_rank_above_the_models_kernels_is_refused_before_any_slow_work():
+    """configs/quickstart.py's kernels are 64 wide (hidden_size 64, mlp_dim 128)."""
+    from train.run import config_checks
+    config = quickstart.get_config()
+    config.lora_rank = 4096
+    with pytest.raises(ValueError) as error:
+        config_checks.check(config)
+    message = str(error.value)
+    for words in ("config.lora_rank=4096: must be at most 64", "config.model.hidden_size=64",
+                  "config.model.mlp_dim=128", "<= 64"):
+        assert words in message, message
+    config.lora_rank = 64
+    config_checks.check(config)
+
+
+@pytest.mark.parametrize("model", [{}, {"mlp_dim": 8}], ids=["hidden_narrower", "mlp_narrower"])
+def test_the_lora_rank_check_passes_exactly_the_ranks_the_model_takes(model):
+    from train.run import config_checks, objectives
+    limit = min(16, model.get("mlp_dim", 32))
+    for rank in (limit, limit + 1):
+        config = _small_lora(model, lora_rank=rank)
+        try:
+            objectives.build_model(config, num_classes=10)
+        except ValueError:
+            assert rank == limit + 1
+            with pytest.raises(ValueError, match=f"config.lora_rank={rank}: must be at most "
+                                                 f"{limit}"):
+                config_checks.check(config)
+        else:
+            assert rank == limit
+            config_checks.check(config)

@@ -135,3 +135,52 @@ def test_a_teacher_of_other_classes_or_no_teacher_is_one_error(fake_fmnist, tmp_
                           ({"distill": "warm"}, "config.distill='warm'")):
         with pytest.raises(ValueError, match=shown):
             config_checks.check(tiny_config(fake_fmnist, **fields))
+
+
+def test_a_missing_or_unreadable_teacher_is_named_as_config_distill_teacher(fake_fmnist,
+                                                                             tmp_path):
+    """A path that does not exist is said to be missing (by the config checks, before any slow
+    work, and by the loading); an empty directory cannot be read, named as the teacher."""
+    missing = str(tmp_path / "nowhere" / "teacher.npz")
+    config = tiny_config(fake_fmnist, distill="soft", distill_teacher=missing)
+    for refuse in (config_checks.check, lambda config: objectives.make(config, 10).build()):
+        with pytest.raises(ValueError) as error:
+            refuse(config)
+        message = str(error.value)
+        assert f"config.distill_teacher={missing!r}: does not exist" in message, message
+        assert "architecture is unknown" not in message, message
+    (tmp_path / "empty").mkdir()
+    empty = str(tmp_path / "empty")
+    config = tiny_config(fake_fmnist, distill="soft", distill_teacher=empty)
+    config_checks.check(config)  # it exists: what it holds is read when the run starts
+    with pytest.raises(ValueError) as error:
+        objectives.make(config, 10).build()
+    message = str(error.value)
+    assert f"config.distill_teacher={empty!r} cannot be read: No config.json" in message, message
+    assert "config.pretrained" not in message, message
+
+
+def test_lora_trains_a_distillation_tokens_head_on_the_teacher_and_exports_it(
+        fake_fmnist, tmp_path, monkeypatch):
+    """--config.lora_rank with --config.distill=soft and a distillation-token student: its
+    `head_dist` (zeros at the start) learns the teacher, and the exported model.keras holds it."""
+    import os
+
+    import tensorflow as tf
+
+    from train.engines import tf_engine
+    from train.run import export
+    monkeypatch.setattr(export, "export_model", lambda *args, **kwargs: None)  # no serving
+    write_teacher(tmp_path / "teacher.npz")
+    config = tiny_config(fake_fmnist, distill="soft", distill_teacher=str(tmp_path /
+                                                                        "teacher.npz"),
+                         lora_rank=2, model=dict(distillation_token=True), total_steps=2,
+                         steps_per_loop=1, warmup_steps=0, eval_every_steps=2,
+                         checkpoint_every_steps=2, export=True)
+    workdir = str(tmp_path / "run")
+    tf_engine.train_and_evaluate(config, workdir, tf.distribute.OneDeviceStrategy("/cpu:0"))
+    exported = keras.saving.load_model(os.path.join(workdir, "export", "model.keras"))
+    assert not any("lora" in variable.path for variable in exported.weights)
+    for head in ("head", "head_dist"):
+        kernel = to_np(exported.get_layer(head).kernel)
+        assert np.abs(kernel).max() > 0, f"{head}/kernel is still all zeros"

@@ -24,7 +24,7 @@ import tensorflow as tf
 import keras_vit
 from keras_vit import export
 from export_fixtures import NUM_CLASSES, SIZE, keras_logits, tiny_vit
-from model_fixtures import TINY_VIT
+from model_fixtures import OPTION_FAMILIES, TINY_VIT
 from train_fixtures import REPO, main_command
 
 CLASS_NAMES = ["cat", "dog", "fox", "owl", "elk", "bee", "ant"]
@@ -399,19 +399,12 @@ def test_tflite_hybrid(tmp_path):
     print(f"\nTFLite hybrid float32: {size} bytes, max |logit difference| {difference:.2e}")
 
 
-@pytest.mark.parametrize("fields", [{"distillation_token": True}, {"activation": "swiglu"},
-                                    {"rope": "axial"}, {"rope": "axial_normalized"},
-                                    {"rope": "mixed"},
-                                    {"position_embedding": "relative_mlp",
-                                     "classifier": "token_gap"},
-                                    {"mlp_inner_norm": True, "attention_inner_norm": True,
-                                     "classifier": "gap", "class_token": True}],
-                         ids=["distillation_token", "swiglu", "rope", "rope_normalized",
-                              "rope_mixed", "relative_mlp_token_gap", "inner_norms"])
-def test_later_options_export_as_the_keras_model_computes(tmp_path, fields):
-    """DeiT's distillation token and two heads (their mean is the output), SwiGLU's gated
-    MLPs and rotary embeddings: the SavedModel and the TFLite file give the Keras model's
-    logits."""
+@pytest.mark.parametrize("fields", OPTION_FAMILIES.values(), ids=OPTION_FAMILIES.keys())
+def test_every_option_family_exports_as_the_keras_model_computes(tmp_path, fields):
+    """A model of each option family (model_fixtures.OPTION_FAMILIES: DeiT's distillation token
+    and two heads, whose mean is the output; SwiGLU; rotary embeddings; the poolings; and the
+    choices of how training runs, remat and fused attention, which an export of the inference
+    model must not carry): the SavedModel and the TFLite file give the Keras model's logits."""
     model = keras_vit.vit("Ti/16", image_size=SIZE, patch_size=8, hidden_size=16, mlp_dim=32,
                           num_heads=2, num_layers=1, num_classes=5, **fields)
     rng = np.random.default_rng(7)
@@ -544,6 +537,28 @@ def _run(command, env, timeout=240):
                             timeout=timeout)
     assert result.returncode == 0, f"{command} exited {result.returncode}:\n{result.stderr[-6000:]}"
     return result
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_a_remat_run_exports_every_format(fake_fmnist, tmp_path, backend):
+    """A run trained with remat and fused attention, on either engine, exports the inference
+    model: the SavedModel, both TFLite files and the `.keras` file, with the same logits."""
+    workdir = str(tmp_path / "run")
+    _run(main_command(fake_fmnist, workdir, export=True,
+                      model=dict(remat="blocks", attention_impl="fused")),
+         dict(fake_fmnist.env(), KERAS_BACKEND=backend))
+    directory = os.path.join(workdir, "export")
+    model = keras.saving.load_model(os.path.join(directory, "model.keras"))
+    assert model.spec.remat == "blocks"
+    pixels = np.random.default_rng(0).uniform(0, 255, (2, 28, 28, 3)).astype(np.float32)
+    served = tf.saved_model.load(os.path.join(directory, "saved_model", "1"))
+    np.testing.assert_allclose(
+        served.signatures["serving_images"](images=tf.constant(pixels))["logits"],
+        keras_logits(model, pixels), atol=1e-5)
+    np.testing.assert_allclose(run_tflite(os.path.join(directory, "model_float32.tflite"),
+                                          pixels), keras_logits(model, pixels), atol=1e-4)
+    assert os.path.getsize(os.path.join(directory, "model_int8.tflite")) > 0
 
 
 @pytest.mark.processes

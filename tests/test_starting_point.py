@@ -187,6 +187,24 @@ def test_a_checkpoint_that_cannot_be_read_is_one_paragraph_before_any_slow_work(
         assert not (tmp_path / "run").exists()
 
 
+def test_what_a_checkpoint_field_names_is_told_apart_from_nothing_in_process(tmp_path):
+    """`names_something`, shared by config.pretrained's and config.distill_teacher's checks:
+    published names, URLs, hub names and existing paths, not a missing path; `read` names the
+    field that gave the checkpoint."""
+    published = sorted(keras_vit.pretrained.PUBLISHED)[0]
+    for named in (str(tmp_path), published, "augreg/anything.npz", "gs://bucket/model.npz",
+                  "https://example.com/model.npz", "hf:owner/name", "timm:vit_tiny.tag"):
+        assert starting_point.names_something(named), named
+    missing = str(tmp_path / "missing.npz")
+    assert not starting_point.names_something(missing)
+    with pytest.raises(ValueError, match="is neither an existing file or directory"):
+        config_checks.check(finetune_config(missing))
+    with pytest.raises(ValueError) as error:
+        starting_point.read(str(tmp_path), field="distill_teacher")
+    assert str(error.value).startswith(f"config.distill_teacher={str(tmp_path)!r} cannot be "
+                                       "read: No config.json in")
+
+
 def finetune_run(data, workdir, backend, **overrides):
     """`train.main` with configs/finetune.py on the fake data, TINY's run (not its model) at
     40 px (a size the default B/16's patches do not divide: the checkpoint's 8-pixel ones do)

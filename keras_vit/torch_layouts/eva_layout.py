@@ -183,7 +183,8 @@ def eva_config(spec, preprocessing, arrays):
                                                     "are exact GELU or SwiGLU)"),
         (spec.pre_norm and spec.position_embedding == "none",
          "pre_norm without position embeddings (its patch embedding then has no bias, which "
-         "keras_vit folds into the position embeddings)"))
+         "keras_vit folds into the position embeddings)"),
+        (spec.classifier == "token_gap", timm_common.TOKEN_GAP))  # last: it says the way round
     common.check_expressible(
         "A model with RoPE, inner LayerNorms or Eva's attention pooling is written as timm's "
         "Eva", lacking)

@@ -16,6 +16,13 @@ logger = logging.getLogger(__name__)
 # A packed SwiGLU (GluMlp's fc1: the gate's rows, then the value's: Eva's and VisionTransformer's
 # SwiGLUPacked), as its unpacked names.
 GLU_PACKED = ((r".*\.mlp", ".fc1.", ("fc1_g", "fc1_x")),)
+# DINOv2's head, which none of timm's ViT classes has: their global_pool (timm.layers'
+# global_pool_nlc, and attention pooling) takes one of these.
+TOKEN_GAP = ("classifier='token_gap' (DINOv2's head on the class token beside the patch tokens' "
+             "mean: timm's global_pool is 'token', 'avg', 'avgmax', 'max' or 'map'). Nothing was "
+             "written. Save it with keras_vit.checkpoint.save_npz or model.save(...keras), or, "
+             "for a model of learned position embeddings with LayerScale, with "
+             "format='transformers' (its Dinov2ForImageClassification)")
 
 
 @functools.cache

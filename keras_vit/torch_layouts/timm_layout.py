@@ -415,6 +415,8 @@ def timm_config(spec, preprocessing, arrays=None):
         return _relpos_config(spec, preprocessing)
     timm_class = next(name for name, distilled in TIMM_CLASSES.items()
                       if distilled == spec.distillation_token)
+    common.check_expressible(f"This model is written as timm's {timm_class}",
+                             [(spec.classifier == "token_gap", timm_common.TOKEN_GAP)])
     if spec.is_hybrid:
         _check_timm_hybrid(spec)
     common.check_plain(spec, f"timm's {timm_class}", swiglu=True, hybrid=spec.is_hybrid)

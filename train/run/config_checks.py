@@ -22,6 +22,7 @@ neither Keras nor TensorFlow; the owners of the rules are imported when a check 
 
 import dataclasses
 import math
+import numbers
 import os
 
 from absl import app, logging
@@ -118,6 +119,11 @@ def _interval(low, high, high_inclusive, low_inclusive=True):
     return f"in {left}{low}, {high}{right}"
 
 
+def _is_bool(value):
+    """A Python or NumPy bool (NumPy's numbers are taken where Python's are)."""
+    return type(value).__name__ in ("bool", "bool_")
+
+
 def _rule_problem(kind, details, value):
     """What is wrong with `value` under the rule, or None."""
     if kind.startswith("optional_") and kind != "optional_str":
@@ -125,7 +131,7 @@ def _rule_problem(kind, details, value):
     if kind == "int":
         low, high = details
         what = "an integer"
-        if not isinstance(value, int) or isinstance(value, bool):
+        if not isinstance(value, numbers.Integral) or _is_bool(value):
             return f"must be {what}"
         if value < low or (high is not None and value > high):
             bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
@@ -134,7 +140,7 @@ def _rule_problem(kind, details, value):
     if kind in ("float", "float_above"):
         low, high, high_inclusive = details
         interval = _interval(low, high, high_inclusive, low_inclusive=kind == "float")
-        if (not isinstance(value, (int, float)) or isinstance(value, bool)
+        if (not isinstance(value, numbers.Real) or _is_bool(value)
                 or not math.isfinite(value)):
             return f"must be a finite number {interval}"
         too_low = value <= low if kind == "float_above" else value < low
@@ -143,7 +149,7 @@ def _rule_problem(kind, details, value):
     if kind == "choice":
         return None if value in details else f"must be one of {', '.join(map(repr, details))}"
     if kind == "bool":
-        return None if isinstance(value, bool) else "must be True or False"
+        return None if _is_bool(value) else "must be True or False"
     if kind == "str":
         return None if isinstance(value, str) and value.strip() else "must be a non-empty string"
     if kind == "any_str":

@@ -105,6 +105,7 @@ def install_config_parser(flag):
                     text = (f"{text}. {MODEL_FIELDS_MOVED}: set "
                             "config.model.variant and config.model.<field>")
                 raise type(error)(text) from None
+            _numpy_scalars_as_python(config)
             _check_model_flags(flag.name, config, sys.argv)
             if getattr(self, "_lock_config", True) and callable(getattr(config, "lock", None)):
                 config.lock()
@@ -113,6 +114,21 @@ def install_config_parser(flag):
     parser = copy.copy(flag.parser)
     parser.__class__ = ConfigFileParser
     flag.parser = parser
+
+
+def _numpy_scalars_as_python(config):
+    """Replaces (in place) the NumPy numbers and bools of a config (a file may compute its
+    values with NumPy) by the Python values they stand for: the checks take either, but the
+    run's config.json and the overrides' parsing want Python's."""
+    if not hasattr(config, "keys"):
+        return
+    for name in list(config.keys()):
+        value = config[name]
+        if hasattr(value, "keys"):
+            _numpy_scalars_as_python(value)
+        elif type(value).__module__ == "numpy" and hasattr(value, "item"):
+            with config.ignore_type():  # the field's type was NumPy's
+                config[name] = value.item()
 
 
 def _check_model_flags(flag, config, argv):

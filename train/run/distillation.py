@@ -25,6 +25,8 @@ from keras import ops
 
 import keras_vit
 
+from . import starting_point
+
 KINDS = ("none", "soft", "hard")
 RULES = {
     "distill": ("choice", KINDS),
@@ -34,9 +36,15 @@ RULES = {
 }
 
 
+# What a teacher that names nothing is told (the config checks and `load_teacher`).
+MISSING_TEACHER = ("does not exist: give a checkpoint that says its architecture (a directory, "
+                   "hub name, model.keras or an .npz with its spec) or a trained run's workdir")
+
+
 def check(config, report):
     """Adds to `report` (train.run.config_checks) a distillation without its teacher, a
-    teacher without distillation, and one for another objective than classification."""
+    teacher without distillation, one for another objective than classification, and a
+    teacher that names no file, directory, hub name or URL."""
     if not report.ok("distill", "distill_teacher", "objective"):
         return
     if config.distill != "none" and not config.distill_teacher:
@@ -51,6 +59,9 @@ def check(config, report):
         report.add("distill", f"config.distill={config.distill!r}",
                    "distils a classifier's logits; masked patch prediction has none: set it "
                    "to 'none'")
+    elif config.distill != "none" and not starting_point.names_something(config.distill_teacher):
+        report.add("distill_teacher", f"config.distill_teacher={config.distill_teacher!r}",
+                   MISSING_TEACHER)
 
 
 def teacher_source(path):
@@ -63,11 +74,14 @@ def teacher_source(path):
 def load_teacher(config, num_classes):
     """The teacher of `config`, built at the run's image size and compute dtype without
     dropout, its weights the checkpoint's, frozen. A ValueError names a teacher whose
-    architecture is unknown or whose head has other classes than the dataset's."""
-    from . import starting_point
-
+    architecture is unknown or whose head has other classes than the dataset's, and one that
+    does not exist or cannot be read."""
+    if not starting_point.names_something(config.distill_teacher):
+        raise ValueError(f"config.distill_teacher={config.distill_teacher!r}: "
+                         f"{MISSING_TEACHER}.")
     source = teacher_source(config.distill_teacher)
-    found = starting_point.read(source) if starting_point.has_architecture(source) else None
+    found = (starting_point.read(source, field="distill_teacher")
+             if starting_point.has_architecture(source) else None)
     if found is None or found.spec is None:
         raise ValueError(f"config.distill_teacher={config.distill_teacher!r}: its architecture "
                          "is unknown (an original .npz has no spec); give a checkpoint that "

@@ -31,14 +31,17 @@ RULES = {
     # LoRA (keras_vit.lora): adapters of this rank on the blocks' attention and MLP kernels; 0
     # trains every weight. Alpha scales them by alpha / rank (None: the rank, a scale of 1).
     "lora_rank": ("int", (0, None)),
-    "lora_alpha": ("optional_float", (0.0, None, False)),
+    "lora_alpha": ("optional_float_above", (0.0, None, False)),
     "lora_norms": ("bool", None),  # the LayerNorms train too
 }
 
 
 def check(config, report, spec):
-    """Adds to `report` (train.run.config_checks) what keras_vit.MaskedPatchPredictor and the
-    corruption draw need of the model `spec` (a keras_vit.ViTConfig) and its patches."""
+    """Adds to `report` (train.run.config_checks) what LoRA, keras_vit.MaskedPatchPredictor
+    and the corruption draw need of the model `spec` (a keras_vit.ViTConfig) and its
+    patches."""
+    _check_lora_without_rank(config, report)
+    _check_lora_rank(config, report, spec)
     if not report.ok("objective"):
         return
     if report.ok("lora_rank") and config.lora_rank and config.objective != "classification":
@@ -64,6 +67,39 @@ def check(config, report, spec):
         report.add("mpp_random_rate", f"config.mpp_random_rate={config.mpp_random_rate}",
                    "replaces a patch by another patch of the image, but the image is one "
                    "patch: set it to 0")
+
+
+# LoRA's optional fields, as they are when not given (configs/common.py).
+LORA_OPTIONS = {"lora_alpha": None, "lora_norms": False}
+
+
+def _check_lora_without_rank(config, report):
+    """Adds to `report` LoRA's scale or norms given without its rank: a run without a rank
+    trains every weight, and they would do nothing (as a teacher without config.distill)."""
+    if not report.ok("lora_rank", *LORA_OPTIONS) or config.lora_rank:
+        return
+    given = [f"config.{name}={config[name]!r}" for name, unset in LORA_OPTIONS.items()
+             if config[name] is not unset]
+    if given:
+        report.add("lora_rank", f"config.lora_rank={config.lora_rank!r}",
+                   f"{', '.join(given)} given, but without a rank the run trains every weight "
+                   "and no LoRA: set config.lora_rank to the adapters' rank (8 is common), or "
+                   f"leave {'them' if len(given) > 1 else 'it'} out")
+
+
+def _check_lora_rank(config, report, spec):
+    """Adds to `report` a LoRA rank above what the kernels of the model `spec` take
+    (keras_vit.lora.max_rank), which keras_vit.lora.enable would refuse once the run is
+    set up."""
+    if not report.ok("lora_rank") or not config.lora_rank:
+        return
+    limit = keras_vit.lora.max_rank(spec)
+    if config.lora_rank > limit:
+        report.add("lora_rank", f"config.lora_rank={config.lora_rank!r}",
+                   f"must be at most {limit}, the smaller side of the narrowest kernel LoRA "
+                   f"adapts (config.model.hidden_size={spec.hidden_size}, "
+                   f"config.model.mlp_dim={spec.mlp_dim}): a larger rank makes adapters larger "
+                   f"than those kernels and adapts them no better; give a rank <= {limit}")
 
 
 def build_model(config, num_classes, include_top=True):

@@ -43,7 +43,6 @@ def has_architecture(pretrained):
 def check(config, report):
     """Adds to `report` (train.run.config_checks) a `config.pretrained` that names nothing
     readable: neither a published name, a URL, an existing file or directory nor a hub name."""
-    from keras_vit import hub
     from keras_vit import pretrained as published
 
     if not report.ok("pretrained", "model.variant") or not config.pretrained:
@@ -55,13 +54,22 @@ def check(config, report):
                        f"no such checkpoint was published for model {variant!r}; it exists for "
                        f"{', '.join(sorted(published.PUBLISHED[weights]))}")
         return
-    if ("://" in weights or weights.startswith(("augreg/", *hub.PREFIXES))
-            or os.path.exists(weights)):
+    if names_something(weights):
         return
     report.add("pretrained", f"config.pretrained={weights!r}",
                "is neither an existing file or directory, a URL, a gs:// path, a hub name "
                "(hf:<owner>/<name>, timm:<architecture>.<tag>) nor a published name "
                f"({', '.join(sorted(published.PUBLISHED))}); use '' to train from scratch")
+
+
+def names_something(weights):
+    """Whether `weights` names a checkpoint a run can look for: a published name, a URL or
+    gs:// path, a hub name or an existing file or directory (read when the run starts)."""
+    from keras_vit import hub
+    from keras_vit import pretrained as published
+
+    return (weights in published.PUBLISHED or "://" in weights
+            or weights.startswith(("augreg/", *hub.PREFIXES)) or os.path.exists(weights))
 
 
 def adopt_architecture(config, saved=None):
@@ -100,15 +108,16 @@ def adopt_architecture(config, saved=None):
     return {**{f"model.{name}": value for name, value in taken.items()}, **resize}
 
 
-def read(pretrained):
+def read(pretrained, field="pretrained"):
     """`keras_vit.hub.read_checkpoint` of `pretrained`, its errors as one ValueError naming
-    `config.pretrained` and the fix."""
+    `config.<field>` (the config field that gave it: a teacher is `distill_teacher`) and the
+    fix."""
     from keras_vit import checkpoint, hub, torch_layouts
 
     try:
         return hub.read_checkpoint(pretrained)
     except (OSError, ImportError, checkpoint.CheckpointError, torch_layouts.LayoutError) as error:
-        raise ValueError(f"config.pretrained={pretrained!r} cannot be read: {error}") from None
+        raise ValueError(f"config.{field}={pretrained!r} cannot be read: {error}") from None
 
 
 def _default_config():
