@@ -76,8 +76,9 @@ def keras_vit_config(setup, attention, remat, batch):
     from configs import common
 
     config = common.get_config()
-    config.model.update(dict(setup["model"], attention_impl=attention, remat=remat))
-    config.update(dict(image_size=setup["image_size"], batch_size=batch, eval_batch_size=batch,
+    config.model.update(setup["model"])
+    config.update(dict(attention_impl=attention, remat=remat,
+                       image_size=setup["image_size"], batch_size=batch, eval_batch_size=batch,
                        optimizer="adamw", learning_rate=1e-3, weight_decay=0.05,
                        warmup_steps=0, total_steps=1_000_000, grad_clip_norm=1.0,
                        dtype_policy="mixed_bfloat16"))

@@ -110,9 +110,9 @@ def planned_step(model_fields, attention, remat, fsdp, per_device_batch, image_s
     from train.engines.jax_step import JaxStep
 
     config = common.get_config()
-    config.model.update(dict(model_fields, attention_impl=attention, remat=remat))
+    config.model.update(model_fields)
     config.update(dict(image_size=image_size, dtype_policy="mixed_bfloat16", optimizer="adamw",
-                       weight_decay=0.05, fsdp=fsdp))
+                       weight_decay=0.05, fsdp=fsdp, attention_impl=attention, remat=remat))
     step = JaxStep(config, 1000, make_distribution(1, fsdp=fsdp), abstract=True)
     batch = step.batch_spec(per_device_batch * jax.device_count(), image_size)
     lowered = step.train_step.lower(step.state, batch)

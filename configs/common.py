@@ -107,6 +107,9 @@ def get_config():
     config.checkpoint_every_steps = 1000  # also saved at the end and on SIGTERM
     config.keep_checkpoints = 3  # newest checkpoints kept in workdir/checkpoints
     config.jit_compile = False  # compile the train step with XLA (on TPU it always is)
+    # How the model runs (keras_vit.execution), not what it is: kept out of the model's files.
+    config.attention_impl = "auto"  # "fused" (dot_product_attention), "explicit" or "auto"
+    config.remat = "none"  # "blocks": each block computed again in the backward pass
     # JAX engine (KERAS_BACKEND=jax): devices of the mesh's model axis, over which each block's
     # attention and MLP matrices are split; the batch axis takes the other devices.
     config.model_parallel = 1  # 1: data parallel only

@@ -4,6 +4,7 @@
     model = keras_vit.ViT_B16()                      # 224x224, 1000 classes
     model = keras_vit.vit("R50+B/16", num_classes=37)
     spec = keras_vit.ViTConfig.from_variant("S/16", image_size=384)   # the same, as data
+    keras_vit.set_execution(model, remat="blocks")   # how it runs, not what it computes
 
 `import keras_vit` loads the architecture spec, the layers and the model (and registers the
 layers for `keras.models.load_model`); the tools load on first use (PEP 562): `analysis`,
@@ -15,6 +16,7 @@ import importlib
 
 from keras_vit import layers, masked_patches, resnet  # noqa: F401  (registered for loading)
 from keras_vit.builders import *  # noqa: F401,F403  (ViT_B16, ...: one per VARIANT_NAMES)
+from keras_vit.execution import Execution, set_execution
 from keras_vit.masked_patches import MaskedPatchPredictor
 from keras_vit.intermediates import attention_model, features
 from keras_vit.model import distillation_heads, vit

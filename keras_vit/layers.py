@@ -13,7 +13,8 @@ import numpy as np
 from keras import ops
 
 from keras_vit import resample
-from keras_vit.spec import ACTIVATIONS, ATTENTION_IMPLS, CLASSIFIERS, LAYER_NORM_EPSILON
+from keras_vit.execution import ATTENTION_IMPLS
+from keras_vit.spec import ACTIVATIONS, CLASSIFIERS, LAYER_NORM_EPSILON
 from keras_vit.spec import ROPE_TEMPERATURES
 
 
@@ -797,8 +798,9 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             concatenated outputs before the output projection (`ViTConfig.attention_inner_norm`).
         attention_impl: "fused" (`keras.ops.dot_product_attention`, relative logits as its
             bias), "explicit" (logits, softmax, weighted sum) or "auto" (fused where that is
-            faster: PyTorch, JAX's GPUs and TPUs); the weights, when returned, and dropout on them in training
-            always take the explicit path.
+            faster: PyTorch, JAX's GPUs and TPUs); the weights, when returned, and dropout on
+            them in training always take the explicit path. How the layer runs, not what it
+            computes: left out of its config (`keras_vit.execution`).
         **kwargs: base `Layer` arguments.
 
     `call(x, training, return_attention_scores=False, grid=None)` returns `[batch, tokens, D]`,
@@ -968,7 +970,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                 "relative_position": self.relative_position, "grid_size": self.grid_size,
                 "num_prefix_tokens": self.num_prefix_tokens,
                 "interpolation": self.interpolation, "qkv_bias": self.qkv_bias,
-                "attention_impl": self.attention_impl, "rope": self.rope,
+                "rope": self.rope,
                 "rope_temperature": self.rope_temperature,
                 "rope_reference_grid": self.rope_reference_grid,
                 "rope_grid_offset": self.rope_grid_offset,
@@ -1210,7 +1212,8 @@ class EncoderBlock(keras.layers.Layer):
             its input (`ViTConfig.residual_post_norm`).
         attention_impl: how the attention is computed, see `MultiHeadSelfAttention`.
         remat: True to keep, in training, only the block's input for the backward pass,
-            which computes the block again (see `_rematerialized`).
+            which computes the block again (see `_rematerialized`). This and `attention_impl`
+            are how the block runs, left out of its config (`keras_vit.execution`).
         layer_scale_init: None (the original), or LayerScale's initial value: each residual
             branch is multiplied by a learned per-channel scale (`layer_scale_0` after the
             attention, `layer_scale_1` after the MLP).
@@ -1362,8 +1365,8 @@ class EncoderBlock(keras.layers.Layer):
                 "relative_position": self.relative_position, "grid_size": self.grid_size,
                 "num_prefix_tokens": self.num_prefix_tokens,
                 "interpolation": self.interpolation, "qkv_bias": self.qkv_bias,
-                "layer_scale_init": self.layer_scale_init, "attention_impl": self.attention_impl,
-                "remat": self.remat, **self.rope_options, "mlp_inner_norm": self.mlp_inner_norm,
+                "layer_scale_init": self.layer_scale_init, **self.rope_options,
+                "mlp_inner_norm": self.mlp_inner_norm,
                 "attention_inner_norm": self.attention_inner_norm,
                 "relative_mlp_dim": self.relative_mlp_dim,
                 "residual_post_norm": self.residual_post_norm}
@@ -1524,8 +1527,7 @@ class AttentionPooling(keras.layers.Layer):
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "mlp_dim": self.mlp_dim,
                 "num_prefix_tokens": self.num_prefix_tokens,
-                "layer_norm_epsilon": self.layer_norm_epsilon, "activation": self.activation,
-                "attention_impl": self.attention_impl}
+                "layer_norm_epsilon": self.layer_norm_epsilon, "activation": self.activation}
 
 
 POOLINGS = tuple(kind for kind in CLASSIFIERS if kind != "map")

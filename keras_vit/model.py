@@ -19,6 +19,7 @@ from keras import ops
 
 from keras_vit import layers as vit_layers
 from keras_vit import resnet
+from keras_vit.execution import Execution, set_execution
 from keras_vit.preprocessing import EvalPreprocessing
 from keras_vit.spec import FIELDS, ViTConfig, upgrade_fields
 from keras_vit.variants import _describe
@@ -268,7 +269,8 @@ def _block_number(name):
     return None if match is None else int(match.group(1))
 
 
-def vit(variant="B/16", *, weights=None, dtype=None, name=None, **fields):
+def vit(variant="B/16", *, weights=None, dtype=None, name=None, attention_impl="auto",
+        remat="none", **fields):
     """Builds a Vision Transformer from a variant name or a `keras_vit.ViTConfig`.
 
         keras_vit.vit("B/16", num_classes=10, image_size=384)
@@ -285,6 +287,10 @@ def vit(variant="B/16", *, weights=None, dtype=None, name=None, **fields):
         dtype: a Keras dtype policy such as "float32" or "mixed_bfloat16"; None takes the
             global policy. Outputs are float32 under mixed policies.
         name: model name; defaults to e.g. "vit_b16".
+        attention_impl, remat: how the model runs (`keras_vit.execution.Execution`: fused or
+            explicit attention, rematerialised blocks in training), not what it computes: the
+            model's `execution`, which `keras_vit.set_execution` changes later and its files
+            do not hold.
         **fields: any field of `keras_vit.ViTConfig` (each described there), changing the
             spec, e.g. `image_size=384, num_classes=10`. Every value is checked, and every
             problem reported at once, before any layer is built. A `patch_size` other than
@@ -299,6 +305,7 @@ def vit(variant="B/16", *, weights=None, dtype=None, name=None, **fields):
         from.
     """
     fields = upgrade_fields(fields)  # approximate_gelu= from before `activation`
+    chosen = Execution(attention_impl=attention_impl, remat=remat)
     unknown = sorted(set(fields) - set(FIELDS) - {"variant"})
     if unknown:
         raise TypeError(f"vit() got unexpected arguments {unknown}; the ViTConfig fields are "
@@ -312,6 +319,7 @@ def vit(variant="B/16", *, weights=None, dtype=None, name=None, **fields):
         raise TypeError(f"name must be None or a string, got {_describe(name)}.")
     policy = _dtype_policy(dtype)
     model = _build(spec, policy, name or spec.default_name)
+    set_execution(model, **chosen.to_dict())
     if weights is not None:
         from keras_vit import checkpoint, pretrained
 
@@ -376,7 +384,6 @@ def _build(spec, policy, name):
                          layer_norm_epsilon=spec.layer_norm_epsilon,
                          interpolation=interpolation, qkv_bias=spec.qkv_bias,
                          layer_scale_init=spec.layer_scale_init,
-                         attention_impl=spec.attention_impl, remat=spec.remat == "blocks",
                          mlp_inner_norm=spec.mlp_inner_norm,
                          attention_inner_norm=spec.attention_inner_norm,
                          residual_post_norm=spec.residual_post_norm,
@@ -413,7 +420,7 @@ def _build(spec, policy, name):
             spec.map_num_heads or spec.num_heads, spec.map_mlp_dim or spec.mlp_dim,
             num_prefix_tokens=0 if spec.map_include_prefix else prefix,
             layer_norm_epsilon=spec.layer_norm_epsilon, activation=spec.activation,
-            attention_impl=spec.attention_impl, name="MAPHead_0", dtype=policy)(x)
+            name="MAPHead_0", dtype=policy)(x)
     elif spec.distillation_token:
         return ViTModel(images, _distilled_top(spec, x, head_dtype), name=name, spec=spec)
     else:

@@ -20,6 +20,7 @@ import numbers
 import re
 
 from keras_vit import variants
+from keras_vit.execution import FIELDS as EXECUTION_FIELDS
 from keras_vit.variants import _describe
 
 CLASSIFIERS = ("token", "gap", "map", "token_gap")
@@ -38,11 +39,6 @@ FINAL_NORMS = ("tokens", "pooled", "none")
 # The MLP's activation: the original's tanh-approximate GELU, the exact one, OpenAI CLIP's
 # x * sigmoid(1.702 x), or SwiGLU's gated SiLU (a second input projection, the gate).
 ACTIVATIONS = ("gelu_tanh", "gelu", "quick_gelu", "swiglu")
-# How self-attention is computed: Keras' fused `dot_product_attention`, the paper's three ops,
-# or the fused one where the backend has a fused kernel and nothing asks for the weights.
-ATTENTION_IMPLS = ("auto", "fused", "explicit")
-# What the backward pass computes again instead of keeping: nothing, or every encoder block.
-REMAT = ("none", "blocks")
 # How a hybrid's ResNet normalises: the original code's, or timm's ResNetV2 (keras_vit.resnet).
 RESNET_NUMERICS = ("original", "timm")
 # Rotary position embeddings of the patches' rows and columns in every attention: at the
@@ -140,21 +136,6 @@ class ViTConfig:
         position_embedding_interpolation: how position embeddings (and relative tables) are
             resampled for another grid, when weights load and at call time: "bilinear" (the
             original code's) or "bicubic" (timm's `resample_abs_pos_embed`).
-        attention_impl: how self-attention is computed; the same weights, files and outputs
-            (to float rounding) whichever: "fused" (`keras.ops.dot_product_attention`, which
-            on Keras' JAX backend runs cuDNN's flash attention on GPUs and Pallas' splash
-            attention on TPUs, and PyTorch's `scaled_dot_product_attention` on torch: the
-            score matrix is not kept for the backward pass), "explicit" (the paper's three
-            ops: logits, softmax, weighted sum), or "auto" (fused where that is faster: on
-            PyTorch and on JAX's GPUs and TPUs; explicit on JAX's CPU, whose XLA reference
-            attention is slower, and on TensorFlow, which has no fused kernel). The attention
-            weights, when asked for (`attention_model`, `features(attention=True)`), and
-            attention dropout in training always take the explicit path.
-        remat: "none", or "blocks": in training, each encoder block keeps only its input for
-            the backward pass, which computes the block again (`keras.remat`: jax.checkpoint,
-            tf.recompute_grad, torch's checkpoint): the activations of one block at a time
-            instead of all, for about a third more compute. Dropout and stochastic depth draw
-            the same masks again. The same weights, files and outputs.
 
     Options of later ViTs (as timm's `VisionTransformer` names them), off by default:
         qkv_bias: biases in the query, key and value projections (False: none, as some
@@ -250,8 +231,6 @@ class ViTConfig:
     dynamic_image_size: bool = False
     dynamic_image_pad: bool = False
     position_embedding_interpolation: str = "bilinear"
-    attention_impl: str = "auto"
-    remat: str = "none"
     qkv_bias: bool = True
     layer_scale_init: float = None
     num_register_tokens: int = 0
@@ -289,7 +268,9 @@ class ViTConfig:
         """The spec that `to_dict()` wrote (a JSON object)."""
         if not isinstance(fields, dict):
             raise TypeError(f"A ViTConfig is read from a dict, got {_describe(fields)}.")
-        return cls(**_known(fields))
+        # Files written when the execution choices were fields of the spec hold them too.
+        return cls(**_known({name: value for name, value in fields.items()
+                             if name not in EXECUTION_FIELDS}))
 
     @classmethod
     def problems(cls, **fields):
@@ -398,6 +379,12 @@ def upgrade_fields(fields):
 def _known(fields):
     fields = upgrade_fields(fields)
     unknown = sorted(set(fields) - set(FIELDS))
+    moved = [name for name in unknown if name in EXECUTION_FIELDS]
+    if moved:
+        raise TypeError(
+            f"{' and '.join(moved)} {'are' if len(moved) > 1 else 'is'} how a model runs, not "
+            "what it is, and no ViTConfig field: pass it to keras_vit.vit(..., "
+            f"{moved[0]}=...) or keras_vit.set_execution(model, {moved[0]}=...).")
     if unknown:
         raise TypeError(f"Unknown ViTConfig fields {unknown}; the fields are {list(FIELDS)}.")
     return fields
@@ -500,9 +487,6 @@ def _resolved(fields):
         check(field, lambda value, name=field: variants.check_bool(name, value))
     check("position_embedding_interpolation", lambda value: variants.check_choice(
         "position_embedding_interpolation", value, INTERPOLATIONS))
-    check("attention_impl", lambda value: variants.check_choice(
-        "attention_impl", value, ATTENTION_IMPLS))
-    check("remat", lambda value: variants.check_choice("remat", value, REMAT))
     for field in ("qkv_bias", "prefix_position_embeddings", "pre_norm", "distillation_token",
                   "mlp_inner_norm", "attention_inner_norm", "residual_post_norm",
                   "map_include_prefix"):
@@ -602,11 +586,6 @@ def _resolved(fields):
         add(("classifier", "final_norm"), "the class token and the patches' mean are normed "
             "as tokens before they are put side by side: use final_norm 'tokens' (DINOv2's) "
             "or 'none' with classifier 'token_gap'")
-    if ok("attention_impl", "attention_dropout") and (
-            values["attention_impl"] == "fused" and values["attention_dropout"]):
-        add(("attention_impl", "attention_dropout"),
-            "fused attention never forms the attention weights that dropout would drop: use "
-            "attention_impl='auto' (explicit in training, fused otherwise) or 'explicit'")
     if ok("hidden_size", "num_heads") and values["hidden_size"] % values["num_heads"]:
         add(("hidden_size", "num_heads"),
             "num_heads must divide hidden_size (each head gets an equal share); choose "

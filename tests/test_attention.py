@@ -45,10 +45,10 @@ def relative_error(got, expected, floor=1e-12):
 
 def pair(fields, dtype=None):
     """The same weights behind explicit and fused attention."""
-    explicit = keras_vit.vit(keras_vit.ViTConfig(**{**BASE, **fields}, attention_impl="explicit"),
-                             dtype=dtype)
+    explicit = keras_vit.vit(keras_vit.ViTConfig(**{**BASE, **fields}), dtype=dtype,
+                             attention_impl="explicit")
     randomise(explicit, scale=0.3)
-    fused = keras_vit.vit(explicit.spec.replace(attention_impl="fused"), dtype=dtype)
+    fused = keras_vit.vit(explicit.spec, dtype=dtype, attention_impl="fused")
     fused.set_weights(explicit.get_weights())
     return explicit, fused
 
@@ -149,6 +149,30 @@ def test_auto_is_fused_on_torch_and_jax_accelerators_and_never_with_dropout_in_t
 
 def test_fused_with_attention_dropout_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="attention_impl='auto'"):
-        keras_vit.ViTConfig(attention_impl="fused", attention_dropout=0.1)
-    with pytest.raises(ValueError, match="attention_impl='flash': must be one of"):
-        keras_vit.ViTConfig(attention_impl="flash")
+        keras_vit.vit("Ti/16", **TINY_VIT, attention_dropout=0.1, attention_impl="fused")
+    model = keras_vit.vit("Ti/16", **TINY_VIT, attention_dropout=0.1)
+    with pytest.raises(ValueError, match="attention_impl='auto'"):
+        keras_vit.set_execution(model, attention_impl="fused")
+    assert keras_vit.execution.execution_of(model).attention_impl == "auto"  # unchanged
+    with pytest.raises(ValueError, match="attention_impl must be one of"):
+        keras_vit.vit("Ti/16", **TINY_VIT, attention_impl="flash")
+
+
+def test_the_attention_kernel_is_chosen_on_a_built_model_and_left_out_of_its_files(tmp_path):
+    """`set_execution` changes how every attention of a built model runs (its outputs the
+    same); the choice is no spec field and not in the model's `.keras` file."""
+    explicit, _ = pair({"classifier": "map"})
+    x = images()
+    expected = to_np(explicit(x))
+    keras_vit.set_execution(explicit, attention_impl="fused")
+    impls = {layer.attention_impl for layer in explicit._flatten_layers()
+             if hasattr(layer, "attention_impl")}
+    assert impls == {"fused"}
+    assert relative_error(explicit(x), expected) < 1e-5
+    explicit.save(tmp_path / "m.keras")
+    loaded = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
+    assert {layer.attention_impl for layer in loaded._flatten_layers()
+            if hasattr(layer, "attention_impl")} == {"auto"}
+    with pytest.raises(TypeError, match="keras_vit.set_execution"):
+        keras_vit.ViTConfig.from_variant("S/16", attention_impl="fused")
+    assert "attention_impl" not in keras_vit.ViTConfig().to_dict()

@@ -10,6 +10,7 @@
 Serving a SavedModel without keras_vit and the client helpers are in test_serving.py.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -545,12 +546,15 @@ def test_a_remat_run_exports_every_format(fake_fmnist, tmp_path, backend):
     """A run trained with remat and fused attention, on either engine, exports the inference
     model: the SavedModel, both TFLite files and the `.keras` file, with the same logits."""
     workdir = str(tmp_path / "run")
-    _run(main_command(fake_fmnist, workdir, export=True,
-                      model=dict(remat="blocks", attention_impl="fused")),
+    _run(main_command(fake_fmnist, workdir, export=True, remat="blocks",
+                      attention_impl="fused"),
          dict(fake_fmnist.env(), KERAS_BACKEND=backend))
     directory = os.path.join(workdir, "export")
+    with open(os.path.join(workdir, "config.json")) as handle:  # the run records how it ran
+        assert json.load(handle)["remat"] == "blocks"
     model = keras.saving.load_model(os.path.join(directory, "model.keras"))
-    assert model.spec.remat == "blocks"
+    # How it ran is not in the model's file.
+    assert keras_vit.execution.execution_of(model) == keras_vit.Execution()
     pixels = np.random.default_rng(0).uniform(0, 255, (2, 28, 28, 3)).astype(np.float32)
     served = tf.saved_model.load(os.path.join(directory, "saved_model", "1"))
     np.testing.assert_allclose(

@@ -367,7 +367,7 @@ def test_a_model_axis_that_does_not_divide_the_widths_is_one_line(fake_fmnist, t
 @pytest.mark.parametrize("variant, fields", [("Ti/16", {}), ("Ti/16", {"distillation_token": True}),
                                              ("Axial-Ti/16", {})])
 def test_remat_trains_as_without_it(fake_fmnist, tmp_path, variant, fields):
-    """`--config.model.remat=blocks` on the JAX engine: 20 steps log the same losses as without
+    """`--config.remat=blocks` on the JAX engine: 20 steps log the same losses as without
     it. A ViT's blocks, alike, run as one checkpointed loop, their dropout drawing the masks
     it draws unrolled (with DeiT's two heads after the loop too); Axial-ViT's row and column
     blocks, with stochastic depth, are checkpointed one by one, drawing masks of their own."""
@@ -375,10 +375,10 @@ def test_remat_trains_as_without_it(fake_fmnist, tmp_path, variant, fields):
     axial = "Axial" in variant
     for remat in ("none", "blocks"):
         workdir = str(tmp_path / remat)
-        model = dict(variant=variant, remat=remat, num_layers=2, dropout=0.1,
+        model = dict(variant=variant, num_layers=2, dropout=0.1,
                      drop_path_rate=0.1 if axial else 0.0,
                      **({"classifier": "gap"} if axial else {}), **fields)
-        run_jax(fake_fmnist, workdir, model=model, total_steps=20, steps_per_loop=1,
+        run_jax(fake_fmnist, workdir, model=model, remat=remat, total_steps=20, steps_per_loop=1,
                 eval_every_steps=20, checkpoint_every_steps=20)
         losses[remat] = [r["loss"] for r in read_metrics(workdir) if "loss" in r]
     assert len(losses["none"]) == 20

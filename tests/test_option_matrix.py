@@ -18,9 +18,9 @@ SIZE, PATCH = 32, 8
 
 
 def model_of(fields, **changes):
-    spec = keras_vit.ViTConfig(variant="Ti/16", image_size=SIZE, patch_size=PATCH,
-                               num_classes=5, **{**TINY_VIT, **fields})
-    return keras_vit.vit(spec.replace(**changes) if changes else spec)
+    """The family's model with `changes`: spec fields, or how it runs (`remat=`, ...)."""
+    return keras_vit.vit("Ti/16", image_size=SIZE, patch_size=PATCH, num_classes=5,
+                         **{**TINY_VIT, **fields, **changes})
 
 
 def images(size=SIZE, seed=0):

@@ -56,14 +56,13 @@ def finetune_config(pretrained, **overrides):
 def test_the_run_takes_the_checkpoints_architecture_and_weights(tmp_path, name):
     layout, fields = CHECKPOINTS[name]
     write_checkpoint(tmp_path / "checkpoint", layout, fields)
-    config = finetune_config(tmp_path / "checkpoint")
-    taken = starting_point.adopt_architecture(config)
-    assert {"model.hidden_size", "model.num_layers", "model.patch_size"} <= set(taken)
+    config, start = starting_point.resolve(finetune_config(tmp_path / "checkpoint"))
+    assert {"model.hidden_size", "model.num_layers", "model.patch_size"} <= set(start.taken)
     config_checks.check(config)
     model = keras_vit.vit(model_spec(config, num_classes=10))
     for field, value in fields.items():
         assert getattr(model.spec, field) == value
-    report = starting_point.load(objectives.make(config, 10), model, config)
+    report = start.load(objectives.make(config, 10), model, config)
     assert report["new_head"] and report["resized"] and not report["missing"]
     expected = from_pretrained(str(tmp_path / "checkpoint"), num_classes=10, image_size=48)
     assert model.spec == expected.spec
@@ -79,7 +78,7 @@ def test_layer_decay_ema_and_augreg_take_every_architecture_loaded(tmp_path, nam
     write_checkpoint(tmp_path / "checkpoint", layout, fields)
     config = finetune_config(tmp_path / "checkpoint", layer_decay=0.75, ema_decay=0.999,
                              augment="medium2", optimizer="adamw", weight_decay=0.05)
-    starting_point.adopt_architecture(config)
+    config, _ = starting_point.resolve(config)
     config_checks.check(config)
     model = keras_vit.vit(model_spec(config, num_classes=10))
     scales = optimizers.layer_scales(model, model.trainable_variables, 0.75)
@@ -91,13 +90,33 @@ def test_layer_decay_ema_and_augreg_take_every_architecture_loaded(tmp_path, nam
 
 def test_a_rerun_takes_the_saved_architecture_without_reading_the_checkpoint(tmp_path):
     write_checkpoint(tmp_path / "checkpoint", "timm", {"num_register_tokens": 2})
-    first = finetune_config(tmp_path / "checkpoint")
-    starting_point.adopt_architecture(first)
+    first, _ = starting_point.resolve(finetune_config(tmp_path / "checkpoint"))
     saved = json.loads(first.to_json_best_effort())
     (tmp_path / "checkpoint" / "model.safetensors").unlink()  # gone: not read again
-    rerun = finetune_config(tmp_path / "checkpoint")
-    starting_point.adopt_architecture(rerun, saved)
-    assert rerun.model.to_dict() == first.model.to_dict()
+    rerun, start = starting_point.resolve(finetune_config(tmp_path / "checkpoint"), saved)
+    assert rerun.model.to_dict() == first.model.to_dict() and start.spec is None
+
+
+def test_a_new_run_reads_its_checkpoint_once_and_leaves_the_given_config_as_it_is(
+        tmp_path, monkeypatch):
+    """The architecture and the weights come from one read (a hub download or a 4 GB file is
+    fetched once); the config given is not edited (the run's is a new one); the weights are
+    handed to the model once and not held after."""
+    from keras_vit import hub
+    write_checkpoint(tmp_path / "checkpoint", "timm", {"num_register_tokens": 2})
+    reads = []
+    original = hub.read_checkpoint
+    monkeypatch.setattr(hub, "read_checkpoint",
+                        lambda *args, **kwargs: reads.append(args) or original(*args, **kwargs))
+    given = finetune_config(tmp_path / "checkpoint")
+    before = given.to_json_best_effort()
+    config, start = starting_point.resolve(given)
+    assert given.to_json_best_effort() == before and config is not given
+    assert config.model.num_register_tokens == 2 and config.is_locked == given.is_locked
+    model = keras_vit.vit(model_spec(config, num_classes=10))
+    start.load(objectives.make(config, 10), model, config)
+    assert len(reads) == 1, reads
+    assert not start._weights  # given up to the model
 
 
 def test_a_field_the_user_set_that_the_checkpoint_contradicts_names_both(tmp_path):
@@ -106,35 +125,35 @@ def test_a_field_the_user_set_that_the_checkpoint_contradicts_names_both(tmp_pat
     config.model.num_layers = 4
     config.model.variant = "S/16"
     with pytest.raises(ValueError) as error:
-        starting_point.adopt_architecture(config)
+        starting_point.resolve(config)
     message = str(error.value)
     assert "config.model.num_layers=4 but the checkpoint has 2" in message
     assert "config.model.hidden_size (of variant 'S/16')=384 but the checkpoint has 24" in message
     assert "Leave those fields out" in message
-    # Fields the run decides itself may differ: dropout, stochastic depth, remat.
+    # Fields the run decides itself may differ: dropout, stochastic depth.
     config = finetune_config(tmp_path / "checkpoint")
-    config.model.drop_path_rate, config.model.remat = 0.1, "blocks"
-    starting_point.adopt_architecture(config)
+    config.model.drop_path_rate = 0.1
+    config, _ = starting_point.resolve(config)
     assert config.model.drop_path_rate == 0.1 and config.model.num_layers == 2
 
 
 def test_the_checkpoints_head_is_kept_only_when_asked_and_it_fits(tmp_path):
     write_checkpoint(tmp_path / "ten", "timm", {}, num_classes=10)
-    config = finetune_config(tmp_path / "ten", pretrained_head=True)
-    starting_point.adopt_architecture(config)
+    config, start = starting_point.resolve(finetune_config(tmp_path / "ten",
+                                                           pretrained_head=True))
     model = keras_vit.vit(model_spec(config, num_classes=10))
-    report = starting_point.load(objectives.make(config, 10), model, config)
+    report = start.load(objectives.make(config, 10), model, config)
     assert not report["new_head"]
     np.testing.assert_array_equal(
         keras.ops.convert_to_numpy(model.get_layer("head").kernel),
         keras.ops.convert_to_numpy(from_pretrained(str(tmp_path / "ten")).get_layer("head")
                                    .kernel))
     write_checkpoint(tmp_path / "five", "timm", {}, num_classes=5)
-    config = finetune_config(tmp_path / "five", pretrained_head=True)
-    starting_point.adopt_architecture(config)
+    config, start = starting_point.resolve(finetune_config(tmp_path / "five",
+                                                           pretrained_head=True))
     with pytest.raises(ValueError, match="has no head for the dataset's 10 classes"):
-        starting_point.load(objectives.make(config, 10),
-                            keras_vit.vit(model_spec(config, num_classes=10)), config)
+        start.load(objectives.make(config, 10),
+                   keras_vit.vit(model_spec(config, num_classes=10)), config)
 
 
 def test_the_run_evaluates_with_the_checkpoints_resize_and_crop(fake_fmnist, tmp_path):
@@ -151,7 +170,8 @@ def test_the_run_evaluates_with_the_checkpoints_resize_and_crop(fake_fmnist, tmp
     save_pretrained(model, tmp_path / "checkpoint", format="timm")
     config = finetune_config(tmp_path / "checkpoint", data_dir=fake_fmnist.data_dir,
                              eval_crop_fraction=0.9)
-    taken = starting_point.adopt_architecture(config)
+    config, start = starting_point.resolve(config)
+    taken = start.taken
     assert taken["eval_interpolation"] == "bicubic" and "eval_crop_fraction" not in taken
     chosen = settings.eval_preprocessing(config)
     assert chosen == EvalPreprocessing("bicubic", 0.9, "center", True)

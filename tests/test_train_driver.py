@@ -913,11 +913,11 @@ def test_tensorflows_preemption_handler_is_quiet_about_a_lost_worker(monkeypatch
 
 
 def test_remat_trains_as_without_it(fake_fmnist):
-    """`--config.model.remat=blocks` on the TensorFlow engine: 20 steps log the same losses as
+    """`--config.remat=blocks` on the TensorFlow engine: 20 steps log the same losses as
     without it (tf.recompute_grad recomputes each block in the backward pass)."""
     losses = {}
     for remat in ("none", "blocks"):
-        config = tiny_config(fake_fmnist, model=dict(remat=remat, num_layers=2),
+        config = tiny_config(fake_fmnist, model=dict(num_layers=2), remat=remat,
                              total_steps=20, warmup_steps=2)
         with tempfile.TemporaryDirectory() as workdir:
             run = tf_engine.TFEngine(config, workdir, tf.distribute.OneDeviceStrategy("/cpu:0"))

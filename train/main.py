@@ -46,8 +46,10 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     # Everything the user gave is checked before TensorFlow starts and any slow work.
     config = config_flag.loaded_config(FLAGS)
-    # A checkpoint's architecture first (its patch size decides which image sizes are valid).
-    starting_point.adopt_architecture(config, run_config.saved(FLAGS.workdir))
+    # What the run starts from first (a checkpoint's patch size decides which image sizes are
+    # valid): read once, its architecture filled into the run's config, its weights kept for
+    # the engine.
+    config, start = starting_point.resolve(config, run_config.saved(FLAGS.workdir))
     config_checks.check(config)  # the replica count is checked again once it is known
     if FLAGS.cpu_devices < 1:
         raise app.UsageError(f"--cpu_devices={FLAGS.cpu_devices} must be at least 1.")
@@ -57,9 +59,9 @@ def main(argv):
     import keras
 
     if keras.config.backend() == "jax":
-        _train_on_jax(config)
+        _train_on_jax(config, start)
     else:
-        _train_on_tensorflow(config)
+        _train_on_tensorflow(config, start)
 
 
 def _log_run(config):
@@ -73,7 +75,7 @@ def _log_run(config):
                      run_files.config_file(FLAGS.workdir))
 
 
-def _train_on_jax(config):
+def _train_on_jax(config, start):
     given = [name for name in ("strategy", "tpu") if FLAGS[name].present]
     if given:
         raise app.UsageError(f"--{given[0]} is a TensorFlow flag; the JAX engine uses every "
@@ -102,8 +104,9 @@ def _train_on_jax(config):
         config_checks.check_output_folder(FLAGS.workdir, "workdir")
     _log_run(config)
     try:
-        loop.train_and_evaluate(lambda: jax_engine.JaxEngine(config, FLAGS.workdir), config,
-                                FLAGS.workdir)
+        loop.train_and_evaluate(
+            lambda config: jax_engine.JaxEngine(config, FLAGS.workdir, start=start), config,
+            FLAGS.workdir)
     except loop.Stopped:
         sys.exit(loop.RESUMABLE_EXIT_CODE)
     except Exception as error:
@@ -119,7 +122,7 @@ def _train_on_jax(config):
                  "resumes from the newest checkpoint.", now=True)
 
 
-def _train_on_tensorflow(config):
+def _train_on_tensorflow(config, start):
     given = [name for name in ("coordinator_address", "num_processes", "process_id")
              if FLAGS[name].present]
     if given:
@@ -149,7 +152,7 @@ def _train_on_tensorflow(config):
 
     _log_run(config)
     try:
-        tf_engine.train_and_evaluate(config, FLAGS.workdir, strategy)
+        tf_engine.train_and_evaluate(config, FLAGS.workdir, strategy, start)
     except preemption.Stopped:
         sys.exit(preemption.RESUMABLE_EXIT_CODE)
     except (tf_checkpoints.CheckpointWriteError, tf_checkpoints.NoReadableCheckpointError) as error:

@@ -160,10 +160,12 @@ class JaxEngine(Engine):
     """The state of a run on JAX and the compiled functions that advance it (train.run.engine's
     contract): the step (train.engines.jax_step), this process's input, orbax checkpoints."""
 
-    def __init__(self, config, workdir, distribution=None):
+    def __init__(self, config, workdir, distribution=None, start=None):
         import orbax.checkpoint as ocp
 
         self.config, self.workdir = config, workdir
+        # What the run starts from (train.run.starting_point.resolve), loaded unless it resumes.
+        self.start = start or starting_point.StartingPoint(config.pretrained)
         hint = allocator_hint()
         if hint and is_chief_process():
             logging.info(hint)
@@ -258,7 +260,7 @@ class JaxEngine(Engine):
         return step
 
     def _load_pretrained(self):
-        starting_point.load(self.objective, self.model, self.config)
+        self.start.load(self.objective, self.model, self.config)
         self.state = self.jax_step.initial_state()
 
     def close(self):

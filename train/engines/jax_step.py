@@ -15,8 +15,7 @@ import contextlib
 import jax
 import keras
 
-from keras_vit.layers import EncoderBlock
-from keras_vit.model import ViTModel
+from keras_vit.scanned_blocks import ScannedBlocks
 
 from ..data import input_plan
 from ..run import config_checks, objectives, optimizers, step_math
@@ -59,9 +58,8 @@ class JaxStep:
             self.optimizer.build(self.model.trainable_variables)
         self.batch_sharding = jax.sharding.NamedSharding(self.mesh,
                                                          jax.sharding.PartitionSpec(BATCH_AXIS))
-        # With remat, blocks that are alike run as one checkpointed loop (`_ScannedBlocks`).
-        self.scanned_chain = (_ScannedBlocks.of(self.model)
-                              if config.model.get("remat") == "blocks" else None)
+        # With remat, blocks that are alike run as one checkpointed loop (None: as they are).
+        self.scanned_chain = ScannedBlocks.chain_of(self.model)
         self.state = self.initial_state()
         # The state keeps its layout from step to step (one compilation, donated buffers reused).
         replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
@@ -118,7 +116,7 @@ class JaxStep:
         # (Nothing to initialise on leaving it: an abstract model's variables stay shapes.)
         with keras.StatelessScope(state_mapping=mapping, initialize_variables=False) as scope:
             if self.scanned_chain is not None:
-                runner = _ScannedBlocks(model, self.scanned_chain, trainable, non_trainable)
+                runner = ScannedBlocks(model, self.scanned_chain, trainable, non_trainable)
             results = compute(self.objective, runner, batch)
         updated = [scope.get_current_value(variable) for variable in
                    model.non_trainable_variables]
@@ -176,78 +174,3 @@ def _micro_batches(batch, accum_steps, batch_devices):
             part[name] = shares[:, index].reshape((-1,) + value.shape[1:])
         micro.append(part)
     return micro
-
-
-class _ScannedBlocks:
-    """The model's forward pass with its encoder blocks as one `jax.lax.scan` over their stacked
-    weights, each step of the loop checkpointed (`jax.checkpoint`): the backward pass keeps
-    each block's input only and computes the block again. Unrolled, with each block
-    checkpointed (`keras.remat`), XLA's memory plan on CPU kept every block's activations all
-    the same (measured: benchmarks/memory_per_device.py); the loop leaves it no other order.
-    The blocks draw from their own seed generators as they would unrolled, so dropout and
-    stochastic depth mask what they would without remat.
-
-    For models whose blocks are alike and follow each other (`of`); the layers before and after
-    them run as the model's own graph (DeiT's two heads are not a chain). The objective calls
-    it in place of the model."""
-
-    def __init__(self, model, chain, trainable, non_trainable):
-        self.blocks = [layer for layer in chain if isinstance(layer, EncoderBlock)]
-        # The graph before the first block and after the last, as functional models of the
-        # model's own layers and weights.
-        self.stem = keras.Model(model.input, self.blocks[0].input)
-        self.top = keras.Model(self.blocks[-1].output, model.outputs[0])
-        self.trainable = dict(zip(map(id, model.trainable_variables), trainable))
-        self.non_trainable = dict(zip(map(id, model.non_trainable_variables), non_trainable))
-        self.updated = {}  # id(variable) -> the blocks' new seed states
-
-    @staticmethod
-    def of(model):
-        """The chain of `model`'s layers (no input layer) when its encoder can run as a loop:
-        a classifier (not masked patch prediction's wrapper) of one image size whose blocks
-        follow each other and are alike but for their weights (not Axial-ViT's row and column
-        blocks, no position embedding between them, and no stochastic depth, whose rate rises
-        from block to block). None otherwise."""
-        spec = getattr(model, "spec", None)
-        if spec is None or not isinstance(model, ViTModel) or spec.dynamic_image_size:
-            return None
-        chain = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
-        positions = [i for i, layer in enumerate(chain) if isinstance(layer, EncoderBlock)]
-        if len(positions) < 2 or positions != list(range(positions[0], positions[-1] + 1)):
-            return None
-        configs = [{**chain[i].get_config(), "name": None} for i in positions]
-        if any(config != configs[0] for config in configs):
-            return None
-        return chain
-
-    def __call__(self, images, training=False):
-        x = self._blocks(self.stem(images, training=training), training)
-        return self.top(x, training=training)
-
-    def _stacked(self, values, kind):
-        """Each of the first block's variables of `kind`, stacked over the blocks."""
-        count = len(getattr(self.blocks[0], kind))
-        return [jax.numpy.stack([values[id(getattr(block, kind)[index])]
-                                 for block in self.blocks]) for index in range(count)]
-
-    def _blocks(self, x, training):
-        template = self.blocks[0]
-
-        def body(tokens, weights):
-            trainable, non_trainable = weights
-            tokens, non_trainable = template.stateless_call(trainable, non_trainable, tokens,
-                                                            training=training)
-            return tokens, non_trainable
-
-        remat, template.remat = template.remat, False  # the loop's checkpoint does it
-        try:
-            x, states = jax.lax.scan(
-                jax.checkpoint(body, prevent_cse=False), x,
-                (self._stacked(self.trainable, "trainable_variables"),
-                 self._stacked(self.non_trainable, "non_trainable_variables")))
-        finally:
-            template.remat = remat
-        for index in range(len(template.non_trainable_variables)):
-            for number, block in enumerate(self.blocks):
-                self.updated[id(block.non_trainable_variables[index])] = states[index][number]
-        return x

@@ -55,7 +55,7 @@ class TFEngine(Engine):
     """The training state on a tf.distribute strategy and the compiled functions that advance
     it."""
 
-    def __init__(self, config, workdir, strategy):
+    def __init__(self, config, workdir, strategy, start=None):
         check_config(config, strategy.num_replicas_in_sync)
         self.config, self.workdir, self.strategy = config, workdir, strategy
         keras.utils.set_random_seed(input_plan.global_seed(config))
@@ -83,8 +83,9 @@ class TFEngine(Engine):
         if restored is not None:
             logging.info("Resumed from %s at step %d.",
                          os.path.join(self.checkpoint_dir, f"ckpt-{restored}"), self.step)
-        elif config.pretrained:
-            starting_point.load(self.objective, self.model, config)
+        elif config.pretrained:  # what the run starts from (train.run.starting_point.resolve)
+            (start or starting_point.StartingPoint(config.pretrained)).load(
+                self.objective, self.model, config)
         self._check_workers_agree(restored)
         self.saved_step = restored
         self.manager = tf.train.CheckpointManager(self.checkpoint, self.checkpoint_dir,
@@ -248,16 +249,17 @@ class TFEngine(Engine):
         """Nothing to release: tf.data and the checkpoint manager end with the process."""
 
 
-def train_and_evaluate(config, workdir, strategy):
-    """Trains (or resumes) per `config` in `workdir` and exports at the end if asked.
+def train_and_evaluate(config, workdir, strategy, start=None):
+    """Trains (or resumes) per `config` in `workdir` from `start` (train.run.starting_point;
+    None: `config.pretrained` as it is) and exports at the end if asked.
 
     Raises `run_config.ConfigMismatchError` before anything is written when `workdir` holds a
     run with another config, and `train.engines.preemption.Stopped` when stopped by SIGTERM.
     """
     from ..run import loop
 
-    metrics = loop.train_and_evaluate(lambda: TFEngine(config, workdir, strategy), config,
-                                      workdir)
+    metrics = loop.train_and_evaluate(
+        lambda config: TFEngine(config, workdir, strategy, start), config, workdir)
     _wait_for_every_worker(strategy)
     return metrics
 

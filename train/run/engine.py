@@ -9,6 +9,8 @@ Every process of a run runs the same loop, so all take the same decisions at the
 
 import abc
 
+from keras_vit.execution import ATTENTION_IMPLS, REMAT
+
 # The config fields of how an engine runs the steps, and their rules (as train.run.config_checks
 # reads them); `check` adds what the devices and the checkpoint need of them.
 RULES = {
@@ -19,12 +21,22 @@ RULES = {
     "model_parallel": ("int", (1, None)),
     "fsdp": ("bool", None),
     "keep_checkpoints": ("int", (1, None)),
+    # How the model runs (keras_vit.execution): recorded in the run's config.json, not in the
+    # model's files.
+    "attention_impl": ("choice", ATTENTION_IMPLS),
+    "remat": ("choice", REMAT),
 }
 
 
 def check(config, report, num_replicas=None):
     """Adds to `report` (train.run.config_checks) what is wrong with the batches on
     `num_replicas` replicas (None: not known yet)."""
+    if (report.ok("attention_impl") and config.attention_impl == "fused" and "model" in config
+            and config.model.get("attention_dropout")):
+        report.add("attention_impl", f"config.attention_impl={config.attention_impl!r}",
+                   "never forms the attention weights that config.model.attention_dropout="
+                   f"{config.model.attention_dropout} would drop: use 'auto' (explicit in "
+                   "training, fused otherwise) or 'explicit'")
     for field in ("batch_size", "eval_batch_size"):
         if report.ok(field) and num_replicas and config[field] % num_replicas:
             report.add(field, f"config.{field}={config[field]}",

@@ -37,8 +37,10 @@ class Stopped(Exception):
 
 
 def train_and_evaluate(engine_factory, config, workdir):
-    """Trains (or resumes) per `config` in `workdir` with the engine that `engine_factory()`
-    makes, and exports at the end if asked; returns the final eval metrics.
+    """Trains (or resumes) per `config` in `workdir` with the engine that `engine_factory(the
+    run's config)` makes, and exports at the end if asked; returns the final eval metrics.
+    The run's config is `config` with the input pipeline chosen (a new config: `config` is left
+    as it is).
 
     Raises `run_config.ConfigMismatchError` before anything is written when `workdir` holds a
     run with another config, and `train.engines.preemption.Stopped` when stopped by SIGTERM.
@@ -48,10 +50,10 @@ def train_and_evaluate(engine_factory, config, workdir):
     engine_name = run_files.current_engine()
     run_files.refuse_other_engine(workdir, engine_name)
     saved = run_config.saved(workdir)
-    config.input_pipeline = grain_pipeline.choose(config, engine_name,
-                                                  saved and saved["input_pipeline"])
+    config = run_config.replaced(config, input_pipeline=grain_pipeline.choose(
+        config, engine_name, saved and saved["input_pipeline"]))
     run_config.check_resume(config, workdir)
-    engine = engine_factory()
+    engine = engine_factory(config)
     if engine.is_chief:
         fileio.makedirs(workdir)
         run_config.write(config, workdir)  # now known to be valid; read back by train.export

@@ -106,7 +106,8 @@ def build_model(config, num_classes, include_top=True):
     """The ViT of `config` (with its classification head, or `include_top=False`: the encoder
     that returns the pooled representation), as `model_config.model_spec` describes it, adapted
     by LoRA where `config.lora_rank` asks."""
-    model = keras_vit.vit(model_spec(config, num_classes, include_top), dtype=config.dtype_policy)
+    model = keras_vit.vit(model_spec(config, num_classes, include_top), dtype=config.dtype_policy,
+                          attention_impl=config.attention_impl, remat=config.remat)
     if config.lora_rank:  # before any weight is loaded or restored: the adapters are weights
         keras_vit.lora.enable(model, config.lora_rank, config.lora_alpha, config.lora_norms)
     return model

@@ -13,6 +13,8 @@ resume, export and are analysed as before.
 import json
 
 from keras_vit import fileio
+from keras_vit.execution import split_fields
+from keras_vit.spec import FIELDS as SPEC_FIELDS
 from keras_vit.spec import upgrade_fields
 
 from . import run_files
@@ -26,7 +28,7 @@ from .config_flag import flat_fields, shipped_config
 MAY_CHANGE_ON_RESUME = ("total_steps", "steps_per_loop", "eval_every_steps",
                         "checkpoint_every_steps", "keep_checkpoints", "eval_batch_size",
                         "jit_compile", "export", "data_dir", "model_parallel", "fsdp",
-                        "input_workers", "model.attention_impl", "model.remat")
+                        "input_workers", "attention_impl", "remat")
 
 
 # Fields added to configs/common.py whose default does something else than the code did before
@@ -46,17 +48,43 @@ def migrate(saved):
     """`saved` (a config.json's dict) in today's layout: a run written before `config.model`
     held the model's fields has `model` as the variant name and the other fields beside it
     (patch_size, hidden_size, classifier, ...); they move into `model`, the name as its
-    `variant`. Other dicts are returned as they are."""
+    `variant`. A run written while `attention_impl` and `remat` were model fields has them in
+    `model`; they move out, beside it (how a run executes is not the model)."""
     model = saved.get("model")
-    if isinstance(model, dict) and "approximate_gelu" in model:  # before `activation`
-        return {**saved, "model": upgrade_fields(model)}
-    if not isinstance(model, str):
+    if isinstance(model, str):
+        model_fields = set(SPEC_FIELDS) - {"variant", "image_size"}  # the image size stays
+        migrated = {name: value for name, value in saved.items() if name not in model_fields}
+        migrated["model"] = {"variant": saved["model"],
+                             **{name: saved[name] for name in saved if name in model_fields}}
+        saved, model = migrated, migrated["model"]
+    if not isinstance(model, dict):
         return saved
-    model_fields = set(shipped_config("common").get_config().model) - {"variant"}
-    migrated = {name: value for name, value in saved.items() if name not in model_fields}
-    migrated["model"] = {"variant": saved["model"],
-                         **{name: saved[name] for name in saved if name in model_fields}}
-    return migrated
+    # `approximate_gelu` before `activation`; the execution fields before they left the model.
+    fields, execution = split_fields(upgrade_fields(model))
+    return {**execution, **saved, "model": fields}
+
+
+def replaced(config, fields=None, **more):
+    """A copy of `config` with `fields` (by dotted name: `model.num_layers`) and `more` set,
+    locked as `config` is; `config` itself when nothing changes. A run's config is not edited
+    in place once it is checked."""
+    fields = {**(fields or {}), **more}
+    if all(_get(config, name) == value for name, value in fields.items()):
+        return config
+    copy = config.copy_and_resolve_references()
+    for name, value in fields.items():
+        section, _, field = name.rpartition(".")
+        (_get(copy, section) if section else copy)[field] = (
+            list(value) if isinstance(value, tuple) else value)
+    if config.is_locked:
+        copy.lock()
+    return copy
+
+
+def _get(config, name):
+    for part in name.split("."):
+        config = config[part]
+    return config
 
 
 def saved(workdir, fix="restore it, or use a new --workdir"):

@@ -4,17 +4,28 @@ reads (a hub name "hf:..." or "timm:...", a directory in transformers' or timm's
 paper's published names and original `.npz` files, whose architecture is the config's.
 
 A checkpoint that says its architecture gives it to the run: each `config.model` field left at
-its default (configs/common.py's) takes the checkpoint's value, and the run's config.json records
-it; a field the user set that the checkpoint contradicts is one error naming both. The run keeps
+its default (the spec's) takes the checkpoint's value, and the run's config.json records it; a
+field the user set that the checkpoint contradicts is one error naming both. The run keeps
 its own image size (the position embeddings are resampled, as `from_pretrained` resamples them),
 dropout rates, stochastic depth and how attention and the backward pass are computed. The head
 starts from zeros for the dataset's classes (the paper's fine-tuning) unless
 `config.pretrained_head` keeps the checkpoint's, which must then have those classes.
+
+The command resolves it once, before the config's checks, and the engine that builds the model
+loads it; the checkpoint is read once, for its architecture and its weights together:
+
+    config, start = starting_point.resolve(config, run_config.saved(workdir))
+    config_checks.check(config)
+    ...
+    start.load(objective, model, config)  # in the engine, unless the run resumes
 """
 
+import dataclasses
 import os
 
 from absl import logging
+
+from . import run_config
 
 RULES = {
     "pretrained": ("any_str", None),  # "", a published name, a URL, a file or a directory: check
@@ -22,8 +33,8 @@ RULES = {
 }
 
 # The model fields a run decides for itself, whatever it starts from.
-RUN_FIELDS = ("variant", "dropout", "attention_dropout", "drop_path_rate", "attention_impl",
-              "remat", "dynamic_image_size", "dynamic_image_pad")
+RUN_FIELDS = ("variant", "dropout", "attention_dropout", "drop_path_rate",
+              "dynamic_image_size", "dynamic_image_pad")
 # What the variant name stands for: the fields a `variant` set by the user must agree on.
 VARIANT_FIELDS = ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers")
 
@@ -72,40 +83,105 @@ def names_something(weights):
             or weights.startswith(("augreg/", *hub.PREFIXES)) or os.path.exists(weights))
 
 
-def adopt_architecture(config, saved=None):
-    """Fills `config.model` (in place) with the architecture of the checkpoint
-    `config.pretrained`, where its fields are at their defaults, and the `eval_*` resize fields
-    with the checkpoint's evaluation resize and crop (train.data.settings.EVAL_RESIZE) where
-    they are at theirs; returns the fields taken, by name (`model.` before the model's).
-    `saved`: the config.json of the run in the workdir (train.run.run_config.saved), whose
-    fields a rerun takes instead, reading no checkpoint. Raises ValueError naming the fix when
-    the checkpoint cannot be read or contradicts a field the user set."""
+@dataclasses.dataclass(frozen=True)
+class StartingPoint:
+    """What a run starts from, resolved once (`resolve`) and handed to the engine.
+
+    `source`: `config.pretrained` ("" from scratch). `spec` and `preprocessing`: the
+    checkpoint's architecture and evaluation resize where it says them and was read (None for
+    the paper's `.npz` files, whose architecture is the config's, and for a rerun, which took
+    them from its config.json). `taken`: the fields the checkpoint gave the run's config, by
+    name (`model.<field>` for the model's). The weights read with the architecture are held
+    until `load` hands them to the model, once: no checkpoint is read twice, and none is held
+    for the length of the run."""
+
+    source: str = ""
+    spec: object = None
+    preprocessing: object = None
+    taken: dict = dataclasses.field(default_factory=dict)
+    _weights: list = dataclasses.field(default_factory=list, repr=False, compare=False)
+
+    def load(self, objective, model, config):
+        """Initialises `model`'s encoder from the starting point and logs one paragraph of
+        what the run started from: the one place both engines start a fine-tuning run from.
+        Returns `keras_vit.checkpoint.load_npz`'s report."""
+        import keras_vit
+
+        from ..data import settings
+
+        spec = self.spec
+        if self._weights:
+            arrays = self._weights.pop()  # read with the architecture, given up now
+        elif has_architecture(self.source):  # a rerun before its first checkpoint
+            found = read(self.source)
+            arrays, spec = found.arrays, found.spec
+        else:  # the paper's: the config's architecture
+            arrays = keras_vit.pretrained.resolve_weights(self.source, config.model.variant)
+        encoder = objective.encoder(model)
+        report = keras_vit.checkpoint.load_npz(encoder, arrays,
+                                               new_head=not config.pretrained_head)
+        if config.pretrained_head and report["new_head"]:
+            raise ValueError(
+                f"config.pretrained_head=True keeps the checkpoint's head, but {self.source!r} "
+                f"has no head for the dataset's {encoder.spec.num_classes} classes; set it to "
+                "False for a new one.")
+        logging.info("%s", describe(self.source, spec, report, encoder.spec,
+                                    settings.eval_preprocessing(config)))
+        return report
+
+
+def resolve(config, saved=None):
+    """`(the run's config, its StartingPoint)` for `config.pretrained`. A checkpoint that says
+    its architecture is read once, here, for its architecture and its weights: the run's config
+    is a new one (`config` is left as it is) whose `config.model` fields left at their defaults
+    (the spec's) take the checkpoint's, as do the `eval_*` resize fields
+    (train.data.settings.EVAL_RESIZE) left at theirs. `saved`: the config.json of the run in
+    the workdir (train.run.run_config.saved), whose fields a rerun takes instead, reading no
+    checkpoint. Raises ValueError naming the fix when the checkpoint cannot be read or
+    contradicts a field the user set."""
     from ..data.settings import EVAL_RESIZE
 
-    if not config.pretrained or not has_architecture(config.pretrained):
-        return {}  # the config's architecture
-    common = _default_config()
-    defaults = {name: common.model[name] for name in common.model}
-    if saved is not None and saved.get("pretrained") == config.pretrained:
+    source = config.pretrained
+    if not source or not has_architecture(source):
+        return config, StartingPoint(source)  # the config's architecture
+    if saved is not None and saved.get("pretrained") == source:
         theirs = saved["model"]  # a rerun: what the run took, without reading the checkpoint
         resize = {name: saved[name] for name in EVAL_RESIZE if name in saved}
+        found = None
     else:
-        checkpoint = read(config.pretrained)
-        _refuse_contradictions(config, checkpoint.spec, defaults)
-        theirs = checkpoint.spec.to_dict()
-        resize = {ours: getattr(checkpoint.preprocessing, field)
+        found = read(source)
+        _refuse_contradictions(config, found.spec)
+        theirs = found.spec.to_dict()
+        resize = {ours: getattr(found.preprocessing, field)
                   for ours, field in EVAL_RESIZE.items()}
-    taken = {name: value for name, value in theirs.items()
+    defaults = _model_defaults()
+    taken = {f"model.{name}": value for name, value in theirs.items()
              if name in config.model and (name == "variant" or name not in RUN_FIELDS)
              and config.model[name] == defaults.get(name)
              and _normal(value) != _normal(config.model[name])}
-    for name, value in taken.items():
-        config.model[name] = list(value) if isinstance(value, tuple) else value
-    resize = {name: value for name, value in resize.items()
-              if config[name] == common[name] and value != config[name]}
-    for name, value in resize.items():
-        config[name] = value
-    return {**{f"model.{name}": value for name, value in taken.items()}, **resize}
+    resize_defaults = _resize_defaults()
+    taken.update({name: value for name, value in resize.items()
+                  if config[name] == resize_defaults[name] and value != config[name]})
+    start = StartingPoint(source, taken=taken) if found is None else StartingPoint(
+        source, found.spec, found.preprocessing, taken, [found.arrays])
+    return run_config.replaced(config, taken), start
+
+
+def _model_defaults():
+    """What `config.model` holds where the user set nothing: the spec's defaults."""
+    from keras_vit.spec import DEFAULTS
+
+    return DEFAULTS
+
+
+def _resize_defaults():
+    """What the `eval_*` resize fields hold where the user set nothing: keras_vit's own."""
+    from keras_vit.preprocessing import EvalPreprocessing
+
+    from ..data.settings import EVAL_RESIZE
+
+    default = EvalPreprocessing()
+    return {ours: getattr(default, field) for ours, field in EVAL_RESIZE.items()}
 
 
 def read(pretrained, field="pretrained"):
@@ -120,17 +196,12 @@ def read(pretrained, field="pretrained"):
         raise ValueError(f"config.{field}={pretrained!r} cannot be read: {error}") from None
 
 
-def _default_config():
-    from .config_flag import shipped_config
-
-    return shipped_config("common").get_config()
-
-
-def _refuse_contradictions(config, spec, defaults):
+def _refuse_contradictions(config, spec):
     """A ValueError naming each field the user set (not at its default) to another value than
     the checkpoint `spec` has."""
     from keras_vit.spec import ViTConfig
 
+    defaults = _model_defaults()
     theirs = spec.to_dict()
     clashes = [(name, value, theirs[name]) for name, value in config.model.items()
                if name in theirs and name not in RUN_FIELDS and value != defaults.get(name)
@@ -157,31 +228,6 @@ def _normal(value):
         value = tuple(value)
         return value[0] if len(set(value)) == 1 else value
     return value
-
-
-def load(objective, model, config):
-    """Initialises `model`'s encoder from `config.pretrained` and logs one paragraph of what
-    the run started from: the one place both engines start a fine-tuning run from."""
-    import keras_vit
-
-    if has_architecture(config.pretrained):
-        source = read(config.pretrained)
-        arrays, spec = source.arrays, source.spec
-    else:  # the paper's: the config's architecture
-        arrays = keras_vit.pretrained.resolve_weights(config.pretrained, config.model.variant)
-        spec = None
-    encoder = objective.encoder(model)
-    report = keras_vit.checkpoint.load_npz(encoder, arrays, new_head=not config.pretrained_head)
-    if config.pretrained_head and report["new_head"]:
-        raise ValueError(
-            f"config.pretrained_head=True keeps the checkpoint's head, but {config.pretrained!r} "
-            f"has no head for the dataset's {encoder.spec.num_classes} classes; set it to False "
-            "for a new one.")
-    from ..data import settings
-
-    logging.info("%s", describe(config.pretrained, spec, report, encoder.spec,
-                                settings.eval_preprocessing(config)))
-    return report
 
 
 def describe(pretrained, spec, report, model_spec, eval_preprocessing=None):
