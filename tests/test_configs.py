@@ -353,6 +353,25 @@ def test_runs_saved_before_the_position_fields_existed_still_resume(tmp_path):
         run_config.check_resume(_small(position_embedding="learned_2d"), str(tmp_path))
 
 
+def test_a_run_saved_while_remat_was_a_model_field_resumes_with_it_moved(tmp_path):
+    """A config.json of `model.remat` and `model.attention_impl` (before they became run
+    fields, how a model runs) reads them as `remat` and `attention_impl`: the same config
+    resumes it, and the spec it builds has neither."""
+    import json
+    from train.run import run_config
+    config = _small()
+    saved = json.loads(config.to_json_best_effort())
+    del saved["remat"], saved["attention_impl"]
+    saved["model"].update(remat="blocks", attention_impl="fused")
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    read = run_config.saved(str(tmp_path))
+    assert read["remat"] == "blocks" and read["attention_impl"] == "fused"
+    assert "remat" not in read["model"] and "attention_impl" not in read["model"]
+    assert not run_config.differences(config, str(tmp_path))  # they may change on resume
+    from train.run.model_config import model_spec
+    assert model_spec(read, num_classes=10) == model_spec(config, num_classes=10)
+
+
 def _tiny_quickstart(**model):
     """What train_fixtures.FLAT_LAYOUT_CONFIG_JSON describes, in today's layout."""
     from configs import quickstart
