@@ -36,7 +36,8 @@ import numpy as np  # noqa: E402
 
 import machine  # noqa: E402
 from configs import common, quickstart  # noqa: E402
-from keras_vit import flops, resnet  # noqa: E402
+from keras_vit import flops  # noqa: E402
+from keras_vit.layers import resnet  # noqa: E402  (the stem's module: the pool swaps there)
 from train.run import objectives  # noqa: E402
 from train.run.model_config import model_spec  # noqa: E402
 

@@ -21,7 +21,7 @@ import keras
 import numpy as np
 
 from keras_vit import layers as vit_layers
-from keras_vit import resnet
+from keras_vit.layers import resnet
 from keras_vit.intermediates import attention_model
 from keras_vit.model import check_image_size
 

@@ -374,18 +374,42 @@ def load_npz(model, path, *, strict=True, new_head=False, allow_nonfinite=False)
     Returns:
         A dict with lists `loaded`, `missing`, `unexpected`, `mismatched` and `resized` keys.
     """
-    arrays = dict(path) if isinstance(path, dict) else read_weights(path)
     where = path if not isinstance(path, dict) else "the arrays given"
-    arrays = _released_layout(numeric_arrays(arrays, where), where)
-    if not allow_nonfinite:
-        bad = _nonfinite_keys(arrays)
-        if bad:
-            raise CheckpointError(
-                f"The checkpoint {where!r} holds NaN or infinite values in {len(bad)} "
-                f"array(s): {', '.join(bad[:10])}{', ...' if len(bad) > 10 else ''}. Nothing "
-                "was loaded (such weights make every output NaN). Pass allow_nonfinite=True "
-                "to load them anyway.")
+    arrays = _checked_arrays(dict(path) if isinstance(path, dict) else read_weights(path),
+                             where, allow_nonfinite)
     position = _position_layer(model)
+    assignments, report, shapes = _matched(model, arrays, position, new_head)
+    _check_fit(model, report, strict, len(assignments))
+    if not allow_nonfinite:
+        _check_model_dtypes(assignments, where)
+    # All checked above: numbers (numeric_arrays) that fit their dtypes, or allowed not to,
+    # so no cast can stop the assignments halfway.
+    with np.errstate(over="ignore"):
+        for _, variable, value in assignments:
+            variable.assign(value.astype(_numpy_dtype(variable.dtype)))
+    _log_changes(report, arrays, shapes, position)
+    return report
+
+
+def _checked_arrays(arrays, where, allow_nonfinite):
+    """The file's `arrays` as numbers in the released layout, after refusing non-finite
+    values (unless `allow_nonfinite`)."""
+    arrays = _released_layout(numeric_arrays(arrays, where), where)
+    bad = [] if allow_nonfinite else _nonfinite_keys(arrays)
+    if bad:
+        raise CheckpointError(
+            f"The checkpoint {where!r} holds NaN or infinite values in {len(bad)} "
+            f"array(s): {', '.join(bad[:10])}{', ...' if len(bad) > 10 else ''}. Nothing "
+            "was loaded (such weights make every output NaN). Pass allow_nonfinite=True "
+            "to load them anyway.")
+    return arrays
+
+
+def _matched(model, arrays, position, new_head):
+    """`(assignments, report, shapes)`: `(key, variable, value)` for each of the model's
+    weights the file gives (resampled to the model's grid where it differs), zeros for a new
+    head; `load_npz`'s report of what was loaded, resized, new, missing, unexpected or
+    mismatched; and the model's weights' shapes by checkpoint key."""
     file_prefix = _file_prefix_rows(arrays, position)
     report = {"loaded": [], "missing": [], "unexpected": [], "mismatched": [], "resized": [],
               "new_head": []}
@@ -426,23 +450,27 @@ def load_npz(model, path, *, strict=True, new_head=False, allow_nonfinite=False)
     # Head and pre-logits the model does not have are dropped by design, not errors.
     droppable = set(_HEAD_KEYS) | set(_PRE_LOGITS_KEYS)
     report["unexpected"] = sorted(set(arrays) - used - droppable)
+    return assignments, report, shapes
+
+
+def _check_fit(model, report, strict, count):
+    """What the file and the model do not share: a CheckpointError with `strict`, else a
+    warning beside the `count` weights that do fit."""
     problems = [(name, report[name]) for name in ("missing", "unexpected", "mismatched")
                 if report[name]]
-    if problems:
-        text = "; ".join(f"{name} ({len(keys)}): {', '.join(keys)}" for name, keys in problems)
-        if strict:
-            raise CheckpointError(
-                f"The checkpoint does not fit model {model.name!r}: {text}. Nothing was loaded. "
-                "Pass strict=False to load the weights that fit.")
-        logger.warning("Loaded %d weights into %s; skipped %s", len(assignments), model.name,
-                       text)
-    if not allow_nonfinite:
-        _check_model_dtypes(assignments, where)
-    # All checked above: numbers (numeric_arrays) that fit their dtypes, or allowed not to,
-    # so no cast can stop the assignments halfway.
-    with np.errstate(over="ignore"):
-        for _, variable, value in assignments:
-            variable.assign(value.astype(_numpy_dtype(variable.dtype)))
+    if not problems:
+        return
+    text = "; ".join(f"{name} ({len(keys)}): {', '.join(keys)}" for name, keys in problems)
+    if strict:
+        raise CheckpointError(
+            f"The checkpoint does not fit model {model.name!r}: {text}. Nothing was loaded. "
+            "Pass strict=False to load the weights that fit.")
+    logger.warning("Loaded %d weights into %s; skipped %s", count, model.name, text)
+
+
+def _log_changes(report, arrays, shapes, position):
+    """What the load changed beside copying: a resized patch embedding, resampled grids, a
+    new head."""
     if "embedding/kernel" in report["resized"]:
         # Not an error (it is how a model changes its patch size), but far from free: say so.
         logger.warning(
@@ -455,7 +483,6 @@ def load_npz(model, path, *, strict=True, new_head=False, allow_nonfinite=False)
                     position.grid_size)
     if report["new_head"]:
         logger.info("Started a new zero-initialised head (%s).", ", ".join(report["new_head"]))
-    return report
 
 
 def _check_model_dtypes(assignments, where):

@@ -24,7 +24,7 @@ import math
 import keras
 
 from keras_vit import layers as vit_layers
-from keras_vit import resnet
+from keras_vit.layers import resnet
 
 # Layers whose cost is elementwise (or nothing), by the convention above.
 _FREE = (

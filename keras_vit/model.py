@@ -18,7 +18,7 @@ import keras
 from keras import ops
 
 from keras_vit import layers as vit_layers
-from keras_vit import resnet
+from keras_vit.layers import resnet
 from keras_vit.execution import Execution, set_execution
 from keras_vit.preprocessing import EvalPreprocessing
 from keras_vit.spec import FIELDS, ViTConfig, upgrade_fields
@@ -328,10 +328,24 @@ def vit(variant="B/16", *, weights=None, dtype=None, name=None, attention_impl="
 
 
 def _build(spec, policy, name):
-    """The layers of `spec`, in the order of the original."""
-    dynamic = spec.dynamic_image_size
-    images = keras.Input(shape=(None, None, 3) if dynamic else spec.image_size + (3,),
-                         name="images")
+    """The layers of `spec`, in the order of the original: the stem (pixels to patch tokens),
+    the encoder (prefix tokens, position embeddings, blocks), the top (norm, pooling, head)."""
+    images = keras.Input(shape=(None, None, 3) if spec.dynamic_image_size
+                         else spec.image_size + (3,), name="images")
+    x, patch_grid = _stem(spec, images, policy)
+    x = _encoder(spec, x, patch_grid, policy)
+    if spec.final_norm == "tokens":
+        x = vit_layers.LayerNorm(epsilon=spec.layer_norm_epsilon, name="encoder_norm",
+                                 dtype=policy)(x)
+    if spec.distillation_token:  # DeiT's two heads (the spec allows no other classifier)
+        return ViTModel(images, _distilled_top(spec, x, _head_dtype(policy)), name=name,
+                        spec=spec)
+    return ViTModel(images, _top(spec, x, policy), name=name, spec=spec)
+
+
+def _stem(spec, images, policy):
+    """`(tokens, patch grid)`: the images (padded, through a hybrid's ResNet) cut into patch
+    tokens; the grid is None but for a model of any image size."""
     x = images
     if spec.dynamic_image_pad:
         x = vit_layers.PadToMultiple(spec.total_stride, name="pad", dtype=policy)(x)
@@ -342,15 +356,21 @@ def _build(spec, policy, name):
             x = resnet.ResNetStage(units, 64 * 2**index, first_stride=1 if index == 0 else 2,
                                    numerics=numerics, name=f"block{index + 1}",
                                    dtype=policy)(x)
+    dynamic = spec.dynamic_image_size
     x = vit_layers.PatchEmbed(spec.patch_size, spec.hidden_size, flatten=not dynamic,
                               name="embedding", dtype=policy)(x)
+    if not dynamic:
+        return x, None
     # A model of any image size keeps the patch grid beside the tokens: the layers that need
     # the grid's size (position embeddings, relative and rotary positions, Axial-ViT) read it
     # from there when they run.
-    patch_grid = None
-    if dynamic:
-        patch_grid, x = x, keras.layers.Reshape((-1, spec.hidden_size), name="patch_tokens",
-                                                dtype=policy)(x)
+    return keras.layers.Reshape((-1, spec.hidden_size), name="patch_tokens",
+                                dtype=policy)(x), x
+
+
+def _encoder(spec, x, patch_grid, policy):
+    """The prefix tokens, the position embeddings (at the stem, or before every block) and
+    the encoder blocks (Axial-ViT's row and column halves)."""
     grid, prefix = spec.grid_size, spec.num_prefix_tokens
     if spec.num_register_tokens:  # the class token goes before them
         x = vit_layers.RegisterTokens(spec.num_register_tokens, name="reg", dtype=policy)(x)
@@ -360,14 +380,12 @@ def _build(spec, policy, name):
         x = vit_layers.ClassToken(name="cls", dtype=policy)(x)
     relative = {"relative": "1d", "relative_2d": "2d",
                 "relative_mlp": "mlp"}.get(spec.position_embedding)
-
-    interpolation = spec.position_embedding_interpolation
     grid_input = {} if patch_grid is None else {"grid": patch_grid}
 
     def position_layer(name):
         kind = "none" if relative else spec.position_embedding
         return vit_layers.AddPositionEmbs(grid, num_prefix_tokens=prefix, kind=kind,
-                                          interpolation=interpolation,
+                                          interpolation=spec.position_embedding_interpolation,
                                           embed_prefix=spec.prefix_position_embeddings,
                                           name=name, dtype=policy)
 
@@ -379,15 +397,6 @@ def _build(spec, policy, name):
     if spec.pre_norm:
         x = vit_layers.LayerNorm(epsilon=spec.layer_norm_epsilon, name="pre_norm",
                                  dtype=policy)(x)
-    block_options = dict(dropout=spec.dropout, attention_dropout=spec.attention_dropout,
-                         activation=spec.activation,
-                         layer_norm_epsilon=spec.layer_norm_epsilon,
-                         interpolation=interpolation, qkv_bias=spec.qkv_bias,
-                         layer_scale_init=spec.layer_scale_init,
-                         mlp_inner_norm=spec.mlp_inner_norm,
-                         attention_inner_norm=spec.attention_inner_norm,
-                         residual_post_norm=spec.residual_post_norm,
-                         dtype=policy)
     # Only the blocks that need the grid's size get it.
     block_grid = grid_input if relative or spec.rope or spec.axial else {}
     placement = spec.position_embedding_placement
@@ -396,35 +405,47 @@ def _build(spec, policy, name):
             x = position_layer(f"posembed_{index}")(x, **grid_input)
         elif index and placement == "every_layer_shared":
             x = stem_position(x, **grid_input)
-        rate = spec.drop_path_rate * index / max(spec.num_layers - 1, 1)
-        if spec.axial:  # appendix D.6: a row block, then a column block, each with an MLP
-            for axis in vit_layers.AXES:
-                x = vit_layers.AxialEncoderBlock(
-                    axis, grid, num_heads=spec.num_heads, mlp_dim=spec.mlp_dim,
-                    drop_path_rate=rate, name=f"encoderblock_{index}_{axis}",
-                    **block_options)(x, **block_grid)
-            continue
-        x = vit_layers.EncoderBlock(
-            spec.num_heads, spec.mlp_dim, drop_path_rate=rate, relative_position=relative,
-            grid_size=grid if relative or spec.rope else None, num_prefix_tokens=prefix,
-            rope=spec.rope, rope_temperature=spec.rope_temperature,
-            rope_reference_grid=spec.rope_reference_grid, rope_grid_offset=spec.rope_grid_offset,
-            relative_mlp_dim=spec.relative_mlp_dim,
-            name=f"encoderblock_{index}", **block_options)(x, **block_grid)
-    if spec.final_norm == "tokens":
-        x = vit_layers.LayerNorm(epsilon=spec.layer_norm_epsilon, name="encoder_norm",
-                                 dtype=policy)(x)
+        for block in _blocks(spec, index, relative, policy):
+            x = block(x, **block_grid)
+    return x
+
+
+def _blocks(spec, index, relative, policy):
+    """Encoder block `index`: one block, or Axial-ViT's row block and column block, each with
+    an MLP (appendix D.6)."""
+    options = dict(num_heads=spec.num_heads, mlp_dim=spec.mlp_dim, dropout=spec.dropout,
+                   attention_dropout=spec.attention_dropout,
+                   drop_path_rate=spec.drop_path_rate * index / max(spec.num_layers - 1, 1),
+                   activation=spec.activation, layer_norm_epsilon=spec.layer_norm_epsilon,
+                   interpolation=spec.position_embedding_interpolation,
+                   qkv_bias=spec.qkv_bias, layer_scale_init=spec.layer_scale_init,
+                   mlp_inner_norm=spec.mlp_inner_norm,
+                   attention_inner_norm=spec.attention_inner_norm,
+                   residual_post_norm=spec.residual_post_norm, dtype=policy)
+    if spec.axial:
+        return [vit_layers.AxialEncoderBlock(axis, spec.grid_size,
+                                             name=f"encoderblock_{index}_{axis}", **options)
+                for axis in vit_layers.AXES]
+    return [vit_layers.EncoderBlock(
+        relative_position=relative, grid_size=spec.grid_size if relative or spec.rope else None,
+        num_prefix_tokens=spec.num_prefix_tokens, rope=spec.rope,
+        rope_temperature=spec.rope_temperature, rope_reference_grid=spec.rope_reference_grid,
+        rope_grid_offset=spec.rope_grid_offset, relative_mlp_dim=spec.relative_mlp_dim,
+        name=f"encoderblock_{index}", **options)]
+
+
+def _top(spec, x, policy):
+    """The pooled representation (class token, mean, attention pooling), its norm and
+    pre-logits, and the head."""
     head_dtype = _head_dtype(policy)
     if spec.classifier == "map":  # big_vision's name for it
         x = vit_layers.AttentionPooling(
             spec.map_num_heads or spec.num_heads, spec.map_mlp_dim or spec.mlp_dim,
-            num_prefix_tokens=0 if spec.map_include_prefix else prefix,
+            num_prefix_tokens=0 if spec.map_include_prefix else spec.num_prefix_tokens,
             layer_norm_epsilon=spec.layer_norm_epsilon, activation=spec.activation,
             name="MAPHead_0", dtype=policy)(x)
-    elif spec.distillation_token:
-        return ViTModel(images, _distilled_top(spec, x, head_dtype), name=name, spec=spec)
     else:
-        x = vit_layers.TokenPooling(spec.classifier, num_prefix_tokens=prefix,
+        x = vit_layers.TokenPooling(spec.classifier, num_prefix_tokens=spec.num_prefix_tokens,
                                     name="pool", dtype=head_dtype)(x)
     if spec.final_norm == "pooled":
         x = vit_layers.LayerNorm(epsilon=spec.layer_norm_epsilon, name="fc_norm",
@@ -435,7 +456,7 @@ def _build(spec, policy, name):
     if spec.include_top:
         x = keras.layers.Dense(spec.num_classes, name="head", kernel_initializer="zeros",
                                dtype=head_dtype)(x)
-    return ViTModel(images, x, name=name, spec=spec)
+    return x
 
 
 def _distilled_top(spec, tokens, dtype):

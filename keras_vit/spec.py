@@ -3,8 +3,9 @@
 Every way of making a model goes through it: `keras_vit.vit("B/16", ...)` and the builders,
 the training configs (their `config.model` holds its fields), the studies and benchmarks, and
 the files the package writes (a `.keras` model, the `.npz` sidecar, the SavedModel assets),
-which record it so that a file says what it is. Its fields, allowed values and the rules that
-combine them are written here once.
+which record it so that a file says what it is. Its fields are written here once, what each
+may be and the rules that combine them in `keras_vit.spec_rules`, by family of options. How a
+model runs (the attention kernel, remat) is no part of it: `keras_vit.execution`.
 
     spec = ViTConfig.from_variant("R50+B/16", num_classes=37, image_size=384)
     spec.to_dict() == ViTConfig.from_dict(spec.to_dict()).to_dict()
@@ -15,57 +16,18 @@ so configuration checks can use it before TensorFlow starts.
 
 import dataclasses
 import inspect
-import math
-import numbers
 import re
 
 from keras_vit import variants
 from keras_vit.execution import FIELDS as EXECUTION_FIELDS
+# What each field may be, and the rules between fields, by family of options.
+from keras_vit.spec_rules import (ACTIVATIONS, CLASSIFIERS, FINAL_NORMS,  # noqa: F401
+                                  INTERPOLATIONS, LEARNED_POSITION_EMBEDDINGS, PLACEMENTS,
+                                  POSITION_EMBEDDINGS, RESNET_NUMERICS, ROPE_TEMPERATURES,
+                                  TABLE_FIELDS, Problem, resolved)
 from keras_vit.variants import _describe
 
-CLASSIFIERS = ("token", "gap", "map", "token_gap")
-# Paper appendix D.4: the absolute kinds (added to tokens) and the relative kinds (in the
-# attention); and the fixed 2-D sine-cosine embedding of later ViTs.
-POSITION_EMBEDDINGS = ("learned", "learned_2d", "none", "relative", "relative_2d", "sincos_2d",
-                       "relative_mlp")
-# Only embeddings added to the tokens can be added again before every block (Table 8).
-LEARNED_POSITION_EMBEDDINGS = ("learned", "learned_2d")
-PLACEMENTS = ("stem", "every_layer", "every_layer_shared")
-# How position embeddings are resampled for another grid: the original code's, or timm's.
-INTERPOLATIONS = ("bilinear", "bicubic")
-# Where the final LayerNorm sits: on every token before pooling (the original), on the pooled
-# vector after it (timm's `fc_norm`, its default for GAP), or nowhere.
-FINAL_NORMS = ("tokens", "pooled", "none")
-# The MLP's activation: the original's tanh-approximate GELU, the exact one, OpenAI CLIP's
-# x * sigmoid(1.702 x), or SwiGLU's gated SiLU (a second input projection, the gate).
-ACTIVATIONS = ("gelu_tanh", "gelu", "quick_gelu", "swiglu")
-# How a hybrid's ResNet normalises: the original code's, or timm's ResNetV2 (keras_vit.resnet).
-RESNET_NUMERICS = ("original", "timm")
-# Rotary position embeddings of the patches' rows and columns in every attention: at the
-# patches' indices (EVA-02, timm's RoPE ViTs), or at their centres scaled to [-1, 1] (DINOv3),
-# or learned frequencies mixing both axes (RoPE-Mixed); each kind's default temperature (the
-# base of its geometric frequencies; for "mixed", of their initial values).
-ROPE_TEMPERATURES = {"axial": 10_000.0, "axial_normalized": 100.0, "mixed": 10.0}
-# The fields a variant name fills in, and that a spec may change.
-TABLE_FIELDS = variants.OVERRIDABLE_FIELDS
 LAYER_NORM_EPSILON = 1e-6  # the original's (Keras' default is 1e-3)
-
-
-@dataclasses.dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a spec: the fields at fault, their values, and what is required."""
-
-    fields: tuple
-    values: tuple
-    requirement: str
-    error: type = ValueError  # TypeError for a value of the wrong type
-
-    def describe(self, field_name=lambda field: field):
-        """`field=value: requirement`, with each field shown as `field_name(field)`."""
-        show = _describe if self.error is TypeError else repr
-        shown = ", ".join(f"{field_name(field)}={show(value)}"
-                          for field, value in zip(self.fields, self.values))
-        return f"{shown}: {self.requirement}"
 
 
 def raise_problems(problems):
@@ -253,7 +215,7 @@ class ViTConfig:
     attention_inner_norm: bool = False
 
     def __post_init__(self):
-        values, problems = _resolved(dataclasses.asdict(self))
+        values, problems = resolved(dataclasses.asdict(self), DEFAULTS)
         raise_problems(problems)
         for field, value in values.items():
             object.__setattr__(self, field, value)
@@ -288,7 +250,8 @@ class ViTConfig:
         unknown = sorted(set(fields) - set(FIELDS))
         found += [Problem((name,), (fields[name],), "not a ViTConfig field", TypeError)
                   for name in unknown]
-        return found + _resolved({k: v for k, v in fields.items() if k not in unknown})[1]
+        return found + resolved({k: v for k, v in fields.items() if k not in unknown},
+                                DEFAULTS)[1]
 
     def to_dict(self):
         """The fields as JSON-ready values (`image_size` as a list)."""
@@ -390,301 +353,7 @@ def _known(fields):
     return fields
 
 
-def _image_size_pair(image_size):
-    """`image_size` as (height, width) of ints: an int or a sequence of two."""
-    valid = "must be a positive integer or (height, width) of two positive integers"
-    if isinstance(image_size, numbers.Integral) and not isinstance(image_size, bool):
-        image_size = (image_size, image_size)
-    elif isinstance(image_size, (str, bytes, dict)) or not hasattr(image_size, "__len__"):
-        error = ValueError if isinstance(image_size, dict) else TypeError
-        raise error(valid)
-    if len(image_size) != 2:
-        raise ValueError(valid)
-    pair = []
-    for side, value in zip(("height", "width"), image_size):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{valid}; its {side} is {_describe(value)}")
-        if value <= 0:
-            raise ValueError(f"{valid}; its {side} is {value!r}")
-        pair.append(int(value))
-    return tuple(pair)
-
-
-def _positive_float(value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError("must be a positive number")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError("must be a positive number")
-    return float(value)
-
-
-def _finite_float(value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError("must be a number")
-    if not math.isfinite(value):
-        raise ValueError("must be a finite number")
-    return float(value)
-
-
-def _resolved(fields):
-    """`(values, problems)`: the fields with defaults filled in and types normalised, and
-    every `Problem`. A combination rule is checked only when its fields are valid."""
-    values, problems = {}, []
-
-    def check(field, function, *args):
-        value = fields.get(field, DEFAULTS[field])
-        try:
-            values[field] = function(value, *args)
-        except (TypeError, ValueError) as error:
-            requirement = str(error)
-            if requirement.startswith(f"{field} must be"):  # variants.check_*: keep "must be"
-                requirement = requirement.removeprefix(f"{field} ").split(", got ")[0]
-            requirement = requirement.rstrip(".")
-            problems.append(Problem((field,), (value,), requirement, type(error)))
-
-    def ok(*names):
-        return all(name in values for name in names)
-
-    def add(names, requirement):
-        problems.append(Problem(names, tuple(values[name] for name in names), requirement))
-        for name in names:
-            values.pop(name)
-
-    check("variant", variants.variant_table_row)
-    row = values.pop("variant", None)
-    if row:
-        values["variant"] = row["name"]
-    for field in TABLE_FIELDS:
-        if fields.get(field) is None:
-            if row:
-                values[field] = row[field]
-        else:
-            check(field, lambda value, name=field: variants.check_int(name, value))
-    check("image_size", _image_size_pair)
-    check("num_classes", lambda value: variants.check_int("num_classes", value))
-    check("include_top", lambda value: variants.check_bool("include_top", value))
-    classifier = fields.get("classifier")
-    if classifier is None and row:
-        values["classifier"] = "gap" if row["axial"] else "token"
-    elif classifier is not None:
-        check("classifier", lambda value: variants.check_choice("classifier", value,
-                                                                CLASSIFIERS))
-    check("representation_size", lambda value: variants.check_int(
-        "representation_size", value, allow_none=True))
-    check("position_embedding", lambda value: variants.check_choice(
-        "position_embedding", value, POSITION_EMBEDDINGS))
-    check("position_embedding_placement", lambda value: variants.check_choice(
-        "position_embedding_placement", value, PLACEMENTS))
-    if fields.get("dropout") is None and row:
-        values["dropout"] = row["dropout"]
-    elif fields.get("dropout") is not None:
-        check("dropout", lambda value: variants.check_rate("dropout", value))
-    for field in ("attention_dropout", "drop_path_rate"):
-        check(field, lambda value, name=field: variants.check_rate(name, value))
-    check("activation", lambda value: variants.check_choice("activation", value, ACTIVATIONS))
-    check("layer_norm_epsilon", _positive_float)
-    for field in ("dynamic_image_size", "dynamic_image_pad"):
-        check(field, lambda value, name=field: variants.check_bool(name, value))
-    check("position_embedding_interpolation", lambda value: variants.check_choice(
-        "position_embedding_interpolation", value, INTERPOLATIONS))
-    for field in ("qkv_bias", "prefix_position_embeddings", "pre_norm", "distillation_token",
-                  "mlp_inner_norm", "attention_inner_norm", "residual_post_norm",
-                  "map_include_prefix"):
-        check(field, lambda value, name=field: variants.check_bool(name, value))
-    if fields.get("layer_scale_init") is None:
-        values["layer_scale_init"] = None
-    else:
-        check("layer_scale_init", _positive_float)
-    check("num_register_tokens", lambda value: variants.check_int(
-        "num_register_tokens", value, minimum=0))
-    check("final_norm", lambda value: variants.check_choice("final_norm", value, FINAL_NORMS))
-    _check_class_token(fields, values, check)
-    _check_rope(values, check)
-    _check_relative_mlp(values, check)
-    for field in ("map_num_heads", "map_mlp_dim"):
-        check(field, lambda value, name=field: variants.check_int(name, value, allow_none=True))
-    map_fields = [name for name in ("map_num_heads", "map_mlp_dim", "map_include_prefix")
-                  if ok(name) and values[name] not in (None, False)]
-    if map_fields and ok("classifier") and values["classifier"] != "map":
-        add(("classifier", *map_fields), "these shape the attention pooling of classifier "
-            "'map': set classifier='map', or leave them None (False)")
-    elif ok("map_num_heads", "hidden_size") and values["map_num_heads"] and (
-            values["hidden_size"] % values["map_num_heads"]):
-        add(("map_num_heads", "hidden_size"), "map_num_heads must divide hidden_size (each "
-            "head gets an equal share)")
-    if ok("residual_post_norm", "layer_scale_init") and (
-            values["residual_post_norm"] and values["layer_scale_init"] is not None):
-        add(("residual_post_norm", "layer_scale_init"), "post-norm blocks scale each branch "
-            "by its norm's own weights (timm's ResPostBlock starts them at init_values): use "
-            "layer_scale_init=None with residual_post_norm")
-    check("resnet_numerics", lambda value: variants.check_choice(
-        "resnet_numerics", value, RESNET_NUMERICS))
-    if ok("resnet_numerics") and values["resnet_numerics"] != "original" and not (
-            row and row["resnet_units"] is not None):
-        add(("variant", "resnet_numerics"), "only a hybrid (R50+B/16, ...) has a ResNet: "
-            "leave resnet_numerics 'original'")
-
-    # The rules that combine fields.
-    if ok("dynamic_image_size", "dynamic_image_pad") and (
-            values["dynamic_image_pad"] and not values["dynamic_image_size"]):
-        add(("dynamic_image_pad", "dynamic_image_size"),
-            "padding images at call time needs a model of any image size: set "
-            "dynamic_image_size=True too")
-    if ok("position_embedding", "position_embedding_placement") and (
-            values["position_embedding_placement"] != "stem"
-            and values["position_embedding"] not in LEARNED_POSITION_EMBEDDINGS):
-        add(("position_embedding_placement", "position_embedding"),
-            "a placement other than 'stem' adds learned embeddings before every block, so it "
-            f"needs position_embedding {' or '.join(map(repr, LEARNED_POSITION_EMBEDDINGS))} "
-            "(or placement 'stem')")
-    if ok("prefix_position_embeddings", "position_embedding_placement") and (
-            not values["prefix_position_embeddings"]
-            and values["position_embedding_placement"] != "stem"):
-        add(("prefix_position_embeddings", "position_embedding_placement"),
-            "position embeddings of the patches only are added once, at the stem: use "
-            "placement 'stem' or prefix_position_embeddings=True")
-    if row and row["axial"]:  # Axial-ViT's tokens stay a 2-D grid
-        if ok("num_register_tokens") and values["num_register_tokens"]:
-            add(("variant", "num_register_tokens"),
-                "Axial-ViT's tokens are the patch grid alone: use num_register_tokens=0")
-        if ok("class_token") and values["class_token"] and values.get("classifier") == "gap":
-            add(("variant", "class_token"),
-                "Axial-ViT has no class token (its tokens stay a 2-D grid of patches): use "
-                "class_token=None")
-        if ok("classifier") and values["classifier"] != "gap":
-            add(("variant", "classifier"),
-                "Axial-ViT has no class token (its tokens stay a 2-D grid of patches): use "
-                "classifier='gap' (its default)")
-        elif ok("position_embedding") and values["position_embedding"].startswith("relative"):
-            add(("variant", "position_embedding"),
-                "Axial-ViT takes no relative position embeddings: use 'learned', "
-                "'learned_2d' or 'none'")
-    if ok("distillation_token") and values["distillation_token"]:
-        # DeiT's layout (timm's VisionTransformerDistilled): the class token, the distillation
-        # token, the patches; each of the two tokens has its own head.
-        needs = (("classifier", "token", "the heads read the class and distillation tokens"),
-                 ("num_register_tokens", 0, "DeiT's layout has no register tokens"),
-                 ("final_norm", "tokens", "the heads read the normed tokens"),
-                 ("representation_size", None, "the heads read the tokens directly"))
-        for field, value, reason in needs:
-            if ok(field, "distillation_token") and values[field] != value:
-                add((field, "distillation_token"), f"{reason}: use {field}={value!r} with a "
-                    "distillation token")
-    if ok("rope") and values["rope"]:
-        if row and row["axial"]:
-            add(("variant", "rope"), "Axial-ViT's attention runs along rows and columns; "
-                "rotary embeddings are for plain ViT blocks: use rope=None")
-        if ok("position_embedding") and values["position_embedding"].startswith("relative"):
-            add(("position_embedding", "rope"), "rotary embeddings already make the attention "
-                "relative: use position_embedding 'learned', 'sincos_2d' or 'none' with rope")
-        if ok("hidden_size", "num_heads") and (values["hidden_size"] // values["num_heads"]) % 4:
-            add(("hidden_size", "num_heads", "rope"),
-                "rotary embeddings rotate pairs of channels for rows and for columns, so "
-                "each head's width (hidden_size / num_heads) must be a multiple of 4")
-    if ok("classifier", "final_norm") and (values["classifier"] == "token_gap"
-                                            and values["final_norm"] == "pooled"):
-        add(("classifier", "final_norm"), "the class token and the patches' mean are normed "
-            "as tokens before they are put side by side: use final_norm 'tokens' (DINOv2's) "
-            "or 'none' with classifier 'token_gap'")
-    if ok("hidden_size", "num_heads") and values["hidden_size"] % values["num_heads"]:
-        add(("hidden_size", "num_heads"),
-            "num_heads must divide hidden_size (each head gets an equal share); choose "
-            f"num_heads among the divisors of {values['hidden_size']}")
-    if (ok("position_embedding", "hidden_size") and values["position_embedding"] == "learned_2d"
-            and values["hidden_size"] % 2):
-        add(("position_embedding", "hidden_size"),
-            "learned_2d embeddings need an even hidden_size (half for rows, half for columns)")
-    if (ok("position_embedding", "hidden_size") and values["position_embedding"] == "sincos_2d"
-            and (values["hidden_size"] % 4 or values["hidden_size"] < 8)):
-        add(("position_embedding", "hidden_size"),
-            "sincos_2d embeddings need a hidden_size that is a multiple of 4, at least 8 (a sine "
-            "and a cosine of at least two frequencies for rows, and for columns)")
-    if ok("variant", "patch_size", "image_size"):
-        units = row["resnet_units"]
-        resnet_stride = 1 if units is None else 4 * 2 ** max(len(units) - 1, 0)
-        stride = resnet_stride * values["patch_size"]
-        bad = [(side, value) for side, value in zip(("height", "width"), values["image_size"])
-               if value % stride]
-        if bad:
-            side, value = bad[0]
-            nearest = max(stride, round(value / stride) * stride)
-            how = (f"patch_size {values['patch_size']} on a ResNet of stride {resnet_stride}"
-                   if units is not None else f"patch_size {values['patch_size']}")
-            add(("image_size",),
-                f"its {side} {value} must be a multiple of {stride}, the pixels per patch of "
-                f"{values['variant']} ({how}), e.g. {nearest}")
-    return values, problems
-
-
 DEFAULTS = {field.name: field.default for field in dataclasses.fields(ViTConfig)}
-
-
-def _check_class_token(fields, values, check):
-    """class_token: True for classifier "token", its given value (default False) otherwise."""
-    classifier = values.get("classifier")
-    given = fields.get("class_token")
-
-    def class_token(value):
-        if value is None:
-            return classifier in ("token", "token_gap")
-        value = variants.check_bool("class_token", value)
-        if classifier in ("token", "token_gap") and not value:
-            raise ValueError(f"the {classifier} classifier reads the class token: use "
-                             f"class_token=True (or None) with classifier {classifier!r}")
-        return value
-
-    if classifier is not None or given is None:
-        check("class_token", class_token)
-
-
-def _check_relative_mlp(values, check):
-    """relative_mlp_dim: its hidden units (128 by default) with position_embedding
-    "relative_mlp", None otherwise."""
-    kind = values.get("position_embedding")
-
-    def hidden_units(value):
-        if kind != "relative_mlp":
-            if value is None:
-                return None
-            raise ValueError("applies to position_embedding 'relative_mlp' only: set it too, "
-                             "or leave relative_mlp_dim None")
-        return 128 if value is None else variants.check_int("relative_mlp_dim", value)
-
-    check("relative_mlp_dim", hidden_units)
-
-
-def _check_rope(values, check):
-    """rope, rope_temperature (the kind's default filled in) and rope_reference_grid."""
-    def kind(value):
-        if value is not None and value not in ROPE_TEMPERATURES:
-            error = ValueError if isinstance(value, str) else TypeError
-            raise error(f"must be None or one of {tuple(ROPE_TEMPERATURES)}")
-        return value
-
-    check("rope", kind)
-    rope = values.get("rope")
-
-    def only_with_rope(name, parse, off=None, axial_because=None):
-        """`name` parsed where rope (or, with `axial_because`, "axial" rope) is on, its value
-        `off` (or None) standing for none."""
-        def checked(value):
-            if value is None or (off is not None and parse(value) == off):
-                return off
-            if not axial_because and rope is None:
-                raise ValueError(f"applies to rotary embeddings only: set rope too, or leave "
-                                 f"{name} {off}")
-            if axial_because and rope != "axial":
-                raise ValueError(f"{axial_because}, so it is for rope='axial' only "
-                                 "(normalized coordinates follow the grid)")
-            return parse(value)
-        check(name, checked)
-
-    only_with_rope("rope_temperature", _positive_float)
-    only_with_rope("rope_reference_grid", _image_size_pair, axial_because="scales patch indices")
-    only_with_rope("rope_grid_offset", _finite_float, off=0.0,
-                   axial_because="shifts patch indices")
-    if rope is not None and values.get("rope_temperature", 0) is None:
-        values["rope_temperature"] = ROPE_TEMPERATURES[rope]
 
 
 def field_descriptions():

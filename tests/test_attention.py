@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import keras_vit
-from keras_vit import layers as L
+from keras_vit.layers import attention
+from keras_vit.layers.attention import _fused
 from model_fixtures import TINY_VIT, randomise
 
 pytestmark = pytest.mark.usefixtures("fresh_session")
@@ -104,10 +105,10 @@ def test_odd_token_counts_train_padded_where_the_kernel_refuses_them(monkeypatch
     """Where the fused kernel trains only even lengths (cuDNN's on JAX's GPUs), the 17 tokens
     of this model are padded with one that no query sees: the same logits and gradients."""
     explicit, fused = pair({})
-    monkeypatch.setattr(L, "odd_lengths_refused", lambda: True)
+    monkeypatch.setattr(attention, "odd_lengths_refused", lambda: True)
     padded = []
-    monkeypatch.setattr(L, "_padded_to_even",
-                        lambda *qkv, pad=L._padded_to_even: padded.append(1) or pad(*qkv))
+    pad = attention._padded_to_even  # the original, which the stand-in counts and calls
+    monkeypatch.setattr(attention, "_padded_to_even", lambda *qkv: padded.append(1) or pad(*qkv))
     x = images()
     assert relative_error(fused(x, training=True), explicit(x, training=True)) < 1e-5
     assert padded, "the padded kernel was not used"
@@ -140,11 +141,11 @@ def test_auto_is_fused_on_torch_and_jax_accelerators_and_never_with_dropout_in_t
     backend = keras.backend.backend()
     on_cpu = backend != "jax" or __import__("jax").devices()[0].platform == "cpu"
     fused_here = backend == "torch" or (backend == "jax" and not on_cpu)
-    assert L._fused("auto", 0.0, True, False) == fused_here
-    assert not L._fused("auto", 0.1, True, False)  # dropout on the weights needs them
-    assert L._fused("auto", 0.1, False, False) == fused_here
-    assert L._fused("fused", 0.0, True, False) and not L._fused("fused", 0.0, False, True)
-    assert not L._fused("explicit", 0.0, False, False)
+    assert _fused("auto", 0.0, True, False) == fused_here
+    assert not _fused("auto", 0.1, True, False)  # dropout on the weights needs them
+    assert _fused("auto", 0.1, False, False) == fused_here
+    assert _fused("fused", 0.0, True, False) and not _fused("fused", 0.0, False, True)
+    assert not _fused("explicit", 0.0, False, False)
 
 
 def test_fused_with_attention_dropout_is_refused_with_the_fix():

@@ -10,7 +10,8 @@ import pytest
 
 import keras_vit
 from keras_vit import layers as L
-from keras_vit import resnet as R
+from keras_vit.layers import normalization
+from keras_vit.layers import resnet as R
 import numpy_reference
 from model_fixtures import randomise
 
@@ -511,7 +512,7 @@ def test_layer_norm_fused_kernel_path_equals_the_two_pass_form(monkeypatch, poli
     layer.build(x.shape)
     randomise(layer, scale=0.5)
     two_pass = to_np(layer(x)).astype("float32")
-    monkeypatch.setattr(L, "FUSED_LAYER_NORM_BACKENDS", (keras.backend.backend(),))
+    monkeypatch.setattr(normalization, "FUSED_LAYER_NORM_BACKENDS", (keras.backend.backend(),))
     fused = to_np(layer(x)).astype("float32")
     tolerance = 1e-5 if policy == "float32" else 1e-2
     np.testing.assert_allclose(fused, two_pass, atol=tolerance)
@@ -675,9 +676,9 @@ def test_timm_numerics_standardise_by_the_variance_and_norm_groups_with_its_epsi
     assert epsilons == {1e-5}
     assert R.StdConv2D.from_config(layer.get_config()).numerics == "timm"
     # The timm layout (which imports no Keras) checks timm's hybrids against the same numbers.
-    from keras_vit.torch_layouts import timm_layout
+    from keras_vit.torch_layouts import timm_hybrid
     epsilon, _, group_norm_epsilon = R.NUMERICS["timm"]
-    assert timm_layout.TIMM_RESNET_EPSILONS == (epsilon, group_norm_epsilon)
+    assert timm_hybrid.TIMM_RESNET_EPSILONS == (epsilon, group_norm_epsilon)
 
 
 def test_resnet_stem_structure():

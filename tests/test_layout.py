@@ -69,3 +69,35 @@ def test_the_library_imports_nothing_of_the_trainer():
              for module in _imported_modules(path, "keras_vit")
              if module.split(".")[0] in ("train", "configs")]
     assert not wrong
+
+
+def test_a_checkpoint_family_is_one_module_in_the_registry():
+    """Each module of keras_vit/torch_layouts but the shared ones is one family (its `FAMILY`,
+    listed once in the registry, `FAMILIES`) and imports no other family; no two families of a
+    library read the same class unless the later one says which of its files it reads."""
+    import dataclasses
+
+    from keras_vit import torch_layouts
+    from keras_vit.torch_layouts.family import Family
+
+    shared = {"__init__", "common", "family", "transformers_common", "timm_common"}
+    folder = os.path.join(REPO, "keras_vit", "torch_layouts")
+    names = sorted(os.path.basename(path)[:-3] for path in glob.glob(os.path.join(folder, "*.py")))
+    registered = [family for families in torch_layouts.FAMILIES.values() for family in families]
+    modules = {name: __import__(f"keras_vit.torch_layouts.{name}", fromlist=["FAMILY"])
+               for name in names if name not in shared}
+    assert sorted(id(module.FAMILY) for module in modules.values()) == sorted(
+        id(family) for family in registered)
+    for name, module in modules.items():
+        assert module.FAMILY in torch_layouts.FAMILIES[module.FAMILY.library], name
+        others = [imported for imported in _imported_modules(
+            os.path.join(folder, name + ".py"), "keras_vit.torch_layouts")
+            if imported.split(".")[-1] in set(modules) - {name}]
+        assert not others, f"{name} imports {others}"
+    every = {field.name: field.default for field in dataclasses.fields(Family)}["reads"]
+    for families in torch_layouts.FAMILIES.values():
+        for index, family in enumerate(families):
+            for earlier in families[:index]:
+                assert family.reads is not every or not set(family.classes) & set(
+                    earlier.classes), (family.name, earlier.name)
+            assert family.weight_pairs or not family.config_for, family.name

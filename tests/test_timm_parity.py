@@ -15,6 +15,7 @@ from timm.layers import resample_abs_pos_embed, resample_patch_embed  # noqa: E4
 import keras_vit  # noqa: E402
 from keras_vit import checkpoint, resample, torch_layouts  # noqa: E402
 from keras_vit import layers as vit_layers  # noqa: E402
+from keras_vit.layers.position import _patch_coordinates  # noqa: E402
 
 GRIDS = [(1, 3), (2, 2), (3, 5), (7, 7), (14, 14), (16, 9), (24, 24)]
 
@@ -95,7 +96,7 @@ def test_mixed_rope_angles_equal_timms(grid):
     t_x, t_y = get_mixed_grid(list(grid), grid_indexing="xy")
     theirs = get_mixed_freqs(torch.tensor(np.stack([columns, rows])), t_x, t_y)  # [3, N, 32]
     sin, _ = _timm_rope_in_half_layout(theirs.permute(1, 0, 2).reshape(-1, 32), 16, True)
-    angles = keras.ops.convert_to_numpy(layer(vit_layers._patch_coordinates(grid)))
+    angles = keras.ops.convert_to_numpy(layer(_patch_coordinates(grid)))
     np.testing.assert_allclose(np.sin(angles).reshape(-1, 8), sin, atol=2e-5)
 
 

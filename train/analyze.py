@@ -163,27 +163,43 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     shots = check_flags()
-    import numpy as np
     import tensorflow as tf
 
-    from keras_vit import analysis, plotting, resnet
+    from keras_vit import analysis
     from .data import tf_pipeline
     from .run import metrics
 
     config = load_config(FLAGS.workdir)
     model, class_names = load_model(config, FLAGS.workdir)
     layout = analysis.token_layout(model)
-    size = layout.image_size
     builder = tf_pipeline.get_builder(config, for_training=False)
     if class_names is None and "label" in builder.info.features:
         class_names = builder.info.features["label"].names
-    out = FLAGS.out
-    tf.io.gfile.makedirs(out)
+    tf.io.gfile.makedirs(FLAGS.out)
     logging.info("Analyzing %s: %dx%d grid of %gx%g-pixel patches, %d prefix token(s).",
                  model.name, *layout.grid, *layout.pixel_pitch, layout.num_prefix_tokens)
     results = {"model": model.name, "grid": list(layout.grid),
                "pixel_pitch": list(layout.pixel_pitch)}
     start = time.time()
+    paths = _attention_figures(model, builder, config, class_names, layout.image_size, results)
+    logging.info("Attention maps and distances: %.1f s.", time.time() - start)
+    paths += _weight_figures(model, results)
+    json_path = os.path.join(FLAGS.out, "analysis.json")
+    metrics.write_json(json_path, results)  # kept if the slower few-shot evaluation fails
+    if shots:
+        paths += _few_shot_figure(model, builder, config, layout.image_size, shots, results,
+                                  json_path)
+    paths.append(json_path)
+    metrics.write_json(json_path, results)
+    logging.info("Wrote %s in %.1f s.", ", ".join(paths), time.time() - start)
+
+
+def _attention_figures(model, builder, config, class_names, size, results):
+    """The attention rollout of a few images (--images, or the eval split's) and the mean
+    attention distance per layer (of --distance_images eval images); their paths."""
+    import numpy as np
+
+    from keras_vit import analysis, plotting
 
     # One read of the eval images serves the attention maps and the distances.
     eval_pixels, eval_inputs, eval_labels = dataset_images(
@@ -199,17 +215,23 @@ def main(argv):
         captions = [f"{caption}\npredicted: {_name(class_names, index)}"
                     for caption, index in zip(captions, predicted)]
     rollout = analysis.attention_rollout(model, inputs)
-    paths = [plotting.plot_rollout(pixels, rollout, os.path.join(out, "attention_rollout.png"),
-                                   captions)]
-
+    paths = [plotting.plot_rollout(pixels, rollout,
+                                   os.path.join(FLAGS.out, "attention_rollout.png"), captions)]
     distance_inputs = eval_inputs[:FLAGS.distance_images]
     distance = analysis.mean_attention_distance(model, distance_inputs)
     results["mean_attention_distance_pixels"] = np.round(distance, 3).tolist()
     results["distance_images"] = len(distance_inputs)
     paths.append(plotting.plot_attention_distance(
-        distance, os.path.join(out, "attention_distance.png"), size))
-    logging.info("Attention maps and distances: %.1f s.", time.time() - start)
+        distance, os.path.join(FLAGS.out, "attention_distance.png"), size))
+    return paths
 
+
+def _weight_figures(model, results):
+    """The position embeddings' similarity (where the model has learned ones) and the patch
+    embedding's principal filters; their paths."""
+    from keras_vit import analysis, plotting, resnet
+
+    paths = []
     try:
         similarity = analysis.position_embedding_similarity(model)
     except ValueError as error:
@@ -219,8 +241,7 @@ def main(argv):
         results["position_similarity_mean"] = {
             name: None if value is None else round(value, 4) for name, value in summary.items()}
         paths.append(plotting.plot_position_similarity(
-            similarity, os.path.join(out, "position_embeddings.png")))
-
+            similarity, os.path.join(FLAGS.out, "position_embeddings.png")))
     available = analysis.embedding_filter_count(model)
     count = min(FLAGS.filters, available)
     if count < FLAGS.filters:
@@ -230,39 +251,38 @@ def main(argv):
     title = (f"ResNet root filters (7x7): first {count} principal components" if hybrid
              else None)
     paths.append(plotting.plot_embedding_filters(
-        analysis.embedding_filters(model, n=count), os.path.join(out, "embedding_filters.png"),
-        title))
+        analysis.embedding_filters(model, n=count),
+        os.path.join(FLAGS.out, "embedding_filters.png"), title))
+    return paths
 
-    json_path = os.path.join(out, "analysis.json")
-    metrics.write_json(json_path, results)  # kept if the slower few-shot evaluation fails
-    if shots:
-        l2_reg = analysis.DEFAULT_L2_REG if FLAGS.l2_reg is None else FLAGS.l2_reg
-        logging.info("Few-shot: features of %d train and %d eval examples...",
-                     FLAGS.few_shot_train, FLAGS.few_shot_test)
-        try:
-            accuracy = analysis.few_shot_accuracy(
-                model,
-                tf_pipeline.labelled_batches(builder, config.train_split, size,
-                                                FLAGS.few_shot_train),
-                tf_pipeline.labelled_batches(builder, config.eval_split, size,
-                                                FLAGS.few_shot_test),
-                shots=shots, l2_reg=l2_reg, draws=FLAGS.draws, progress=_log_progress)
-        except ValueError as error:
-            raise app.UsageError(f"Few-shot evaluation: {error} (--few_shot_train, --shots; "
-                                 f"the other results are in {json_path})") from None
-        for k, value in accuracy.items():
-            logging.info("%d-shot linear accuracy: %.2f%%", k, 100 * value)
-        results["few_shot"] = {"accuracy": {str(k): v for k, v in accuracy.items()},
-                               "l2_reg": l2_reg, "draws": FLAGS.draws,
-                               "dataset": config.dataset}
-        paths.append(plotting.plot_few_shot(
-            accuracy, os.path.join(out, "few_shot.png"),
-            f"Few-shot linear accuracy on {config.dataset}\n(frozen features, mean of "
-            f"{FLAGS.draws} draws)"))
 
-    paths.append(json_path)
-    metrics.write_json(json_path, results)
-    logging.info("Wrote %s in %.1f s.", ", ".join(paths), time.time() - start)
+def _few_shot_figure(model, builder, config, size, shots, results, json_path):
+    """The few-shot linear accuracy of the frozen features (--shots); its figure's path."""
+    from keras_vit import analysis, plotting
+    from .data import tf_pipeline
+
+    l2_reg = analysis.DEFAULT_L2_REG if FLAGS.l2_reg is None else FLAGS.l2_reg
+    logging.info("Few-shot: features of %d train and %d eval examples...",
+                 FLAGS.few_shot_train, FLAGS.few_shot_test)
+    try:
+        accuracy = analysis.few_shot_accuracy(
+            model,
+            tf_pipeline.labelled_batches(builder, config.train_split, size,
+                                         FLAGS.few_shot_train),
+            tf_pipeline.labelled_batches(builder, config.eval_split, size,
+                                         FLAGS.few_shot_test),
+            shots=shots, l2_reg=l2_reg, draws=FLAGS.draws, progress=_log_progress)
+    except ValueError as error:
+        raise app.UsageError(f"Few-shot evaluation: {error} (--few_shot_train, --shots; "
+                             f"the other results are in {json_path})") from None
+    for k, value in accuracy.items():
+        logging.info("%d-shot linear accuracy: %.2f%%", k, 100 * value)
+    results["few_shot"] = {"accuracy": {str(k): v for k, v in accuracy.items()},
+                           "l2_reg": l2_reg, "draws": FLAGS.draws, "dataset": config.dataset}
+    return [plotting.plot_few_shot(
+        accuracy, os.path.join(FLAGS.out, "few_shot.png"),
+        f"Few-shot linear accuracy on {config.dataset}\n(frozen features, mean of "
+        f"{FLAGS.draws} draws)")]
 
 
 def _log_progress(done):

@@ -1,6 +1,7 @@
 """timm's `Eva` class (EVA-02, DINOv3, the RoPE ViTs, Perception Encoder...): its arguments
-as a `ViTConfig` and back, its weights' names as its VisionTransformer's, and the channels of
-its rotary position embeddings in keras_vit's order. Pure NumPy.
+as a `ViTConfig` and back, its weights' names as its VisionTransformer's (read by
+`timm_common.eva_names`, written by `eva_state`), and the channels of its rotary position
+embeddings in keras_vit's order. Pure NumPy.
 
 Eva names LayerScale `gamma_1`, `gamma_2`, may split the query, key and value (`q_proj`,
 `k_proj`, `v_proj`) and keep the key's bias as a zero buffer (`q_bias`, `v_bias`); its SwiGLU
@@ -13,7 +14,8 @@ import re
 import numpy as np
 
 from keras_vit.torch_layouts import common, timm_common
-from keras_vit.torch_layouts.common import LayoutError, check_grid, sized_spec, tensor
+from keras_vit.torch_layouts.common import check_grid, sized_spec, tensor
+from keras_vit.torch_layouts.family import Family
 
 # timm's Eva arguments (timm 1.0.31's defaults): those keras_vit maps, those it cannot, and
 # the rest, which change nothing at inference.
@@ -37,7 +39,7 @@ _IGNORED = {"drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate",
 # timm's Eva RoPE kinds -> keras_vit's.
 _ROPES = {"cat": "axial", "dinov3": "axial_normalized", "mixed": "mixed"}
 # timm's Eva RoPE layout (interleaved, rows and columns swapped: grid_indexing 'xy') that
-# eva_config writes for each of keras_vit's kinds: its pretrained EVA-02's and DINOv3's.
+# config_for writes for each of keras_vit's kinds: its pretrained EVA-02's and DINOv3's.
 WRITTEN_ROPE = {"axial": (True, False), "axial_normalized": (False, False),
                 "mixed": (True, True)}  # RoPE-Mixed: naver's pretrained 'xy' grid
 
@@ -105,12 +107,11 @@ def _norms(args):
     return fc_norm, norm
 
 
-def spec_from_eva(architecture, args, config, state):
-    """The `ViTConfig` of timm's Eva (EVA-02, its RoPE ViTs, DINOv3...)."""
-    missing = _missing(args)
-    if missing:
-        raise LayoutError(f"timm architecture {architecture!r} (timm's Eva) needs "
-                          f"{', '.join(missing)}, which keras_vit has no option for yet.")
+def spec_from_config(config, state, timm_class):
+    """The `ViTConfig` of timm's Eva `config.json` (EVA-02, its RoPE ViTs, DINOv3...), with
+    the sizes the weights `state` show."""
+    architecture, args = timm_common.timm_args(config, DEFAULTS)
+    timm_common.check_missing(architecture, _missing(args), "Eva")
     hidden, patch, layers = timm_common.sizes(state)
     swiglu = args["swiglu_mlp"]
     if swiglu and "blocks.0.mlp.fc1_g.weight" in state:  # SwiGLU's unpacked (aligned) rows
@@ -161,7 +162,7 @@ def spec_from_eva(architecture, args, config, state):
                       position_embedding_interpolation="bicubic")  # as timm resamples
 
 
-def eva_config(spec, preprocessing, arrays):
+def config_for(spec, preprocessing, arrays):
     """timm's Eva `config.json` for a model with RoPE, inner LayerNorms or Eva's attention
     pooling (`is_eva`): every Eva argument in `model_args` (so that none of the
     architecture's own applies), RoPE laid out as `WRITTEN_ROPE` says."""
@@ -224,7 +225,7 @@ def eva_config(spec, preprocessing, arrays):
 
 def _architecture_of_epsilon(epsilon):
     """An Eva architecture of timm's whose LayerNorms have this epsilon, and every other
-    argument one `eva_config` writes."""
+    argument one `config_for` writes."""
     table = timm_common.timm_architectures()
 
     def fitting():  # the familiar names first: EVA-02 B/14 (epsilon 1e-6), DINOv3 B/16 (1e-5)
@@ -238,30 +239,6 @@ def _architecture_of_epsilon(epsilon):
     return timm_common.architecture_of_epsilon(epsilon, fitting(), "timm's Eva architectures")
 
 
-def eva_names(state, spec):
-    """timm's Eva names as its VisionTransformer's: LayerScale's `gamma_1`, `gamma_2` as
-    `ls1.gamma`, `ls2.gamma`; the split `q_proj`, `k_proj`, `v_proj` as `q`, `k`, `v`;
-    EvaAttention's `q_bias`, `v_bias` as q's and v's biases, with the key's bias it keeps as a
-    zero buffer (not in its files) as zeros; RoPE-Mixed's `rope.freqs` [2, depth, heads,
-    head_dim / 2] as each block's `rope.freqs.N`. (A packed SwiGLU's `fc1` is unpacked before,
-    as VisionTransformer's.)"""
-    if spec.rope == "mixed" and "rope.freqs" in state:
-        state = dict(state)
-        frequencies = state.pop("rope.freqs")
-        state.update({f"rope.freqs.{index}": frequencies[:, index]
-                      for index in range(frequencies.shape[1])})
-    renamed = {}
-    for key, value in state.items():
-        key = re.sub(r"\.gamma_([12])$", r".ls\1.gamma", key)
-        key = re.sub(r"\.attn\.([qkv])_proj\.", r".attn.\1.", key)
-        renamed[re.sub(r"\.attn\.([qv])_bias$", r".attn.\1.bias", key)] = value
-    for key in list(renamed):
-        match = re.fullmatch(r"(.*\.attn)\.q\.bias", key)
-        if match and match[1] + ".k.bias" not in renamed:
-            renamed[match[1] + ".k.bias"] = np.zeros_like(renamed[key])
-    return renamed
-
-
 def eva_attention(arrays, spec):
     """timm's Eva attention for the model's weights: EvaAttention ("eva": query and value
     biases, the key's zero), or AttentionRope ("rope": all three) for a non-zero key bias."""
@@ -269,8 +246,8 @@ def eva_attention(arrays, spec):
 
 
 def eva_state(state, spec, attention):
-    """The inverse of `eva_names`, for Eva's `attention` (`eva_attention`); SwiGLU packed
-    as GluMlp unless timm builds it unpacked (SwiGLU, for scale_mlp)."""
+    """The inverse of `timm_common.eva_names`, for Eva's `attention` (`eva_attention`); SwiGLU
+    packed as GluMlp unless timm builds it unpacked (SwiGLU, for scale_mlp)."""
     renamed = {}
     if spec.rope == "mixed":
         state = dict(state)
@@ -329,3 +306,36 @@ def permuted_rope(arrays, spec, interleaved, xy, inverse=False):
             if key in arrays:  # kernels [D, heads, head_dim], biases [heads, head_dim]
                 arrays[key] = arrays[key][..., order]
     return arrays
+
+
+def _rope_layout(config):
+    """(interleaved, xy) of the RoPE of timm's checkpoint of `config` (None: keras_vit's)."""
+    if config is None:
+        return False, False
+    args = timm_common.timm_args(config, DEFAULTS)[1]
+    return not args.get("rope_rotate_half", True), args.get("rope_grid_indexing") == "xy"
+
+
+def to_arrays(state, spec, config=None):
+    """Eva's state dict as the `.npz` layout (`timm_common.to_arrays`), RoPE's channels in
+    keras_vit's order from the layout `config`, the checkpoint's config.json, says (None: as
+    keras_vit does)."""
+    arrays = timm_common.to_arrays(state, spec, timm_common.weight_pairs(spec))
+    if spec.rope:
+        arrays = permuted_rope(arrays, spec, *_rope_layout(config))
+    return arrays
+
+
+def from_arrays(arrays, spec):
+    """The `.npz` layout as Eva's state dict, RoPE laid out as `WRITTEN_ROPE` says."""
+    if spec.rope:
+        arrays = permuted_rope(arrays, spec, *WRITTEN_ROPE[spec.rope], inverse=True)
+    attention = eva_attention(arrays, spec)
+    return timm_common.from_arrays(arrays, spec, timm_common.weight_pairs(spec),
+                                   renamed=lambda state: eva_state(state, spec, attention))
+
+
+FAMILY = Family(name="Eva", library="timm", classes={"Eva": False},
+                spec_from_config=spec_from_config, writes=is_eva, config_for=config_for,
+                weight_pairs=timm_common.weight_pairs, to_arrays=to_arrays,
+                from_arrays=from_arrays)

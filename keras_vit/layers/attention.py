@@ -1,0 +1,298 @@
+"""Multi-head self-attention, and how it runs: the explicit ops (logits, softmax, weighted sum)
+or one fused kernel (`keras.ops.dot_product_attention`), as `attention_impl` says and where
+the kernel is faster (`fused_by_default`)."""
+
+import functools
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_vit import resample
+from keras_vit.execution import ATTENTION_IMPLS
+from keras_vit.layers.normalization import LayerNorm
+from keras_vit.layers.position import (MixedRopeFrequencies, RelativePositionBias,
+                                       RelativePositionMlp, _patch_coordinates, rope_angles,
+                                       rotate)
+from keras_vit.layers.shapes import _check_rank, grid_sides
+from keras_vit.spec import ROPE_TEMPERATURES
+
+
+def _xavier_uniform_flat(fan_in, fan_out):
+    """Xavier-uniform on the flattened (fan_in, fan_out) matrix, for any kernel shape."""
+    limit = math.sqrt(6.0 / (fan_in + fan_out))
+    return keras.initializers.RandomUniform(-limit, limit)
+
+
+def _attention_output_spec(layer, x, return_attention_scores):
+    """Symbolic outputs of a layer that returns tokens and optionally attention weights."""
+    output = keras.KerasTensor(x.shape, dtype=layer.compute_dtype)
+    if not return_attention_scores:
+        return output
+    tokens = x.shape[1]
+    scores = keras.KerasTensor((x.shape[0], layer.num_heads, tokens, tokens),
+                               dtype=layer.compute_dtype)
+    return output, scores
+
+
+def _attention_impl(value):
+    if value not in ATTENTION_IMPLS:
+        raise ValueError(f"attention_impl must be one of {ATTENTION_IMPLS}, got {value!r}.")
+    return value
+
+
+def _fused(attention_impl, dropout, training, return_attention_scores):
+    """Whether attention runs fused (`keras.ops.dot_product_attention`): as `attention_impl`
+    says, "auto" meaning where a fused kernel is faster (`fused_by_default`); never where the
+    weights are returned or dropped out."""
+    if return_attention_scores or (training and dropout):
+        return False
+    if attention_impl == "auto":
+        return fused_by_default()
+    return attention_impl == "fused"
+
+
+@functools.cache
+def fused_by_default():
+    """What attention_impl="auto" means in this process: fused on PyTorch (its
+    `scaled_dot_product_attention` beat the explicit ops on CPU too: B/16 inference 4.73 against
+    4.42 images/s, 2-core AMD EPYC) and on JAX's GPUs and TPUs (cuDNN flash and Pallas splash
+    attention), explicit on JAX's CPU (XLA's reference attention: 10.62 against 11.14 images/s,
+    same CPU) and on TensorFlow (no fused kernel; Keras' einsum form of it is slower)."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.default_backend() != "cpu"
+    return backend == "torch"
+
+
+@functools.cache
+def odd_lengths_refused():
+    """Whether the fused kernel cannot be trained on an odd number of tokens: cuDNN's flash
+    attention, Keras' kernel on JAX's GPUs. JAX's gradient rule for it refuses odd lengths
+    whenever there is a bias, and counts an absent one as present (jax 0.11,
+    `_dot_product_attention_fwd_rule`), so ViT's 197 tokens fall back to XLA's attention, or,
+    under remat in `lax.scan`, where Keras' fallback cannot catch the refusal, end the step."""
+    if keras.backend.backend() != "jax":
+        return False
+    import jax
+
+    return jax.default_backend() == "gpu"
+
+
+def _padded_to_even(query, key, value):
+    """Fused attention over one more (zero) token that no query attends to, cut off again: an
+    even length, which cuDNN's flash attention trains, for the price of one token."""
+    tokens = query.shape[1]
+    padded = [ops.pad(x, ((0, 0), (0, 1), (0, 0), (0, 0))) for x in (query, key, value)]
+    keep = np.ones((1, 1, tokens + 1, tokens + 1), bool)
+    keep[..., tokens] = False  # no query sees the padding key
+    attended = ops.dot_product_attention(*padded, mask=keep, scale=1.0)
+    return attended[:, :tokens]
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class MultiHeadSelfAttention(keras.layers.Layer):
+    """Multi-head scaled dot-product self-attention, as in the paper's equations 5 to 8.
+
+    Weights: `query`, `key`, `value` and `out` dense layers on the flattened `(D, D)` shape
+    (the checkpoints store them as `(D, heads, D/heads)`; loading reshapes). The call fuses the
+    query, key and value projections into one matmul.
+
+    Args:
+        num_heads: attention heads; must divide the input width.
+        dropout: dropout on the attention weights.
+        relative_position: None, or "1d" / "2d" to add relative position logits (appendix
+            D.4) from a `RelativePositionBias` sub-layer named `relative_position`, or "mlp"
+            for a `RelativePositionMlp` of `relative_mlp_dim` hidden units.
+        grid_size: `(rows, columns)` of the patch grid; needed with `relative_position`.
+        num_prefix_tokens: tokens before the grid; used with `relative_position`.
+        interpolation: how the relative tables are resampled for another grid.
+        qkv_bias: biases in the query, key and value projections (the original has them).
+        rope, rope_temperature, rope_reference_grid, rope_grid_offset: rotary embeddings of
+            the patches' queries and keys (None: none, the original), see `ViTConfig.rope`;
+            with `grid_size` and `num_prefix_tokens`.
+        inner_norm_epsilon: None, or the epsilon of a LayerNorm (`inner_norm`) of the heads'
+            concatenated outputs before the output projection (`ViTConfig.attention_inner_norm`).
+        attention_impl: "fused" (`keras.ops.dot_product_attention`, relative logits as its
+            bias), "explicit" (logits, softmax, weighted sum) or "auto" (fused where that is
+            faster: PyTorch, JAX's GPUs and TPUs); the weights, when returned, and dropout on
+            them in training always take the explicit path. How the layer runs, not what it
+            computes: left out of its config (`keras_vit.execution`).
+        **kwargs: base `Layer` arguments.
+
+    `call(x, training, return_attention_scores=False, grid=None)` returns `[batch, tokens, D]`,
+    and with `return_attention_scores=True` also the weights `[batch, heads, tokens, tokens]`;
+    `grid` (the patch grid of these tokens) tells relative and rotary positions the grid at
+    call time.
+    """
+
+    def __init__(self, num_heads, dropout=0.0, relative_position=None, grid_size=None,
+                 num_prefix_tokens=0, interpolation="bilinear", qkv_bias=True,
+                 attention_impl="auto", rope=None, rope_temperature=None,
+                 rope_reference_grid=None, rope_grid_offset=0.0, inner_norm_epsilon=None,
+                 relative_mlp_dim=None, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.qkv_bias = bool(qkv_bias)
+        self.dropout = float(dropout)
+        self.attention_impl = _attention_impl(attention_impl)
+        if (relative_position is not None or rope is not None) and grid_size is None:
+            raise ValueError("relative_position and rope need the grid_size (rows, columns) "
+                             "of the patch grid.")
+        if rope is not None and rope not in ROPE_TEMPERATURES:
+            raise ValueError(f"Unknown rope {rope!r}; expected None or one of "
+                             f"{tuple(ROPE_TEMPERATURES)}.")
+        self.rope = rope
+        self.rope_temperature = (None if rope is None else
+                                 float(rope_temperature or ROPE_TEMPERATURES[rope]))
+        self.rope_reference_grid = (None if rope_reference_grid is None
+                                    else tuple(int(g) for g in rope_reference_grid))
+        self.rope_grid_offset = float(rope_grid_offset)
+        self.relative_mlp_dim = None if relative_mlp_dim is None else int(relative_mlp_dim)
+        self.inner_norm_epsilon = (None if inner_norm_epsilon is None
+                                   else float(inner_norm_epsilon))
+        self.relative_position = relative_position
+        self.grid_size = None if grid_size is None else tuple(int(g) for g in grid_size)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.interpolation = resample.check_interpolation(interpolation)
+
+    def build(self, input_shape):
+        _check_rank(self, input_shape, 3, "tokens [batch, tokens, hidden]")
+        hidden = input_shape[-1]
+        if hidden % self.num_heads:
+            raise ValueError(
+                f"Hidden size {hidden} is not divisible by num_heads={self.num_heads}; "
+                f"choose num_heads among the divisors of {hidden}."
+            )
+        self.head_dim = hidden // self.num_heads
+        kernel_init = _xavier_uniform_flat(hidden, hidden)
+
+        def dense(name, use_bias=True):
+            layer = keras.layers.Dense(hidden, kernel_initializer=kernel_init, name=name,
+                                       use_bias=use_bias, dtype=self.dtype_policy)
+            layer.build(input_shape)
+            return layer
+
+        self.query, self.key, self.value = (
+            dense(n, self.qkv_bias) for n in ("query", "key", "value"))
+        self.out = dense("out")
+        self.inner_norm = None
+        if self.inner_norm_epsilon is not None:
+            self.inner_norm = LayerNorm(self.inner_norm_epsilon, name="inner_norm",
+                                        dtype=self.dtype_policy)
+            self.inner_norm.build(input_shape)
+        self.attention_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.rope_frequencies = None
+        if self.rope == "mixed":
+            self.rope_frequencies = MixedRopeFrequencies(
+                self.num_heads, self.head_dim, self.rope_temperature, name="rope")
+            self.rope_frequencies.build()
+        self.relative = None
+        if self.relative_position == "mlp":
+            self.relative = RelativePositionMlp(
+                self.grid_size, self.num_heads, self.num_prefix_tokens,
+                hidden_dim=self.relative_mlp_dim, name="relative_position",
+                dtype=self.dtype_policy)
+            self.relative.build()
+        elif self.relative_position is not None:
+            self.relative = RelativePositionBias(
+                self.grid_size, self.num_heads, self.num_prefix_tokens,
+                kind=self.relative_position, interpolation=self.interpolation,
+                name="relative_position", dtype=self.dtype_policy)
+            self.relative.build((input_shape[0], self.num_heads, input_shape[1], self.head_dim))
+
+    def call(self, x, training=False, return_attention_scores=False, grid=None):
+        batch, tokens, hidden = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
+        heads, head_dim = self.num_heads, self.head_dim
+        # One (D, 3D) matmul on 2-D rows instead of three, with the 1/sqrt(head_dim) scale of
+        # the queries folded into their kernel and bias: fewer passes over the activations.
+        scale = 1.0 / math.sqrt(head_dim)
+        kernel = ops.concatenate(
+            [self.query.kernel * scale, self.key.kernel, self.value.kernel], axis=1)
+        qkv = ops.matmul(ops.reshape(x, (-1, hidden)), ops.cast(kernel, x.dtype))
+        if self.qkv_bias:
+            bias = ops.concatenate([self.query.bias * scale, self.key.bias, self.value.bias],
+                                   axis=0)
+            qkv = ops.add(qkv, ops.cast(bias, x.dtype))  # ops.add: a BiasAdd that fuses on TF
+        qkv = ops.reshape(qkv, (batch, tokens, 3, heads, head_dim))
+        if self.rope is not None:
+            qkv = self._rotated(qkv, grid)
+        if _fused(self.attention_impl, self.dropout, training, return_attention_scores):
+            attended = self._fused_attention(qkv, grid, training)
+            return ops.reshape(self._project(attended), (batch, tokens, hidden))
+        qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # [3, batch, heads, tokens, head_dim]
+        # Unstacked, not indexed: each slice's gradient would be a zero-filled copy of all of
+        # qkv, summed (S/16 trains 1.17x faster without XLA this way; the same with XLA).
+        query, key, value = ops.unstack(qkv, 3, axis=0)
+        logits = ops.matmul(query, ops.transpose(key, (0, 1, 3, 2)))
+        if self.relative is not None:  # the (scaled) queries against the offset embeddings
+            logits = logits + self.relative(query, grid=grid)
+        # Softmax in the compute dtype, as the original. TensorFlow's CPU kernel accumulates
+        # bfloat16 in float32: its output equals a float32 softmax rounded to bfloat16.
+        weights = ops.softmax(logits, axis=-1)
+        attended = ops.matmul(self.attention_dropout(weights, training=training), value)
+        attended = ops.reshape(ops.transpose(attended, (0, 2, 1, 3)), (-1, hidden))
+        output = ops.reshape(self._project(attended), (batch, tokens, hidden))
+        if return_attention_scores:
+            return output, weights
+        return output
+
+    def _project(self, attended):
+        """The heads' concatenated outputs `[batch * tokens, D]` through the output
+        projection (after `inner_norm`, if any)."""
+        if self.inner_norm is not None:
+            attended = self.inner_norm(attended)
+        return self.out(attended)
+
+    def _rotated(self, qkv, grid):
+        """`qkv` `[batch, tokens, 3, heads, head_dim]` with the patches' queries and keys
+        rotated by their rows and columns; the prefix tokens keep theirs (angle 0)."""
+        sides = self.grid_size if grid is None else grid_sides(grid)
+        if self.rope_frequencies is not None:  # learned: [patches, heads, head_dim / 2]
+            xp = ops
+            angles = self.rope_frequencies(_patch_coordinates(sides))
+        else:  # fixed: [patches, 1, head_dim / 2], constants where the grid is known
+            xp = np if all(isinstance(side, int) for side in sides) else ops
+            angles = rope_angles(self.rope, sides, self.head_dim, self.rope_temperature,
+                                 self.rope_reference_grid, self.rope_grid_offset, xp=xp)
+            angles = angles[:, None, :]
+        angles = xp.pad(angles, ((self.num_prefix_tokens, 0), (0, 0), (0, 0)))
+        cos = ops.cast(xp.cos(angles), qkv.dtype)  # [tokens, heads or 1, head_dim / 2]
+        sin = ops.cast(xp.sin(angles), qkv.dtype)
+        query, key, value = ops.unstack(qkv, 3, axis=2)
+        return ops.stack([rotate(query, cos, sin), rotate(key, cos, sin), value], axis=2)
+
+    def _fused_attention(self, qkv, grid, training):
+        """`[batch * tokens, D]` attended values of `qkv` `[batch, tokens, 3, heads,
+        head_dim]` (queries scaled) by `keras.ops.dot_product_attention`, which never returns
+        the score matrix (and on GPUs and TPUs, on JAX, never forms it whole)."""
+        query, key, value = ops.unstack(qkv, 3, axis=2)  # [batch, tokens, heads, head_dim]
+        bias = None
+        if self.relative is not None:  # the relative logits, [batch, heads, tokens, tokens]
+            bias = self.relative(ops.transpose(query, (0, 2, 1, 3)), grid=grid)
+        tokens = query.shape[1]
+        if bias is None and training and tokens and tokens % 2 and odd_lengths_refused():
+            attended = _padded_to_even(query, key, value)
+        else:  # with a bias, XLA's kernel: Keras' TPU kernel (splash attention) takes none
+            attended = ops.dot_product_attention(
+                query, key, value, bias=bias, scale=1.0,
+                flash_attention=False if bias is not None else None)
+        return ops.reshape(attended, (-1, qkv.shape[-1] * self.num_heads))
+
+    def compute_output_spec(self, x, training=False, return_attention_scores=False, grid=None):
+        return _attention_output_spec(self, x, return_attention_scores)
+
+    def get_config(self):
+        return {**super().get_config(), "num_heads": self.num_heads, "dropout": self.dropout,
+                "relative_position": self.relative_position, "grid_size": self.grid_size,
+                "num_prefix_tokens": self.num_prefix_tokens,
+                "interpolation": self.interpolation, "qkv_bias": self.qkv_bias,
+                "rope": self.rope,
+                "rope_temperature": self.rope_temperature,
+                "rope_reference_grid": self.rope_reference_grid,
+                "rope_grid_offset": self.rope_grid_offset,
+                "inner_norm_epsilon": self.inner_norm_epsilon,
+                "relative_mlp_dim": self.relative_mlp_dim}

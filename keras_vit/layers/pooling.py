@@ -1,0 +1,139 @@
+"""The encoder's tokens to one vector for the head: one token, their mean, or both
+(`TokenPooling`), or a learned query's attention over them (`AttentionPooling`, "map")."""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_vit.layers.attention import _attention_impl, _fused, _xavier_uniform_flat
+from keras_vit.layers.blocks import MlpBlock, _activation
+from keras_vit.layers.normalization import LayerNorm
+from keras_vit.layers.shapes import _check_rank
+from keras_vit.spec import CLASSIFIERS, LAYER_NORM_EPSILON
+
+
+POOLINGS = tuple(kind for kind in CLASSIFIERS if kind != "map")
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class TokenPooling(keras.layers.Layer):
+    """Reduces `[batch, tokens, D]` to `[batch, D]`: one token ("token": the class token, or
+    the token at `token_index`, 1 for DeiT's distillation token), the mean of the patch
+    tokens ("gap"), or both side by side, `[batch, 2 D]` ("token_gap", DINOv2's).
+
+    Args:
+        classifier: "token", "gap" or "token_gap".
+        num_prefix_tokens: tokens before the patches (register tokens), left out of the mean.
+        token_index: the token "token" reads.
+    """
+
+    def __init__(self, classifier="token", num_prefix_tokens=0, token_index=0, **kwargs):
+        super().__init__(**kwargs)
+        if classifier not in POOLINGS:
+            raise ValueError(f"classifier must be {' or '.join(map(repr, POOLINGS))}, got "
+                             f"{classifier!r} (attention pooling is AttentionPooling).")
+        self.classifier = classifier
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.token_index = int(token_index)
+
+    def call(self, tokens):
+        if self.classifier == "token":
+            return tokens[:, self.token_index]
+        patches = tokens
+        if self.num_prefix_tokens:  # registers (no slice otherwise: the same graph as before)
+            patches = tokens[:, self.num_prefix_tokens:]
+        mean = ops.mean(patches, axis=1)
+        if self.classifier == "token_gap":
+            return ops.concatenate([tokens[:, self.token_index], mean], axis=-1)
+        return mean
+
+    def compute_output_shape(self, input_shape):
+        width = input_shape[-1] * (2 if self.classifier == "token_gap" else 1)
+        return (input_shape[0], width)
+
+    def get_config(self):
+        config = {**super().get_config(), "classifier": self.classifier,
+                  "num_prefix_tokens": self.num_prefix_tokens}
+        if self.token_index:  # files of other models unchanged
+            config["token_index"] = self.token_index
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class AttentionPooling(keras.layers.Layer):
+    """Multihead attention pooling, "map" (Zhai et al., "Scaling Vision Transformers", 2022;
+    big_vision's `MAPHead`, timm's `AttentionPoolLatent`): a learned query, `probe`, attends to
+    the patch tokens; a LayerNorm and an MLP follow, with a residual connection.
+
+    Args:
+        num_heads: attention heads.
+        mlp_dim: hidden size of the MLP.
+        num_prefix_tokens: tokens before the patches (class, registers), not attended to.
+        layer_norm_epsilon, activation, attention_impl: as the encoder blocks'.
+
+    `[batch, tokens, D]` -> `[batch, D]`. Weights `probe` `(1, 1, D)`, `query`, `key`, `value`,
+    `out` (D, D), `LayerNorm_0`, `MlpBlock_0`.
+    """
+
+    def __init__(self, num_heads, mlp_dim, num_prefix_tokens=0,
+                 layer_norm_epsilon=LAYER_NORM_EPSILON, activation="gelu_tanh",
+                 attention_impl="auto", **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.mlp_dim = int(mlp_dim)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.attention_impl = _attention_impl(attention_impl)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.activation = _activation(activation)
+
+    def build(self, input_shape):
+        _check_rank(self, input_shape, 3, "tokens [batch, tokens, hidden]")
+        hidden = input_shape[-1]
+        self.head_dim = hidden // self.num_heads
+        policy = self.dtype_policy
+        self.probe = self.add_weight(name="probe", shape=(1, 1, hidden),
+                                     initializer=keras.initializers.GlorotUniform())
+        self.query, self.key, self.value, self.out = (
+            keras.layers.Dense(hidden, kernel_initializer=_xavier_uniform_flat(hidden, hidden),
+                               name=name, dtype=policy)
+            for name in ("query", "key", "value", "out"))
+        for layer in (self.query, self.key, self.value, self.out):
+            layer.build(input_shape)
+        self.norm = LayerNorm(self.layer_norm_epsilon, name="LayerNorm_0", dtype=policy)
+        self.mlp = MlpBlock(self.mlp_dim, activation=self.activation, name="MlpBlock_0",
+                            dtype=policy)
+        self.norm.build((None, 1, hidden))
+        self.mlp.build((None, 1, hidden))
+
+    def call(self, tokens):
+        tokens = tokens[:, self.num_prefix_tokens:]
+        batch, hidden = ops.shape(tokens)[0], tokens.shape[-1]
+        heads, head_dim = self.num_heads, self.head_dim
+
+        def split_heads(x):  # [b, n, D] -> [b, n, heads, head_dim]
+            return ops.reshape(x, (ops.shape(x)[0], -1, heads, head_dim))
+
+        probe = ops.cast(self.probe, tokens.dtype)
+        if _fused(self.attention_impl, 0.0, False, False):  # a query per image, as keys
+            probe = ops.broadcast_to(probe, (batch, 1, hidden))
+        query = split_heads(self.query(probe))
+        query = query * ops.cast(1.0 / math.sqrt(head_dim), query.dtype)
+        keys, values = split_heads(self.key(tokens)), split_heads(self.value(tokens))
+        if _fused(self.attention_impl, 0.0, False, False):
+            pooled = ops.dot_product_attention(query, keys, values, scale=1.0)
+        else:
+            query, keys, values = (ops.transpose(x, (0, 2, 1, 3)) for x in (query, keys, values))
+            weights = ops.softmax(ops.matmul(query, ops.transpose(keys, (0, 1, 3, 2))), axis=-1)
+            pooled = ops.transpose(ops.matmul(weights, values), (0, 2, 1, 3))
+        pooled = self.out(ops.reshape(pooled, (batch, 1, hidden)))  # pooled: [b, 1, heads, d]
+        pooled = pooled + self.mlp(self.norm(pooled))
+        return pooled[:, 0]
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[-1])
+
+    def get_config(self):
+        return {**super().get_config(), "num_heads": self.num_heads, "mlp_dim": self.mlp_dim,
+                "num_prefix_tokens": self.num_prefix_tokens,
+                "layer_norm_epsilon": self.layer_norm_epsilon, "activation": self.activation}
