@@ -29,7 +29,7 @@ setup(
               "keras_vit.configs"],
     package_dir={"keras_vit.train": "train", "keras_vit.configs": "configs"},
     # timm's ViT architectures and their options, read by from_pretrained.
-    package_data={"keras_vit": ["timm_architectures.json"]},
+    package_data={"keras_vit.weights.torch_layouts": ["timm_architectures.json"]},
     entry_points={"console_scripts": [
         "keras-vit-train = keras_vit.train.main:run",
         "keras-vit-export = keras_vit.train.export:run",

@@ -2,8 +2,8 @@
 with and without remat, at the largest batch that fits), its inference, and timm's B/16 on the
 same card (bf16 autocast, PyTorch's scaled_dot_product_attention, and `torch.compile` where it
 works), measured in one run and printed as one table, with each training speed as model-FLOP
-utilisation: training FLOPs per image (3 x keras_vit.flops.forward_flops, the same for both:
-one architecture) x images/s over the card's bfloat16 matmul peak measured here.
+utilisation: training FLOPs per image (3 x keras_vit.analysis.flops.forward_flops, the same
+for both: one architecture) x images/s over the card's bfloat16 matmul peak measured here.
 
 On a GPU machine with JAX (CUDA), PyTorch and timm and no Keras, TensorFlow or package registry,
 from a checkout (the wheels downloaded first, where a registry is reachable, into the ignored
@@ -196,7 +196,8 @@ def timm_speeds(setup, batch):
     for name, make in contenders.items():
         try:
             results[name] = speeds(make())
-        except Exception as error:  # noqa: BLE001  (out of memory, or a backend's failure: say which)
+        # Out of memory, or a backend's failure: a row that says which.
+        except Exception as error:  # noqa: BLE001
             results[name] = f"failed: {type(error).__name__}"
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -208,7 +209,7 @@ def jax_rows(setup):
     printed (to stderr) as soon as it is measured, so a run cut short still says something."""
     import jax
 
-    from keras_vit import flops
+    from keras_vit.analysis import flops
 
     device = jax.devices()[0]
     peak = matmul_peak(setup["matmul"])

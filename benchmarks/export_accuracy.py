@@ -25,7 +25,7 @@ import tensorflow as tf  # noqa: E402
 
 import machine  # noqa: E402
 from litert_runner import tflite_runner  # noqa: E402
-from keras_vit import export  # noqa: E402
+from keras_vit.deploy import export  # noqa: E402
 from keras_vit.preprocessing import scale_pixels  # noqa: E402
 from train.data import tf_pipeline
 from train.run import run_config, run_files  # noqa: E402

@@ -28,8 +28,8 @@ import tensorflow as tf  # noqa: E402
 import keras_vit  # noqa: E402
 import machine  # noqa: E402
 from litert_runner import tflite_runner  # noqa: E402
-from keras_vit import export  # noqa: E402
-from keras_vit.spec import TABLE_FIELDS, ViTConfig  # noqa: E402
+from keras_vit.deploy import export  # noqa: E402
+from keras_vit.architecture.spec import TABLE_FIELDS, ViTConfig  # noqa: E402
 
 
 def median_seconds(function, repeats):

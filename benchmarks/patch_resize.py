@@ -1,5 +1,5 @@
 """What FlexiViT's resize of the patch embedding is worth: a trained model evaluated at other
-patch sizes, its kernel resized with the pseudo-inverse (`keras_vit.resample.
+patch sizes, its kernel resized with the pseudo-inverse (`keras_vit.layers.resample.
 resize_patch_embedding`, what loading with another `patch_size` does) or as an image (the naive
 baseline), its position embeddings resampled to the new grid either way.
 
@@ -21,7 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 import keras_vit  # noqa: E402
-from keras_vit import checkpoint, resample  # noqa: E402
+from keras_vit.layers import resample  # noqa: E402
+from keras_vit.weights import checkpoint  # noqa: E402
 from train.data import fashion_mnist, grain_pipeline
 from train.run import run_files  # noqa: E402
 from train.run.export import load_trained_model  # noqa: E402

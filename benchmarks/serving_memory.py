@@ -62,7 +62,7 @@ def main():
     for variant in args.variant or ["Ti/16"]:
         model = keras_vit.vit(variant, image_size=args.image_size)
         with tempfile.TemporaryDirectory() as workdir:
-            saved = keras_vit.export.export_saved_model(model, os.path.join(workdir, "vit"))
+            saved = keras_vit.deploy.export.export_saved_model(model, os.path.join(workdir, "vit"))
             elements = sum(int(np.prod(shape)) for name, shape in tf.train.list_variables(
                 os.path.join(saved, "variables", "variables"))
                 if name != "_CHECKPOINTABLE_OBJECT_GRAPH")

@@ -10,7 +10,7 @@ Every model of a dtype policy (each `--variant`, and keras-hub's ViTBackbone of 
 configuration for plain ViT variants) runs in the same process, in interleaved order, each
 compiled once with `tf.function`; the table reports the median of `--repeats` timed batches and
 each model's speed relative to keras_vit's first `--variant`. Achieved FLOP/s uses
-`keras_vit.flops.forward_flops` (2 FLOPs per multiply-add, convolutions, dense layers and
+`keras_vit.analysis.flops.forward_flops` (2 FLOPs per multiply-add, convolutions, dense layers and
 attention matmuls; the keras-hub model is the same architecture, so the same count) and is
 shown beside the measured peak of a 4096^3 matmul in the policy's compute dtype. With
 `--any_size_from=N`, each keras_vit variant is also timed as a model of any image size
@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_vit  # noqa: E402
-from keras_vit.flops import forward_flops  # noqa: E402
+from keras_vit.analysis.flops import forward_flops  # noqa: E402
 from machine import cpu_name, matmul_peak  # noqa: E402
 
 

@@ -14,7 +14,7 @@ keras_vit has no option for is reported with the reason `from_pretrained` gives.
     KERAS_BACKEND=torch python benchmarks/timm_coverage.py              # the tables
     KERAS_BACKEND=torch python benchmarks/timm_coverage.py --only deit  # DeiT's only
     KERAS_BACKEND=torch python benchmarks/timm_coverage.py --only eva02  # EVA-02's only
-    python benchmarks/timm_coverage.py --write_table    # keras_vit/timm_architectures.json
+    python benchmarks/timm_coverage.py --write_table    # the table from_pretrained reads
 
 `--write_table` records, for each `vit_*`, `deit*` and `eva02*` architecture timm registers, its
 model class and (for `VisionTransformer` and its subclass `VisionTransformerDistilled`, which
@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "keras_vit",
-                     "timm_architectures.json")
+                     "weights", "torch_layouts", "timm_architectures.json")
 # What every build passes that is not an architecture option.
 _BUILD_ARGUMENTS = {"pretrained_cfg", "pretrained_cfg_overlay", "cache_dir", "feature_cfg",
                     "pretrained_filter_fn", "pretrained_strict"}
@@ -211,7 +211,7 @@ def check(architecture, depth, tolerance, workdir):
     from timm.models import _hub
 
     import keras_vit
-    from keras_vit import torch_layouts
+    from keras_vit.weights import torch_layouts
 
     entry = torch_layouts.timm_architectures()[architecture]
     if entry["class"] not in torch_layouts.TIMM_CLASSES:

@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 
 import machine  # noqa: E402
 from configs import common, quickstart  # noqa: E402
-from keras_vit import flops  # noqa: E402
+from keras_vit.analysis import flops  # noqa: E402
 from keras_vit.layers import resnet  # noqa: E402  (the stem's module: the pool swaps there)
 from train.run import objectives  # noqa: E402
 from train.run.model_config import model_spec  # noqa: E402
@@ -70,7 +70,8 @@ def synthetic_batch(batch_size, image_size):
 
 
 def training_flops(config):
-    """`keras_vit.flops.training_flops` (3x the forward pass) of the case's model per image."""
+    """`keras_vit.analysis.flops.training_flops` (3x the forward pass) of the case's model per
+    image."""
     return flops.training_flops(objectives.build_model(config, NUM_CLASSES))
 
 

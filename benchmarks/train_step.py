@@ -15,9 +15,9 @@ process working at a time), so that a slower moment of a shared machine does not
 backend only. The table gives the fastest of `--repeats` timed runs of `--steps` optimizer steps
 each (other work on a shared machine only slows a run), after one untimed run that compiles.
 
-FLOPs: `keras_vit.flops.training_flops`, 3x the forward pass's (2 per multiply-add; the backward
-pass as twice the forward; elementwise ops and the optimizer update not counted), the same count
-for every contender of a case. The matmul peak is measured in each child by its own library
+FLOPs: `keras_vit.analysis.flops.training_flops`, 3x the forward pass's (2 per multiply-add; the
+backward pass as twice the forward; elementwise ops and the optimizer update not counted), the same
+count for every contender of a case. The matmul peak is measured in each child by its own library
 (`machine.matmul_peak`, a 4096^3 matmul in the policy's compute dtype, TensorFlow's and XLA's
 CPU kernels differ), at the start and after every repeat, the highest kept: "% of peak" divides by
 the higher of the backends' peaks (the machine's best measured), "% of own peak" by the
@@ -187,8 +187,9 @@ def print_table(results, repeats, load):
     print(f"Fastest of {repeats} timed runs. Each backend runs in a process of its own "
           f"({', '.join(r['backend'] for r in results)}); every repeat times each contender of "
           "each process once, one process working at a time. FLOPs: 3x the forward pass "
-          "(keras_vit.flops.training_flops); % of peak: of the highest matmul peak measured in "
-          "the compute dtype, % of own peak: of the contender's backend's; cores used: CPU "
+          "(keras_vit.analysis.flops.training_flops); % of peak: of the highest matmul peak "
+          "measured in the compute dtype, % of own peak: of the contender's backend's; cores "
+          "used: CPU "
           f"seconds per second of the fastest run (below {os.cpu_count()} when other work took "
           "cores, or the step left some idle).\n")
     baseline = ("TF driver (XLA off)" if any(r["backend"] == BASELINE[0] for r in results)

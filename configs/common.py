@@ -11,7 +11,7 @@ import typing
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-from keras_vit.spec import ViTConfig
+from keras_vit.architecture.spec import ViTConfig
 
 # The ViTConfig fields that are not in config.model: the image size is the input pipeline's too
 # (config.image_size), the classes are the dataset's, and the objective decides on the head.
@@ -107,7 +107,8 @@ def get_config():
     config.checkpoint_every_steps = 1000  # also saved at the end and on SIGTERM
     config.keep_checkpoints = 3  # newest checkpoints kept in workdir/checkpoints
     config.jit_compile = False  # compile the train step with XLA (on TPU it always is)
-    # How the model runs (keras_vit.execution), not what it is: kept out of the model's files.
+    # How the model runs (keras_vit.architecture.execution), not what it is: kept out of the
+    # model's files.
     config.attention_impl = "auto"  # "fused" (dot_product_attention), "explicit" or "auto"
     config.remat = "none"  # "blocks": each block computed again in the backward pass
     # JAX engine (KERAS_BACKEND=jax): devices of the mesh's model axis, over which each block's

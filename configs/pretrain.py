@@ -11,7 +11,7 @@ any other dataset section 4.1's 1e-3, linear, 0.1.
 The argument is `key=value` pairs: `model` (a keras_vit variant) and `dataset` (a TFDS name).
 """
 
-from keras_vit.spec import ViTConfig
+from keras_vit.architecture.spec import ViTConfig
 
 from . import common
 from .finetune import EVAL_SPLIT, parse_arg

@@ -6,29 +6,39 @@
     spec = keras_vit.ViTConfig.from_variant("S/16", image_size=384)   # the same, as data
     keras_vit.set_execution(model, remat="blocks")   # how it runs, not what it computes
 
-`import keras_vit` loads the architecture spec, the layers and the model (and registers the
-layers for `keras.models.load_model`); the tools load on first use (PEP 562): `analysis`,
-`checkpoint`, `export`, `fileio`, `flops`, `hub` (`from_pretrained`, `save_pretrained`),
-`lora`, `npz_architecture`, `plotting`, `pretrained`, `resample`, `serving`.
+`import keras_vit` loads the architecture, the layers and the model (and registers the layers for
+`keras.models.load_model`); the rest loads on first use (PEP 562). The package's rooms:
+`architecture` (the spec, its rules, the variants, how a model runs), `layers`, the model
+(`model`, `intermediates`, `masked_patches`, `lora`, `scanned_blocks`, `preprocessing`),
+`weights` (`.npz` checkpoints, published names, transformers' and timm's files), `deploy`
+(the SavedModel, TFLite, serving) and `analysis` (what a model attends to, its figures, its
+FLOPs). The paths from before the rooms (`keras_vit.checkpoint`, `keras_vit.export`, ...) are
+the same modules under their old names (`keras_vit.imports`).
 """
 
 import importlib
 
-from keras_vit import layers, masked_patches, resnet  # noqa: F401  (registered for loading)
-from keras_vit.builders import *  # noqa: F401,F403  (ViT_B16, ...: one per VARIANT_NAMES)
-from keras_vit.execution import Execution, set_execution
-from keras_vit.masked_patches import MaskedPatchPredictor
-from keras_vit.intermediates import attention_model, features
-from keras_vit.model import distillation_heads, vit
-from keras_vit.preprocessing import EvalPreprocessing, prepare_images, preprocess_inputs
-from keras_vit.spec import ViTConfig, parse_variant
-from keras_vit.variants import VARIANT_NAMES
+from keras_vit import imports
+
+imports.install()  # before anything imports an old path
+
+from keras_vit import layers, masked_patches  # noqa: E402,F401  (registered for loading)
+from keras_vit.builders import *  # noqa: E402,F401,F403  (ViT_B16, ...)
+from keras_vit.architecture.execution import Execution, set_execution  # noqa: E402
+from keras_vit.architecture.spec import ViTConfig, parse_variant  # noqa: E402
+from keras_vit.architecture.variants import VARIANT_NAMES  # noqa: E402
+from keras_vit.intermediates import attention_model, features  # noqa: E402
+from keras_vit.masked_patches import MaskedPatchPredictor  # noqa: E402
+from keras_vit.model import distillation_heads  # noqa: E402
+from keras_vit.preprocessing import (EvalPreprocessing, prepare_images,  # noqa: E402
+                                     preprocess_inputs)
 
 __version__ = "0.1.0"
 
-_LAZY_MODULES = ("analysis", "checkpoint", "export", "fileio", "flops", "hub", "lora",
-                 "npz_architecture", "plotting", "pretrained", "resample", "serving")
-_LAZY_FUNCTIONS = {"from_pretrained": "hub", "save_pretrained": "hub"}  # name -> its module
+# The rooms and modules that load on first use, and the old paths (`imports.MOVED`).
+_LAZY_MODULES = ("analysis", "architecture", "deploy", "fileio", "lora", "weights",
+                 *imports.MOVED)
+_LAZY_FUNCTIONS = {"from_pretrained": "weights.hub", "save_pretrained": "weights.hub"}
 
 
 def __getattr__(name):

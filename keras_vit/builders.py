@@ -1,10 +1,69 @@
-"""One builder per entry of `keras_vit.VARIANT_NAMES`: `ViT_B16(**kwargs)` is
-`vit("B/16", **kwargs)`. Plain functions, so that a reader, an IDE and a type checker find them;
-`tests/test_variants.py` checks that they and the table name the same variants. Parameter counts
-are at 224x224 with 1000 classes (pinned by that test file).
+"""The one-line builders: `vit(variant, weights=..., **fields)`, and one per entry of
+`keras_vit.VARIANT_NAMES`: `ViT_B16(**kwargs)` is `vit("B/16", **kwargs)`. Plain functions, so
+that a reader, an IDE and a type checker find them; `tests/test_variants.py` checks that they and
+the table name the same variants. Parameter counts are at 224x224 with 1000 classes (pinned by
+that test file).
 """
 
-from keras_vit.model import vit
+import os
+
+from keras_vit.architecture.variants import _describe
+from keras_vit.model import build
+
+
+def vit(variant="B/16", *, weights=None, dtype=None, name=None, attention_impl="auto",
+        remat="none", **fields):
+    """Builds a Vision Transformer from a variant name or a `keras_vit.ViTConfig`.
+
+        keras_vit.vit("B/16", num_classes=10, image_size=384)
+        keras_vit.vit(keras_vit.ViTConfig.from_variant("R50+B/16"), weights="imagenet21k")
+
+    Args:
+        variant: a name from `keras_vit.VARIANT_NAMES` ("B/16", "L/32", "R50+B/16", or
+            "Axial-" before a plain ViT name), or a `ViTConfig`.
+        weights: None (random initialisation), or an original `.npz` checkpoint to load:
+            a published name (see `keras_vit.weights.pretrained.PUBLISHED`, e.g. "imagenet21k"), a
+            local path, an https/file URL or a gs:// path. Position embeddings are resized
+            to `image_size`; the head starts from zeros when `num_classes` differs from the
+            checkpoint's.
+        dtype: a Keras dtype policy such as "float32" or "mixed_bfloat16"; None takes the
+            global policy. Outputs are float32 under mixed policies.
+        name: model name; defaults to e.g. "vit_b16".
+        attention_impl, remat: how the model runs (`keras_vit.Execution`: fused or
+            explicit attention, rematerialised blocks in training), not what it computes: the
+            model's `execution`, which `keras_vit.set_execution` changes later and its files
+            do not hold.
+        **fields: any field of `keras_vit.ViTConfig` (each described there), changing the
+            spec, e.g. `image_size=384, num_classes=10`. Every value is checked, and every
+            problem reported at once, before any layer is built. A `patch_size` other than
+            the checkpoint's resizes its patch-embedding kernel (FlexiViT's pseudo-inverse
+            resize).
+
+    Returns:
+        A `keras.Model` mapping images `[batch, height, width, 3]` scaled to [-1, 1]
+        (see `keras_vit.preprocess_inputs`; of `image_size`, or of any size with
+        `dynamic_image_size=True`) to logits `[batch, num_classes]` (or the pooled
+        representation with `include_top=False`); its `spec` is the `ViTConfig` it was built
+        from.
+    """
+    _check_weights(weights)  # with the other arguments, before any layer is built
+    model = build(variant, dtype=dtype, name=name, attention_impl=attention_impl, remat=remat,
+                  **fields)
+    if weights is not None:  # (the weights' modules load on first use)
+        from keras_vit.weights import checkpoint, pretrained
+
+        checkpoint.load_npz(model, pretrained.resolve_weights(weights, model.spec.variant))
+    return model
+
+
+def _check_weights(weights):
+    if weights is not None and not isinstance(weights, (str, os.PathLike)):
+        from keras_vit.weights import pretrained
+
+        raise TypeError(
+            "weights must be None, a published name (one of "
+            f"{sorted(pretrained.PUBLISHED)}), a file path, a URL or a gs:// path, "
+            f"got {_describe(weights)}.")
 
 
 def ViT_Ti16(**kwargs):
@@ -99,3 +158,8 @@ __all__ = [
     "Axial_ViT_B16",
     "Axial_ViT_B32",
 ]
+
+
+# What `from keras_vit.builders import *` (keras_vit's own namespace) takes: vit and the builders.
+__all__ = ["vit", *(name for name, value in list(globals().items())
+                    if callable(value) and name[-1].isdigit())]

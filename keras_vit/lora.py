@@ -9,20 +9,20 @@ the model starts as it was; float32 adapters), and every other weight but the he
 The head is every classifier layer of the model (`HEADS`): `head`, and `head_dist` beside it in
 a model with DeiT's distillation token (which a distilling run trains on the teacher): the
 layers that map the pooled representation to logits, which a fine-tuning run starts from zeros
-for its classes (`keras_vit.checkpoint`'s new head). What comes before them is the encoder's and
-frozen: an attention-pooling head (`MAPHead_0`), `fc_norm` (trained with `train_norms`) and the
+for its classes (`keras_vit.weights.checkpoint`'s new head). What comes before them is the encoder's
+and frozen: an attention-pooling head (`MAPHead_0`), `fc_norm` (trained with `train_norms`) and the
 tanh `pre_logits` layer of a spec with `representation_size`, which a checkpoint gives.
 
 The attention reads its query, key and value kernels as one concatenated matrix; Keras' LoRA
 `Dense.kernel` is the sum above, so the fused matmul stays one matmul. A `.keras` file of an
 adapted model holds the merged kernels (Keras' `Dense.save_own_variables` merges them), and
-`keras_vit.checkpoint` reads and writes the merged weights too.
+`keras_vit.weights.checkpoint` reads and writes the merged weights too.
 """
 
 import keras
 
 from keras_vit import layers as vit_layers
-from keras_vit import variants
+from keras_vit.architecture import variants
 
 ADAPTER_NAMES = ("lora_kernel_a", "lora_kernel_b")
 # The classifier layers a model may have, all trained under LoRA (see the module's docstring).

@@ -11,7 +11,6 @@ tokens, before `cls`), `pre_norm` before the blocks, LayerScale inside them, and
 after `pool` in place of `encoder_norm`.
 """
 
-import os
 import re
 
 import keras
@@ -19,20 +18,10 @@ from keras import ops
 
 from keras_vit import layers as vit_layers
 from keras_vit.layers import resnet
-from keras_vit.execution import Execution, set_execution
+from keras_vit.architecture.execution import Execution, set_execution
 from keras_vit.preprocessing import EvalPreprocessing
-from keras_vit.spec import FIELDS, ViTConfig, upgrade_fields
-from keras_vit.variants import _describe
-
-
-def _check_weights(weights):
-    if weights is not None and not isinstance(weights, (str, os.PathLike)):
-        from keras_vit import pretrained
-
-        raise TypeError(
-            "weights must be None, a published name (one of "
-            f"{sorted(pretrained.PUBLISHED)}), a file path, a URL or a gs:// path, "
-            f"got {_describe(weights)}.")
+from keras_vit.architecture.spec import FIELDS, ViTConfig, upgrade_fields
+from keras_vit.architecture.variants import _describe
 
 
 def _dtype_policy(dtype):
@@ -269,41 +258,12 @@ def _block_number(name):
     return None if match is None else int(match.group(1))
 
 
-def vit(variant="B/16", *, weights=None, dtype=None, name=None, attention_impl="auto",
-        remat="none", **fields):
-    """Builds a Vision Transformer from a variant name or a `keras_vit.ViTConfig`.
-
-        keras_vit.vit("B/16", num_classes=10, image_size=384)
-        keras_vit.vit(keras_vit.ViTConfig.from_variant("R50+B/16"), weights="imagenet21k")
-
-    Args:
-        variant: a name from `keras_vit.VARIANT_NAMES` ("B/16", "L/32", "R50+B/16", or
-            "Axial-" before a plain ViT name), or a `ViTConfig`.
-        weights: None (random initialisation), or an original `.npz` checkpoint to load:
-            a published name (see `keras_vit.pretrained.PUBLISHED`, e.g. "imagenet21k"), a
-            local path, an https/file URL or a gs:// path. Position embeddings are resized
-            to `image_size`; the head starts from zeros when `num_classes` differs from the
-            checkpoint's.
-        dtype: a Keras dtype policy such as "float32" or "mixed_bfloat16"; None takes the
-            global policy. Outputs are float32 under mixed policies.
-        name: model name; defaults to e.g. "vit_b16".
-        attention_impl, remat: how the model runs (`keras_vit.execution.Execution`: fused or
-            explicit attention, rematerialised blocks in training), not what it computes: the
-            model's `execution`, which `keras_vit.set_execution` changes later and its files
-            do not hold.
-        **fields: any field of `keras_vit.ViTConfig` (each described there), changing the
-            spec, e.g. `image_size=384, num_classes=10`. Every value is checked, and every
-            problem reported at once, before any layer is built. A `patch_size` other than
-            the checkpoint's resizes its patch-embedding kernel (FlexiViT's pseudo-inverse
-            resize).
-
-    Returns:
-        A `keras.Model` mapping images `[batch, height, width, 3]` scaled to [-1, 1]
-        (see `keras_vit.preprocess_inputs`; of `image_size`, or of any size with
-        `dynamic_image_size=True`) to logits `[batch, num_classes]` (or the pooled
-        representation with `include_top=False`); its `spec` is the `ViTConfig` it was built
-        from.
-    """
+def build(variant="B/16", *, dtype=None, name=None, attention_impl="auto", remat="none",
+          **fields):
+    """The model of a variant name or a `keras_vit.ViTConfig` with `fields` changed, its
+    weights freshly initialised: `keras_vit.vit` without `weights` (its arguments are
+    described there). Every argument is checked, and every problem reported at once, before
+    any layer is built."""
     fields = upgrade_fields(fields)  # approximate_gelu= from before `activation`
     chosen = Execution(attention_impl=attention_impl, remat=remat)
     unknown = sorted(set(fields) - set(FIELDS) - {"variant"})
@@ -314,17 +274,11 @@ def vit(variant="B/16", *, weights=None, dtype=None, name=None, attention_impl="
         spec = variant.replace(**fields) if fields else variant
     else:
         spec = ViTConfig(variant=variant, **fields)
-    _check_weights(weights)
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name must be None or a string, got {_describe(name)}.")
     policy = _dtype_policy(dtype)
     model = _build(spec, policy, name or spec.default_name)
-    set_execution(model, **chosen.to_dict())
-    if weights is not None:
-        from keras_vit import checkpoint, pretrained
-
-        checkpoint.load_npz(model, pretrained.resolve_weights(weights, spec.variant))
-    return model
+    return set_execution(model, **chosen.to_dict())
 
 
 def _build(spec, policy, name):

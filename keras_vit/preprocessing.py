@@ -5,8 +5,8 @@
 `EvalPreprocessing` says (keras_vit's own: bilinear, straight to the size; a checkpoint from
 timm or transformers: its interpolation and centre crop, which `ViTModel.preprocessing`
 carries). `prepare_images` does all of it for a model. The input pipeline (train/), the exported
-SavedModel and TFLite files (keras_vit.export) and the analysis tools all call these, so what a
-model is trained on and what it is served cannot drift apart. The decoding and resizing use
+SavedModel and TFLite files (keras_vit.deploy.export) and the analysis tools all call these, so what
+a model is trained on and what it is served cannot drift apart. The decoding and resizing use
 TensorFlow (imported when called); `scale_pixels` and `preprocess_inputs` work on every Keras
 backend.
 """

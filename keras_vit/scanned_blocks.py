@@ -1,5 +1,6 @@
 """A model's encoder blocks as one checkpointed `jax.lax.scan`, on Keras' JAX backend: how the
-JAX engine runs a model with remat (`keras_vit.execution`). Only JAX imports this module.
+JAX engine runs a model with remat (`keras_vit.architecture.execution`). Only JAX imports this
+module.
 
     chain = ScannedBlocks.chain_of(model)     # None where the blocks cannot loop
     with keras.StatelessScope(state_mapping=...):
@@ -9,7 +10,7 @@ JAX engine runs a model with remat (`keras_vit.execution`). Only JAX imports thi
 import jax
 import keras
 
-from keras_vit.execution import execution_of
+from keras_vit.architecture.execution import execution_of
 from keras_vit.layers import EncoderBlock
 from keras_vit.model import ViTModel
 
@@ -40,7 +41,7 @@ class ScannedBlocks:
     @staticmethod
     def chain_of(model):
         """The chain of `model`'s layers (no input layer) when its encoder runs as a loop: with
-        remat "blocks" (its `keras_vit.execution`), a classifier (not masked patch
+        remat "blocks" (its `keras_vit.architecture.execution`), a classifier (not masked patch
         prediction's wrapper) of one image size whose blocks follow each other and are alike
         but for their weights (not Axial-ViT's row and column blocks, no position embedding
         between them, and no stochastic depth, whose rate rises from block to block). None

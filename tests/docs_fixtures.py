@@ -34,7 +34,7 @@ def labelled_images(count, size, classes=10, seed=0):
 def tiny_variants():
     """Every transformer size of the variant table is TINY_SIZE while this is active, so
     `keras_vit.ViT_L16()` builds in milliseconds; patch sizes and ResNet stems are unchanged."""
-    from keras_vit import variants
+    from keras_vit.architecture import variants
 
     sizes = variants.TRANSFORMER_SIZES
     saved = dict(sizes)
@@ -51,14 +51,15 @@ def save_tiny_npz(variant, path, **kwargs):
     import keras_vit
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    keras_vit.checkpoint.save_npz(keras_vit.vit(variant, **kwargs), path)
+    keras_vit.weights.checkpoint.save_npz(keras_vit.vit(variant, **kwargs), path)
     return path
 
 
 def fake_published(name, variant):
     """Puts a tiny `variant` checkpoint where `weights=name` finds it already downloaded:
-    `$KERAS_HOME/models/keras_vit/`, under the file name keras_vit.pretrained caches it as."""
-    from keras_vit import pretrained
+    `$KERAS_HOME/models/keras_vit/`, under the file name keras_vit.weights.pretrained caches it
+    as."""
+    from keras_vit.weights import pretrained
 
     cache = os.path.join(os.environ["KERAS_HOME"], "models", "keras_vit")
     return save_tiny_npz(variant, os.path.join(cache, pretrained.PUBLISHED[name][variant]

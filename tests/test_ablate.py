@@ -4,7 +4,7 @@ JSON), a rerun that skips the finished runs, a stopped study that resumes, chang
 refused, one-line errors, and the deprecated `python -m train.ablate` that runs it.
 
 The end-to-end study is `hybrid` (two arms, one seed, a tiny model on the fake Fashion-MNIST):
-it also checks the matched-FLOPs steps against keras_vit.flops.
+it also checks the matched-FLOPs steps against keras_vit.analysis.flops.
 """
 
 import json

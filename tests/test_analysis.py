@@ -1,5 +1,6 @@
 """The analysis tools (keras_vit.analysis) on hand-built attention, features and weights, and on
-small models; the figures (keras_vit.plotting) are checked by the CLI test in test_analyze_cli."""
+small models; the figures (keras_vit.analysis.plotting) are checked by the CLI test in
+test_analyze_cli."""
 
 import itertools
 import math

@@ -31,7 +31,7 @@ def workdir(fake_fmnist, tmp_path_factory):
     (root / "export" / "class_names.txt").write_text(
         "\n".join(f"class {index}" for index in range(10)) + "\n")
     (root / "config.json").write_text(config.to_json_best_effort())
-    keras_vit.checkpoint.save_npz(model, root / "weights.npz")
+    keras_vit.weights.checkpoint.save_npz(model, root / "weights.npz")
     return root
 
 

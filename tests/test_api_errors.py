@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import keras_vit
-from keras_vit import checkpoint, pretrained
-from keras_vit.checkpoint import CheckpointError
+from keras_vit.weights import checkpoint, pretrained
+from keras_vit.weights.checkpoint import CheckpointError
 
 TINY = dict(image_size=32, patch_size=16, hidden_size=16, mlp_dim=32, num_heads=2,
             num_layers=1, num_classes=3)

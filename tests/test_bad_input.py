@@ -11,8 +11,8 @@ import typing
 import numpy as np
 import pytest
 
-from keras_vit import spec as spec_module
-from keras_vit.spec import ViTConfig
+from keras_vit.architecture import spec as spec_module
+from keras_vit.architecture.spec import ViTConfig
 
 # The fields set beside each field for its value to apply (rope's fields need rope, ...).
 CONTEXT = {

@@ -1,11 +1,11 @@
-"""Tests of `keras_vit.checkpoint` and `keras_vit.pretrained`: reading and writing the original
-`.npz` checkpoints, all offline, with files the tests write themselves.
+"""Tests of `keras_vit.weights.checkpoint` and `keras_vit.weights.pretrained`: reading and writing
+the original `.npz` checkpoints, all offline, with files the tests write themselves.
 
 The expected key sets and shapes are written out by hand from the released files (e.g.
 gs://vit_models/imagenet21k/ViT-B_16.npz, read by google-research/vision_transformer's
 vit_jax/checkpoint.py `load`), and the
 files "in the original layout" are produced by a mapping written here (not by
-`keras_vit.checkpoint.checkpoint_key`), so that these tests check the package against the
+`keras_vit.weights.checkpoint.checkpoint_key`), so that these tests check the package against the
 original format rather than against itself.
 """
 
@@ -25,8 +25,8 @@ import keras  # noqa: E402
 
 import keras_vit  # noqa: E402
 import numpy_reference  # noqa: E402
-from keras_vit import checkpoint, pretrained  # noqa: E402
-from keras_vit.checkpoint import CheckpointError, load_npz, save_npz  # noqa: E402
+from keras_vit.weights import checkpoint, pretrained  # noqa: E402
+from keras_vit.weights.checkpoint import CheckpointError, load_npz, save_npz  # noqa: E402
 # Importing test_parity also turns TF32 off on Ampere+ GPUs (float32 must mean float32).
 from model_fixtures import TINY_VIT  # noqa: E402
 from test_parity import keras_forward, randomize  # noqa: E402
@@ -93,7 +93,7 @@ def read_arrays(path):
 
 
 # Keras variable path -> key of the original (Flax) checkpoint, written independently of
-# keras_vit.checkpoint.checkpoint_key: every variable must match exactly one rule.
+# keras_vit.weights.checkpoint.checkpoint_key: every variable must match exactly one rule.
 _ORIGINAL_NAMES = [
     (r"resnet_root/conv_root/kernel", "conv_root/kernel"),
     (r"resnet_root/gn_root/gamma", "gn_root/scale"),
@@ -814,7 +814,7 @@ def test_non_strict_load_loads_what_fits_and_logs_the_rest(broken_file, caplog):
     model = small_vit()
     randomize(model, np.random.default_rng(72))
     before = snapshot(model)
-    with caplog.at_level(logging.WARNING, logger="keras_vit.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="keras_vit.weights.checkpoint"):
         report = load_npz(model, path, strict=False)
     after = snapshot(model)
     query = "encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"
@@ -1103,7 +1103,7 @@ def test_failed_save_leaves_previous_file_and_no_partial_file(failure, previous,
 _SAVE_UNDER_FILE_SIZE_LIMIT = r"""
 import resource, signal, sys
 import keras_vit
-from keras_vit.checkpoint import save_npz
+from keras_vit.weights.checkpoint import save_npz
 model = keras_vit.vit("B/16", image_size=32, patch_size=8, hidden_size=24, mlp_dim=48,
                       num_heads=3, num_layers=1, num_classes=5)
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG

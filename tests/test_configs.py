@@ -202,8 +202,8 @@ def test_config_model_is_every_spec_field_but_the_three_set_elsewhere():
 # The position-embedding fields and the Axial models (configs/common.py,
 # train/run/config_checks.py).
 
-KINDS = keras_vit.spec.POSITION_EMBEDDINGS
-PLACEMENTS = keras_vit.spec.PLACEMENTS
+KINDS = keras_vit.architecture.spec.POSITION_EMBEDDINGS
+PLACEMENTS = keras_vit.architecture.spec.PLACEMENTS
 
 
 def test_each_field_has_one_owner_whose_choices_the_checks_read():

@@ -24,7 +24,7 @@ def write_teacher(path, num_classes=10, seed=4, **fields):
     teacher = keras_vit.vit("Ti/16", hidden_size=16, mlp_dim=32, num_heads=2, num_layers=1,
                             patch_size=7, image_size=28, num_classes=num_classes, **fields)
     randomise(teacher, seed=seed)  # a head that is not all zeros
-    keras_vit.checkpoint.save_npz(teacher, str(path))
+    keras_vit.weights.checkpoint.save_npz(teacher, str(path))
     return teacher
 
 

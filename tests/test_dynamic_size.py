@@ -1,6 +1,6 @@
 """Any image size at call time, any patch size from trained weights, and the features of chosen
-blocks (`keras_vit.resample`, `dynamic_image_size`, `keras_vit.features`). Runs on every Keras
-backend; the SavedModel tests need TensorFlow. The parity with timm's own resampling is in
+blocks (`keras_vit.layers.resample`, `dynamic_image_size`, `keras_vit.features`). Runs on every
+Keras backend; the SavedModel tests need TensorFlow. The parity with timm's own resampling is in
 tests/test_timm_parity.py."""
 
 import json
@@ -11,7 +11,8 @@ import pytest
 from keras import ops
 
 import keras_vit
-from keras_vit import checkpoint, resample
+from keras_vit.layers import resample
+from keras_vit.weights import checkpoint
 from model_fixtures import TINY_VIT, randomise
 
 pytestmark = pytest.mark.usefixtures("fresh_session")
@@ -192,7 +193,7 @@ def test_a_patch_size_other_than_the_checkpoints_is_resized_on_load(tmp_path, ca
     source = tiny(patch_size=16)
     randomise(source)
     checkpoint.save_npz(source, tmp_path / "p16.npz")
-    with caplog.at_level("WARNING", logger="keras_vit.checkpoint"):
+    with caplog.at_level("WARNING", logger="keras_vit.weights.checkpoint"):
         model = tiny(patch_size=8, weights=str(tmp_path / "p16.npz"))
     assert "from 16x16-pixel patches (the file's) to 8x8" in caplog.text
     kernel = to_np(model.get_layer("embedding").kernel)
@@ -305,7 +306,7 @@ def served(request, tmp_path):
         pytest.skip("the SavedModel export runs on Keras' TensorFlow backend")
     import tensorflow as tf
 
-    from keras_vit import export
+    from keras_vit.deploy import export
     fields = {"relative_2d": dict(position_embedding="relative_2d"),
               "hybrid_padded_bicubic": dict(variant="R+Ti/16", patch_size=2,
                                             dynamic_image_pad=True,
@@ -362,7 +363,7 @@ def test_the_tflite_copy_keeps_the_spec_of_a_model_of_any_size():
     """TFLite needs float32 layers: the copy of a mixed-precision model is a model of any size
     too, with its checks."""
     pytest.importorskip("tensorflow")
-    from keras_vit import export
+    from keras_vit.deploy import export
     model = tiny(dynamic_image_size=True, dtype="mixed_bfloat16")
     copy = export.float32_copy(model)
     assert copy is not model and copy.spec == model.spec

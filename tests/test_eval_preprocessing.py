@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 import keras_vit
-from keras_vit import export, preprocessing
+from keras_vit import preprocessing
+from keras_vit.deploy import export
 from keras_vit.preprocessing import EvalPreprocessing
 from export_fixtures import tiny_vit
 from model_fixtures import TINY_VIT

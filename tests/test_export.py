@@ -1,4 +1,5 @@
-"""Production export (keras_vit/export.py, train/export.py, the export at the end of training).
+"""Production export (keras_vit/deploy/export.py, train/export.py, the export at the end of
+training).
 
 - SavedModel: TF Serving's `<base>/<version>/` layout, the two signatures as `saved_model_cli`
   shows them, versions, and that an interrupted export leaves nothing a server would load.
@@ -23,7 +24,7 @@ import pytest
 import tensorflow as tf
 
 import keras_vit
-from keras_vit import export
+from keras_vit.deploy import export
 from export_fixtures import NUM_CLASSES, SIZE, keras_logits, tiny_vit
 from model_fixtures import OPTION_FAMILIES, TINY_VIT
 from train_fixtures import REPO, main_command
@@ -554,7 +555,7 @@ def test_a_remat_run_exports_every_format(fake_fmnist, tmp_path, backend):
         assert json.load(handle)["remat"] == "blocks"
     model = keras.saving.load_model(os.path.join(directory, "model.keras"))
     # How it ran is not in the model's file.
-    assert keras_vit.execution.execution_of(model) == keras_vit.Execution()
+    assert keras_vit.architecture.execution.execution_of(model) == keras_vit.Execution()
     pixels = np.random.default_rng(0).uniform(0, 255, (2, 28, 28, 3)).astype(np.float32)
     served = tf.saved_model.load(os.path.join(directory, "saved_model", "1"))
     np.testing.assert_allclose(

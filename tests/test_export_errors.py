@@ -1,4 +1,4 @@
-"""Clear errors at every boundary of the export (keras_vit/export.py, train/export.py).
+"""Clear errors at every boundary of the export (keras_vit/deploy/export.py, train/export.py).
 
 - The SavedModel's signatures, served from a process without keras_vit: a request that breaks
   the contract (wrong rank or channel count, no pixels, NaN/Inf, pixels outside 0..255, no
@@ -24,7 +24,7 @@ import pytest
 import tensorflow as tf
 
 from export_fixtures import NUM_CLASSES, SIZE, WITHOUT_KERAS_VIT, tiny_vit
-from keras_vit import export
+from keras_vit.deploy import export
 from train_fixtures import REPO
 
 CLASS_NAMES = ["cat", "dog", "fox", "owl", "elk", "bee", "ant"]

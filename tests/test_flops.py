@@ -1,5 +1,5 @@
-"""keras_vit.flops, checked two independent ways: against TensorFlow's own FLOP count of the
-traced graph, and against formulas written from the paper's shapes.
+"""keras_vit.analysis.flops, checked two independent ways: against TensorFlow's own FLOP count of
+the traced graph, and against formulas written from the paper's shapes.
 
 TensorFlow's profiler registers FLOP statistics (2 per multiply-add) for Conv2D, MatMul and
 BatchMatMul/V2/V3, the ops every convolution, dense layer and attention matmul of keras_vit
@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import keras_vit
-from keras_vit import flops
+from keras_vit.analysis import flops
 
 # Tiny transformers: the count depends on the shapes only, so small widths test every formula.
 TINY = dict(hidden_size=16, mlp_dim=24, num_heads=2, num_layers=2, num_classes=5)

@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("safetensors")
 import keras_vit  # noqa: E402
-from keras_vit import checkpoint, torch_layouts  # noqa: E402
-from keras_vit.hub import from_pretrained, save_pretrained  # noqa: E402
+from keras_vit.weights import checkpoint, torch_layouts  # noqa: E402
+from keras_vit.weights.hub import from_pretrained, save_pretrained  # noqa: E402
 from model_fixtures import random_tiny_vit  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("fresh_session")
@@ -451,7 +451,7 @@ def test_deits_resize_and_crop_travel_through_transformers(tmp_path, crop_mode, 
 
 def test_the_hubs_deit_image_processor_is_read_as_its_crop():
     """facebook/deit-*-224's preprocessor_config.json: resize to 256x256, crop 224x224."""
-    from keras_vit import hub
+    from keras_vit.weights import hub
     processor = {"crop_size": 224, "do_center_crop": True, "do_normalize": True,
                  "do_resize": True, "feature_extractor_type": "DeiTFeatureExtractor",
                  "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225],
@@ -575,7 +575,7 @@ def test_a_swiglu_model_with_layerscale_round_trips_as_dinov2_giants_layout(tmp_
 def test_the_hubs_dinov2_image_processor_is_read_as_its_crop_and_normalisation():
     """facebook/dinov2-*'s preprocessor_config.json (BitImageProcessor): the shortest edge to
     256, crop 224x224, bicubic, ImageNet's mean and std."""
-    from keras_vit import hub
+    from keras_vit.weights import hub
     processor = {"crop_size": {"height": 224, "width": 224}, "do_center_crop": True,
                  "do_convert_rgb": True, "do_normalize": True, "do_rescale": True,
                  "do_resize": True, "image_mean": [0.485, 0.456, 0.406],
@@ -646,7 +646,7 @@ def test_the_vision_tower_of_a_full_clip_or_siglip_loads_without_the_text_tower(
          "vision_config": {key: value for key, value in vision_config.items()
                            if key not in ("model_type", "architectures")},
          "text_config": {"hidden_size": 8}}))
-    with caplog.at_level("INFO", logger="keras_vit.torch_layouts"):
+    with caplog.at_level("INFO", logger="keras_vit.weights.torch_layouts"):
         loaded = from_pretrained(str(tmp_path / "full"))
     assert "left out logit_scale, text_model" in caplog.text
     assert ("visual_projection" in caplog.text) is (family == "clip")
@@ -697,7 +697,7 @@ def test_a_clip_tower_with_a_head_of_zero_bias_is_clip_vision_model_with_project
 def test_the_hubs_clip_and_siglip_image_processors_are_read():
     """openai/clip-vit-base-patch32's preprocessor_config.json (an int size is CLIP's shortest
     edge), and google/siglip-base-patch16-224's (straight to the size)."""
-    from keras_vit import hub
+    from keras_vit.weights import hub
     clip = {"crop_size": 224, "do_center_crop": True, "do_normalize": True, "do_resize": True,
             "feature_extractor_type": "CLIPFeatureExtractor",
             "image_mean": [0.48145466, 0.4578275, 0.40821073],
@@ -768,7 +768,7 @@ def test_vit_msn_and_vit_mae_encoders_load_without_a_pooler(tmp_path, architectu
         state = load_file(directory / "model.safetensors")
         state["decoder.decoder_pos_embed"] = np.zeros((1, 17, 8), "float32")
         save_file(state, str(directory / "model.safetensors"))
-    with caplog.at_level("INFO", logger="keras_vit.torch_layouts"):
+    with caplog.at_level("INFO", logger="keras_vit.weights.torch_layouts"):
         loaded = from_pretrained(str(directory))
     assert ("left out decoder" in caplog.text) is pretraining
     assert ("mask_ratio 0.75" in caplog.text) is (model_type == "vit_mae")

@@ -316,14 +316,14 @@ def test_both_engines_fine_tune_an_npz_to_the_same_losses(fake_fmnist, tmp_path,
                             distillation_token=recipe == "distill_token",
                             **{k: v for k, v in TINY["model"].items() if k != "variant"})
     weights = str(tmp_path / "encoder.npz")
-    keras_vit.checkpoint.save_npz(encoder, weights)
+    keras_vit.weights.checkpoint.save_npz(encoder, weights)
     options, jax_pipeline = RECIPES[recipe]
     if "distill" in options:  # a teacher of the dataset's classes, of another width
         teacher = keras_vit.vit("Ti/16", image_size=28, num_classes=10, **{
             **{k: v for k, v in TINY["model"].items() if k != "variant"}, "hidden_size": 32})
         randomise(teacher, seed=5, scale=0.2)
         options = dict(options, distill_teacher=str(tmp_path / "teacher.npz"))
-        keras_vit.checkpoint.save_npz(teacher, options["distill_teacher"])
+        keras_vit.weights.checkpoint.save_npz(teacher, options["distill_teacher"])
     run = dict(total_steps=30, steps_per_loop=1, eval_every_steps=30,
                checkpoint_every_steps=30, warmup_steps=5, pretrained=weights, **options)
     losses = {}

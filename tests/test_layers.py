@@ -676,7 +676,7 @@ def test_timm_numerics_standardise_by_the_variance_and_norm_groups_with_its_epsi
     assert epsilons == {1e-5}
     assert R.StdConv2D.from_config(layer.get_config()).numerics == "timm"
     # The timm layout (which imports no Keras) checks timm's hybrids against the same numbers.
-    from keras_vit.torch_layouts import timm_hybrid
+    from keras_vit.weights.torch_layouts import timm_hybrid
     epsilon, _, group_norm_epsilon = R.NUMERICS["timm"]
     assert timm_hybrid.TIMM_RESNET_EPSILONS == (epsilon, group_norm_epsilon)
 

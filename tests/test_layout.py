@@ -1,5 +1,7 @@
 """The rooms of the code import one way only (docs/contributing.md): each room of train/ from
-the rooms below it, and keras_vit from none of train/."""
+the rooms below it, each room of keras_vit from the rooms below it and from none of train/;
+the paths from before keras_vit's rooms are the same modules, and no code of the project
+imports through them."""
 
 import ast
 import glob
@@ -63,12 +65,83 @@ def test_rooms_import_only_from_the_rooms_below():
     assert not wrong, "imports that run back up:\n" + "\n".join(sorted(set(wrong)))
 
 
+# Each room of keras_vit (a folder, or the module files that make the model) and the rooms it
+# may import from; `builders` and the package's face, keras_vit/__init__.py, from all of them.
+LIBRARY_ROOMS = {
+    "imports": set(), "fileio": set(), "preprocessing": set(),
+    "architecture": {"imports"},
+    "layers": {"architecture", "imports"},
+    "model": {"architecture", "layers", "preprocessing", "fileio", "imports"},
+    "weights": {"architecture", "layers", "model", "preprocessing", "fileio", "imports"},
+    "deploy": {"architecture", "layers", "model", "preprocessing", "fileio", "imports"},
+    "analysis": {"architecture", "layers", "model", "preprocessing", "fileio", "imports"},
+    "builders": {"architecture", "model", "weights"},
+}
+MODEL_MODULES = ("model", "lora", "intermediates", "masked_patches", "scanned_blocks")
+
+
+def _library_room(module):
+    """The room of keras_vit that `module` lies in ("" for the package's face), or None."""
+    parts = module.split(".")
+    if parts[0] != "keras_vit":
+        return None
+    if len(parts) == 1:
+        return ""
+    return "model" if parts[1] in MODEL_MODULES else parts[1]
+
+
+def _library_modules():
+    for path in glob.glob(os.path.join(REPO, "keras_vit", "**", "*.py"), recursive=True):
+        module = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+        package = module if module.endswith("__init__") else module.rsplit(".", 1)[0]
+        yield path, module.removesuffix(".__init__"), package.removesuffix(".__init__")
+
+
 def test_the_library_imports_nothing_of_the_trainer():
-    wrong = [f"{path} imports {module}"
-             for path in glob.glob(os.path.join(REPO, "keras_vit", "*.py"))
-             for module in _imported_modules(path, "keras_vit")
+    wrong = [f"{path} imports {module}" for path, _, package in _library_modules()
+             for module in _imported_modules(path, package)
              if module.split(".")[0] in ("train", "configs")]
     assert not wrong
+
+
+def test_the_librarys_rooms_import_only_from_the_rooms_below():
+    wrong = []
+    for path, module, package in _library_modules():
+        room = _library_room(module)
+        if room == "":
+            continue
+        assert room in LIBRARY_ROOMS, f"{module} is in no room of LIBRARY_ROOMS"
+        for imported in _imported_modules(path, package):
+            target = _library_room(imported)
+            if target not in (None, "", room) and target not in LIBRARY_ROOMS[room]:
+                wrong.append(f"{module} imports {imported}")
+    assert not wrong, "imports that run back up:\n" + "\n".join(sorted(set(wrong)))
+
+
+def test_the_paths_from_before_the_rooms_are_the_same_modules():
+    """`keras_vit.checkpoint` and the others of imports.MOVED import as the modules of their
+    rooms (their submodules too), not as copies; the project's own code imports none of
+    them."""
+    import importlib
+
+    from keras_vit import imports
+    for old, new in imports.MOVED.items():
+        assert importlib.import_module(f"keras_vit.{old}") is importlib.import_module(
+            f"keras_vit.{new}"), old
+    from keras_vit.checkpoint import load_npz
+    from keras_vit.torch_layouts.common import LayoutError
+    from keras_vit.weights import checkpoint
+    from keras_vit.weights.torch_layouts import common
+    assert load_npz is checkpoint.load_npz and LayoutError is common.LayoutError
+    assert checkpoint.__spec__.name == "keras_vit.weights.checkpoint"
+    old_paths = tuple(f"keras_vit.{old}" for old in imports.MOVED)
+    wrong = [f"{path} imports {module}"
+             for folder in ("keras_vit", "train", "benchmarks", "configs")
+             for path in glob.glob(os.path.join(REPO, folder, "**", "*.py"), recursive=True)
+             for module in _imported_modules(path, os.path.relpath(
+                 os.path.dirname(path), REPO).replace(os.sep, "."))
+             if module in old_paths or module.startswith(tuple(p + "." for p in old_paths))]
+    assert not wrong, "imports through an old path:\n" + "\n".join(wrong)
 
 
 def test_a_checkpoint_family_is_one_module_in_the_registry():
@@ -77,21 +150,21 @@ def test_a_checkpoint_family_is_one_module_in_the_registry():
     library read the same class unless the later one says which of its files it reads."""
     import dataclasses
 
-    from keras_vit import torch_layouts
-    from keras_vit.torch_layouts.family import Family
+    from keras_vit.weights import torch_layouts
+    from keras_vit.weights.torch_layouts.family import Family
 
     shared = {"__init__", "common", "family", "transformers_common", "timm_common"}
-    folder = os.path.join(REPO, "keras_vit", "torch_layouts")
+    folder = os.path.join(REPO, "keras_vit", "weights", "torch_layouts")
     names = sorted(os.path.basename(path)[:-3] for path in glob.glob(os.path.join(folder, "*.py")))
     registered = [family for families in torch_layouts.FAMILIES.values() for family in families]
-    modules = {name: __import__(f"keras_vit.torch_layouts.{name}", fromlist=["FAMILY"])
+    modules = {name: __import__(f"keras_vit.weights.torch_layouts.{name}", fromlist=["FAMILY"])
                for name in names if name not in shared}
     assert sorted(id(module.FAMILY) for module in modules.values()) == sorted(
         id(family) for family in registered)
     for name, module in modules.items():
         assert module.FAMILY in torch_layouts.FAMILIES[module.FAMILY.library], name
         others = [imported for imported in _imported_modules(
-            os.path.join(folder, name + ".py"), "keras_vit.torch_layouts")
+            os.path.join(folder, name + ".py"), "keras_vit.weights.torch_layouts")
             if imported.split(".")[-1] in set(modules) - {name}]
         assert not others, f"{name} imports {others}"
     every = {field.name: field.default for field in dataclasses.fields(Family)}["reads"]

@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
 
 import keras_vit  # noqa: E402
-from keras_vit.torch_layouts import LayoutError  # noqa: E402
+from keras_vit.weights.torch_layouts import LayoutError  # noqa: E402
 
 IMAGES = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
 
@@ -281,9 +281,9 @@ def coverage_benchmark():
 
 
 def test_the_architecture_table_is_the_installed_timms():
-    """keras_vit/timm_architectures.json, which from_pretrained reads, is what
+    """keras_vit/weights/torch_layouts/timm_architectures.json, which from_pretrained reads, is what
     benchmarks/timm_coverage.py --write_table makes of this timm."""
-    from keras_vit import torch_layouts
+    from keras_vit.weights import torch_layouts
     assert coverage_benchmark().architecture_table(timm) == torch_layouts.timm_architectures()
 
 

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import keras_vit
-from keras_vit import checkpoint, torch_layouts
-from keras_vit.checkpoint import CheckpointError
+from keras_vit.weights import checkpoint, torch_layouts
+from keras_vit.weights.checkpoint import CheckpointError
 from model_fixtures import TINY_VIT, randomise, random_tiny_vit
 
 pytestmark = pytest.mark.usefixtures("fresh_session")

@@ -106,14 +106,14 @@ def test_files_of_an_adapted_model_hold_the_merged_weights(tmp_path):
     loaded = keras.saving.load_model(tmp_path / "model.keras")
     assert not any("lora" in variable.path for variable in loaded.weights)
     np.testing.assert_allclose(to_np(loaded(pixels())), adapted, rtol=1e-5, atol=1e-5)
-    keras_vit.checkpoint.save_npz(model, str(tmp_path / "model.npz"))
+    keras_vit.weights.checkpoint.save_npz(model, str(tmp_path / "model.npz"))
     fresh = tiny()
-    keras_vit.checkpoint.load_npz(fresh, str(tmp_path / "model.npz"))
+    keras_vit.weights.checkpoint.load_npz(fresh, str(tmp_path / "model.npz"))
     np.testing.assert_allclose(to_np(fresh(pixels())), adapted, rtol=1e-5, atol=1e-5)
     # And an adapted model loads a plain checkpoint into its base weights, adapters untouched.
     again = tiny()
     lora.enable(again, rank=3)
-    report = keras_vit.checkpoint.load_npz(again, str(tmp_path / "model.npz"))
+    report = keras_vit.weights.checkpoint.load_npz(again, str(tmp_path / "model.npz"))
     assert not report["missing"]
     np.testing.assert_allclose(to_np(again(pixels())), adapted, rtol=1e-5, atol=1e-5)
 

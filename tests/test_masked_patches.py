@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import keras_vit
-from keras_vit import checkpoint
+from keras_vit.weights import checkpoint
 from keras_vit import masked_patches as mp
 from train.run import config_checks
 from train.data import masking

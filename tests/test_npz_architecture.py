@@ -1,6 +1,6 @@
 """`keras_vit.from_pretrained` on an original `.npz` with no spec beside it: the architecture
-read from the tensors (`keras_vit.npz_architecture`), the same model and logits as the one that
-wrote the file, and the errors for files it cannot read.
+read from the tensors (`keras_vit.weights.npz_architecture`), the same model and logits as the one
+that wrote the file, and the errors for files it cannot read.
 
 Each file is written by `checkpoint.save_npz` in the original layout, then its spec sidecar is
 deleted, so that only the tensors say what the model is, as for the paper's own files.
@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 import keras_vit
-from keras_vit import checkpoint, hub
-from keras_vit.checkpoint import CheckpointError
+from keras_vit.weights import checkpoint, hub
+from keras_vit.weights.checkpoint import CheckpointError
 from model_fixtures import TINY_VIT, randomise
 
 pytestmark = pytest.mark.usefixtures("fresh_session")
 
-LOGGER = "keras_vit.npz_architecture"
+LOGGER = "keras_vit.weights.npz_architecture"
 
 # The issue's models. Where the paper's depth would make a test slow, fewer blocks keep its
 # point (the grid, patch, width, heads and MLP are read from any number of blocks); the

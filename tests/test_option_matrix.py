@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import keras_vit
-from keras_vit import checkpoint, lora
+from keras_vit import lora
+from keras_vit.weights import checkpoint
 from model_fixtures import OPTION_FAMILIES, TINY_VIT, randomise
 
 pytestmark = pytest.mark.usefixtures("fresh_session")

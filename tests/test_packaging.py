@@ -107,7 +107,8 @@ def test_the_wheel_installs_only_keras_vit(tmp_path):
         for room in rooms:  # every subpackage of train/, with its modules
             assert f"keras_vit/train/{room}/__init__.py" in names, room
         assert "keras_vit/train/data/sources/folder.py" in names
-        assert "keras_vit/timm_architectures.json" in names  # from_pretrained reads it
+        # from_pretrained reads it
+        assert "keras_vit/weights/torch_layouts/timm_architectures.json" in names
         entry_points = configparser.ConfigParser()
         entry_points.read_string(archive.read(
             next(name for name in names if name.endswith(".dist-info/entry_points.txt")))

@@ -365,11 +365,11 @@ def test_attention_model_returns_every_block_and_leaves_the_model_alone(case):
 def test_npz_round_trip_keeps_the_outputs(case, tmp_path):
     model = build(case)
     randomise(model, scale=0.2)
-    keras_vit.checkpoint.save_npz(model, tmp_path / "w.npz")
+    keras_vit.weights.checkpoint.save_npz(model, tmp_path / "w.npz")
     with np.load(tmp_path / "w.npz", allow_pickle=False) as archive:
         assert all(key.startswith(("Transformer/", "embedding/", "cls", "head/"))
                    for key in archive.files), archive.files
     again = build(case)
-    keras_vit.checkpoint.load_npz(again, str(tmp_path / "w.npz"))
+    keras_vit.weights.checkpoint.load_npz(again, str(tmp_path / "w.npz"))
     x = images()
     np.testing.assert_array_equal(to_np(again(x)), to_np(model(x)))

@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 import keras_vit
-from keras_vit import export, preprocessing
+from keras_vit import preprocessing
+from keras_vit.deploy import export
 from train.data import tf_pipeline
 
 SIZE = 8

@@ -1,4 +1,4 @@
-"""Serving the exported SavedModel as TF Serving does, and the client (keras_vit/serving.py).
+"""Serving the exported SavedModel as TF Serving does, and the client (keras_vit/deploy/serving.py).
 
 TF Serving's binary is not available here, so its side is emulated in a subprocess that has
 TensorFlow but never imports keras_vit (an import hook refuses it): it loads the SavedModel with
@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 
 from export_fixtures import NUM_CLASSES, SIZE, WITHOUT_KERAS_VIT, keras_logits, tiny_vit
-from keras_vit import export, serving
+from keras_vit.deploy import export, serving
 
 CLASS_NAMES = ["cat", "dog", "fox", "owl", "elk", "bee", "ant"]
 

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 import keras_vit
-from keras_vit import builders, variants
-from keras_vit.spec import FIELDS, ViTConfig
+from keras_vit import builders
+from keras_vit.architecture import variants
+from keras_vit.architecture.spec import FIELDS, ViTConfig
 from model_fixtures import randomise
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -94,7 +95,7 @@ def test_the_spec_module_imports_without_keras():
             "'keras_vit/__init__.py', submodule_search_locations=['keras_vit'])\n"
             "package = importlib.util.module_from_spec(spec)\n"
             "sys.modules['keras_vit'] = package  # the package, without running its __init__\n"
-            "from keras_vit.spec import ViTConfig\n"
+            "from keras_vit.architecture.spec import ViTConfig\n"
             "ViTConfig.from_variant('R50+B/16', image_size=384)\n"
             "print(sorted(m for m in ('keras', 'tensorflow', 'jax', 'numpy') "
             "if m in sys.modules))\n")
@@ -135,15 +136,16 @@ def test_the_spec_survives_keras_saving(tmp_path):
 def test_save_npz_writes_the_spec_beside_the_file(tmp_path):
     model = keras_vit.vit("Ti/16", **TINY, classifier="gap")
     path = tmp_path / "model.npz"
-    keras_vit.checkpoint.save_npz(model, path)
-    assert keras_vit.checkpoint.read_spec(path) == model.spec
-    assert set(np.load(path, allow_pickle=False)) == set(keras_vit.checkpoint.model_arrays(model))
+    keras_vit.weights.checkpoint.save_npz(model, path)
+    assert keras_vit.weights.checkpoint.read_spec(path) == model.spec
+    assert set(np.load(path, allow_pickle=False)) == set(
+        keras_vit.weights.checkpoint.model_arrays(model))
     model.spec = None  # a model that does not know its spec leaves no stale sidecar
-    keras_vit.checkpoint.save_npz(model, path)
-    assert keras_vit.checkpoint.read_spec(path) is None
+    keras_vit.weights.checkpoint.save_npz(model, path)
+    assert keras_vit.weights.checkpoint.read_spec(path) is None
     (tmp_path / "model.npz.json").write_text('{"variant": "B/17"}')
-    with pytest.raises(keras_vit.checkpoint.CheckpointError, match="model.npz.json"):
-        keras_vit.checkpoint.read_spec(path)
+    with pytest.raises(keras_vit.weights.checkpoint.CheckpointError, match="model.npz.json"):
+        keras_vit.weights.checkpoint.read_spec(path)
 
 
 def test_saved_model_carries_the_spec(tmp_path):
@@ -151,18 +153,20 @@ def test_saved_model_carries_the_spec(tmp_path):
 
     if keras.config.backend() != "tensorflow":
         with pytest.raises(RuntimeError, match="KERAS_BACKEND=tensorflow"):
-            keras_vit.export.export_saved_model(keras_vit.vit("Ti/16", **TINY), str(tmp_path))
+            keras_vit.deploy.export.export_saved_model(keras_vit.vit("Ti/16", **TINY),
+                                                       str(tmp_path))
         return
     model = keras_vit.vit("Ti/16", **TINY)
-    folder = keras_vit.export.export_saved_model(model, str(tmp_path / "served"))
-    with open(os.path.join(folder, keras_vit.export.SPEC_ASSET)) as handle:
+    folder = keras_vit.deploy.export.export_saved_model(model, str(tmp_path / "served"))
+    with open(os.path.join(folder, keras_vit.deploy.export.SPEC_ASSET)) as handle:
         assert ViTConfig.from_dict(json.load(handle)) == model.spec
 
 
 def test_builders_are_plain_functions_one_per_variant():
     names = {name for name, value in vars(builders).items()
-             if inspect.isfunction(value) and value.__module__ == builders.__name__}
-    assert names == set(variants.VARIANT_NAMES.values()) == set(builders.__all__)
+             if inspect.isfunction(value) and value.__module__ == builders.__name__
+             and not name.startswith("_")}
+    assert names == set(variants.VARIANT_NAMES.values()) | {"vit"} == set(builders.__all__)
     for variant, name in variants.VARIANT_NAMES.items():
         function = getattr(keras_vit, name)
         assert f"ViT {variant} (" in function.__doc__ and "parameters)" in function.__doc__
@@ -176,8 +180,8 @@ def test_tool_modules_load_on_first_use():
             "tools = ('analysis', 'checkpoint', 'export', 'flops', 'hub', 'plotting', "
             "'pretrained', 'serving')\n"
             "before = [t for t in tools if 'keras_vit.' + t in sys.modules]\n"
-            "keras_vit.checkpoint.save_npz\n"
-            "print(before, 'keras_vit.checkpoint' in sys.modules)\n")
+            "keras_vit.weights.checkpoint.save_npz\n"
+            "print(before, 'keras_vit.weights.checkpoint' in sys.modules)\n")
     assert python_output(code).splitlines()[-1] == "[] True"
 
 
@@ -333,15 +337,15 @@ def test_later_options_reach_the_tools():
 
 
 def test_every_field_is_described_once_and_the_docs_table_is_made_from_it():
-    descriptions = keras_vit.spec.field_descriptions()
+    descriptions = keras_vit.architecture.spec.field_descriptions()
     assert sorted(descriptions) == sorted(FIELDS)
     with open(os.path.join(REPO, "docs", "models.md")) as handle:
         page = handle.read()
     shown = page.split("<!-- ViTConfig fields: start -->\n")[1].split(
         "\n<!-- ViTConfig fields: end -->")[0]
-    assert shown == keras_vit.spec.fields_table(), (
+    assert shown == keras_vit.architecture.spec.fields_table(), (
         "docs/models.md's table of fields differs from ViTConfig's docstring: put the output "
-        "of `python -c 'import keras_vit.spec as s; print(s.fields_table())'` between its "
-        "markers")
+        "of `python -c 'import keras_vit.architecture.spec as s; print(s.fields_table())'` "
+        "between its markers")
     # vit() takes every field, and points at the spec rather than listing them again.
     assert "ViTConfig" in keras_vit.vit.__doc__

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("safetensors")
 import keras_vit  # noqa: E402
-from keras_vit.hub import from_pretrained, save_pretrained  # noqa: E402
+from keras_vit.weights.hub import from_pretrained, save_pretrained  # noqa: E402
 from model_fixtures import random_tiny_vit  # noqa: E402
 from train.run import config_checks, objectives, starting_point  # noqa: E402
 from train.run.model_config import model_spec  # noqa: E402
@@ -102,7 +102,7 @@ def test_a_new_run_reads_its_checkpoint_once_and_leaves_the_given_config_as_it_i
     """The architecture and the weights come from one read (a hub download or a 4 GB file is
     fetched once); the config given is not edited (the run's is a new one); the weights are
     handed to the model once and not held after."""
-    from keras_vit import hub
+    from keras_vit.weights import hub
     write_checkpoint(tmp_path / "checkpoint", "timm", {"num_register_tokens": 2})
     reads = []
     original = hub.read_checkpoint
@@ -211,7 +211,7 @@ def test_what_a_checkpoint_field_names_is_told_apart_from_nothing_in_process(tmp
     """`names_something`, shared by config.pretrained's and config.distill_teacher's checks:
     published names, URLs, hub names and existing paths, not a missing path; `read` names the
     field that gave the checkpoint."""
-    published = sorted(keras_vit.pretrained.PUBLISHED)[0]
+    published = sorted(keras_vit.weights.pretrained.PUBLISHED)[0]
     for named in (str(tmp_path), published, "augreg/anything.npz", "gs://bucket/model.npz",
                   "https://example.com/model.npz", "hf:owner/name", "timm:vit_tiny.tag"):
         assert starting_point.names_something(named), named

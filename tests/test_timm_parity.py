@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 from timm.layers import resample_abs_pos_embed, resample_patch_embed  # noqa: E402
 
 import keras_vit  # noqa: E402
-from keras_vit import checkpoint, resample, torch_layouts  # noqa: E402
+from keras_vit.layers import resample  # noqa: E402
+from keras_vit.weights import checkpoint, torch_layouts  # noqa: E402
 from keras_vit import layers as vit_layers  # noqa: E402
 from keras_vit.layers.position import _patch_coordinates  # noqa: E402
 

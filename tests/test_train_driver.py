@@ -580,7 +580,7 @@ def test_checkpoints_kept_and_export(runs):
 def test_masked_patch_prediction_learns_and_exports_its_encoder(runs, fake_fmnist):
     import keras
 
-    from keras_vit import checkpoint
+    from keras_vit.weights import checkpoint
 
     run = runs["mpp"]
     run.check()

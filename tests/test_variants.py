@@ -11,7 +11,7 @@ import keras
 import pytest
 
 import keras_vit
-from keras_vit.spec import parse_variant
+from keras_vit.architecture.spec import parse_variant
 
 pytestmark = pytest.mark.usefixtures("fresh_session")
 

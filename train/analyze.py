@@ -76,14 +76,14 @@ def load_model(config, workdir):
     if not config.pretrained:
         raise app.UsageError("Nothing to analyze: give --workdir of a trained run, or "
                              "--config.pretrained=<weights name or .npz> for a checkpoint.")
-    arrays = keras_vit.checkpoint.read_npz(
-        keras_vit.pretrained.resolve_weights(config.pretrained, config.model.variant))
+    arrays = keras_vit.weights.checkpoint.read_npz(
+        keras_vit.weights.pretrained.resolve_weights(config.pretrained, config.model.variant))
     spec = model_config.model_spec(config, num_classes=1, include_top=False)
     # The paper's few-shot metric reads the pre-logits layer of checkpoints that have one.
     if spec.representation_size is None and "pre_logits/kernel" in arrays:
         spec = spec.replace(representation_size=arrays["pre_logits/kernel"].shape[-1])
     model = keras_vit.vit(spec)
-    keras_vit.checkpoint.load_npz(model, arrays)
+    keras_vit.weights.checkpoint.load_npz(model, arrays)
     return model, None
 
 
@@ -199,9 +199,11 @@ def _attention_figures(model, builder, config, class_names, size, results):
     attention distance per layer (of --distance_images eval images); their paths."""
     import numpy as np
 
-    from keras_vit import analysis, plotting
+    from keras_vit import analysis
 
     # One read of the eval images serves the attention maps and the distances.
+
+    from keras_vit.analysis import plotting
     eval_pixels, eval_inputs, eval_labels = dataset_images(
         builder, config.eval_split, size, max(FLAGS.num_images, FLAGS.distance_images))
     if FLAGS.images:
@@ -229,7 +231,9 @@ def _attention_figures(model, builder, config, class_names, size, results):
 def _weight_figures(model, results):
     """The position embeddings' similarity (where the model has learned ones) and the patch
     embedding's principal filters; their paths."""
-    from keras_vit import analysis, plotting, resnet
+    from keras_vit import analysis
+    from keras_vit.analysis import plotting
+    from keras_vit.layers import resnet
 
     paths = []
     try:
@@ -258,7 +262,8 @@ def _weight_figures(model, results):
 
 def _few_shot_figure(model, builder, config, size, shots, results, json_path):
     """The few-shot linear accuracy of the frozen features (--shots); its figure's path."""
-    from keras_vit import analysis, plotting
+    from keras_vit import analysis
+    from keras_vit.analysis import plotting
     from .data import tf_pipeline
 
     l2_reg = analysis.DEFAULT_L2_REG if FLAGS.l2_reg is None else FLAGS.l2_reg

@@ -6,7 +6,7 @@ files (train.run.export), as written at the end of training, again or with other
 
 Reads the run's `export/model.keras` (written at the end of training, loaded in safe mode), the
 class names beside it and the run's `config.json` (see train.run.run_files); int8 TFLite calibrates
-on training images. The conversions themselves are keras_vit.export's.
+on training images. The conversions themselves are keras_vit.deploy.export's.
 
 A user's error (bad flag, missing workdir, damaged model file, unwritable export directory)
 ends with one "Error: ..." paragraph and exit status 1 (`--verbose` shows the traceback); every
@@ -115,7 +115,7 @@ def export_workdir(options):
     check_calibration_images(options.calibration_images)
     workdir = check_workdir(options.workdir)
     if options.export_dir is not None:
-        from keras_vit import export as saved_model_export  # the one directory check
+        from keras_vit.deploy import export as saved_model_export  # the one directory check
 
         saved_model_export.check_directory(options.export_dir, "--export_dir")
     model_path, encoder_path = run_files.model_file(workdir), run_files.encoder_file(workdir)

@@ -11,7 +11,7 @@ One module per kind, in the model's reading order:
 - `blocks`: the encoder block and its parts (`EncoderBlock`, `AxialEncoderBlock`, `MlpBlock`,
   `DropPath`, `LayerScale`);
 - `pooling`: the tokens to one vector for the head (`TokenPooling`, `AttentionPooling`);
-- `resnet`: the hybrids' ResNet stem and stages (also `keras_vit.resnet`);
+- `resnet`: the hybrids' ResNet stem and stages (also `keras_vit.layers.resnet`);
 - `shapes`: a rank check and the patch grid's sides, which the others share.
 
 Weights are named after the original checkpoint tree so that loading a released `.npz` file is

@@ -9,14 +9,14 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_vit import resample
-from keras_vit.execution import ATTENTION_IMPLS
+from keras_vit.layers import resample
+from keras_vit.architecture.execution import ATTENTION_IMPLS
 from keras_vit.layers.normalization import LayerNorm
 from keras_vit.layers.position import (MixedRopeFrequencies, RelativePositionBias,
                                        RelativePositionMlp, _patch_coordinates, rope_angles,
                                        rotate)
 from keras_vit.layers.shapes import _check_rank, grid_sides
-from keras_vit.spec import ROPE_TEMPERATURES
+from keras_vit.architecture.spec import ROPE_TEMPERATURES
 
 
 def _xavier_uniform_flat(fan_in, fan_out):
@@ -120,7 +120,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             bias), "explicit" (logits, softmax, weighted sum) or "auto" (fused where that is
             faster: PyTorch, JAX's GPUs and TPUs); the weights, when returned, and dropout on
             them in training always take the explicit path. How the layer runs, not what it
-            computes: left out of its config (`keras_vit.execution`).
+            computes: left out of its config (`keras_vit.architecture.execution`).
         **kwargs: base `Layer` arguments.
 
     `call(x, training, return_attention_scores=False, grid=None)` returns `[batch, tokens, D]`,

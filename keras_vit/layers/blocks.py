@@ -5,12 +5,12 @@ training) and Axial-ViT's block, whose attention runs along one axis of the patc
 import keras
 from keras import ops
 
-from keras_vit import resample
+from keras_vit.layers import resample
 from keras_vit.layers.attention import (MultiHeadSelfAttention, _attention_impl,
                                         _attention_output_spec)
 from keras_vit.layers.normalization import LayerNorm
 from keras_vit.layers.shapes import _check_rank, grid_sides
-from keras_vit.spec import ACTIVATIONS, LAYER_NORM_EPSILON
+from keras_vit.architecture.spec import ACTIVATIONS, LAYER_NORM_EPSILON
 
 
 def _activation(activation, approximate_gelu=None):
@@ -226,7 +226,7 @@ class EncoderBlock(keras.layers.Layer):
         attention_impl: how the attention is computed, see `MultiHeadSelfAttention`.
         remat: True to keep, in training, only the block's input for the backward pass,
             which computes the block again (see `_rematerialized`). This and `attention_impl`
-            are how the block runs, left out of its config (`keras_vit.execution`).
+            are how the block runs, left out of its config (`keras_vit.architecture.execution`).
         layer_scale_init: None (the original), or LayerScale's initial value: each residual
             branch is multiplied by a learned per-channel scale (`layer_scale_0` after the
             attention, `layer_scale_1` after the MLP).
@@ -450,7 +450,8 @@ class AxialEncoderBlock(EncoderBlock):
         lines, length = (rows, columns) if self.axis == "row" else (columns, rows)
         weights = ops.reshape(weights, (batch, lines, self.num_heads, length, length))
         same_line = ops.eye(lines, dtype=weights.dtype)
-        if self.axis == "row":  # [b, row, h, col, col'] x [row, row'] -> [b, h, row, col, row', col']
+        # row: [b, row, h, col, col'] x [row, row'] -> [b, h, row, col, row', col']
+        if self.axis == "row":
             full = ops.einsum("brhcd,rs->bhrcsd", weights, same_line)
         else:  # [b, col, h, row, row'] x [col, col'] -> [b, h, row, col, row', col']
             full = ops.einsum("bchrs,cd->bhrcsd", weights, same_line)

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_vit.spec import LAYER_NORM_EPSILON
+from keras_vit.architecture.spec import LAYER_NORM_EPSILON
 
 
 # Backends whose own fused layer-norm kernel beats LayerNorm's two-pass form (measured).

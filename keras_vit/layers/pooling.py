@@ -10,7 +10,7 @@ from keras_vit.layers.attention import _attention_impl, _fused, _xavier_uniform_
 from keras_vit.layers.blocks import MlpBlock, _activation
 from keras_vit.layers.normalization import LayerNorm
 from keras_vit.layers.shapes import _check_rank
-from keras_vit.spec import CLASSIFIERS, LAYER_NORM_EPSILON
+from keras_vit.architecture.spec import CLASSIFIERS, LAYER_NORM_EPSILON
 
 
 POOLINGS = tuple(kind for kind in CLASSIFIERS if kind != "map")

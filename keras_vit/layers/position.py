@@ -10,7 +10,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_vit import resample
+from keras_vit.layers import resample
 from keras_vit.layers.shapes import _check_rank, grid_sides
 
 
@@ -55,7 +55,7 @@ class AddPositionEmbs(keras.layers.Layer):
                 no weights, nothing for the prefix tokens; computed for any grid, so it is
                 never resampled.
         interpolation: how the embeddings are resampled for another grid, "bilinear" (the
-            original code's) or "bicubic" (timm's); see `keras_vit.resample`.
+            original code's) or "bicubic" (timm's); see `keras_vit.layers.resample`.
         embed_prefix: False to add embeddings to the patches only (timm's `no_embed_class`):
             the weights have no rows for the prefix tokens, which pass unchanged.
         **kwargs: base `Layer` arguments.
@@ -103,7 +103,8 @@ class AddPositionEmbs(keras.layers.Layer):
                 name="pos_embedding", shape=(1, rows, hidden), initializer=init)
         elif self.kind == "learned_2d":
             if hidden % 2:
-                raise ValueError(f"learned_2d position embeddings need an even width, got {hidden}.")
+                raise ValueError(
+                    f"learned_2d position embeddings need an even width, got {hidden}.")
             rows, columns = self.grid_size
             self.row_embedding = self.add_weight(
                 name="row_embedding", shape=(rows, hidden // 2), initializer=init)
@@ -360,7 +361,7 @@ class RelativePositionBias(keras.layers.Layer):
         kind: "1d" (one table of `2 * rows * columns - 1` offsets) or "2d" (tables of
             `2 * rows - 1` row offsets and `2 * columns - 1` column offsets).
         interpolation: how the tables are resampled along their offsets for another grid
-            ("bilinear" or "bicubic", see `keras_vit.resample`); the prefix row is kept.
+            ("bilinear" or "bicubic", see `keras_vit.layers.resample`); the prefix row is kept.
         **kwargs: base `Layer` arguments.
 
     `call(queries, grid=None)`: with `grid`, the patch grid `[batch, rows, columns, D]`, the

@@ -1,5 +1,6 @@
 """The TensorFlow engine's training checkpoints (train.engines.tf_engine), made to survive damage,
-killed saves and full disks. (The original pre-trained `.npz` weights are keras_vit.checkpoint's.)
+killed saves and full disks. (The original pre-trained `.npz` weights are
+keras_vit.weights.checkpoint's.)
 
 The engine saves `tf.train.Checkpoint(model=..., optimizer=..., ema=[...])` through a
 `tf.train.CheckpointManager`, which writes `ckpt-N.index`, `ckpt-N.data-?????-of-?????` and the

@@ -203,7 +203,7 @@ def problems(config, num_replicas=None, fields=None):
 def _misplaced_model_fields(config, every_rule):
     """Top-level fields of `config` that are ViTConfig fields other than image_size: what a
     config file written for flat model fields (`config.patch_size = 4`) adds."""
-    from keras_vit.spec import FIELDS
+    from keras_vit.architecture.spec import FIELDS
 
     return [name for name in config if name in FIELDS and name not in every_rule]
 
@@ -211,7 +211,7 @@ def _misplaced_model_fields(config, every_rule):
 def _check_model(config, image_size_ok, add):
     """Adds the spec's problems with `config.model` (and `config.image_size`, when it passed its
     own rule), each as `config.model.<field>=<value>`; returns the spec, or None."""
-    from keras_vit.spec import ViTConfig
+    from keras_vit.architecture.spec import ViTConfig
 
     model = config.model
     if isinstance(model, str):  # a config.json written before config.model held the fields

@@ -95,7 +95,7 @@ def load_teacher(config, num_classes):
     teacher = keras_vit.vit(found.spec.replace(image_size=config.image_size, dropout=0.0,
                                                attention_dropout=0.0, drop_path_rate=0.0),
                             dtype=config.dtype_policy, name="teacher")
-    keras_vit.checkpoint.load_npz(teacher, found.arrays)
+    keras_vit.weights.checkpoint.load_npz(teacher, found.arrays)
     teacher.trainable = False
     return teacher
 

@@ -9,7 +9,7 @@ Every process of a run runs the same loop, so all take the same decisions at the
 
 import abc
 
-from keras_vit.execution import ATTENTION_IMPLS, REMAT
+from keras_vit.architecture.execution import ATTENTION_IMPLS, REMAT
 
 # The config fields of how an engine runs the steps, and their rules (as train.run.config_checks
 # reads them); `check` adds what the devices and the checkpoint need of them.
@@ -21,8 +21,8 @@ RULES = {
     "model_parallel": ("int", (1, None)),
     "fsdp": ("bool", None),
     "keep_checkpoints": ("int", (1, None)),
-    # How the model runs (keras_vit.execution): recorded in the run's config.json, not in the
-    # model's files.
+    # How the model runs (keras_vit.architecture.execution): recorded in the run's config.json, not
+    # in the model's files.
     "attention_impl": ("choice", ATTENTION_IMPLS),
     "remat": ("choice", REMAT),
 }

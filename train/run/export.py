@@ -1,7 +1,7 @@
 """A run's export: the trained model of a workdir as a `.keras` file, a TF Serving SavedModel
 and TFLite files, written at the end of training (`export_trained`, from train.run.loop) and
 again by `python -m train.export` (`export_model`). The conversions themselves are
-keras_vit.export's; the files' places are train.run.run_files'.
+keras_vit.deploy.export's; the files' places are train.run.run_files'.
 
 Local paths are checked without importing TensorFlow, so that the command's flag errors are
 reported at once.
@@ -21,7 +21,7 @@ from . import run_files
 # command exports a model trained on JAX in a TensorFlow process.
 COMMANDS_PACKAGE = __package__.rpartition(".")[0]
 
-# The TFLite kinds: the name users give, and keras_vit.export's quantization for it.
+# The TFLite kinds: the name users give, and keras_vit.deploy.export's quantization for it.
 TFLITE_KINDS = {"float32": "none", "float16": "float16", "dynamic": "dynamic", "int8": "int8"}
 
 # The TFLite files a training run exports besides its SavedModel.
@@ -64,7 +64,7 @@ def export_trained(engine):
             with open(os.path.join(local, "model.keras"), "rb") as handle:
                 fileio.write_atomically(path, handle.read())
         if pretraining:  # a pre-trained encoder: nothing to serve yet
-            keras_vit.checkpoint.save_npz(model, run_files.encoder_file(workdir))
+            keras_vit.weights.checkpoint.save_npz(model, run_files.encoder_file(workdir))
         else:
             run_files.write_class_names(workdir, engine.class_names)
             if keras.config.backend() == "tensorflow":
@@ -171,7 +171,7 @@ def export_model(model, workdir, class_names=None, tflite_kinds=(), representati
                  export_dir=None):
     """SavedModel at `<export_dir or the run's saved_model/>/<version>` and the run's TFLite
     files `model_<kind>.tflite`. Returns {name: path}."""
-    from keras_vit import export
+    from keras_vit.deploy import export
 
     with native_output.dropped():  # a failed save's C++ warnings: the error names the path
         paths = {"saved_model": export.export_saved_model(

@@ -13,7 +13,7 @@ def model_spec(config, num_classes, include_top=True):
     without a head). `config` is a ConfigDict or the dict of a `config.json` (`run_config.saved`);
     a field that a config.json written before it existed lacks takes the spec's default.
     Raises the spec's ValueError (or TypeError) naming every bad field."""
-    from keras_vit.spec import ViTConfig
+    from keras_vit.architecture.spec import ViTConfig
 
     return ViTConfig.from_dict({**model_fields(config), "image_size": config["image_size"],
                                 "num_classes": num_classes, "include_top": include_top})

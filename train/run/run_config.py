@@ -13,9 +13,9 @@ resume, export and are analysed as before.
 import json
 
 from keras_vit import fileio
-from keras_vit.execution import split_fields
-from keras_vit.spec import FIELDS as SPEC_FIELDS
-from keras_vit.spec import upgrade_fields
+from keras_vit.architecture.execution import split_fields
+from keras_vit.architecture.spec import FIELDS as SPEC_FIELDS
+from keras_vit.architecture.spec import upgrade_fields
 
 from . import run_files
 from .model_config import model_spec

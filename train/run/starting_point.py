@@ -42,7 +42,7 @@ VARIANT_FIELDS = ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_laye
 def has_architecture(pretrained):
     """Whether `pretrained` names a checkpoint that says its architecture (everything but ""
     and the paper's published names, URLs and `.npz` files without a spec beside them)."""
-    from keras_vit import checkpoint, hub
+    from keras_vit.weights import checkpoint, hub
 
     if pretrained.startswith(tuple(hub.PREFIXES)) or pretrained.endswith(".keras"):
         return True
@@ -54,7 +54,7 @@ def has_architecture(pretrained):
 def check(config, report):
     """Adds to `report` (train.run.config_checks) a `config.pretrained` that names nothing
     readable: neither a published name, a URL, an existing file or directory nor a hub name."""
-    from keras_vit import pretrained as published
+    from keras_vit.weights import pretrained as published
 
     if not report.ok("pretrained", "model.variant") or not config.pretrained:
         return
@@ -76,8 +76,8 @@ def check(config, report):
 def names_something(weights):
     """Whether `weights` names a checkpoint a run can look for: a published name, a URL or
     gs:// path, a hub name or an existing file or directory (read when the run starts)."""
-    from keras_vit import hub
-    from keras_vit import pretrained as published
+    from keras_vit.weights import hub
+    from keras_vit.weights import pretrained as published
 
     return (weights in published.PUBLISHED or "://" in weights
             or weights.startswith(("augreg/", *hub.PREFIXES)) or os.path.exists(weights))
@@ -104,7 +104,7 @@ class StartingPoint:
     def load(self, objective, model, config):
         """Initialises `model`'s encoder from the starting point and logs one paragraph of
         what the run started from: the one place both engines start a fine-tuning run from.
-        Returns `keras_vit.checkpoint.load_npz`'s report."""
+        Returns `keras_vit.weights.checkpoint.load_npz`'s report."""
         import keras_vit
 
         from ..data import settings
@@ -116,9 +116,9 @@ class StartingPoint:
             found = read(self.source)
             arrays, spec = found.arrays, found.spec
         else:  # the paper's: the config's architecture
-            arrays = keras_vit.pretrained.resolve_weights(self.source, config.model.variant)
+            arrays = keras_vit.weights.pretrained.resolve_weights(self.source, config.model.variant)
         encoder = objective.encoder(model)
-        report = keras_vit.checkpoint.load_npz(encoder, arrays,
+        report = keras_vit.weights.checkpoint.load_npz(encoder, arrays,
                                                new_head=not config.pretrained_head)
         if config.pretrained_head and report["new_head"]:
             raise ValueError(
@@ -169,7 +169,7 @@ def resolve(config, saved=None):
 
 def _model_defaults():
     """What `config.model` holds where the user set nothing: the spec's defaults."""
-    from keras_vit.spec import DEFAULTS
+    from keras_vit.architecture.spec import DEFAULTS
 
     return DEFAULTS
 
@@ -185,10 +185,10 @@ def _resize_defaults():
 
 
 def read(pretrained, field="pretrained"):
-    """`keras_vit.hub.read_checkpoint` of `pretrained`, its errors as one ValueError naming
+    """`keras_vit.weights.hub.read_checkpoint` of `pretrained`, its errors as one ValueError naming
     `config.<field>` (the config field that gave it: a teacher is `distill_teacher`) and the
     fix."""
-    from keras_vit import checkpoint, hub, torch_layouts
+    from keras_vit.weights import checkpoint, hub, torch_layouts
 
     try:
         return hub.read_checkpoint(pretrained)
@@ -199,7 +199,7 @@ def read(pretrained, field="pretrained"):
 def _refuse_contradictions(config, spec):
     """A ValueError naming each field the user set (not at its default) to another value than
     the checkpoint `spec` has."""
-    from keras_vit.spec import ViTConfig
+    from keras_vit.architecture.spec import ViTConfig
 
     defaults = _model_defaults()
     theirs = spec.to_dict()

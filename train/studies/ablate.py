@@ -149,7 +149,7 @@ def plan(study_name, base, steps, seeds, builder):
     `test_runs(picked)`: for the classifier study the runs are its sweep's, and its test runs
     are at the learning rates `picked` from their results ({arm name: rate})."""
     from ..run import objectives
-    from keras_vit import flops
+    from keras_vit.analysis import flops
 
     study = ablations.STUDIES[study_name]
     num_classes = builder.info.features["label"].num_classes
@@ -283,7 +283,8 @@ def main(argv):
     steps = FLAGS.steps or base.total_steps
     # The base config at these steps (each run's warm-up is set with its steps, below).
     config_checks.check(run_config(base, {"total_steps": steps, "warmup_steps": 0}))
-    from keras_vit import fileio, plotting
+    from keras_vit import fileio
+    from keras_vit.analysis import plotting
     from ..data import tf_pipeline
     from ..run import metrics
     from ..run.loop import RESUMABLE_EXIT_CODE

@@ -14,7 +14,7 @@ moved into `config.model` name them flat (`classifier`), and are drawn the same 
 import dataclasses
 import statistics
 
-from keras_vit.spec import LEARNED_POSITION_EMBEDDINGS
+from keras_vit.architecture.spec import LEARNED_POSITION_EMBEDDINGS
 
 from ..data import augmentation
 
@@ -289,7 +289,7 @@ def _notes(summary):
         return ("Matched compute: both arms see the same number of images x forward FLOPs "
                 "per image (training costs about three forward passes for either): the "
                 "costlier model trains for the budget's steps, the cheaper one for "
-                "proportionally more. FLOPs are `keras_vit.flops.forward_flops` (a "
+                "proportionally more. FLOPs are `keras_vit.analysis.flops.forward_flops` (a "
                 "multiply-add is 2 FLOPs).")
     return ""
 

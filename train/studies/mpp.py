@@ -87,7 +87,9 @@ def few_shot(config, shots):
     import keras
     import ml_collections
 
-    from keras_vit import analysis, checkpoint
+    from keras_vit import analysis
+
+    from keras_vit.weights import checkpoint
     from ..data import tf_pipeline
     from ..run import objectives
 
