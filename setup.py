@@ -56,7 +56,8 @@ setup(
                 *TRAIN_TOOLS],
         # from_pretrained / save_pretrained: transformers' and timm's files, hub names.
         "hub": HUB,
-        "test": ["pytest>=7.3", "matplotlib", *HUB, *TRAIN_TOOLS],
+        # pytest-xdist: the README's test commands run on every core (-n auto).
+        "test": ["pytest>=7.3", "pytest-xdist", "matplotlib", *HUB, *TRAIN_TOOLS],
         "benchmark": ["keras-hub"],
     },
     license="Apache-2.0",

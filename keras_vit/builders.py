@@ -1,6 +1,6 @@
 """The one-line builders: `vit(variant, weights=..., **fields)`, and one per entry of
 `keras_vit.VARIANT_NAMES`: `ViT_B16(**kwargs)` is `vit("B/16", **kwargs)`. Plain functions, so
-that a reader, an IDE and a type checker find them; `tests/test_variants.py` checks that they and
+that a reader, an IDE and a type checker find them; `tests/library/architecture/test_variants.py` checks that they and
 the table name the same variants. Parameter counts are at 224x224 with 1000 classes (pinned by
 that test file).
 """

@@ -21,7 +21,7 @@ def pytest_configure(config):
         "markers", "processes: starts several training processes (workers, JAX processes, a "
         "study's runs, simulated hosts, many commands at once) or kills and resumes one; not "
         "in the default run (pyproject.toml's "
-        "addopts), run them with `python -m pytest -q tests -m processes`")
+        "addopts), run them with `python -m pytest -q -n auto tests -m processes`")
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ TINY_VIT = dict(hidden_size=24, mlp_dim=48, num_heads=3, num_layers=2)
 
 # A model of each family of spec options, each with the fields that shape its weights or its
 # computation: the tools (export, `.keras`, `.npz`, LoRA, remat, fused attention, any image
-# size) are tried on every one (tests/test_option_matrix.py, tests/test_export.py). A new
+# size) are tried on every one (tests/test_option_matrix.py, tests/library/deploy/test_export.py). A new
 # option family joins here.
 OPTION_FAMILIES = {
     "learned": {},

@@ -174,3 +174,16 @@ def test_a_checkpoint_family_is_one_module_in_the_registry():
                 assert family.reads is not every or not set(family.classes) & set(
                     earlier.classes), (family.name, earlier.name)
             assert family.weight_pairs or not family.config_for, family.name
+
+
+def test_the_tests_are_arranged_like_the_rooms_they_test():
+    """tests/library/<room> for each room of keras_vit, tests/training/<room> for each room of
+    train/; the tests that cross rooms (the docs, the package, this file) at the top."""
+    for tests, code, rooms in (("library", "keras_vit", LIBRARY_ROOMS),
+                               ("training", "train", ROOMS)):
+        folders = {os.path.basename(path) for path in glob.glob(
+            os.path.join(REPO, "tests", tests, "*")) if os.path.isdir(path)} - {"__pycache__"}
+        assert folders, tests
+        for folder in folders:
+            assert folder in rooms and os.path.isdir(os.path.join(REPO, code, folder)), (
+                f"tests/{tests}/{folder} names no room of {code}/")

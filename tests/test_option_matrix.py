@@ -1,7 +1,7 @@
 """Every option family (model_fixtures.OPTION_FAMILIES) through every tool that takes a model:
 the `.keras` file in safe mode, the `.npz` checkpoint, LoRA (every head trains, the merged copy
 computes the same), remat with fused attention, and a model of any image size: each gives the
-model's own logits. (The exports are tests/test_export.py's, over the same families.) A new
+model's own logits. (The exports are tests/library/deploy/test_export.py's, over the same families.) A new
 family added there is tried by every tool here with no test written for it."""
 
 import keras

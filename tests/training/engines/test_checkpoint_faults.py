@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from keras_vit import fileio
 from train.engines import tf_checkpoints
+from train_fixtures import REPO
 from train.engines.tf_checkpoints import (CheckpointMismatchError, CheckpointWriteError,
                                   NoReadableCheckpointError)
 
@@ -364,9 +365,9 @@ FILE_SIZE_LIMITED_SAVE = textwrap.dedent("""
 def test_write_error_during_save_raises_one_line_and_keeps_earlier_checkpoints(tmp_path):
     write_checkpoints(tmp_path)
     before = names(tmp_path)
-    tests = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.abspath(__file__))  # the child imports this module
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(tests), tests, os.environ.get("PYTHONPATH", "")]))
+        [REPO, os.path.join(REPO, "tests"), here, os.environ.get("PYTHONPATH", "")]))
     limit = (tmp_path / DATA.format(3)).stat().st_size // 2  # the data file cannot be written
     result = subprocess.run([sys.executable, "-c", FILE_SIZE_LIMITED_SAVE, str(tmp_path),
                              str(limit)], capture_output=True, text=True, env=env, timeout=120)

@@ -1,8 +1,6 @@
 """LoRA on keras_vit models (keras_vit/lora.py): Keras' Dense.enable_lora on each encoder block's
 attention and MLP kernels, everything else frozen but the head; the merged copy for export. The
-driver's runs with --config.lora_rank are in tests/test_starting_point.py."""
-
-import os
+driver's runs with --config.lora_rank are in tests/training/run/test_starting_point.py."""
 
 import keras
 import numpy as np

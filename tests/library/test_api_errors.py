@@ -2,8 +2,6 @@
 (naming the argument and the value) before any TensorFlow op runs; legitimate values such as
 numpy integers and lists are accepted; and silent wrong answers are refused."""
 
-import os
-
 import numpy as np
 import pytest
 

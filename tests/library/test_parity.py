@@ -12,13 +12,10 @@ seeds tried (4e-6 with SEED below), from ordinary float32 rounding (each unit ad
 """
 
 import functools
-import os
-import sys
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import keras  # noqa: E402
 

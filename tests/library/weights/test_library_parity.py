@@ -9,6 +9,8 @@ import os
 
 import keras
 import numpy as np
+
+from train_fixtures import REPO
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -272,8 +274,7 @@ def test_deit_classes_without_a_keras_vit_model_are_refused(tmp_path, architectu
 
 def coverage_benchmark():
     import importlib.util
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "benchmarks", "timm_coverage.py")
+    path = os.path.join(REPO, "benchmarks", "timm_coverage.py")
     module_spec = importlib.util.spec_from_file_location("timm_coverage", path)
     coverage = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(coverage)

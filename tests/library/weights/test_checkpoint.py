@@ -19,7 +19,6 @@ import zipfile
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import keras  # noqa: E402
 
@@ -29,6 +28,7 @@ from keras_vit.weights import checkpoint, pretrained  # noqa: E402
 from keras_vit.weights.checkpoint import CheckpointError, load_npz, save_npz  # noqa: E402
 # Importing test_parity also turns TF32 off on Ampere+ GPUs (float32 must mean float32).
 from model_fixtures import TINY_VIT  # noqa: E402
+from train_fixtures import REPO  # noqa: E402
 from test_parity import keras_forward, randomize  # noqa: E402
 
 ATOL = 1e-5
@@ -1128,7 +1128,7 @@ def test_save_failing_while_writing_the_file_keeps_the_previous_file(tmp_path):
     path = tmp_path / "model.npz"
     save_npz(model, path)
     old = path.read_bytes()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = REPO
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     result = subprocess.run(

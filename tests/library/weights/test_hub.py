@@ -1,6 +1,6 @@
 """`from_pretrained` and `save_pretrained` on directories the tests write: round trips through
 transformers' and timm's layouts, hub names read from a Hugging Face cache offline, and the
-errors. Against the libraries themselves: tests/test_timm_parity.py (its own CI leg)."""
+errors. Against the libraries themselves: tests/library/weights/test_timm_parity.py (its own CI leg)."""
 
 import json
 import os
@@ -724,7 +724,7 @@ def test_a_siglip_without_its_head_is_refused(tmp_path):
 
 # ViT-MSN (Assran et al. 2022) and ViT-MAE (He et al. 2022): ViT's layout without the pooler,
 # written here from a keras_vit model's ViT files; against transformers itself:
-# tests/test_library_parity.py.
+# tests/library/weights/test_library_parity.py.
 def _as_masked_vit(tmp_path, model, architecture, state_names, **config):
     """`model`'s transformers ViT files, as `architecture`'s: its state renamed by
     `state_names` (name -> name, or None to drop), its config.json edited by `config`."""

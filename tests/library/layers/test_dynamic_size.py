@@ -1,7 +1,7 @@
 """Any image size at call time, any patch size from trained weights, and the features of chosen
 blocks (`keras_vit.layers.resample`, `dynamic_image_size`, `keras_vit.features`). Runs on every
 Keras backend; the SavedModel tests need TensorFlow. The parity with timm's own resampling is in
-tests/test_timm_parity.py."""
+tests/library/weights/test_timm_parity.py."""
 
 import json
 

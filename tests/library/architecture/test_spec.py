@@ -18,7 +18,7 @@ from keras_vit.architecture import variants
 from keras_vit.architecture.spec import FIELDS, ViTConfig
 from model_fixtures import randomise
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from train_fixtures import REPO  # noqa: E402
 def python_output(code):
     """What `code` prints in a new Python process, in the checkout."""
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,

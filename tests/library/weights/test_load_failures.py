@@ -25,7 +25,7 @@ from model_fixtures import TINY_VIT, randomise, random_tiny_vit
 
 pytestmark = pytest.mark.usefixtures("fresh_session")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from train_fixtures import REPO  # noqa: E402
 LAST_BLOCK = "Transformer/encoderblock_1/"
 LAST_KERNEL = LAST_BLOCK + "MlpBlock_3/Dense_1/kernel"
 

@@ -16,7 +16,7 @@ from configs import ablation, augreg, augreg_finetune, common, finetune, pretrai
 from train.run import model_config
 from train_fixtures import FLAT_LAYOUT_CONFIG_JSON, TINY
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from train_fixtures import REPO  # noqa: E402
 CONFIGS = os.path.join(REPO, "configs")
 
 
@@ -186,7 +186,6 @@ def test_config_model_is_every_spec_field_but_the_three_set_elsewhere():
     config's own, shared with the input pipeline), num_classes (the dataset's) and include_top
     (the objective's), at the spec's defaults; a training config builds exactly that spec."""
     import dataclasses
-    from train.run import config_checks
     fields = {field.name: field.default for field in dataclasses.fields(keras_vit.ViTConfig)}
     model = common.get_config().model
     assert set(model) == set(fields) - {"image_size", "num_classes", "include_top"}
@@ -245,7 +244,6 @@ def _small(**model):
 
 
 def test_position_embedding_defaults_are_the_original_vit():
-    from train.run import config_checks
     config = common.get_config()
     assert (config.model.position_embedding, config.model.position_embedding_placement) == (
         "learned", "stem")
@@ -473,7 +471,7 @@ def test_a_run_saved_with_approximate_gelu_resumes_as_its_activation(tmp_path):
     one resumes only with activation="gelu", and builds the same model."""
     import json
     import ml_collections
-    from train.run import config_checks, run_config
+    from train.run import run_config
     today = json.loads(json.dumps(run_config._as_json(_tiny_quickstart())))
     model = dict(today["model"])
     del model["activation"]

@@ -2,7 +2,7 @@
 checkpoint `keras_vit.from_pretrained` reads gives the run its architecture and weights. The
 driver's model after loading holds the weights of `from_pretrained(<dir>, num_classes=N,
 image_size=S)`, for directories in both libraries' layouts and every architecture option they
-carry; the runs of both engines are in tests/test_jax_engine.py."""
+carry; the runs of both engines are in tests/training/engines/test_jax_engine.py."""
 
 import json
 import subprocess

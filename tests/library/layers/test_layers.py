@@ -848,7 +848,7 @@ def test_max_pool_3x3_stride_2_values_and_gradient(shape, ties, jit):
 
 def test_resnet_stem_pools_with_the_custom_gradient_only_in_training(monkeypatch):
     """Training takes the pool with the custom gradient; inference the plain op, which the
-    TFLite export can freeze (tests/test_export.py::test_tflite_hybrid)."""
+    TFLite export can freeze (tests/library/deploy/test_export.py::test_tflite_hybrid)."""
     calls = []
     pool = R.max_pool_3x3_stride_2
     monkeypatch.setattr(R, "max_pool_3x3_stride_2", lambda x: calls.append(x.shape) or pool(x))

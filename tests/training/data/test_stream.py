@@ -1,6 +1,6 @@
 """The training stream's arithmetic (train/data/stream.py), which both input pipelines read: each
 epoch a permutation of the split keyed by (seed, epoch), and the crops' random numbers keyed by
-(seed, position). The pipelines' own tests compare their batches (tests/test_grain_input.py)."""
+(seed, position). The pipelines' own tests compare their batches (tests/training/data/test_grain_input.py)."""
 
 import numpy as np
 import pytest

@@ -1,5 +1,5 @@
 """DeiT's distillation in the driver (train/run/distillation.py): the losses, the frozen teacher
-inside the trained model, the checks; both engines' runs are in tests/test_jax_engine.py."""
+inside the trained model, the checks; both engines' runs are in tests/training/engines/test_jax_engine.py."""
 
 import tempfile
 
