@@ -1,8 +1,8 @@
 """The one-line builders: `vit(variant, weights=..., **fields)`, and one per entry of
 `keras_vit.VARIANT_NAMES`: `ViT_B16(**kwargs)` is `vit("B/16", **kwargs)`. Plain functions, so
-that a reader, an IDE and a type checker find them; `tests/library/architecture/test_variants.py` checks that they and
-the table name the same variants. Parameter counts are at 224x224 with 1000 classes (pinned by
-that test file).
+that a reader, an IDE and a type checker find them; `tests/library/architecture/test_spec.py`
+checks that they and the table name the same variants. Parameter counts are at 224x224 with 1000
+classes (pinned by `tests/library/architecture/test_variants.py`).
 """
 
 import os
@@ -22,10 +22,10 @@ def vit(variant="B/16", *, weights=None, dtype=None, name=None, attention_impl="
         variant: a name from `keras_vit.VARIANT_NAMES` ("B/16", "L/32", "R50+B/16", or
             "Axial-" before a plain ViT name), or a `ViTConfig`.
         weights: None (random initialisation), or an original `.npz` checkpoint to load:
-            a published name (see `keras_vit.weights.pretrained.PUBLISHED`, e.g. "imagenet21k"), a
-            local path, an https/file URL or a gs:// path. Position embeddings are resized
-            to `image_size`; the head starts from zeros when `num_classes` differs from the
-            checkpoint's.
+            a published name (see `keras_vit.weights.pretrained.PUBLISHED`, e.g.
+            "imagenet21k"), a local path, an https/file URL or a gs:// path. Position
+            embeddings are resized to `image_size`; the head starts from zeros when
+            `num_classes` differs from the checkpoint's.
         dtype: a Keras dtype policy such as "float32" or "mixed_bfloat16"; None takes the
             global policy. Outputs are float32 under mixed policies.
         name: model name; defaults to e.g. "vit_b16".
@@ -141,7 +141,9 @@ def Axial_ViT_B32(**kwargs):
     return vit("Axial-B/32", **kwargs)
 
 
+# What `from keras_vit.builders import *` (keras_vit's own namespace) takes.
 __all__ = [
+    "vit",
     "ViT_Ti16",
     "ViT_S16",
     "ViT_S32",
@@ -158,8 +160,3 @@ __all__ = [
     "Axial_ViT_B16",
     "Axial_ViT_B32",
 ]
-
-
-# What `from keras_vit.builders import *` (keras_vit's own namespace) takes: vit and the builders.
-__all__ = ["vit", *(name for name, value in list(globals().items())
-                    if callable(value) and name[-1].isdigit())]
