@@ -161,9 +161,11 @@ def _train_on_tensorflow(config, start):
         if strategies.cluster_size() < 2:
             raise
         lost = strategies.lost_task(error) or "another worker"
+        # At once: the interpreter's exit would shut TensorFlow's coordination agent down, which
+        # can wait for the lost worker (CI saw it still waiting 30 s later).
         cli.fail(f"lost contact with {lost} ({type(error).__name__}): it stopped, or the "
                  "network between them failed. Start all workers again with the same command: "
-                 "the run resumes from the newest checkpoint.")
+                 "the run resumes from the newest checkpoint.", now=True)
 
 
 def run():
