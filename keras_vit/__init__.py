@@ -11,7 +11,8 @@
 `architecture` (the spec, its rules, the variants, how a model runs), `layers`, the model
 (`model`, `intermediates`, `masked_patches`, `lora`, `scanned_blocks`, `preprocessing`),
 `weights` (`.npz` checkpoints, published names, transformers' and timm's files), `deploy`
-(the SavedModel, TFLite, serving) and `analysis` (what a model attends to, its figures, its
+(the SavedModel, TFLite, serving), `native` (images at their own aspect ratios, NaFlex) and
+`analysis` (what a model attends to, its figures, its
 FLOPs). The paths from before the rooms (`keras_vit.checkpoint`, `keras_vit.export`, ...) are
 the same modules under their old names (`keras_vit.imports`).
 """
@@ -36,7 +37,7 @@ from keras_vit.preprocessing import (EvalPreprocessing, prepare_images,  # noqa:
 __version__ = "0.1.0"
 
 # The rooms and modules that load on first use, and the old paths (`imports.MOVED`).
-_LAZY_MODULES = ("analysis", "architecture", "deploy", "fileio", "lora", "weights",
+_LAZY_MODULES = ("analysis", "architecture", "deploy", "fileio", "lora", "native", "weights",
                  *imports.MOVED)
 _LAZY_FUNCTIONS = {"from_pretrained": "weights.hub", "save_pretrained": "weights.hub"}
 

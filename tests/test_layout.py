@@ -72,9 +72,11 @@ LIBRARY_ROOMS = {
     "architecture": {"imports"},
     "layers": {"architecture", "imports"},
     "model": {"architecture", "layers", "preprocessing", "fileio", "imports"},
-    "weights": {"architecture", "layers", "model", "preprocessing", "fileio", "imports"},
+    "weights": {"architecture", "layers", "model", "native", "preprocessing", "fileio",
+                "imports"},
     "deploy": {"architecture", "layers", "model", "preprocessing", "fileio", "imports"},
     "analysis": {"architecture", "layers", "model", "preprocessing", "fileio", "imports"},
+    "native": {"architecture", "layers", "model", "preprocessing", "imports"},
     "builders": {"architecture", "model", "weights"},
 }
 MODEL_MODULES = ("model", "lora", "intermediates", "masked_patches", "scanned_blocks")

@@ -93,6 +93,24 @@ def _padded_to_even(query, key, value):
     return attended[:, :tokens]
 
 
+def keys_mask(attention_mask):
+    """`attention_mask` as the `[batch, 1, queries or 1, keys]` booleans attention takes: which
+    keys each query may see, from a mask of the keys `[batch, keys]` (padding left out) or of
+    each query's keys `[batch, queries, keys]` (images packed in one sequence)."""
+    mask = ops.cast(attention_mask, "bool")
+    if len(mask.shape) not in (2, 3):
+        raise ValueError(f"attention_mask must be [batch, keys] or [batch, queries, keys], got "
+                         f"shape {tuple(mask.shape)}.")
+    return mask[:, None, None, :] if len(mask.shape) == 2 else mask[:, None]
+
+
+def masked_logits(logits, mask):
+    """`logits` where `mask` allows, a large negative number elsewhere (not -inf: a query
+    that sees no key, a padding token's, then averages the values instead of giving NaN)."""
+    lowest = -6.0e4 if keras.backend.standardize_dtype(logits.dtype) == "float16" else -1.0e9
+    return ops.where(mask, logits, ops.cast(lowest, logits.dtype))
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class MultiHeadSelfAttention(keras.layers.Layer):
     """Multi-head scaled dot-product self-attention, as in the paper's equations 5 to 8.
@@ -123,10 +141,10 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             computes: left out of its config (`keras_vit.architecture.execution`).
         **kwargs: base `Layer` arguments.
 
-    `call(x, training, return_attention_scores=False, grid=None)` returns `[batch, tokens, D]`,
-    and with `return_attention_scores=True` also the weights `[batch, heads, tokens, tokens]`;
-    `grid` (the patch grid of these tokens) tells relative and rotary positions the grid at
-    call time.
+    `call(x, training, return_attention_scores=False, grid=None, attention_mask=None)` returns
+    `[batch, tokens, D]`, and with `return_attention_scores=True` also the weights `[batch,
+    heads, tokens, tokens]`; `grid` (the patch grid of these tokens) tells relative and rotary
+    positions the grid at call time; `attention_mask` (`keys_mask`) the keys each query sees.
     """
 
     def __init__(self, num_heads, dropout=0.0, relative_position=None, grid_size=None,
@@ -204,7 +222,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                 name="relative_position", dtype=self.dtype_policy)
             self.relative.build((input_shape[0], self.num_heads, input_shape[1], self.head_dim))
 
-    def call(self, x, training=False, return_attention_scores=False, grid=None):
+    def call(self, x, training=False, return_attention_scores=False, grid=None,
+             attention_mask=None):
         batch, tokens, hidden = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
         heads, head_dim = self.num_heads, self.head_dim
         # One (D, 3D) matmul on 2-D rows instead of three, with the 1/sqrt(head_dim) scale of
@@ -220,8 +239,9 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         qkv = ops.reshape(qkv, (batch, tokens, 3, heads, head_dim))
         if self.rope is not None:
             qkv = self._rotated(qkv, grid)
+        mask = None if attention_mask is None else keys_mask(attention_mask)
         if _fused(self.attention_impl, self.dropout, training, return_attention_scores):
-            attended = self._fused_attention(qkv, grid, training)
+            attended = self._fused_attention(qkv, grid, training, mask)
             return ops.reshape(self._project(attended), (batch, tokens, hidden))
         qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # [3, batch, heads, tokens, head_dim]
         # Unstacked, not indexed: each slice's gradient would be a zero-filled copy of all of
@@ -230,6 +250,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         logits = ops.matmul(query, ops.transpose(key, (0, 1, 3, 2)))
         if self.relative is not None:  # the (scaled) queries against the offset embeddings
             logits = logits + self.relative(query, grid=grid)
+        if mask is not None:
+            logits = masked_logits(logits, mask)
         # Softmax in the compute dtype, as the original. TensorFlow's CPU kernel accumulates
         # bfloat16 in float32: its output equals a float32 softmax rounded to bfloat16.
         weights = ops.softmax(logits, axis=-1)
@@ -265,24 +287,29 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         query, key, value = ops.unstack(qkv, 3, axis=2)
         return ops.stack([rotate(query, cos, sin), rotate(key, cos, sin), value], axis=2)
 
-    def _fused_attention(self, qkv, grid, training):
+    def _fused_attention(self, qkv, grid, training, mask=None):
         """`[batch * tokens, D]` attended values of `qkv` `[batch, tokens, 3, heads,
         head_dim]` (queries scaled) by `keras.ops.dot_product_attention`, which never returns
-        the score matrix (and on GPUs and TPUs, on JAX, never forms it whole)."""
+        the score matrix (and on GPUs and TPUs, on JAX, never forms it whole); `mask` as
+        `keys_mask` gives it."""
         query, key, value = ops.unstack(qkv, 3, axis=2)  # [batch, tokens, heads, head_dim]
         bias = None
         if self.relative is not None:  # the relative logits, [batch, heads, tokens, tokens]
             bias = self.relative(ops.transpose(query, (0, 2, 1, 3)), grid=grid)
         tokens = query.shape[1]
-        if bias is None and training and tokens and tokens % 2 and odd_lengths_refused():
+        plain = bias is None and mask is None
+        if plain and training and tokens and tokens % 2 and odd_lengths_refused():
             attended = _padded_to_even(query, key, value)
         else:  # with a bias, XLA's kernel: Keras' TPU kernel (splash attention) takes none
+            if mask is not None:  # as a bias: one kernel form on every backend
+                bias = masked_logits(ops.zeros((), query.dtype) if bias is None else bias, mask)
             attended = ops.dot_product_attention(
                 query, key, value, bias=bias, scale=1.0,
                 flash_attention=False if bias is not None else None)
         return ops.reshape(attended, (-1, qkv.shape[-1] * self.num_heads))
 
-    def compute_output_spec(self, x, training=False, return_attention_scores=False, grid=None):
+    def compute_output_spec(self, x, training=False, return_attention_scores=False, grid=None,
+                            attention_mask=None):
         return _attention_output_spec(self, x, return_attention_scores)
 
     def get_config(self):

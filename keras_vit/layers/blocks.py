@@ -232,10 +232,12 @@ class EncoderBlock(keras.layers.Layer):
             attention, `layer_scale_1` after the MLP).
         **kwargs: base `Layer` arguments.
 
-    `call(x, training, return_attention_scores=False, grid=None)`: with
+    `call(x, training, return_attention_scores=False, grid=None, attention_mask=None)`: with
     `return_attention_scores=True` returns `(x, attention_weights)` with weights
     `[batch, heads, tokens, tokens]`. `grid`, the patch grid `[batch, rows, columns, D]` of the
-    tokens, gives relative positions (and Axial-ViT) the grid at call time.
+    tokens, gives relative positions (and Axial-ViT) the grid at call time; `attention_mask`
+    the keys each token attends to (`keras_vit.layers.attention.keys_mask`): padding and
+    packed images (native resolution).
     """
 
     def __init__(self, num_heads, mlp_dim, dropout=0.0, attention_dropout=0.0,
@@ -305,20 +307,22 @@ class EncoderBlock(keras.layers.Layer):
         """The shape the attention sees (the token sequence here; rows or columns in axial)."""
         return input_shape
 
-    def attend(self, x, training, return_attention_scores, grid):
+    def attend(self, x, training, return_attention_scores, grid, attention_mask=None):
         """Self-attention over the (normalised) tokens `x` of the patch grid `grid`."""
         return self.attention(x, training=training,
-                              return_attention_scores=return_attention_scores, grid=grid)
+                              return_attention_scores=return_attention_scores, grid=grid,
+                              attention_mask=attention_mask)
 
-    def call(self, x, training=False, return_attention_scores=False, grid=None):
+    def call(self, x, training=False, return_attention_scores=False, grid=None,
+             attention_mask=None):
         # Remat serves a backward pass, so only training: an inference graph (an export's
         # SavedModel or TFLite file) must not carry its custom gradient.
         if (self.remat and training and not return_attention_scores
                 and self.attention_recorder is None):
-            return self._rematerialized(x, training, grid)
-        return self._forward(x, training, return_attention_scores, grid)
+            return self._rematerialized(x, training, grid, attention_mask)
+        return self._forward(x, training, return_attention_scores, grid, attention_mask)
 
-    def _rematerialized(self, x, training, grid):
+    def _rematerialized(self, x, training, grid, attention_mask=None):
         """The block through `keras.remat`, so that the backward pass computes its activations
         again instead of keeping them. Keras' own `RematScope` cannot do this here: the block's
         random layers would update their seed generators inside the recomputed function (on
@@ -334,18 +338,18 @@ class EncoderBlock(keras.layers.Layer):
             for stream, layer in enumerate(random, 1):  # (an attribute of the generator, not
                 layer.seed_generator.next = _SeedStream(seed, stream).next  # of the layer)
             try:
-                return self._forward(tokens, training, False, grid)
+                return self._forward(tokens, training, False, grid, attention_mask)
             finally:
                 for layer in random:
                     del layer.seed_generator.next
 
         return keras.remat(forward)(x)
 
-    def _forward(self, x, training, return_attention_scores, grid):
+    def _forward(self, x, training, return_attention_scores, grid, attention_mask=None):
         record = self.attention_recorder is not None
         post_norm = self.residual_post_norm  # x + LN(branch(x)), not x + branch(LN(x))
         attended = self.attend(x if post_norm else self.norm_0(x), training,
-                               return_attention_scores or record, grid)
+                               return_attention_scores or record, grid, attention_mask)
         if return_attention_scores or record:
             attended, weights = attended
             if record:
@@ -367,7 +371,8 @@ class EncoderBlock(keras.layers.Layer):
         layer = self.layer_scales[branch]
         return x if layer is None else layer(x)
 
-    def compute_output_spec(self, x, training=False, return_attention_scores=False, grid=None):
+    def compute_output_spec(self, x, training=False, return_attention_scores=False, grid=None,
+                            attention_mask=None):
         return _attention_output_spec(self, x, return_attention_scores)
 
     def get_config(self):
@@ -425,7 +430,10 @@ class AxialEncoderBlock(EncoderBlock):
         batch = None if input_shape[0] is None else input_shape[0] * lines
         return (batch, length, input_shape[-1])
 
-    def attend(self, x, training, return_attention_scores, grid):
+    def attend(self, x, training, return_attention_scores, grid, attention_mask=None):
+        if attention_mask is not None:
+            raise ValueError(f"AxialEncoderBlock '{self.name}' takes no attention_mask: an "
+                             "Axial-ViT attends within whole rows and columns of one image.")
         rows, columns = self.grid_size if grid is None else grid_sides(grid)
         batch, hidden = ops.shape(x)[0], x.shape[-1]
         cells = ops.reshape(x, (batch, rows, columns, hidden))

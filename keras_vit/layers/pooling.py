@@ -6,7 +6,8 @@ import math
 import keras
 from keras import ops
 
-from keras_vit.layers.attention import _attention_impl, _fused, _xavier_uniform_flat
+from keras_vit.layers.attention import (_attention_impl, _fused, _xavier_uniform_flat,
+                                        keys_mask, masked_logits)
 from keras_vit.layers.blocks import MlpBlock, _activation
 from keras_vit.layers.normalization import LayerNorm
 from keras_vit.layers.shapes import _check_rank
@@ -26,6 +27,9 @@ class TokenPooling(keras.layers.Layer):
         classifier: "token", "gap" or "token_gap".
         num_prefix_tokens: tokens before the patches (register tokens), left out of the mean.
         token_index: the token "token" reads.
+
+    `call(tokens, token_mask=None)`: `token_mask` `[batch, tokens]` (True for a token, False
+    for padding) leaves the padding out of the mean.
     """
 
     def __init__(self, classifier="token", num_prefix_tokens=0, token_index=0, **kwargs):
@@ -37,13 +41,18 @@ class TokenPooling(keras.layers.Layer):
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.token_index = int(token_index)
 
-    def call(self, tokens):
+    def call(self, tokens, token_mask=None):
         if self.classifier == "token":
             return tokens[:, self.token_index]
         patches = tokens
         if self.num_prefix_tokens:  # registers (no slice otherwise: the same graph as before)
             patches = tokens[:, self.num_prefix_tokens:]
-        mean = ops.mean(patches, axis=1)
+        if token_mask is None:
+            mean = ops.mean(patches, axis=1)
+        else:
+            weights = ops.cast(token_mask[:, self.num_prefix_tokens:, None], patches.dtype)
+            mean = ops.sum(patches * weights, axis=1) / ops.maximum(
+                ops.sum(weights, axis=1), ops.cast(1, patches.dtype))
         if self.classifier == "token_gap":
             return ops.concatenate([tokens[:, self.token_index], mean], axis=-1)
         return mean
@@ -72,8 +81,9 @@ class AttentionPooling(keras.layers.Layer):
         num_prefix_tokens: tokens before the patches (class, registers), not attended to.
         layer_norm_epsilon, activation, attention_impl: as the encoder blocks'.
 
-    `[batch, tokens, D]` -> `[batch, D]`. Weights `probe` `(1, 1, D)`, `query`, `key`, `value`,
-    `out` (D, D), `LayerNorm_0`, `MlpBlock_0`.
+    `[batch, tokens, D]` -> `[batch, D]`; `call(tokens, token_mask=None)`: the probe attends
+    to no token where `token_mask` `[batch, tokens]` is False (padding). Weights `probe`
+    `(1, 1, D)`, `query`, `key`, `value`, `out` (D, D), `LayerNorm_0`, `MlpBlock_0`.
     """
 
     def __init__(self, num_heads, mlp_dim, num_prefix_tokens=0,
@@ -106,8 +116,11 @@ class AttentionPooling(keras.layers.Layer):
         self.norm.build((None, 1, hidden))
         self.mlp.build((None, 1, hidden))
 
-    def call(self, tokens):
+    def call(self, tokens, token_mask=None):
         tokens = tokens[:, self.num_prefix_tokens:]
+        mask = None
+        if token_mask is not None:
+            mask = keys_mask(token_mask[:, self.num_prefix_tokens:])
         batch, hidden = ops.shape(tokens)[0], tokens.shape[-1]
         heads, head_dim = self.num_heads, self.head_dim
 
@@ -121,10 +134,14 @@ class AttentionPooling(keras.layers.Layer):
         query = query * ops.cast(1.0 / math.sqrt(head_dim), query.dtype)
         keys, values = split_heads(self.key(tokens)), split_heads(self.value(tokens))
         if _fused(self.attention_impl, 0.0, False, False):
-            pooled = ops.dot_product_attention(query, keys, values, scale=1.0)
+            bias = None if mask is None else masked_logits(ops.zeros((), query.dtype), mask)
+            pooled = ops.dot_product_attention(query, keys, values, bias=bias, scale=1.0)
         else:
             query, keys, values = (ops.transpose(x, (0, 2, 1, 3)) for x in (query, keys, values))
-            weights = ops.softmax(ops.matmul(query, ops.transpose(keys, (0, 1, 3, 2))), axis=-1)
+            logits = ops.matmul(query, ops.transpose(keys, (0, 1, 3, 2)))
+            if mask is not None:
+                logits = masked_logits(logits, mask)
+            weights = ops.softmax(logits, axis=-1)
             pooled = ops.transpose(ops.matmul(weights, values), (0, 2, 1, 3))
         pooled = self.out(ops.reshape(pooled, (batch, 1, hidden)))  # pooled: [b, 1, heads, d]
         pooled = pooled + self.mlp(self.norm(pooled))

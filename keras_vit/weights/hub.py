@@ -26,7 +26,9 @@ import numpy as np
 
 from keras_vit import fileio
 
+from keras_vit.native import NaFlexViT
 from keras_vit.weights import checkpoint, npz_architecture, torch_layouts
+from keras_vit.weights.torch_layouts import transformers_siglip, transformers_siglip2
 from keras_vit.model import build
 from keras_vit.preprocessing import EvalPreprocessing
 
@@ -153,7 +155,7 @@ def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, preprocess
     model = build(found.spec.replace(**fields), dtype=dtype, name=name)
     checkpoint.load_npz(model, found.arrays)
     model.preprocessing = found.preprocessing
-    return model
+    return NaFlexViT(model) if found.native else model
 
 
 @dataclasses.dataclass
@@ -165,6 +167,8 @@ class Checkpoint:
     spec: object
     arrays: dict
     preprocessing: EvalPreprocessing
+    # A NaFlex model's (SigLIP 2's): images at their own aspect ratios (keras_vit.native).
+    native: bool = False
 
 
 def read_checkpoint(source, cache_dir=None, preprocessing=None, projection=False):
@@ -192,7 +196,8 @@ def read_checkpoint(source, cache_dir=None, preprocessing=None, projection=False
     source_directory = local_directory(source, cache_dir)
     config, state = read_directory(source_directory)
     layout = torch_layouts.detect(config)
-    config, state = torch_layouts.vision_tower(  # CLIPModel's, SiglipModel's
+    native = config.get("model_type") in transformers_siglip2.MODEL_TYPES
+    config, state = torch_layouts.vision_tower(  # CLIPModel's, SiglipModel's, SigLIP 2's
         config, state, projection=projection)
     processor = _processor(source_directory)
     preprocessing = preprocessing or _eval_preprocessing(config, layout, processor)
@@ -202,7 +207,7 @@ def read_checkpoint(source, cache_dir=None, preprocessing=None, projection=False
         spec = torch_layouts.spec_from_timm(config, state)
     arrays = torch_layouts.to_npz_arrays(state, spec, layout, config)
     _fold_normalization(arrays, *_normalization(config, processor))
-    return Checkpoint(spec, arrays, preprocessing)
+    return Checkpoint(spec, arrays, preprocessing, native)
 
 
 def _processor(directory):
@@ -383,6 +388,23 @@ def _warn_uncropped(why, preprocessing, stacklevel):
         stacklevel=stacklevel)
 
 
+def _check_native_writable(model, format):
+    """A LayoutError unless `model`, a NaFlexViT, is one transformers' Siglip2VisionModel
+    expresses (SigLIP's options; a square grid), before anything is written."""
+    spec = model.spec
+    if format != "transformers":
+        raise torch_layouts.LayoutError(
+            "A NaFlex model is written as transformers' Siglip2VisionModel; timm's NaFlexVit "
+            "is not written yet. Save it with format='transformers', or save model.vit (the "
+            "same weights as a classic ViT) with format='timm'.")
+    if not transformers_siglip.writes(spec) or spec.include_top:
+        raise torch_layouts.LayoutError(
+            f"Model {model.name!r} cannot be written as transformers' Siglip2VisionModel: that "
+            "class has SigLIP's options (attention pooling of the normed tokens, "
+            "classifier='map', final_norm='tokens', no class token, no head). Save model.vit "
+            "as a classic ViT instead.")
+
+
 def save_pretrained(model, directory, format="transformers"):
     """Writes `model` (built by keras_vit) as `format`'s `config.json` + `model.safetensors` in
     a new `directory`, which `transformers.AutoModel...from_pretrained(directory)` or
@@ -403,6 +425,10 @@ def save_pretrained(model, directory, format="transformers"):
     cannot crop: a warning; DeiT's crops as timm does)."""
     if format not in torch_layouts.FORMATS:
         raise ValueError(f"format must be one of {torch_layouts.FORMATS}, got {format!r}.")
+    native = isinstance(model, NaFlexViT)
+    if native:
+        _check_native_writable(model, format)
+        model = model.vit
     spec = getattr(model, "spec", None)
     if spec is None:
         raise ValueError(f"Model {getattr(model, 'name', model)!r} has no keras_vit spec; "
@@ -414,6 +440,9 @@ def save_pretrained(model, directory, format="transformers"):
     processor = (_preprocessor_config(spec, preprocessing, config["architectures"][0])
                  if format == "transformers" else None)
     state = torch_layouts.from_npz_arrays(arrays, spec, format)
+    if native:
+        config, state = transformers_siglip2.from_siglip(config, state)
+        processor = transformers_siglip2.processor_config(config)
     safetensors = _import("safetensors.numpy")
     directory = os.fspath(directory)
     with fileio.atomic_directory(directory) as temporary:

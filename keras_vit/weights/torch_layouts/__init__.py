@@ -13,7 +13,7 @@ from keras_vit.weights.torch_layouts import (common, timm_common, timm_eva, timm
                                              transformers_deit, transformers_dinov2,
                                              transformers_dinov3, transformers_mae,
                                              transformers_msn, transformers_siglip,
-                                             transformers_vit)
+                                             transformers_siglip2, transformers_vit)
 from keras_vit.weights.torch_layouts.common import LayoutError
 from keras_vit.weights.torch_layouts.timm_common import timm_architectures
 
@@ -30,7 +30,8 @@ FAMILIES = {
     "transformers": (transformers_vit.FAMILY, transformers_deit.FAMILY,
                      transformers_dinov2.FAMILY, transformers_clip.FAMILY,
                      transformers_siglip.FAMILY, transformers_msn.FAMILY,
-                     transformers_mae.FAMILY, transformers_dinov3.FAMILY),
+                     transformers_mae.FAMILY, transformers_dinov3.FAMILY,
+                     transformers_siglip2.FAMILY),
     "timm": (timm_vit.FAMILY, timm_hybrid.FAMILY, timm_relpos.FAMILY, timm_eva.FAMILY),
 }
 FORMATS = tuple(FAMILIES)

@@ -251,3 +251,18 @@ def vision_model(config, state, tower):
     vision_config = {**(config.get("vision_config") or {}), "architectures": [tower],
                      "model_type": f"{config['model_type']}_vision_model"}
     return vision_config, vision
+
+
+def siglip_spec(config, state):
+    """The `ViTConfig` of SigLIP's (and SigLIP 2's, read as SigLIP's) vision `config.json`: no
+    head, the output its `pooler_output`, the attention pooling of the normed tokens."""
+    act = check_activation(config.get("hidden_act", "gelu_pytorch_tanh"))
+    if not config.get("vision_use_head", True):
+        raise LayoutError(
+            "config.json has vision_use_head=False: this SiglipVisionModel has no pooling head "
+            "and no pooler_output, and keras_vit's models always pool. Load a SigLIP with its "
+            "head, or read the tokens of another with keras_vit.features().")
+    patch = config.get("patch_size", 16)
+    image_size = tower_patches(config, state, "", patch, 0)
+    return tower_spec(config, patch, image_size, act, 1e-6, include_top=False, num_classes=1,
+                      classifier="map", final_norm="tokens")

@@ -8,7 +8,6 @@ every token and attention pooling, `head` (a torch nn.MultiheadAttention with a 
 """
 
 from keras_vit.weights.torch_layouts import common, transformers_common
-from keras_vit.weights.torch_layouts.common import LayoutError
 from keras_vit.weights.torch_layouts.family import Family
 
 CLASSES = {"SiglipVisionModel": ""}
@@ -17,19 +16,8 @@ _PACKED = ((r".*head\.attention\.in_proj", "_", ("q", "k", "v")),)
 
 
 def spec_from_config(config, state, architecture):
-    """The `ViTConfig` of SigLIP's vision `config.json`: no head, the output its
-    `pooler_output`, the attention pooling of the normed tokens."""
-    act = transformers_common.check_activation(config.get("hidden_act", "gelu_pytorch_tanh"))
-    if not config.get("vision_use_head", True):
-        raise LayoutError(
-            "config.json has vision_use_head=False: this SiglipVisionModel has no pooling head "
-            "and no pooler_output, and keras_vit's models always pool. Load a SigLIP with its "
-            "head, or read the tokens of another with keras_vit.features().")
-    patch = config.get("patch_size", 16)
-    image_size = transformers_common.tower_patches(config, state, "", patch, 0)
-    return transformers_common.tower_spec(config, patch, image_size, act, 1e-6,
-                                          include_top=False, num_classes=1, classifier="map",
-                                          final_norm="tokens")
+    """The `ViTConfig` of SigLIP's vision `config.json` (`transformers_common.siglip_spec`)."""
+    return transformers_common.siglip_spec(config, state)
 
 
 def writes(spec):

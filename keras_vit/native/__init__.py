@@ -1,0 +1,15 @@
+"""Native resolution: images at their own aspect ratios within a budget of patches (NaFlex).
+
+    arrays = keras_vit.native.prepare(images, patch_size=16, max_num_patches=256)
+    naflex = keras_vit.native.NaFlexViT(model)   # the same weights
+    features = naflex(arrays)
+
+`processor` turns images of any sizes into the arrays (`image_size_for_budget` is the resize
+both libraries agree on), `positions` places each patch, `model` runs a keras_vit model on them.
+"""
+
+from keras_vit.native.model import NaFlexViT
+from keras_vit.native.processor import (image_size_for_budget, image_sizes_for_budget_tf,
+                                        prepare)
+
+__all__ = ["NaFlexViT", "image_size_for_budget", "image_sizes_for_budget_tf", "prepare"]

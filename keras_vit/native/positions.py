@@ -1,0 +1,61 @@
+"""Where each patch of an image at its own aspect ratio is, and the position embedding it gets:
+the learned grid resized to each image's rows and columns (SigLIP 2's NaFlex), or the fixed
+sine-cosine embedding of its row and column. All in static shapes: `[batch, length]`
+positions, whatever the images' sizes, so that XLA compiles one program for every batch."""
+
+from keras import ops
+
+
+def patch_positions(spatial_shapes, length):
+    """`(rows, columns, valid)`, each `[batch, length]`: the row and column of each of `length`
+    positions in an image of `spatial_shapes` `[batch, 2]` (rows, columns) patches, row-major,
+    and whether the position holds one of its patches (the padding positions take (0, 0))."""
+    sizes = ops.cast(spatial_shapes, "float32")
+    positions = ops.arange(length, dtype="float32")[None, :]
+    columns = sizes[:, 1:2]
+    row = ops.floor(positions / columns)
+    valid = positions < sizes[:, 0:1] * columns
+    zero = ops.zeros_like(row)
+    return (ops.where(valid, row, zero), ops.where(valid, positions - row * columns, zero),
+            valid)
+
+
+def resize_weights(index, size, grid):
+    """`[batch, length, grid]`: the weights that resizing a `grid`-long axis to `size` `[batch,
+    1]` (antialiased bilinear, half-pixel centres: PyTorch's `F.interpolate(mode="bilinear",
+    align_corners=False, antialias=True)`, as SigLIP 2) gives the output at `index` `[batch,
+    length]`: a triangle as wide as the scale when shrinking, linear interpolation when
+    enlarging, renormalised at the edges."""
+    scale = float(grid) / ops.cast(size, "float32")
+    support = ops.maximum(scale, 1.0)[..., None]
+    center = (index + 0.5) * scale - 0.5
+    source = ops.arange(grid, dtype="float32")
+    weights = ops.maximum(1.0 - ops.abs(source - center[..., None]) / support, 0.0)
+    return weights / ops.sum(weights, axis=-1, keepdims=True)
+
+
+def resized_learned(table, spatial_shapes, length):
+    """The learned embeddings `table` `[grid rows, grid columns, D]` resized to each image's
+    grid and read at each position: `[batch, length, D]` in float32. Resizing is linear, so
+    each output is the table weighted by its row's and its column's weights (one matmul)."""
+    rows, columns, _ = patch_positions(spatial_shapes, length)
+    grid_rows, grid_columns, width = table.shape
+    sizes = ops.cast(spatial_shapes, "float32")
+    row_weights = resize_weights(rows, sizes[:, 0:1], grid_rows)
+    column_weights = resize_weights(columns, sizes[:, 1:2], grid_columns)
+    weights = row_weights[..., :, None] * column_weights[..., None, :]
+    weights = ops.reshape(weights, (-1, length, grid_rows * grid_columns))
+    flat = ops.reshape(ops.cast(table, "float32"), (grid_rows * grid_columns, width))
+    return ops.matmul(weights, flat)
+
+
+def sincos_at(spatial_shapes, length, width, temperature=10_000.0):
+    """`[batch, length, width]`: the fixed 2-D sine-cosine embedding (big_vision's
+    `posemb_sincos_2d`, `keras_vit.layers.position.sincos_2d`) of each position's row and
+    column."""
+    rows, columns, _ = patch_positions(spatial_shapes, length)
+    quarter = width // 4
+    omega = 1.0 / temperature ** (ops.arange(quarter, dtype="float32") / (quarter - 1))
+    row, column = rows[..., None] * omega, columns[..., None] * omega
+    return ops.concatenate([ops.sin(column), ops.cos(column), ops.sin(row), ops.cos(row)],
+                           axis=-1)

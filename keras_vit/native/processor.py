@@ -1,0 +1,125 @@
+"""Images of any sizes to the arrays a NaFlex model takes, each image at its own aspect ratio
+within a budget of patches (SigLIP 2's NaFlex; transformers' `Siglip2ImageProcessor` makes the
+same arrays under the same names):
+
+- `pixel_values` `[batch, max_num_patches, P * P * 3]` float32 in [-1, 1]: each image resized
+  to `image_size_for_budget`, cut into P x P patches, each patch (P, P, 3) flattened, the
+  patches row-major, zeros after the last;
+- `pixel_attention_mask` `[batch, max_num_patches]` int32, 1 for a patch, 0 for padding;
+- `spatial_shapes` `[batch, 2]` int32, the rows and columns of each image's patch grid.
+"""
+
+import math
+
+import numpy as np
+
+from keras_vit.architecture.variants import _describe, check_int
+
+# transformers' `get_image_size_for_max_num_patches`: a binary search on one scale for both
+# sides, from eps / 10 to 100 until the interval is narrower than eps. The interval halves
+# each step whichever side moves, so every image takes the same 24 steps: written as a fixed
+# loop, the search runs on whole arrays in NumPy and in TensorFlow graphs alike.
+EPS = 1e-5
+_LOW, _HIGH = EPS / 10, 100.0
+STEPS = math.ceil(math.log2((_HIGH - _LOW) / EPS))
+
+
+def _search(heights, widths, patch_size, max_num_patches, xp):
+    """The budget search on float64 arrays in `xp` (NumPy, or TensorFlow's ops through a
+    namespace with `ceil`, `maximum`, `where`)."""
+    def scaled(scale, size):  # a multiple of the patch, at least one patch
+        return xp.maximum(float(patch_size), xp.ceil(size * scale / patch_size) * patch_size)
+
+    low = heights * 0.0 + _LOW
+    high = heights * 0.0 + _HIGH
+    for _ in range(STEPS):
+        scale = (low + high) / 2
+        patches = (scaled(scale, heights) / patch_size) * (scaled(scale, widths) / patch_size)
+        fits = patches <= max_num_patches
+        low, high = xp.where(fits, scale, low), xp.where(fits, high, scale)
+    return scaled(low, heights), scaled(low, widths)
+
+
+def _check_budget(patch_size, max_num_patches):
+    check_int("patch_size", patch_size)
+    check_int("max_num_patches", max_num_patches)
+
+
+def image_size_for_budget(height, width, patch_size, max_num_patches):
+    """`(height, width)` in pixels of the largest resize of a `height` x `width` image whose
+    sides are multiples of `patch_size` (at least one patch each) and whose patches number at
+    most `max_num_patches`, both sides scaled alike: transformers'
+    `get_image_size_for_max_num_patches`, the same sizes for every image and budget."""
+    _check_budget(patch_size, max_num_patches)
+    check_int("height", height)
+    check_int("width", width)
+    sizes = _search(np.float64(height), np.float64(width), patch_size, max_num_patches, np)
+    return tuple(int(size) for size in sizes)
+
+
+def image_sizes_for_budget_tf(heights, widths, patch_size, max_num_patches):
+    """`image_size_for_budget` of tensors of heights and widths, as int32 tensors: for
+    tf.data and the SavedModel, the same search in TensorFlow ops."""
+    import tensorflow as tf
+
+    _check_budget(patch_size, max_num_patches)
+    ops = type("TensorFlowOps", (), {"ceil": staticmethod(tf.math.ceil),
+                                     "maximum": staticmethod(tf.maximum),
+                                     "where": staticmethod(tf.where)})
+    heights, widths = (tf.cast(side, tf.float64) for side in (heights, widths))
+    return tuple(tf.cast(size, tf.int32)
+                 for size in _search(heights, widths, patch_size, max_num_patches, ops))
+
+
+def patchify(image, patch_size):
+    """`[rows * columns, P * P * C]`: an `[height, width, C]` image (sides multiples of P) cut
+    into P x P patches, each (P, P, C) flattened, the patches row-major."""
+    height, width, channels = image.shape
+    rows, columns = height // patch_size, width // patch_size
+    patches = np.reshape(image, (rows, patch_size, columns, patch_size, channels))
+    return np.reshape(np.transpose(patches, (0, 2, 1, 3, 4)), (rows * columns, -1))
+
+
+def _checked_image(index, image):
+    image = np.asarray(image)
+    if image.ndim != 3 or image.shape[-1] != 3 or min(image.shape[:2]) < 1:
+        raise ValueError(f"Image {index} must be [height, width, 3] RGB pixels, got shape "
+                         f"{image.shape}.")
+    if image.dtype != np.uint8:
+        raise TypeError(f"Image {index} must hold uint8 pixels 0..255, got {image.dtype} "
+                        "(decoded image files are uint8).")
+    return image
+
+
+def prepare(images, patch_size=16, max_num_patches=256):
+    """The NaFlex arrays (module docstring) of `images`, a list of uint8 `[height, width, 3]`
+    arrays of any sizes: each resized (bilinear, antialiased) to its `image_size_for_budget`,
+    scaled to [-1, 1] (as transformers' mean = std = 0.5 after 1/255), patchified and padded
+    to `max_num_patches`. NumPy arrays out, for any backend and for Grain; the resize runs in
+    `keras.ops`."""
+    import keras
+
+    from keras_vit.preprocessing import scale_pixels
+
+    _check_budget(patch_size, max_num_patches)
+    if isinstance(images, np.ndarray) and images.ndim == 4:
+        images = list(images)
+    if not isinstance(images, (list, tuple)) or not images:
+        raise TypeError(f"images must be a non-empty list of [height, width, 3] uint8 arrays, "
+                        f"got {_describe(images)}.")
+    width = patch_size * patch_size * 3
+    values = np.zeros((len(images), max_num_patches, width), np.float32)
+    mask = np.zeros((len(images), max_num_patches), np.int32)
+    shapes = np.zeros((len(images), 2), np.int32)
+    for index, image in enumerate(images):
+        image = _checked_image(index, image)
+        size = image_size_for_budget(*image.shape[:2], patch_size, max_num_patches)
+        pixels = image.astype(np.float32)
+        if size != image.shape[:2]:
+            pixels = keras.ops.convert_to_numpy(keras.ops.image.resize(
+                pixels[None], size, interpolation="bilinear", antialias=True))[0]
+        patches = patchify(scale_pixels(pixels), patch_size)
+        values[index, :len(patches)] = patches
+        mask[index, :len(patches)] = 1
+        shapes[index] = (size[0] // patch_size, size[1] // patch_size)
+    return {"pixel_values": values, "pixel_attention_mask": mask, "spatial_shapes": shapes}

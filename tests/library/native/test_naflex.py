@@ -1,0 +1,170 @@
+"""NaFlex (keras_vit.native): images at their own aspect ratios within a budget of patches.
+
+Checked against the classic model itself: an image at the model's own grid gives the classic
+model's output; a batch of mixed sizes gives each image what it gets alone (attention and
+pooling see no padding); what is in the padding changes nothing. The budget sizes against
+transformers' function and SigLIP 2's weights both ways are test_siglip2_parity.py's."""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit import native
+from keras_vit.native import model as naflex_model
+from model_fixtures import OPTION_FAMILIES, TINY_VIT, randomise
+
+pytestmark = pytest.mark.usefixtures("fresh_session")
+
+SIZE, PATCH = 32, 8  # a 4x4 grid of 8-pixel patches
+RNG = np.random.default_rng(0)
+# Square at the model's grid, wide, tall, small: 16 patches of budget each.
+IMAGES = [RNG.integers(0, 256, shape, dtype=np.uint8)
+          for shape in ((32, 32, 3), (20, 90, 3), (90, 21, 3), (9, 12, 3))]
+
+
+def classic(fields):
+    model = keras_vit.vit("Ti/16", image_size=SIZE, patch_size=PATCH, num_classes=5,
+                          **{**TINY_VIT, **fields})
+    randomise(model)
+    return model
+
+
+def numpy(x):
+    return np.asarray(keras.ops.convert_to_numpy(x), np.float64)
+
+
+def assert_close(got, expected, what, tolerance=1e-5):
+    scale = max(np.abs(expected).max(), 1e-6)
+    assert np.abs(got - expected).max() <= tolerance * scale, what
+
+
+def _runs_natively(fields):
+    return naflex_model.unsupported(keras_vit.ViTConfig(
+        variant="Ti/16", image_size=SIZE, patch_size=PATCH,
+        **{key: value for key, value in fields.items()
+           if key not in ("remat", "attention_impl")})) is None
+
+
+NATIVE = [name for name, fields in OPTION_FAMILIES.items() if _runs_natively(fields)]
+REFUSED = [name for name in OPTION_FAMILIES if name not in NATIVE]
+
+
+@pytest.mark.parametrize("family", NATIVE + ["sincos_2d", "gap_token", "map_registers_fused"])
+def test_each_image_gets_what_it_gets_alone_and_the_classic_model_at_its_grid(family):
+    fields = {"sincos_2d": {"position_embedding": "sincos_2d"},
+              "gap_token": {"classifier": "gap", "class_token": True},
+              "map_registers_fused": {"classifier": "map", "num_register_tokens": 2,
+                                      "attention_impl": "fused"}}.get(family)
+    model = classic(OPTION_FAMILIES[family] if fields is None else fields)
+    naflex = native.NaFlexViT(model)
+    arrays = native.prepare(IMAGES, PATCH, 16)
+    together = numpy(naflex(arrays))
+    assert together.shape == (len(IMAGES), 5)
+    for index in range(len(IMAGES)):
+        alone = numpy(naflex({key: value[index:index + 1] for key, value in arrays.items()}))
+        assert_close(together[index], alone[0], f"{family}: image {index} in a batch")
+    # The square image at the model's own 4x4 grid: no resize anywhere, the classic output.
+    assert arrays["spatial_shapes"][0].tolist() == [4, 4]
+    expected = numpy(model(keras_vit.preprocess_inputs(IMAGES[0][None])))
+    assert_close(together[0], expected[0], f"{family}: the classic model at its grid")
+
+
+def test_the_padding_changes_nothing_and_tokens_come_with_their_mask():
+    naflex = native.NaFlexViT(classic({"classifier": "map", "class_token": False}))
+    arrays = native.prepare(IMAGES, PATCH, 16)
+    noisy = dict(arrays, pixel_values=np.where(arrays["pixel_attention_mask"][..., None] == 1,
+                                               arrays["pixel_values"], 7.0).astype("float32"))
+    assert_close(numpy(naflex(noisy)), numpy(naflex(arrays)), "noise in the padding")
+    tokens, mask = naflex.tokens(arrays)
+    assert tuple(tokens.shape) == (len(IMAGES), 16, TINY_VIT["hidden_size"])
+    assert (numpy(mask) == arrays["pixel_attention_mask"]).all()
+
+
+def test_fused_and_explicit_attention_agree_on_a_padded_batch():
+    fields = {"classifier": "map", "num_register_tokens": 1}
+    explicit = native.NaFlexViT(classic(dict(fields, attention_impl="explicit")))
+    fused = native.NaFlexViT(classic(dict(fields, attention_impl="fused")))
+    arrays = native.prepare(IMAGES, PATCH, 16)
+    assert_close(numpy(fused(arrays)), numpy(explicit(arrays)), "fused against explicit")
+
+
+def test_a_naflex_model_saves_and_loads_in_safe_mode(tmp_path):
+    naflex = native.NaFlexViT(classic({"classifier": "gap", "class_token": False}))
+    arrays = native.prepare(IMAGES, PATCH, 12)
+    path = str(tmp_path / "naflex.keras")
+    naflex.save(path)
+    loaded = keras.models.load_model(path, safe_mode=True)
+    assert isinstance(loaded, native.NaFlexViT)
+    assert_close(numpy(loaded(arrays)), numpy(naflex(arrays)), "after .keras")
+
+
+@pytest.mark.parametrize("family", REFUSED + ["hybrid", "axial"])
+def test_a_model_that_needs_whole_square_grids_is_refused_naming_what(family):
+    fields = {"hybrid": {"variant": "R26+S/32"},
+              "axial": {"variant": "Axial-Ti/16"}}.get(family, OPTION_FAMILIES.get(family))
+    variant = fields.pop("variant", "Ti/16") if "variant" in fields else "Ti/16"
+    model = keras_vit.vit(variant, image_size=SIZE if family != "hybrid" else 64,
+                          num_classes=5, **fields)
+    with pytest.raises(ValueError, match="cannot run at native resolution: it has"):
+        native.NaFlexViT(model)
+
+
+def test_bad_inputs_are_refused_at_the_boundary():
+    naflex = native.NaFlexViT(classic({}))
+    arrays = native.prepare(IMAGES[:2], PATCH, 16)
+    with pytest.raises(TypeError, match="takes a keras_vit model"):
+        native.NaFlexViT(keras.Sequential([keras.layers.Dense(2)]))
+    with pytest.raises(ValueError, match="takes a dict of pixel_values"):
+        naflex(arrays["pixel_values"])
+    with pytest.raises(ValueError, match="takes a dict of pixel_values"):
+        naflex({"pixel_values": arrays["pixel_values"]})
+    with pytest.raises(ValueError, match=r"pixel_values must be \[batch, length, 192\]"):
+        naflex(dict(arrays, pixel_values=arrays["pixel_values"][..., :100]))
+    with pytest.raises(ValueError, match="pixel_attention_mask must be"):
+        naflex(dict(arrays, pixel_attention_mask=arrays["pixel_attention_mask"][:, :5]))
+
+
+@pytest.mark.parametrize("images, error, message", [
+    ([], TypeError, "non-empty list"),
+    ("image.png", TypeError, "non-empty list"),
+    ([np.zeros((8, 8), np.uint8)], ValueError, r"Image 0 must be \[height, width, 3\]"),
+    ([np.zeros((8, 8, 4), np.uint8)], ValueError, r"Image 0 must be \[height, width, 3\]"),
+    ([np.zeros((0, 8, 3), np.uint8)], ValueError, r"Image 0 must be \[height, width, 3\]"),
+    ([np.zeros((8, 8, 3), np.float32)], TypeError, "Image 0 must hold uint8 pixels"),
+])
+def test_prepare_refuses_what_is_not_a_list_of_rgb_images(images, error, message):
+    with pytest.raises(error, match=message):
+        native.prepare(images, PATCH, 16)
+
+
+@pytest.mark.parametrize("patch_size, budget, error", [
+    (0, 16, ValueError), (8, 0, ValueError), (8, 16.0, TypeError), ("8", 16, TypeError),
+    (True, 16, TypeError)])
+def test_a_bad_budget_is_refused_naming_the_argument(patch_size, budget, error):
+    with pytest.raises(error, match="patch_size|max_num_patches"):
+        native.image_size_for_budget(100, 50, patch_size, budget)
+    with pytest.raises(error, match="patch_size|max_num_patches"):
+        native.prepare(IMAGES[:1], patch_size, budget)
+
+
+def test_the_budget_is_filled_with_whole_patches_keeping_the_aspect_ratio():
+    for height, width in RNG.integers(1, 2000, (300, 2)):
+        for patch, budget in ((16, 256), (14, 729), (8, 7)):
+            rows, columns = (side // patch for side in native.image_size_for_budget(
+                int(height), int(width), patch, budget))
+            assert rows >= 1 and columns >= 1 and rows * columns <= budget
+            # One patch more on the longer side would either break the budget or the ratio.
+            ratio = (rows / columns) / (height / width)
+            assert 0.5 < ratio < 2 or min(rows, columns) == 1, (height, width, rows, columns)
+
+
+def test_the_tensorflow_search_gives_the_same_sizes():
+    tf = pytest.importorskip("tensorflow")
+    sides = RNG.integers(1, 3000, (500, 2))
+    for patch, budget in ((16, 256), (14, 1024), (8, 3)):
+        heights, widths = native.image_sizes_for_budget_tf(
+            tf.constant(sides[:, 0]), tf.constant(sides[:, 1]), patch, budget)
+        expected = [native.image_size_for_budget(int(h), int(w), patch, budget)
+                    for h, w in sides]
+        assert list(zip(heights.numpy().tolist(), widths.numpy().tolist())) == expected
