@@ -29,7 +29,8 @@ class TokenPooling(keras.layers.Layer):
         token_index: the token "token" reads.
 
     `call(tokens, token_mask=None)`: `token_mask` `[batch, tokens]` (True for a token, False
-    for padding) leaves the padding out of the mean.
+    for padding) leaves the padding out of the mean; `[batch, slots, tokens]` averages each
+    slot's tokens (the images packed in one sequence; "gap" only) into `[batch, slots, D]`.
     """
 
     def __init__(self, classifier="token", num_prefix_tokens=0, token_index=0, **kwargs):
@@ -49,6 +50,13 @@ class TokenPooling(keras.layers.Layer):
             patches = tokens[:, self.num_prefix_tokens:]
         if token_mask is None:
             mean = ops.mean(patches, axis=1)
+        elif len(token_mask.shape) == 3:  # per slot: [batch, slots, tokens] x [batch, tokens, D]
+            if self.classifier != "gap":
+                raise ValueError(f"TokenPooling {self.name!r} pools packed images with "
+                                 f"classifier 'gap' only, not {self.classifier!r}.")
+            weights = ops.cast(token_mask[:, :, self.num_prefix_tokens:], patches.dtype)
+            return ops.matmul(weights, patches) / ops.maximum(
+                ops.sum(weights, axis=-1, keepdims=True), ops.cast(1, patches.dtype))
         else:
             weights = ops.cast(token_mask[:, self.num_prefix_tokens:, None], patches.dtype)
             mean = ops.sum(patches * weights, axis=1) / ops.maximum(
@@ -82,8 +90,10 @@ class AttentionPooling(keras.layers.Layer):
         layer_norm_epsilon, activation, attention_impl: as the encoder blocks'.
 
     `[batch, tokens, D]` -> `[batch, D]`; `call(tokens, token_mask=None)`: the probe attends
-    to no token where `token_mask` `[batch, tokens]` is False (padding). Weights `probe`
-    `(1, 1, D)`, `query`, `key`, `value`, `out` (D, D), `LayerNorm_0`, `MlpBlock_0`.
+    to no token where `token_mask` `[batch, tokens]` is False (padding); a `token_mask` `[batch,
+    slots, tokens]` pools each slot's tokens (the images packed in one sequence) into `[batch,
+    slots, D]`. Weights `probe` `(1, 1, D)`, `query`, `key`, `value`, `out` (D, D),
+    `LayerNorm_0`, `MlpBlock_0`.
     """
 
     def __init__(self, num_heads, mlp_dim, num_prefix_tokens=0,
@@ -123,13 +133,15 @@ class AttentionPooling(keras.layers.Layer):
             mask = keys_mask(token_mask[:, self.num_prefix_tokens:])
         batch, hidden = ops.shape(tokens)[0], tokens.shape[-1]
         heads, head_dim = self.num_heads, self.head_dim
+        per_slot = mask is not None and len(token_mask.shape) == 3
+        slots = token_mask.shape[1] if per_slot else 1
 
         def split_heads(x):  # [b, n, D] -> [b, n, heads, head_dim]
             return ops.reshape(x, (ops.shape(x)[0], -1, heads, head_dim))
 
         probe = ops.cast(self.probe, tokens.dtype)
-        if _fused(self.attention_impl, 0.0, False, False):  # a query per image, as keys
-            probe = ops.broadcast_to(probe, (batch, 1, hidden))
+        if per_slot or _fused(self.attention_impl, 0.0, False, False):  # a query per image
+            probe = ops.broadcast_to(probe, (batch, slots, hidden))
         query = split_heads(self.query(probe))
         query = query * ops.cast(1.0 / math.sqrt(head_dim), query.dtype)
         keys, values = split_heads(self.key(tokens)), split_heads(self.value(tokens))
@@ -143,9 +155,10 @@ class AttentionPooling(keras.layers.Layer):
                 logits = masked_logits(logits, mask)
             weights = ops.softmax(logits, axis=-1)
             pooled = ops.transpose(ops.matmul(weights, values), (0, 2, 1, 3))
-        pooled = self.out(ops.reshape(pooled, (batch, 1, hidden)))  # pooled: [b, 1, heads, d]
+        # pooled: [b, slots, heads, d]
+        pooled = self.out(ops.reshape(pooled, (batch, slots, hidden)))
         pooled = pooled + self.mlp(self.norm(pooled))
-        return pooled[:, 0]
+        return pooled if per_slot else pooled[:, 0]
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[-1])

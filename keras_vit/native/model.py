@@ -12,6 +12,8 @@ every pooling. All shapes are static in `length`, so one compiled program serves
 sizes in a batch.
 """
 
+import dataclasses
+
 import keras
 from keras import ops
 
@@ -19,6 +21,69 @@ from keras_vit.architecture.variants import _describe
 from keras_vit.native import positions
 
 INPUTS = ("pixel_values", "pixel_attention_mask", "spatial_shapes")
+# Several images in one sequence (NaViT): the slot of each patch (0 for padding, 1 for the
+# first image...), its row and column in its image, and each slot's grid.
+PACKED_INPUTS = ("pixel_values", "segment_ids", "patch_coords", "spatial_shapes")
+
+
+@dataclasses.dataclass
+class Layout:
+    """Where each patch of a batch is: `rows`, `columns` `[batch, length]` in its image,
+    `sizes` `[batch, length, 2]` the rows and columns of its image; the keys each token
+    attends to (`attention_mask`, prefix tokens included), the tokens of an image
+    (`token_mask`) and what each pooled output pools (`pool_mask`: `[batch, tokens]`, or
+    `[batch, slots, tokens]` for packed images)."""
+
+    rows: object
+    columns: object
+    sizes: object
+    attention_mask: object
+    token_mask: object
+    pool_mask: object
+
+
+def _padded_layout(inputs, prefix):
+    """One image per sequence, its patches first, padding after (transformers' arrays)."""
+    pixels, mask, shapes = (inputs[name] for name in INPUTS)
+    if tuple(mask.shape) != tuple(pixels.shape[:2]) or tuple(shapes.shape[1:]) != (2,):
+        raise ValueError(f"pixel_attention_mask must be [batch, length] and spatial_shapes "
+                         f"[batch, 2] for pixel_values {tuple(pixels.shape)}; got "
+                         f"{tuple(mask.shape)} and {tuple(shapes.shape)}.")
+    length = pixels.shape[1]
+    rows, columns, _ = positions.patch_positions(shapes, length)
+    sizes = ops.broadcast_to(ops.cast(shapes, "float32")[:, None, :], (ops.shape(rows)[0],
+                                                                        length, 2))
+    mask = ops.cast(mask, "bool")
+    mask = ops.concatenate([ops.ones((ops.shape(mask)[0], prefix), "bool"), mask], axis=1)
+    return Layout(rows, columns, sizes, mask, mask, mask)
+
+
+def _packed_layout(model, inputs):
+    """Several images per sequence: each attends to its own patches, pools its own."""
+    pixels, segments, coords, shapes = (inputs[name] for name in PACKED_INPUTS)
+    if model.spec.num_prefix_tokens:
+        raise ValueError(f"Model {model.name!r} has prefix tokens (class token, registers or "
+                         "a distillation token), one set per sequence: packed images need a "
+                         "model without them (classifier 'gap' or 'map', class_token=False), "
+                         "as NaViT's.")
+    if (tuple(segments.shape) != tuple(pixels.shape[:2])
+            or tuple(coords.shape) != tuple(pixels.shape[:2]) + (2,)
+            or len(shapes.shape) != 3 or shapes.shape[-1] != 2):
+        raise ValueError(f"Packed images take segment_ids [batch, length], patch_coords "
+                         f"[batch, length, 2] and spatial_shapes [batch, slots, 2] for "
+                         f"pixel_values {tuple(pixels.shape)}; got {tuple(segments.shape)}, "
+                         f"{tuple(coords.shape)} and {tuple(shapes.shape)}.")
+    segments = ops.cast(segments, "int32")
+    coords = ops.cast(coords, "float32")
+    slot = ops.maximum(segments - 1, 0)  # padding reads slot 0's size (and is masked)
+    index = ops.broadcast_to(slot[..., None], tuple(ops.shape(slot)) + (2,))
+    sizes = ops.take_along_axis(ops.cast(shapes, "float32"), index, axis=1)
+    valid = segments > 0
+    same = ops.equal(segments[:, :, None], segments[:, None, :])
+    attention = ops.logical_and(same, valid[:, None, :])
+    slots = ops.arange(1, shapes.shape[1] + 1, dtype="int32")
+    pool = ops.equal(segments[:, None, :], slots[None, :, None])
+    return Layout(coords[..., 0], coords[..., 1], sizes, attention, valid, pool)
 
 
 def unsupported(spec):
@@ -70,38 +135,42 @@ class NaFlexViT(keras.Model):
         except ValueError:
             return None
 
-    def _inputs(self, inputs):
-        if not isinstance(inputs, dict) or set(INPUTS) - set(inputs):
+    def _layout(self, inputs):
+        """`Layout` of `inputs`: one image per sequence (transformers' arrays) or several
+        packed (`segment_ids`), each checked at the boundary."""
+        if not isinstance(inputs, dict) or not (set(INPUTS) <= set(inputs)
+                                                or set(PACKED_INPUTS) <= set(inputs)):
             got = sorted(inputs) if isinstance(inputs, dict) else _describe(inputs)
             raise ValueError(f"Model {self.name!r} takes a dict of {', '.join(INPUTS)} "
-                             f"(keras_vit.native.prepare makes it), got {got}.")
-        pixels, mask, shapes = (inputs[name] for name in INPUTS)
+                             f"(keras_vit.native.prepare makes it), or of packed images "
+                             f"{', '.join(PACKED_INPUTS)} (keras_vit.native.pack), got {got}.")
+        packed = "segment_ids" in inputs
+        pixels = inputs["pixel_values"]
         width = self.spec.patch_size ** 2 * 3
         if len(pixels.shape) != 3 or pixels.shape[-1] not in (None, width):
             raise ValueError(f"pixel_values must be [batch, length, {width}] (patches of "
                              f"{self.spec.patch_size}x{self.spec.patch_size}x3), got shape "
                              f"{tuple(pixels.shape)}.")
-        if tuple(mask.shape) != tuple(pixels.shape[:2]) or tuple(shapes.shape[1:]) != (2,):
-            raise ValueError(f"pixel_attention_mask must be [batch, length] and spatial_shapes "
-                             f"[batch, 2] for pixel_values {tuple(pixels.shape)}; got "
-                             f"{tuple(mask.shape)} and {tuple(shapes.shape)}.")
-        return pixels, ops.cast(mask, "bool"), shapes
+        if packed:
+            return _packed_layout(self, inputs)
+        return _padded_layout(inputs, self.spec.num_prefix_tokens)
 
-    def _embedded(self, pixels, shapes):
+    def _embedded(self, pixels, layout):
         """The patches through the model's patch embedding, with their position embeddings."""
         spec, dtype = self.spec, self.compute_dtype
         embedding = self.vit.get_layer("embedding")
         kernel = ops.reshape(embedding.kernel, (-1, spec.hidden_size))
         x = ops.matmul(ops.cast(pixels, dtype), ops.cast(kernel, dtype))
         x = ops.add(x, ops.cast(embedding.bias, dtype))
-        length = pixels.shape[1]
         position = self.vit.get_layer("posembed_input")
         if spec.position_embedding == "learned":
             prefix = position.num_embedded_prefix
             table = ops.reshape(position.pos_embedding[0, prefix:], spec.grid_size + (-1,))
-            x = x + ops.cast(positions.resized_learned(table, shapes, length), dtype)
+            x = x + ops.cast(positions.resized_learned(table, layout.rows, layout.columns,
+                                                       layout.sizes), dtype)
         elif spec.position_embedding == "sincos_2d":
-            x = x + ops.cast(positions.sincos_at(shapes, length, spec.hidden_size), dtype)
+            x = x + ops.cast(positions.sincos_at(layout.rows, layout.columns, spec.hidden_size),
+                             dtype)
         return x
 
     def _with_prefix(self, x):
@@ -119,21 +188,26 @@ class NaFlexViT(keras.Model):
                 position.pos_embedding[:, :position.num_embedded_prefix], x.dtype)
         return ops.concatenate([prefix, x], axis=1)
 
-    def tokens(self, inputs, training=False):
-        pixels, mask, shapes = self._inputs(inputs)
-        x = self._with_prefix(self._embedded(pixels, shapes))
-        prefix = self.spec.num_prefix_tokens
-        mask = ops.concatenate([ops.ones((ops.shape(mask)[0], prefix), "bool"), mask], axis=1)
+    def _encoded(self, inputs, training):
+        """`(tokens, layout)`: the encoder's tokens and where each patch is."""
+        layout = self._layout(inputs)
+        x = self._with_prefix(self._embedded(inputs["pixel_values"], layout))
         x = self.vit.get_layer("dropout")(x, training=training)
         for layer in self.vit.layers:
             if layer.name == "pre_norm" or layer.name == "encoder_norm":
                 x = layer(x)
             elif layer.name.startswith("encoderblock_"):
-                x = layer(x, training=training, attention_mask=mask)
-        return x, mask
+                x = layer(x, training=training, attention_mask=layout.attention_mask)
+        return x, layout
+
+    def tokens(self, inputs, training=False):
+        """`(tokens, mask)`: the encoder's tokens `[batch, prefix + length, D]` and which of
+        them are an image's (`[batch, prefix + length]`, True for the prefix)."""
+        x, layout = self._encoded(inputs, training)
+        return x, layout.token_mask
 
     def call(self, inputs, training=False):
-        x, mask = self.tokens(inputs, training=training)
+        x, layout = self._encoded(inputs, training)
         layer = self._layer
         if self.spec.distillation_token:
             heads = [layer(name) for name in ("head", "head_dist")] if layer("head") else None
@@ -142,7 +216,7 @@ class NaFlexViT(keras.Model):
                 pooled = [head(token) for head, token in zip(heads, pooled)]
             return layer("head_mean")(pooled)
         pool = layer("MAPHead_0") or layer("pool")
-        x = pool(x, token_mask=mask)
+        x = pool(x, token_mask=layout.pool_mask)
         for name in ("fc_norm", "pre_logits", "head"):
             if layer(name) is not None:
                 x = layer(name)(x)

@@ -12,7 +12,7 @@ def patch_positions(spatial_shapes, length):
     and whether the position holds one of its patches (the padding positions take (0, 0))."""
     sizes = ops.cast(spatial_shapes, "float32")
     positions = ops.arange(length, dtype="float32")[None, :]
-    columns = sizes[:, 1:2]
+    columns = ops.maximum(sizes[:, 1:2], 1.0)
     row = ops.floor(positions / columns)
     valid = positions < sizes[:, 0:1] * columns
     zero = ops.zeros_like(row)
@@ -22,38 +22,38 @@ def patch_positions(spatial_shapes, length):
 
 def resize_weights(index, size, grid):
     """`[batch, length, grid]`: the weights that resizing a `grid`-long axis to `size` `[batch,
-    1]` (antialiased bilinear, half-pixel centres: PyTorch's `F.interpolate(mode="bilinear",
-    align_corners=False, antialias=True)`, as SigLIP 2) gives the output at `index` `[batch,
-    length]`: a triangle as wide as the scale when shrinking, linear interpolation when
-    enlarging, renormalised at the edges."""
-    scale = float(grid) / ops.cast(size, "float32")
+    length]` (antialiased bilinear, half-pixel centres: PyTorch's
+    `F.interpolate(mode="bilinear", align_corners=False, antialias=True)`, as SigLIP 2) gives
+    the output at `index` `[batch, length]`: a triangle as wide as the scale when shrinking,
+    linear interpolation when enlarging, renormalised at the edges."""
+    scale = float(grid) / size
     support = ops.maximum(scale, 1.0)[..., None]
-    center = (index + 0.5) * scale - 0.5
+    center = (ops.cast(index, "float32") + 0.5) * scale - 0.5
     source = ops.arange(grid, dtype="float32")
     weights = ops.maximum(1.0 - ops.abs(source - center[..., None]) / support, 0.0)
     return weights / ops.sum(weights, axis=-1, keepdims=True)
 
 
-def resized_learned(table, spatial_shapes, length):
-    """The learned embeddings `table` `[grid rows, grid columns, D]` resized to each image's
-    grid and read at each position: `[batch, length, D]` in float32. Resizing is linear, so
-    each output is the table weighted by its row's and its column's weights (one matmul)."""
-    rows, columns, _ = patch_positions(spatial_shapes, length)
+def resized_learned(table, rows, columns, sizes):
+    """The learned embeddings `table` `[grid rows, grid columns, D]` resized to each patch's
+    image grid and read at its place: `[batch, length, D]` in float32, for patches at `rows`,
+    `columns` `[batch, length]` of images of `sizes` `[batch, length, 2]` patches. Resizing is
+    linear, so each output is the table weighted by its row's and its column's weights (one
+    matmul)."""
     grid_rows, grid_columns, width = table.shape
-    sizes = ops.cast(spatial_shapes, "float32")
-    row_weights = resize_weights(rows, sizes[:, 0:1], grid_rows)
-    column_weights = resize_weights(columns, sizes[:, 1:2], grid_columns)
+    sizes = ops.maximum(ops.cast(sizes, "float32"), 1.0)  # padding: no division by zero
+    row_weights = resize_weights(rows, sizes[..., 0], grid_rows)
+    column_weights = resize_weights(columns, sizes[..., 1], grid_columns)
     weights = row_weights[..., :, None] * column_weights[..., None, :]
-    weights = ops.reshape(weights, (-1, length, grid_rows * grid_columns))
+    weights = ops.reshape(weights, (-1, rows.shape[1], grid_rows * grid_columns))
     flat = ops.reshape(ops.cast(table, "float32"), (grid_rows * grid_columns, width))
     return ops.matmul(weights, flat)
 
 
-def sincos_at(spatial_shapes, length, width, temperature=10_000.0):
+def sincos_at(rows, columns, width, temperature=10_000.0):
     """`[batch, length, width]`: the fixed 2-D sine-cosine embedding (big_vision's
-    `posemb_sincos_2d`, `keras_vit.layers.position.sincos_2d`) of each position's row and
-    column."""
-    rows, columns, _ = patch_positions(spatial_shapes, length)
+    `posemb_sincos_2d`, `keras_vit.layers.position.sincos_2d`) of patches at `rows`, `columns`
+    `[batch, length]`."""
     quarter = width // 4
     omega = 1.0 / temperature ** (ops.arange(quarter, dtype="float32") / (quarter - 1))
     row, column = rows[..., None] * omega, columns[..., None] * omega

@@ -91,35 +91,96 @@ def _checked_image(index, image):
     return image
 
 
-def prepare(images, patch_size=16, max_num_patches=256):
-    """The NaFlex arrays (module docstring) of `images`, a list of uint8 `[height, width, 3]`
-    arrays of any sizes: each resized (bilinear, antialiased) to its `image_size_for_budget`,
-    scaled to [-1, 1] (as transformers' mean = std = 0.5 after 1/255), patchified and padded
-    to `max_num_patches`. NumPy arrays out, for any backend and for Grain; the resize runs in
-    `keras.ops`."""
-    import keras
-
-    from keras_vit.preprocessing import scale_pixels
-
-    _check_budget(patch_size, max_num_patches)
+def _image_list(images):
     if isinstance(images, np.ndarray) and images.ndim == 4:
         images = list(images)
     if not isinstance(images, (list, tuple)) or not images:
         raise TypeError(f"images must be a non-empty list of [height, width, 3] uint8 arrays, "
                         f"got {_describe(images)}.")
-    width = patch_size * patch_size * 3
-    values = np.zeros((len(images), max_num_patches, width), np.float32)
+    return images
+
+
+def image_patches(image, patch_size, max_num_patches, index=0):
+    """`(patches, (rows, columns))`: a uint8 `[height, width, 3]` image resized (bilinear,
+    antialiased, in `keras.ops`) to its `image_size_for_budget`, scaled to [-1, 1] (as
+    transformers' mean = std = 0.5 after 1/255) and cut into `[rows * columns, P * P * 3]`
+    patches. `index` names the image in errors."""
+    import keras
+
+    from keras_vit.preprocessing import scale_pixels
+
+    image = _checked_image(index, image)
+    size = image_size_for_budget(*image.shape[:2], patch_size, max_num_patches)
+    pixels = image.astype(np.float32)
+    if size != image.shape[:2]:
+        pixels = keras.ops.convert_to_numpy(keras.ops.image.resize(
+            pixels[None], size, interpolation="bilinear", antialias=True))[0]
+    return patchify(scale_pixels(pixels), patch_size), (size[0] // patch_size,
+                                                        size[1] // patch_size)
+
+
+def prepare(images, patch_size=16, max_num_patches=256):
+    """The NaFlex arrays (module docstring) of `images`, a list of uint8 `[height, width, 3]`
+    arrays of any sizes: each image's `image_patches`, padded to `max_num_patches`. NumPy
+    arrays out, for any backend and for Grain."""
+    _check_budget(patch_size, max_num_patches)
+    images = _image_list(images)
+    values = np.zeros((len(images), max_num_patches, patch_size * patch_size * 3), np.float32)
     mask = np.zeros((len(images), max_num_patches), np.int32)
     shapes = np.zeros((len(images), 2), np.int32)
     for index, image in enumerate(images):
-        image = _checked_image(index, image)
-        size = image_size_for_budget(*image.shape[:2], patch_size, max_num_patches)
-        pixels = image.astype(np.float32)
-        if size != image.shape[:2]:
-            pixels = keras.ops.convert_to_numpy(keras.ops.image.resize(
-                pixels[None], size, interpolation="bilinear", antialias=True))[0]
-        patches = patchify(scale_pixels(pixels), patch_size)
+        patches, shapes[index] = image_patches(image, patch_size, max_num_patches, index)
         values[index, :len(patches)] = patches
         mask[index, :len(patches)] = 1
-        shapes[index] = (size[0] // patch_size, size[1] // patch_size)
     return {"pixel_values": values, "pixel_attention_mask": mask, "spatial_shapes": shapes}
+
+
+def pack(images, patch_size=16, max_num_patches=256, sequence_length=1024, max_images=8):
+    """Several images in each sequence (NaViT's packing: Dehghani et al., "Patch n' Pack",
+    2023): each image's `image_patches` within its own budget of `max_num_patches`, placed in
+    the given order into the first sequence of `sequence_length` patches with room for it and
+    fewer than `max_images` images (first fit). NumPy arrays out:
+
+    - `pixel_values` `[sequences, sequence_length, P * P * 3]`, zeros where no image is;
+    - `segment_ids` `[sequences, sequence_length]` int32: 0 for padding, k for the sequence's
+      k-th image (its slot);
+    - `patch_coords` `[sequences, sequence_length, 2]` int32: each patch's row and column;
+    - `spatial_shapes` `[sequences, max_images, 2]` int32: each slot's grid, (0, 0) if empty;
+    - `image_index` `[sequences, max_images]` int32: which of `images` each slot holds, -1 if
+      none (a `NaFlexViT` gives one output per slot).
+    """
+    _check_budget(patch_size, max_num_patches)
+    check_int("sequence_length", sequence_length)
+    check_int("max_images", max_images)
+    if sequence_length < max_num_patches:
+        raise ValueError(f"sequence_length {sequence_length} is shorter than max_num_patches "
+                         f"{max_num_patches}: an image of the whole budget would fit no "
+                         "sequence.")
+    sequences = []  # per sequence: [(image index, patches, (rows, columns))]
+    for index, image in enumerate(_image_list(images)):
+        patches, grid = image_patches(image, patch_size, max_num_patches, index)
+        room = (sequence for sequence in sequences if len(sequence) < max_images
+                and sum(len(p) for _, p, _ in sequence) + len(patches) <= sequence_length)
+        sequence = next(room, None)
+        if sequence is None:
+            sequence = []
+            sequences.append(sequence)
+        sequence.append((index, patches, grid))
+    count, width = len(sequences), patch_size * patch_size * 3
+    arrays = {"pixel_values": np.zeros((count, sequence_length, width), np.float32),
+              "segment_ids": np.zeros((count, sequence_length), np.int32),
+              "patch_coords": np.zeros((count, sequence_length, 2), np.int32),
+              "spatial_shapes": np.zeros((count, max_images, 2), np.int32),
+              "image_index": np.full((count, max_images), -1, np.int32)}
+    for row, sequence in enumerate(sequences):
+        start = 0
+        for slot, (index, patches, (rows, columns)) in enumerate(sequence):
+            end = start + len(patches)
+            arrays["pixel_values"][row, start:end] = patches
+            arrays["segment_ids"][row, start:end] = slot + 1
+            grid = np.stack(np.meshgrid(np.arange(rows), np.arange(columns), indexing="ij"), -1)
+            arrays["patch_coords"][row, start:end] = grid.reshape(-1, 2)
+            arrays["spatial_shapes"][row, slot] = (rows, columns)
+            arrays["image_index"][row, slot] = index
+            start = end
+    return arrays

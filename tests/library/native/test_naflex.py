@@ -168,3 +168,87 @@ def test_the_tensorflow_search_gives_the_same_sizes():
         expected = [native.image_size_for_budget(int(h), int(w), patch, budget)
                     for h, w in sides]
         assert list(zip(heights.numpy().tolist(), widths.numpy().tolist())) == expected
+
+
+# Packing (NaViT): several images in one sequence, each attending to its own patches and pooled
+# alone; models without prefix tokens, as NaViT's.
+PACKABLE = {"map": {"classifier": "map", "class_token": False},
+            "gap_sincos": {"classifier": "gap", "class_token": False,
+                           "position_embedding": "sincos_2d"},
+            "map_fused_swiglu": {"classifier": "map", "class_token": False,
+                                 "activation": "swiglu", "attention_impl": "fused"},
+            "gap_post_norm_pooled": {"classifier": "gap", "class_token": False,
+                                     "residual_post_norm": True, "final_norm": "pooled"}}
+
+
+@pytest.mark.parametrize("family", PACKABLE)
+def test_a_packed_batch_gives_each_image_what_it_gets_alone(family):
+    naflex = native.NaFlexViT(classic(PACKABLE[family]))
+    images = IMAGES + IMAGES[::-1]
+    packed = native.pack(images, PATCH, 16, sequence_length=40, max_images=3)
+    slots = packed["image_index"]
+    assert sorted(slots[slots >= 0].tolist()) == list(range(len(images)))
+    assert (slots >= 0).sum(axis=1).max() == 3  # some sequence holds several
+    outputs = numpy(naflex(packed))
+    assert outputs.shape == slots.shape + (5,)
+    alone = numpy(naflex(native.prepare(images, PATCH, 16)))
+    for row, slot in zip(*np.nonzero(slots >= 0)):
+        assert_close(outputs[row, slot], alone[slots[row, slot]], f"{family}: {row}, {slot}")
+
+
+def test_pack_fills_each_sequence_in_order_and_marks_every_patch():
+    packed = native.pack(IMAGES, PATCH, 16, sequence_length=32, max_images=2)
+    arrays = native.prepare(IMAGES, PATCH, 16)
+    counts = arrays["spatial_shapes"].prod(axis=1)  # 16, 16, 16 and fewer patches
+    assert packed["image_index"].tolist() == [[0, 1], [2, 3]]
+    for row, slot in ((0, 0), (0, 1), (1, 0), (1, 1)):
+        index = packed["image_index"][row, slot]
+        rows, columns = packed["spatial_shapes"][row, slot]
+        assert rows * columns == counts[index]
+        where = packed["segment_ids"][row] == slot + 1
+        assert (packed["pixel_values"][row][where]
+                == arrays["pixel_values"][index, :counts[index]]).all()
+        assert packed["patch_coords"][row][where].tolist() == [
+            [r, c] for r in range(rows) for c in range(columns)]
+    used = counts[2] + counts[3]
+    assert (packed["segment_ids"][1, :used] > 0).all()
+    assert (packed["segment_ids"][1, used:] == 0).all()
+
+
+def test_packed_inputs_are_checked_at_the_boundary():
+    packed = native.pack(IMAGES, PATCH, 16, sequence_length=32, max_images=2)
+    with pytest.raises(ValueError, match="has prefix tokens"):
+        native.NaFlexViT(classic({}))(packed)
+    naflex = native.NaFlexViT(classic(PACKABLE["map"]))
+    with pytest.raises(ValueError, match=r"segment_ids \[batch, length\], patch_coords"):
+        naflex(dict(packed, patch_coords=packed["patch_coords"][:, :5]))
+    with pytest.raises(ValueError, match="sequence_length 8 is shorter than max_num_patches"):
+        native.pack(IMAGES, PATCH, 16, sequence_length=8)
+    with pytest.raises(ValueError, match="max_images must be a positive integer"):
+        native.pack(IMAGES, PATCH, 16, max_images=0)
+
+
+def test_one_compiled_program_serves_every_packing():
+    """XLA (TPUs) compiles a program per shape: packed batches of any mix of image sizes have
+    one shape, so one compilation serves them all, with the eager outputs."""
+    tf = pytest.importorskip("tensorflow")
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("tf.function(jit_compile=True) compiles TensorFlow's ops")
+    naflex = native.NaFlexViT(classic(PACKABLE["map"]))
+    traces = []
+
+    @tf.function(jit_compile=True)
+    def run(arrays):
+        traces.append(1)
+        return naflex(arrays)
+
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        images = [rng.integers(0, 256, (*rng.integers(5, 100, 2), 3), dtype=np.uint8)
+                  for _ in range(6)]
+        packed = native.pack(images, PATCH, 16, sequence_length=48, max_images=4)
+        packed = {key: np.concatenate([value, np.zeros((3 - len(value),) + value.shape[1:],
+                                                       value.dtype)])  # 3 sequences
+                  for key, value in packed.items() if key != "image_index"}
+        assert_close(numpy(run(packed)), numpy(naflex(packed)), f"XLA, packing {seed}")
+    assert len(traces) == 1
