@@ -25,6 +25,10 @@ For timm's `Eva` class it records the same, relative to `Eva.__init__`'s default
 with `"defaults": "Eva"` (an entry without "defaults" is relative to `VisionTransformer`'s),
 which `from_pretrained` reads as Eva's (RoPE, registers without class token, SwiGLU...), and
 for `VisionTransformerRelPos` relative to its own (`"defaults": "VisionTransformerRelPos"`).
+timm's `naflexvit_*` architectures (its `NaFlexVit`, which their entry points build from a
+`NaFlexVitCfg`) are recorded too, their config's fields that differ from `NaFlexVitCfg`'s
+defaults (`"defaults": "NaFlexVitCfg"`); the coverage count leaves them out (they take patches,
+not images: tests/library/native/test_timm_naflex_parity.py compares them).
 Needs torch and timm (CI's torch leg has both).
 """
 
@@ -50,6 +54,8 @@ _BUILD_ARGUMENTS = {"pretrained_cfg", "pretrained_cfg_overlay", "cache_dir", "fe
 # The name patterns of timm's architectures: `vit_*` first (the count quoted in the docs), then
 # DeiT's, whose distilled models are a class of their own, then EVA-02's (timm's Eva class).
 FAMILIES = ("vit_*", "deit*", "eva02*")
+# The table records these too: timm's NaFlexVit, read as a keras_vit.native.NaFlexViT.
+TABLE_FAMILIES = FAMILIES + ("naflexvit_*",)
 # timm's classes whose arguments the table records -> the class whose `__init__` defaults they
 # are relative to (VisionTransformerDistilled takes VisionTransformer's arguments).
 _ARGUMENT_CLASSES = {"VisionTransformer": "VisionTransformer",
@@ -155,7 +161,8 @@ def architecture_table(timm):
         module.build_model_with_cfg = capture
     table = {}
     try:
-        for architecture in (name for family in FAMILIES for name in timm.list_models(family)):
+        for architecture in (name for family in TABLE_FAMILIES
+                             for name in timm.list_models(family)):
             try:
                 timm.create_model(architecture, pretrained=False)
             except _Captured:
@@ -164,7 +171,9 @@ def architecture_table(timm):
             if model_class is None:
                 continue
             entry = {"class": model_class.__name__}
-            if model_class.__name__ in _ARGUMENT_CLASSES:
+            if model_class.__name__ == "NaFlexVit":
+                entry.update(args=_naflex_args(kwargs), defaults="NaFlexVitCfg")
+            elif model_class.__name__ in _ARGUMENT_CLASSES:
                 of = _ARGUMENT_CLASSES[model_class.__name__]
                 entry["args"] = {
                     name: _json_value(value) for name, value in sorted(kwargs.items())
@@ -177,6 +186,22 @@ def architecture_table(timm):
         for module in modules:
             module.build_model_with_cfg = original
     return table
+
+
+def _naflex_args(kwargs):
+    """The fields of a NaFlexVit entry point's `NaFlexVitCfg` (its `cfg` argument) that differ
+    from the dataclass's defaults, with any other argument it passes."""
+    import dataclasses
+
+    from timm.models.naflexvit import NaFlexVitCfg
+
+    cfg, default = kwargs.get("cfg") or NaFlexVitCfg(), NaFlexVitCfg()
+    args = {field.name: _json_value(getattr(cfg, field.name))
+            for field in dataclasses.fields(NaFlexVitCfg)
+            if not _same(getattr(cfg, field.name), getattr(default, field.name))}
+    args.update({name: _json_value(value) for name, value in sorted(kwargs.items())
+                 if name not in _BUILD_ARGUMENTS | {"cfg"}})
+    return dict(sorted(args.items()))
 
 
 def _same(value, default):

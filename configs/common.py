@@ -70,6 +70,13 @@ def get_config():
     config.eval_crop_mode = "squash"  # squash (each side to its size) or center (keep aspect)
     config.eval_antialias = False  # filter when downscaling, as PIL does
     config.shuffle_buffer = 50_000  # TFRecord only: examples in a host's shuffle window
+    # Images at their own aspect ratios (train/data/native_input.py, docs/native.md).
+    config.native = "none"  # "none" (squares), "padded" (one per sequence) or "packed" (several)
+    config.native_patches = 0  # each image's budget of patches; 0: (image_size / patch)^2
+    config.native_min_patches = 0  # training budgets drawn from [this, native_patches]; 0: fixed
+    config.pack_sequence_length = 0  # packed: patches per sequence; 0: 4 x native_patches
+    config.pack_images = 8  # packed: at most this many images per sequence
+    config.pack_sequences = 0  # packed: sequences per step; 0: as many tokens as padding
     # Augmentation beyond crop and flip (train/data/augmentation.py): an AugReg level sets
     # RandAugment and Mixup; a field below given a value replaces the level's (None: the level's).
     config.augment = "none"  # none, light1, light2, medium1, medium2, strong1 or strong2

@@ -50,3 +50,17 @@ def random_tiny_vit(**fields):
                                       "num_classes": 5, **fields})
     randomise(model)
     return model
+
+
+def order_one(model):
+    """A PyTorch model's weights N(0, 0.3), LayerNorm scales 1 + N(0, 0.1): activations of
+    order 1 (so that a wrong GELU or LayerNorm epsilon shows), in evaluation mode."""
+    import torch
+
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            norm = "norm" in name
+            parameter.copy_(torch.randn_like(parameter) * (0.1 if norm else 0.3)
+                            + float(norm and name.endswith("weight")))
+    return model.eval()

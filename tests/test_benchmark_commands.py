@@ -170,3 +170,22 @@ def test_the_largest_batch_is_predicted_from_two_plans_and_checked():
     assert memory_per_device.largest_batch(planned, Memory(32), 32, 8000) == 127
     assert planned_batches[0] == 16 and len(planned_batches) <= 4
 
+
+
+@pytest.mark.processes
+def test_native_packing_benchmark_compares_the_three_layouts(fake_fmnist):
+    """`benchmarks/native_packing.py` on the fake data: a row per layout, packing's useful
+    tokens above padding's."""
+    command = [sys.executable, "benchmarks/native_packing.py", "--steps=3",
+               "--engines=tensorflow", "--", f"--config.data_dir={fake_fmnist.data_dir}",
+               "--config.batch_size=32", "--config.pack_sequences=6",
+               "--config.eval_batch_size=50", "--config.eval_split=test"]
+    result = subprocess.run(command, cwd=REPO, env=fake_fmnist.env(), capture_output=True,
+                            text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = {line.split(" | ")[1]: line.split(" | ") for line in result.stdout.splitlines()
+            if line.startswith("| tensorflow |")}
+    assert sorted(rows) == ["packed", "padded", "square"]
+    useful = {mode: float(row[2].rstrip("%")) for mode, row in rows.items()}
+    assert useful["square"] == 100 and useful["packed"] > useful["padded"]
+    assert rows["padded"][5].strip() == "1.00x |"

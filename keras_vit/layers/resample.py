@@ -62,16 +62,25 @@ def resize_matrix(old, new, interpolation="bilinear", xp=np):
         positions = targets * step
         return xp.maximum(1.0 - xp.abs(positions[:, None] - sources[None, :]), 0.0)
     scale = old_f / new_f
+    return antialiased_bicubic(((targets + 0.5) * scale)[:, None], scale, sources[None, :], xp)
+
+
+def antialiased_bicubic(centres, scale, sources, xp=np):
+    """The weights `[..., old]` of the `sources` (`[old]`, the source indices) that PyTorch's
+    `F.interpolate(mode="bicubic", antialias=True, align_corners=False)` gives an output whose
+    centre is at `centres` `[..., 1]` on the source axis (pixel edges at the integers) when the
+    axis shrinks by `scale` (old / new, `[..., 1]` or a number): Keys' cubic with a = -0.5,
+    widened by the scale when shrinking, renormalised where the border cuts it. Shared by
+    `resize_matrix` (one scale per axis) and NaFlex (`keras_vit.native`: one per image)."""
     stretch = xp.maximum(scale, 1.0)  # shrinking widens the kernel (antialiasing)
     support = 2.0 * stretch
-    centres = (targets + 0.5) * scale
     # PyTorch's window: [floor(centre - support + 0.5), floor(centre + support + 0.5)).
-    first = xp.floor(centres - support + 0.5)[:, None]
-    last = xp.floor(centres + support + 0.5)[:, None]
-    inside = xp.logical_and(sources[None, :] >= first, sources[None, :] < last)
-    weights = _cubic(xp, (sources[None, :] - centres[:, None] + 0.5) / stretch)
+    first = xp.floor(centres - support + 0.5)
+    last = xp.floor(centres + support + 0.5)
+    inside = xp.logical_and(sources >= first, sources < last)
+    weights = _cubic(xp, (sources - centres + 0.5) / stretch)
     weights = xp.where(inside, weights, xp.zeros_like(weights))
-    total = xp.sum(weights, axis=1, keepdims=True)
+    total = xp.sum(weights, axis=-1, keepdims=True)
     return weights / xp.where(total == 0.0, 1.0, total)
 
 

@@ -11,7 +11,8 @@ both libraries agree on), `positions` places each patch, `model` runs a keras_vi
 """
 
 from keras_vit.native.model import NaFlexViT
-from keras_vit.native.processor import (image_size_for_budget, image_sizes_for_budget_tf,
-                                        pack, prepare)
+from keras_vit.native.processor import (image_patches, image_patches_tf, image_size_for_budget,
+                                        image_sizes_for_budget_tf, pack, pack_patches, prepare)
 
-__all__ = ["NaFlexViT", "image_size_for_budget", "image_sizes_for_budget_tf", "pack", "prepare"]
+__all__ = ["NaFlexViT", "image_patches", "image_patches_tf", "image_size_for_budget",
+           "image_sizes_for_budget_tf", "pack", "pack_patches", "prepare"]

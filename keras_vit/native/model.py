@@ -5,11 +5,14 @@ builds its `NaFlexVit` from classic ViT weights.
 
 Its input is what `keras_vit.native.prepare` (or transformers' `Siglip2ImageProcessor`) makes:
 a dict of `pixel_values` `[batch, length, P * P * 3]`, `pixel_attention_mask` `[batch, length]`
-and `spatial_shapes` `[batch, 2]`. The patch embedding is the model's convolution applied to
-each flattened patch; the learned position embeddings are resized to each image's grid
-(antialiased bilinear, as SigLIP 2); padding keys are masked in every attention and left out of
-every pooling. All shapes are static in `length`, so one compiled program serves every mix of
-sizes in a batch.
+and `spatial_shapes` `[batch, 2]`; or the same under timm's names (its NaFlex collator's):
+`patches`, `patch_valid` `[batch, length]` and `patch_coord` `[batch, length, 2]` (each patch's
+row and column; an image's grid is one more than its patches' largest row and column). The patch
+embedding is the model's convolution applied to each flattened patch; the learned position
+embeddings are resized to each image's grid as the model's `position_embedding_interpolation`
+says (antialiased bilinear, as SigLIP 2; antialiased bicubic, as timm's `NaFlexVit`); padding
+keys are masked in every attention and left out of every pooling. All shapes are static in
+`length`, so one compiled program serves every mix of sizes in a batch.
 """
 
 import dataclasses
@@ -24,6 +27,9 @@ INPUTS = ("pixel_values", "pixel_attention_mask", "spatial_shapes")
 # Several images in one sequence (NaViT): the slot of each patch (0 for padding, 1 for the
 # first image...), its row and column in its image, and each slot's grid.
 PACKED_INPUTS = ("pixel_values", "segment_ids", "patch_coords", "spatial_shapes")
+# timm's names (NaFlexVit's dict, its NaFlex collator's): the patches, whether each is one, and
+# its row and column in its image.
+TIMM_INPUTS = ("patches", "patch_valid", "patch_coord")
 
 
 @dataclasses.dataclass
@@ -56,6 +62,28 @@ def _padded_layout(inputs, prefix):
     mask = ops.cast(mask, "bool")
     mask = ops.concatenate([ops.ones((ops.shape(mask)[0], prefix), "bool"), mask], axis=1)
     return Layout(rows, columns, sizes, mask, mask, mask)
+
+
+def _timm_layout(inputs, prefix):
+    """One image per sequence under timm's names: each image's grid is one more than its valid
+    patches' largest row and column (as timm's NaFlexVit computes it)."""
+    pixels, valid, coords = (inputs[name] for name in TIMM_INPUTS)
+    if (tuple(valid.shape) != tuple(pixels.shape[:2])
+            or tuple(coords.shape) != tuple(pixels.shape[:2]) + (2,)):
+        raise ValueError(f"patch_valid must be [batch, length] and patch_coord [batch, length, "
+                         f"2] for patches {tuple(pixels.shape)}; got {tuple(valid.shape)} and "
+                         f"{tuple(coords.shape)}.")
+    valid = ops.cast(valid, "bool")
+    coords = ops.where(valid[..., None], ops.cast(coords, "float32"), 0.0)
+    sizes = ops.max(coords, axis=1, keepdims=True) + 1.0
+    sizes = ops.broadcast_to(sizes, tuple(ops.shape(coords)))
+    mask = ops.concatenate([ops.ones((ops.shape(valid)[0], prefix), "bool"), valid], axis=1)
+    return Layout(coords[..., 0], coords[..., 1], sizes, mask, mask, mask)
+
+
+def _pixels(inputs):
+    """The patches of `inputs`, under transformers' name or timm's."""
+    return inputs["pixel_values"] if "pixel_values" in inputs else inputs["patches"]
 
 
 def _packed_layout(model, inputs):
@@ -136,24 +164,26 @@ class NaFlexViT(keras.Model):
             return None
 
     def _layout(self, inputs):
-        """`Layout` of `inputs`: one image per sequence (transformers' arrays) or several
-        packed (`segment_ids`), each checked at the boundary."""
-        if not isinstance(inputs, dict) or not (set(INPUTS) <= set(inputs)
-                                                or set(PACKED_INPUTS) <= set(inputs)):
+        """`Layout` of `inputs`: one image per sequence (transformers' arrays, or timm's) or
+        several packed (`segment_ids`), each checked at the boundary."""
+        kinds = (INPUTS, PACKED_INPUTS, TIMM_INPUTS)
+        if not isinstance(inputs, dict) or not any(set(kind) <= set(inputs) for kind in kinds):
             got = sorted(inputs) if isinstance(inputs, dict) else _describe(inputs)
             raise ValueError(f"Model {self.name!r} takes a dict of {', '.join(INPUTS)} "
                              f"(keras_vit.native.prepare makes it), or of packed images "
-                             f"{', '.join(PACKED_INPUTS)} (keras_vit.native.pack), got {got}.")
-        packed = "segment_ids" in inputs
-        pixels = inputs["pixel_values"]
+                             f"{', '.join(PACKED_INPUTS)} (keras_vit.native.pack), or timm's "
+                             f"{', '.join(TIMM_INPUTS)}, got {got}.")
+        pixels, name = _pixels(inputs), "pixel_values" if "pixel_values" in inputs else "patches"
         width = self.spec.patch_size ** 2 * 3
         if len(pixels.shape) != 3 or pixels.shape[-1] not in (None, width):
-            raise ValueError(f"pixel_values must be [batch, length, {width}] (patches of "
+            raise ValueError(f"{name} must be [batch, length, {width}] (patches of "
                              f"{self.spec.patch_size}x{self.spec.patch_size}x3), got shape "
                              f"{tuple(pixels.shape)}.")
-        if packed:
+        if set(PACKED_INPUTS) <= set(inputs):
             return _packed_layout(self, inputs)
-        return _padded_layout(inputs, self.spec.num_prefix_tokens)
+        if set(INPUTS) <= set(inputs):
+            return _padded_layout(inputs, self.spec.num_prefix_tokens)
+        return _timm_layout(inputs, self.spec.num_prefix_tokens)
 
     def _embedded(self, pixels, layout):
         """The patches through the model's patch embedding, with their position embeddings."""
@@ -166,8 +196,9 @@ class NaFlexViT(keras.Model):
         if spec.position_embedding == "learned":
             prefix = position.num_embedded_prefix
             table = ops.reshape(position.pos_embedding[0, prefix:], spec.grid_size + (-1,))
-            x = x + ops.cast(positions.resized_learned(table, layout.rows, layout.columns,
-                                                       layout.sizes), dtype)
+            x = x + ops.cast(positions.resized_learned(
+                table, layout.rows, layout.columns, layout.sizes,
+                spec.position_embedding_interpolation), dtype)
         elif spec.position_embedding == "sincos_2d":
             x = x + ops.cast(positions.sincos_at(layout.rows, layout.columns, spec.hidden_size),
                              dtype)
@@ -191,7 +222,7 @@ class NaFlexViT(keras.Model):
     def _encoded(self, inputs, training):
         """`(tokens, layout)`: the encoder's tokens and where each patch is."""
         layout = self._layout(inputs)
-        x = self._with_prefix(self._embedded(inputs["pixel_values"], layout))
+        x = self._with_prefix(self._embedded(_pixels(inputs), layout))
         x = self.vit.get_layer("dropout")(x, training=training)
         for layer in self.vit.layers:
             if layer.name == "pre_norm" or layer.name == "encoder_norm":
@@ -221,6 +252,22 @@ class NaFlexViT(keras.Model):
             if layer(name) is not None:
                 x = layer(name)(x)
         return x
+
+    # What each weight is to a trainer: the classic model's answers (its weights are these).
+    def layer_indices(self, variables):
+        return self.vit.layer_indices(variables)
+
+    @property
+    def num_blocks(self):
+        return self.vit.num_blocks
+
+    @property
+    def decays(self):
+        return self.vit.decays
+
+    @property
+    def get_layout_map(self):
+        return self.vit.get_layout_map
 
     def get_config(self):
         return {"name": self.name, "vit": keras.saving.serialize_keras_object(self.vit)}

@@ -1,9 +1,13 @@
 """Where each patch of an image at its own aspect ratio is, and the position embedding it gets:
-the learned grid resized to each image's rows and columns (SigLIP 2's NaFlex), or the fixed
-sine-cosine embedding of its row and column. All in static shapes: `[batch, length]`
-positions, whatever the images' sizes, so that XLA compiles one program for every batch."""
+the learned grid resized to each image's rows and columns (SigLIP 2's NaFlex: antialiased
+bilinear; timm's NaFlexVit: antialiased bicubic, the model's position_embedding_interpolation),
+or the fixed sine-cosine embedding of its row and column. All in static shapes: `[batch,
+length]` positions, whatever the images' sizes, so that XLA compiles one program for every
+batch."""
 
 from keras import ops
+
+from keras_vit.layers import resample
 
 
 def patch_positions(spatial_shapes, length):
@@ -20,30 +24,36 @@ def patch_positions(spatial_shapes, length):
             valid)
 
 
-def resize_weights(index, size, grid):
+def resize_weights(index, size, grid, interpolation="bilinear"):
     """`[batch, length, grid]`: the weights that resizing a `grid`-long axis to `size` `[batch,
-    length]` (antialiased bilinear, half-pixel centres: PyTorch's
-    `F.interpolate(mode="bilinear", align_corners=False, antialias=True)`, as SigLIP 2) gives
-    the output at `index` `[batch, length]`: a triangle as wide as the scale when shrinking,
-    linear interpolation when enlarging, renormalised at the edges."""
+    length]` gives the output at `index` `[batch, length]`, as PyTorch's antialiased
+    `F.interpolate(..., align_corners=False, antialias=True)` computes them on half-pixel
+    centres. "bilinear" (SigLIP 2's): a triangle as wide as the scale when shrinking, linear
+    interpolation when enlarging; "bicubic" (timm's NaFlexVit): Keys' cubic with a = -0.5,
+    as wide as twice the scale when shrinking (`resample.antialiased_bicubic`). Both
+    renormalised at the edges."""
     scale = float(grid) / size
-    support = ops.maximum(scale, 1.0)[..., None]
-    center = (ops.cast(index, "float32") + 0.5) * scale - 0.5
+    center = (ops.cast(index, "float32") + 0.5) * scale
     source = ops.arange(grid, dtype="float32")
-    weights = ops.maximum(1.0 - ops.abs(source - center[..., None]) / support, 0.0)
+    if interpolation == "bicubic":
+        return resample.antialiased_bicubic(center[..., None], scale[..., None], source, xp=ops)
+    if interpolation != "bilinear":
+        raise ValueError(f"interpolation must be 'bilinear' or 'bicubic', got {interpolation!r}.")
+    support = ops.maximum(scale, 1.0)[..., None]
+    weights = ops.maximum(1.0 - ops.abs(source - (center - 0.5)[..., None]) / support, 0.0)
     return weights / ops.sum(weights, axis=-1, keepdims=True)
 
 
-def resized_learned(table, rows, columns, sizes):
+def resized_learned(table, rows, columns, sizes, interpolation="bilinear"):
     """The learned embeddings `table` `[grid rows, grid columns, D]` resized to each patch's
-    image grid and read at its place: `[batch, length, D]` in float32, for patches at `rows`,
-    `columns` `[batch, length]` of images of `sizes` `[batch, length, 2]` patches. Resizing is
-    linear, so each output is the table weighted by its row's and its column's weights (one
-    matmul)."""
+    image grid (`interpolation`: `resize_weights`) and read at its place: `[batch, length, D]`
+    in float32, for patches at `rows`, `columns` `[batch, length]` of images of `sizes`
+    `[batch, length, 2]` patches. Resizing is linear, so each output is the table weighted by
+    its row's and its column's weights (one matmul)."""
     grid_rows, grid_columns, width = table.shape
     sizes = ops.maximum(ops.cast(sizes, "float32"), 1.0)  # padding: no division by zero
-    row_weights = resize_weights(rows, sizes[..., 0], grid_rows)
-    column_weights = resize_weights(columns, sizes[..., 1], grid_columns)
+    row_weights = resize_weights(rows, sizes[..., 0], grid_rows, interpolation)
+    column_weights = resize_weights(columns, sizes[..., 1], grid_columns, interpolation)
     weights = row_weights[..., :, None] * column_weights[..., None, :]
     weights = ops.reshape(weights, (-1, rows.shape[1], grid_rows * grid_columns))
     flat = ops.reshape(ops.cast(table, "float32"), (grid_rows * grid_columns, width))

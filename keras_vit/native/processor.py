@@ -28,7 +28,7 @@ def _search(heights, widths, patch_size, max_num_patches, xp):
     """The budget search on float64 arrays in `xp` (NumPy, or TensorFlow's ops through a
     namespace with `ceil`, `maximum`, `where`)."""
     def scaled(scale, size):  # a multiple of the patch, at least one patch
-        return xp.maximum(float(patch_size), xp.ceil(size * scale / patch_size) * patch_size)
+        return xp.maximum(xp.ceil(size * scale / patch_size) * patch_size, float(patch_size))
 
     low = heights * 0.0 + _LOW
     high = heights * 0.0 + _HIGH
@@ -59,10 +59,15 @@ def image_size_for_budget(height, width, patch_size, max_num_patches):
 
 def image_sizes_for_budget_tf(heights, widths, patch_size, max_num_patches):
     """`image_size_for_budget` of tensors of heights and widths, as int32 tensors: for
-    tf.data and the SavedModel, the same search in TensorFlow ops."""
+    tf.data and the SavedModel, the same search in TensorFlow ops. `max_num_patches` may be a
+    tensor of budgets too."""
     import tensorflow as tf
 
-    _check_budget(patch_size, max_num_patches)
+    if tf.is_tensor(max_num_patches):
+        check_int("patch_size", patch_size)
+        max_num_patches = tf.cast(max_num_patches, tf.float64)
+    else:
+        _check_budget(patch_size, max_num_patches)
     ops = type("TensorFlowOps", (), {"ceil": staticmethod(tf.math.ceil),
                                      "maximum": staticmethod(tf.maximum),
                                      "where": staticmethod(tf.where)})
@@ -137,46 +142,72 @@ def prepare(images, patch_size=16, max_num_patches=256):
 
 def pack(images, patch_size=16, max_num_patches=256, sequence_length=1024, max_images=8):
     """Several images in each sequence (NaViT's packing: Dehghani et al., "Patch n' Pack",
-    2023): each image's `image_patches` within its own budget of `max_num_patches`, placed in
-    the given order into the first sequence of `sequence_length` patches with room for it and
-    fewer than `max_images` images (first fit). NumPy arrays out:
+    2023): each image's `image_patches` within its own budget of `max_num_patches`, packed by
+    `pack_patches` into as many sequences as they need. NumPy arrays out (`pack_patches`)."""
+    _check_budget(patch_size, max_num_patches)
+    _check_packing(max_num_patches, sequence_length, max_images)
+    found = [image_patches(image, patch_size, max_num_patches, index)
+             for index, image in enumerate(_image_list(images))]
+    return pack_patches([patches for patches, _ in found], [grid for _, grid in found],
+                        sequence_length, max_images)
+
+
+def _check_packing(max_num_patches, sequence_length, max_images, sequences=None):
+    check_int("sequence_length", sequence_length)
+    check_int("max_images", max_images)
+    check_int("sequences", sequences, allow_none=True)
+    if sequence_length < max_num_patches:
+        raise ValueError(f"sequence_length {sequence_length} is shorter than max_num_patches "
+                         f"{max_num_patches}: an image of the whole budget would fit no "
+                         "sequence.")
+
+
+def _first_fit(counts, sequence_length, max_images, sequences):
+    """Per sequence, the indices of the images it holds: each image, in order, goes into the
+    first sequence with room for its `counts[i]` patches and fewer than `max_images` images
+    (first fit). With `sequences` given, that many sequences and an image that fits none is
+    left out; otherwise as many as the images need."""
+    placed, used = [], []
+    for index, count in enumerate(counts):
+        room = next((row for row in range(len(placed)) if len(placed[row]) < max_images
+                     and used[row] + count <= sequence_length), None)
+        if room is None and (sequences is None or len(placed) < sequences):
+            room = len(placed)
+            placed.append([])
+            used.append(0)
+        if room is not None:
+            placed[room].append(index)
+            used[room] += count
+    return placed + [[] for _ in range((sequences or 0) - len(placed))]
+
+
+def pack_patches(patches, grids, sequence_length, max_images, sequences=None):
+    """The images' `patches` (each `[rows * columns, P * P * 3]`, or longer with padding
+    rows after them) of `grids` (rows, columns) packed into sequences (`_first_fit`). NumPy
+    arrays out:
 
     - `pixel_values` `[sequences, sequence_length, P * P * 3]`, zeros where no image is;
     - `segment_ids` `[sequences, sequence_length]` int32: 0 for padding, k for the sequence's
       k-th image (its slot);
     - `patch_coords` `[sequences, sequence_length, 2]` int32: each patch's row and column;
     - `spatial_shapes` `[sequences, max_images, 2]` int32: each slot's grid, (0, 0) if empty;
-    - `image_index` `[sequences, max_images]` int32: which of `images` each slot holds, -1 if
-      none (a `NaFlexViT` gives one output per slot).
+    - `image_index` `[sequences, max_images]` int32: which image each slot holds, -1 if none
+      (a `NaFlexViT` gives one output per slot; an image in no slot was left out).
     """
-    _check_budget(patch_size, max_num_patches)
-    check_int("sequence_length", sequence_length)
-    check_int("max_images", max_images)
-    if sequence_length < max_num_patches:
-        raise ValueError(f"sequence_length {sequence_length} is shorter than max_num_patches "
-                         f"{max_num_patches}: an image of the whole budget would fit no "
-                         "sequence.")
-    sequences = []  # per sequence: [(image index, patches, (rows, columns))]
-    for index, image in enumerate(_image_list(images)):
-        patches, grid = image_patches(image, patch_size, max_num_patches, index)
-        room = (sequence for sequence in sequences if len(sequence) < max_images
-                and sum(len(p) for _, p, _ in sequence) + len(patches) <= sequence_length)
-        sequence = next(room, None)
-        if sequence is None:
-            sequence = []
-            sequences.append(sequence)
-        sequence.append((index, patches, grid))
-    count, width = len(sequences), patch_size * patch_size * 3
+    counts = [int(rows) * int(columns) for rows, columns in grids]
+    placed = _first_fit(counts, sequence_length, max_images, sequences)
+    count, width = len(placed), patches[0].shape[-1] if len(patches) else 0
     arrays = {"pixel_values": np.zeros((count, sequence_length, width), np.float32),
               "segment_ids": np.zeros((count, sequence_length), np.int32),
               "patch_coords": np.zeros((count, sequence_length, 2), np.int32),
               "spatial_shapes": np.zeros((count, max_images, 2), np.int32),
               "image_index": np.full((count, max_images), -1, np.int32)}
-    for row, sequence in enumerate(sequences):
+    for row, indices in enumerate(placed):
         start = 0
-        for slot, (index, patches, (rows, columns)) in enumerate(sequence):
-            end = start + len(patches)
-            arrays["pixel_values"][row, start:end] = patches
+        for slot, index in enumerate(indices):
+            rows, columns = (int(side) for side in grids[index])
+            end = start + counts[index]
+            arrays["pixel_values"][row, start:end] = patches[index][:counts[index]]
             arrays["segment_ids"][row, start:end] = slot + 1
             grid = np.stack(np.meshgrid(np.arange(rows), np.arange(columns), indexing="ij"), -1)
             arrays["patch_coords"][row, start:end] = grid.reshape(-1, 2)
@@ -184,3 +215,23 @@ def pack(images, patch_size=16, max_num_patches=256, sequence_length=1024, max_i
             arrays["image_index"][row, slot] = index
             start = end
     return arrays
+
+
+def image_patches_tf(image, patch_size, max_num_patches):
+    """`image_patches` in TensorFlow ops, for tf.data: `(patches, grid)` of a uint8 `[height,
+    width, 3]` image, the patches padded with zeros to `[max_num_patches, P * P * 3]`.
+    `max_num_patches` may be a scalar tensor (a budget drawn per image)."""
+    import tensorflow as tf
+
+    from keras_vit.preprocessing import scale_pixels
+
+    if not tf.is_tensor(max_num_patches):
+        _check_budget(patch_size, max_num_patches)
+    height, width = image_sizes_for_budget_tf(tf.shape(image)[0], tf.shape(image)[1],
+                                              patch_size, max_num_patches)
+    pixels = tf.image.resize(tf.cast(image, tf.float32), tf.stack([height, width]),
+                             method="bilinear", antialias=True)
+    rows, columns = height // patch_size, width // patch_size
+    patches = tf.reshape(scale_pixels(pixels), [rows, patch_size, columns, patch_size, 3])
+    patches = tf.reshape(tf.transpose(patches, [0, 2, 1, 3, 4]), [rows * columns, -1])
+    return patches, tf.stack([rows, columns])

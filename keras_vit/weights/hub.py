@@ -28,7 +28,7 @@ from keras_vit import fileio
 
 from keras_vit.native import NaFlexViT
 from keras_vit.weights import checkpoint, npz_architecture, torch_layouts
-from keras_vit.weights.torch_layouts import transformers_siglip, transformers_siglip2
+from keras_vit.weights.torch_layouts import timm_naflex, transformers_siglip, transformers_siglip2
 from keras_vit.model import build
 from keras_vit.preprocessing import EvalPreprocessing
 
@@ -139,7 +139,8 @@ def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, preprocess
     DeiT's distilled models (timm's `VisionTransformerDistilled`, transformers'
     `DeiTForImageClassificationWithTeacher`) give the mean of their two heads' logits, as both
     libraries evaluate them;
-    `keras_vit.distillation_heads(model)` gives each head's.
+    `keras_vit.distillation_heads(model)` gives each head's. NaFlex models (transformers'
+    `Siglip2VisionModel`, timm's `NaFlexVit`) load as a `keras_vit.native.NaFlexViT`.
     """
     if preprocessing is not None and not isinstance(preprocessing, EvalPreprocessing):
         raise TypeError(f"preprocessing must be a keras_vit.EvalPreprocessing or None (the "
@@ -167,7 +168,8 @@ class Checkpoint:
     spec: object
     arrays: dict
     preprocessing: EvalPreprocessing
-    # A NaFlex model's (SigLIP 2's): images at their own aspect ratios (keras_vit.native).
+    # A NaFlex model's (SigLIP 2's, timm's NaFlexVit): images at their own aspect ratios
+    # (keras_vit.native).
     native: bool = False
 
 
@@ -196,7 +198,7 @@ def read_checkpoint(source, cache_dir=None, preprocessing=None, projection=False
     source_directory = local_directory(source, cache_dir)
     config, state = read_directory(source_directory)
     layout = torch_layouts.detect(config)
-    native = config.get("model_type") in transformers_siglip2.MODEL_TYPES
+    native = torch_layouts.is_native(config)  # SigLIP 2's, timm's NaFlexVit
     config, state = torch_layouts.vision_tower(  # CLIPModel's, SiglipModel's, SigLIP 2's
         config, state, projection=projection)
     processor = _processor(source_directory)
@@ -390,13 +392,12 @@ def _warn_uncropped(why, preprocessing, stacklevel):
 
 def _check_native_writable(model, format):
     """A LayoutError unless `model`, a NaFlexViT, is one transformers' Siglip2VisionModel
-    expresses (SigLIP's options; a square grid), before anything is written."""
+    expresses (SigLIP's options; a square grid), or, for timm, its NaFlexVit, before anything
+    is written."""
     spec = model.spec
-    if format != "transformers":
-        raise torch_layouts.LayoutError(
-            "A NaFlex model is written as transformers' Siglip2VisionModel; timm's NaFlexVit "
-            "is not written yet. Save it with format='transformers', or save model.vit (the "
-            "same weights as a classic ViT) with format='timm'.")
+    if format == "timm":
+        timm_naflex.check_writable(spec, f"Model {model.name!r}")
+        return
     if not transformers_siglip.writes(spec) or spec.include_top:
         raise torch_layouts.LayoutError(
             f"Model {model.name!r} cannot be written as transformers' Siglip2VisionModel: that "
@@ -419,7 +420,9 @@ def save_pretrained(model, directory, format="transformers"):
     classifier "token_gap" as `Dinov2ForImageClassification` (...WithRegisters...); one of
     CLIP's options (pre_norm, the pooled class token normed) as `CLIPVisionModel`, with a head
     of zero bias as `CLIPVisionModelWithProjection`; one of SigLIP's
-    (attention pooling of normed tokens, no head) as `SiglipVisionModel`. The
+    (attention pooling of normed tokens, no head) as `SiglipVisionModel`. A
+    `keras_vit.native.NaFlexViT` is written as transformers' `Siglip2VisionModel` or timm's
+    `NaFlexVit`. The
     model's `preprocessing` goes into timm's `pretrained_cfg` (interpolation, crop_pct,
     crop_mode) or transformers' `preprocessor_config.json` (resample; its ViTImageProcessor
     cannot crop: a warning; DeiT's crops as timm does)."""
@@ -435,12 +438,13 @@ def save_pretrained(model, directory, format="transformers"):
                          "save_pretrained takes a model built by keras_vit.vit().")
     preprocessing = getattr(model, "preprocessing", None) or EvalPreprocessing()
     arrays = checkpoint.model_arrays(model)  # Eva's and DINOv3's configs depend on the key bias
+    timm_native = native and format == "timm"  # timm's NaFlexVit
     config = (torch_layouts.transformers_config(spec, arrays) if format == "transformers"
-              else torch_layouts.timm_config(spec, preprocessing, arrays))
+              else torch_layouts.timm_config(spec, preprocessing, arrays, native=timm_native))
     processor = (_preprocessor_config(spec, preprocessing, config["architectures"][0])
                  if format == "transformers" else None)
-    state = torch_layouts.from_npz_arrays(arrays, spec, format)
-    if native:
+    state = torch_layouts.from_npz_arrays(arrays, spec, format, native=timm_native)
+    if native and format == "transformers":
         config, state = transformers_siglip2.from_siglip(config, state)
         processor = transformers_siglip2.processor_config(config)
     safetensors = _import("safetensors.numpy")

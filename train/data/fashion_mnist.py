@@ -1,11 +1,15 @@
-"""Fashion-MNIST from local IDX files (Debian's `dataset-fashion-mnist`) as a TFDS dataset.
+"""Fashion-MNIST from local IDX files (Debian's `dataset-fashion-mnist`) as TFDS datasets.
 
-Defining the builder registers it, so `tfds.builder("fashion_mnist_local")` prepares the real
+Defining the builders registers them, so `tfds.builder("fashion_mnist_local")` prepares the real
 60,000 + 10,000 images offline and the rest of the pipeline is the one every TFDS dataset takes.
-The files are looked up in `$FASHION_MNIST_DIR`, default `/usr/share/datasets/fashion-mnist`.
+`fashion_mnist_native` is the same images, each resampled to its own aspect ratio and size
+(`stretched`): data for models that see images at their own aspect ratios (keras_vit.native), made
+from the one image dataset on the machine. The files are looked up in `$FASHION_MNIST_DIR`, default
+`/usr/share/datasets/fashion-mnist`.
 """
 
 import gzip
+import math
 import os
 
 import numpy as np
@@ -89,3 +93,64 @@ def read_split(split):
         raise ValueError(f"{images_path} has {len(images)} images but {labels_path} "
                          f"has {len(labels)} labels.")
     return images, labels
+
+
+# `fashion_mnist_native`: each image's aspect ratio (height / width) log-uniform in [1/3, 3] and
+# its scale in [0.75, 2] (sides of 14 to 97 pixels), drawn from this seed and the image's split
+# and index, so that every run, and both input pipelines, see the same dataset.
+NATIVE_SEED = 52
+NATIVE_ASPECT, NATIVE_SCALE = (1 / 3, 3.0), (0.75, 2.0)
+
+
+def native_size(split, index):
+    """`(height, width)` of image `index` of `split` in `fashion_mnist_native`."""
+    rng = np.random.default_rng([NATIVE_SEED, SPLITS.index(split), int(index)])
+    aspect = math.exp(rng.uniform(*map(math.log, NATIVE_ASPECT)))
+    scale = math.exp(rng.uniform(*map(math.log, NATIVE_SCALE)))
+    return (max(1, round(28 * scale * math.sqrt(aspect))),
+            max(1, round(28 * scale / math.sqrt(aspect))))
+
+
+def _resize_weights(size, source):
+    """`[size, source]` antialiased bilinear weights (half-pixel centres, a triangle as wide
+    as the scale when shrinking), rows summing to 1."""
+    scale = source / size
+    support = max(scale, 1.0)
+    centers = (np.arange(size) + 0.5) * scale - 0.5
+    weights = np.maximum(1 - np.abs(np.arange(source)[None] - centers[:, None]) / support, 0)
+    return weights / weights.sum(axis=1, keepdims=True)
+
+
+def stretched(image, split, index):
+    """Image `index` of `split` (uint8 [28, 28]) resampled to its `native_size`, uint8."""
+    height, width = native_size(split, index)
+    rows, columns = _resize_weights(height, image.shape[0]), _resize_weights(width, image.shape[1])
+    return np.clip(np.rint(rows @ image.astype(np.float64) @ columns.T), 0, 255).astype(np.uint8)
+
+
+class FashionMnistNative(tfds.core.GeneratorBasedBuilder):
+    """Fashion-MNIST with each image at its own aspect ratio and size (`stretched`)."""
+
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+        return self.dataset_info_from_configs(
+            description="Fashion-MNIST, each image resampled to a random aspect ratio (1/3 to "
+                        "3) and scale (0.75 to 2): grayscale of 14 to 97 pixels a side.",
+            features=tfds.features.FeaturesDict({
+                "image": tfds.features.Image(shape=(None, None, 1)),
+                "label": tfds.features.ClassLabel(names=CLASS_NAMES),
+            }),
+            supervised_keys=("image", "label"),
+            disable_shuffling=True,
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager
+        return {split: self._generate_examples(split) for split in SPLITS}
+
+    def _generate_examples(self, split):
+        images, labels = read_split(split)
+        for index, (image, label) in enumerate(zip(images, labels)):
+            yield index, {"image": stretched(image, split, index)[..., None],
+                          "label": int(label)}

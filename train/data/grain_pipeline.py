@@ -61,6 +61,9 @@ def unavailable(config, engine):
     if config.objective != "classification":
         return (f"config.objective={config.objective!r} draws its patch corruption with "
                 "TensorFlow ops (train.data.masking)")
+    if config.native != "none":
+        return (f"config.native={config.native!r} cuts each image at its own aspect ratio with "
+                "TensorFlow ops (train/data/tf_native.py)")
     from . import settings
 
     if settings.eval_preprocessing(config) != settings.EvalPreprocessing():
@@ -90,13 +93,14 @@ def process_input(config, hosts, host):
     train_source = open_split(config, "train_split")
     eval_source = open_split(config, "eval_split")
 
-    def train(start_step, num_patches=None):
-        assert num_patches is None  # masked patch prediction: unavailable() says why
+    def train(start_step, num_patches=None, native=None):
+        # Masked patch prediction and native resolution: unavailable() says why.
+        assert num_patches is None and native is None
         return iter(train_batches(train_source, config, start_step, hosts, host,
                                   workers=config.input_workers))
 
-    def evaluate(num_patches=None):
-        assert num_patches is None
+    def evaluate(num_patches=None, native=None):
+        assert num_patches is None and native is None
         batches = iter(eval_batches(eval_source, config, hosts, host,
                                     workers=config.input_workers))
         try:

@@ -65,5 +65,7 @@ class ProcessInput:
 
     class_names: list
     eval_examples: int
-    train: Callable  # train(start_step, num_patches) -> endless iterator of batches
-    eval: Callable  # eval(num_patches) -> the eval batches, one pass
+    # train(start_step, num_patches, native) -> endless iterator of batches; num_patches: masked
+    # patch prediction's corruption; native: a train.data.native_input.Plan.
+    train: Callable
+    eval: Callable  # eval(num_patches, native) -> the eval batches, one pass

@@ -5,7 +5,7 @@ and no more), and the rules of the input's own fields (`RULES`: `(kind, details)
 
 from keras_vit.preprocessing import CROP_MODES, INTERPOLATIONS, EvalPreprocessing
 
-from . import augmentation, sources
+from . import augmentation, native_input, sources
 
 PIPELINES = ("auto", "tf.data", "grain")
 # How evaluation images are resized (the config's field -> keras_vit.EvalPreprocessing's):
@@ -40,7 +40,7 @@ RULES = {
 
 # Everything the pipelines read: their own fields, the augmentation's, the seed of the stream's
 # order and augmentation, and the objective (whose corruption they draw).
-FIELDS = (*RULES, *augmentation.FIELDS, "seed", "objective")
+FIELDS = (*RULES, *augmentation.FIELDS, *native_input.FIELDS, "seed", "objective")
 
 
 def eval_preprocessing(config):

@@ -23,7 +23,7 @@ import functools
 import tensorflow as tf
 
 from keras_vit.preprocessing import decode_and_resize, decode_image, resize, scale_pixels
-from . import input_order, input_plan, records, settings, sources, stream
+from . import input_order, input_plan, records, settings, sources, stream, tf_native
 
 
 # tf.data's autotuning thread sleeps up to a minute between rounds, and deleting an iterator
@@ -106,6 +106,19 @@ def to_model_range(image, dtype=tf.float32):
 AUGMENT_SEED_SALT = 0x524155
 
 
+def cropped(encoded, seed, crop_min_area, flip, draws=None):
+    """The decoded image (uint8), cropped and flipped as `preprocess_train` does."""
+    image = decode_image(encoded)
+    if crop_min_area < 1.0 or flip:
+        if draws is None:
+            draws = crop_draws(seed[1:], seed[0])[0]
+        top, left, height, width, flipped = crop_box(tf.shape(image), draws, crop_min_area)
+        image = image[top:top + height, left:left + width]
+        if flip:
+            image = tf.cond(flipped, lambda: tf.reverse(image, [1]), lambda: image)
+    return image
+
+
 def preprocess_train(encoded, seed, image_size, crop_min_area, flip, dtype=tf.float32,
                      augmentation=None, draws=None):
     """Inception crop (area in [crop_min_area, 1], aspect 3/4 to 4/3) + flip + resize, then
@@ -117,15 +130,7 @@ def preprocess_train(encoded, seed, image_size, crop_min_area, flip, dtype=tf.fl
     `stream.crop_draws` (`draws`, computed here when not given), as the Grain pipeline draws
     them.
     """
-    image = decode_image(encoded)
-    if crop_min_area < 1.0 or flip:
-        if draws is None:
-            draws = crop_draws(seed[1:], seed[0])[0]
-        top, left, height, width, flipped = crop_box(tf.shape(image), draws, crop_min_area)
-        image = image[top:top + height, left:left + width]
-        if flip:
-            image = tf.cond(flipped, lambda: tf.reverse(image, [1]), lambda: image)
-    image = resize(image, (image_size, image_size))
+    image = resize(cropped(encoded, seed, crop_min_area, flip, draws), (image_size, image_size))
     if augmentation is None or not (augmentation.randaugment_layers
                                     or augmentation.random_erasing):
         return to_model_range(image, dtype)
@@ -195,7 +200,8 @@ def with_corruption(example, seed, config, num_patches):
     return dict(example, corruption=corruption, source=source)
 
 
-def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patches=None):
+def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patches=None,
+                     native=None):
     """Returns `fn(input_context)` for `strategy.distribute_datasets_from_function`.
 
     The global stream is epoch after epoch of the train split; global batch s is its positions
@@ -212,6 +218,9 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patche
     shuffled windows of about `config.shuffle_buffer` examples (`input_order._host_order`);
     the order then depends on the number of hosts, and starting at `start_step` reads one
     window.
+
+    Given `native` (a train.data.native_input.Plan), each image keeps its aspect ratio within
+    its budget of patches (train.data.tf_native), and "packed" packs each batch's images.
     """
     from . import augmentation, mixing
 
@@ -232,6 +241,10 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patche
 
         def preprocess(position, example, draws=None):
             seed = tf.stack([tf.constant(config.seed, tf.int64), position])
+            if native is not None:
+                image = cropped(example["image"], seed, config.crop_min_area, config.flip, draws)
+                return tf_native.example(image, example["label"], native,
+                                         tf_native.drawn_budget(seed, native))
             image = preprocess_train(example["image"], seed, config.image_size,
                                      config.crop_min_area, config.flip, dtype, chosen, draws)
             example = {"image": image, "label": tf.cast(example["label"], tf.int32)}
@@ -244,6 +257,9 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patche
         examples = examples.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE,
                                 deterministic=True)
         batches = examples.batch(per_replica, drop_remainder=True)
+        if native is not None and native.mode == "packed":
+            batches = batches.map(functools.partial(tf_native.packed, plan=native),
+                                  num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         if chosen.mixes:
             batches = batches.map(mixing.mix_pairs, num_parallel_calls=tf.data.AUTOTUNE,
                                   deterministic=True)
@@ -253,7 +269,7 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patche
     return dataset_fn
 
 
-def eval_dataset_fn(builder, config, dtype=tf.float32, num_patches=None):
+def eval_dataset_fn(builder, config, dtype=tf.float32, num_patches=None, native=None):
     """Returns `fn(input_context)`: every eval example once across all pipelines (each reads a
     consecutive part of the split, `records.Split.part`), padded with `mask` 0 to whole global
     batches
@@ -273,6 +289,9 @@ def eval_dataset_fn(builder, config, dtype=tf.float32, num_patches=None):
 
         def preprocess(example):
             seed = tf.stack([tf.constant(config.seed, tf.int64), example["id"]])
+            if native is not None:  # each image alone, at the whole budget
+                return dict(tf_native.example(decode_image(example["image"]), example["label"],
+                                              native), mask=tf.constant(1.0))
             return with_corruption(
                 {"image": preprocess_eval(example["image"], config.image_size, dtype, resize),
                  "label": tf.cast(example["label"], tf.int32), "mask": tf.constant(1.0)},
@@ -283,6 +302,8 @@ def eval_dataset_fn(builder, config, dtype=tf.float32, num_patches=None):
             {"image": tf.zeros((config.image_size, config.image_size, 3), dtype),
              "label": tf.constant(0, tf.int32), "mask": tf.constant(0.0)},
             tf.constant([0, 0], tf.int64), config, num_patches)
+        if native is not None:
+            blank = dict(tf_native.blank(native), mask=tf.constant(0.0))
         padding = tf.data.Dataset.from_tensors(blank).repeat()
         examples = examples.concatenate(padding).take(steps * share)
         examples = examples.batch(per_replica, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
@@ -316,17 +337,22 @@ def _distributed(strategy, dataset_fn):
 
 
 def get_datasets(config, strategy, start_step=0, dtype=tf.float32, builder=None,
-                 num_patches=None):
+                 num_patches=None, native=None):
     """Builds the distributed train and eval datasets for `strategy` (from `builder`, as
     `get_builder(config)` returns it, default the one `config.dataset` names). Given
-    `num_patches` (masked patch prediction), every example carries its patch corruption."""
+    `num_patches` (masked patch prediction), every example carries its patch corruption; given
+    `native` (train.data.native_input.Plan), each image keeps its aspect ratio."""
     for field in ("batch_size", "eval_batch_size"):
         if config[field] % strategy.num_replicas_in_sync:
             raise ValueError(f"{field} {config[field]} is not divisible by the "
                              f"{strategy.num_replicas_in_sync} replicas.")
     builder = builder or get_builder(config)  # get_builder checks the splits
-    train_fn = train_dataset_fn(builder, config, start_step, dtype, num_patches)
-    eval_fn = eval_dataset_fn(builder, config, dtype, num_patches)
+    if native is not None and native.mode == "packed" and (
+            native.sequences % strategy.num_replicas_in_sync):
+        raise ValueError(f"config.pack_sequences={native.sequences} is not divisible by the "
+                         f"{strategy.num_replicas_in_sync} replicas.")
+    train_fn = train_dataset_fn(builder, config, start_step, dtype, num_patches, native)
+    eval_fn = eval_dataset_fn(builder, config, dtype, num_patches, native)
     return Datasets(
         train=_distributed(strategy, train_fn),
         eval=_distributed(strategy, eval_fn),
@@ -344,16 +370,17 @@ def process_input(config, num_processes, process_index, builder=None):
                                          input_pipeline_id=process_index,
                                          num_replicas_in_sync=num_processes)
 
-    def train(start_step, num_patches=None):
-        dataset_fn = train_dataset_fn(builder, config, start_step, num_patches=num_patches)
+    def train(start_step, num_patches=None, native=None):
+        dataset_fn = train_dataset_fn(builder, config, start_step, num_patches=num_patches,
+                                      native=native)
         return dataset_fn(context).as_numpy_iterator()
 
     @functools.cache  # built once: each evaluation is a new pass over it
-    def eval_dataset(num_patches):
-        return eval_dataset_fn(builder, config, num_patches=num_patches)(context)
+    def eval_dataset(num_patches, native):
+        return eval_dataset_fn(builder, config, num_patches=num_patches, native=native)(context)
 
-    def evaluate(num_patches=None):
-        return eval_dataset(num_patches).as_numpy_iterator()
+    def evaluate(num_patches=None, native=None):
+        return eval_dataset(num_patches, native).as_numpy_iterator()
 
     return input_plan.ProcessInput(
         class_names=input_plan.class_names(builder.info.features["label"]),

@@ -196,7 +196,8 @@ class JaxEngine(Engine):
         if self.saved_step is None and config.pretrained:
             self._load_pretrained()
         self.eval_examples = self.input.eval_examples
-        self._train_iterator = self.input.train(self.step, self.objective.num_patches)
+        self._train_iterator = self.input.train(self.step, self.objective.num_patches,
+                                                self.objective.native)
 
     @property
     def step(self):
@@ -225,7 +226,8 @@ class JaxEngine(Engine):
     def evaluate(self):
         """Top-1 accuracy (None without classes) and mean loss over the whole eval split."""
         batches = (self.jax_step.eval_step(self.state, self._global_batch(local))
-                   for local in self.input.eval(self.objective.num_patches))
+                   for local in self.input.eval(self.objective.num_patches,
+                                                self.objective.native))
         return step_math.eval_results(([_host(value) for value in sums] for sums in batches),
                                       self.eval_examples, self.objective.has_accuracy)
 

@@ -100,12 +100,8 @@ class JaxStep:
         def spec(shape, dtype):
             return jax.ShapeDtypeStruct(shape, dtype, sharding=self.batch_sharding)
 
-        batch = {"image": spec((batch_size, image_size, image_size, 3), "float32"),
-                 "label": spec((batch_size,), "int32")}
-        if self.objective.num_patches is not None:  # masked patch prediction's corruption
-            for name in ("corruption", "source"):
-                batch[name] = spec((batch_size, self.objective.num_patches), "int32")
-        return batch
+        return {name: spec(shape, dtype) for name, (shape, dtype)
+                in self.objective.batch_shapes(batch_size, image_size).items()}
 
     def _stateless(self, compute, trainable, non_trainable, batch):
         """`compute(objective, model, batch)` (of train.run.step_math) with the given weights,

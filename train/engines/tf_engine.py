@@ -92,7 +92,8 @@ class TFEngine(Engine):
                                                   max_to_keep=config.keep_checkpoints)
         self.data = tf_pipeline.get_datasets(inputs, strategy, start_step=self.step,
                                                 dtype=self.input_dtype, builder=builder,
-                                                num_patches=self.objective.num_patches)
+                                                num_patches=self.objective.num_patches,
+                                                native=self.objective.native)
         self.eval_examples = self.data.eval_examples
         self.train_loop = self._make_train_loop()
         self.eval_step = self._make_eval_step()

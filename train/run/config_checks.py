@@ -38,12 +38,12 @@ def rules():
     "optional_float": the same or None; "choice": the valid values; "bool"; "str": non-empty;
     "any_str": may be empty; "optional_str": a string or None; "spec": the fields of
     keras_vit.ViTConfig, checked by the spec (`_check_model`)."""
-    from ..data import augmentation, settings
+    from ..data import augmentation, native_input, settings
     from . import distillation, engine, loop, objectives, optimizers, starting_point
 
     return {"model": ("spec", None), **loop.RULES, **objectives.RULES, **settings.RULES,
             **augmentation.RULES, **optimizers.RULES, **engine.RULES, **starting_point.RULES,
-            **distillation.RULES}
+            **distillation.RULES, **native_input.RULES}
 
 
 class Section:
@@ -166,7 +166,7 @@ def problems(config, num_replicas=None, fields=None):
     `fields`: check only these (default: every field with a rule); fields the config lacks are
     skipped.
     """
-    from ..data import augmentation, settings
+    from ..data import augmentation, native_input, settings
     from . import distillation, engine, objectives, optimizers, starting_point
 
     every_rule = rules()
@@ -197,6 +197,8 @@ def problems(config, num_replicas=None, fields=None):
         spec = _check_model(config, report.ok("image_size"), report.add)
         if spec is not None and report.ok("image_size"):
             objectives.check(config, report, spec)
+            if all(name in config for name in native_input.FIELDS):
+                native_input.check(config, report, spec)
     return report.found
 
 

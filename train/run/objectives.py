@@ -13,6 +13,7 @@ from keras import ops
 import keras_vit
 from keras_vit import masked_patches
 
+from ..data import native_input
 from . import distillation
 from .model_config import model_spec
 
@@ -119,19 +120,42 @@ def cross_entropy(labels, logits, num_classes, label_smoothing):
         targets, ops.cast(logits, "float32"), from_logits=True, label_smoothing=label_smoothing)
 
 
+def image_batch_shapes(images, image_size):
+    """`{name: (shape, dtype)}` of a batch of `images` square images and their labels."""
+    return {"image": ((images, image_size, image_size, 3), "float32"),
+            "label": ((images,), "int32")}
+
+
 class Classification:
     """Supervised: the class of each image (the batch's `label`; in training, mixed with the
-    batch's `mix_label` by `mix_weight` where the input pipeline mixed the images)."""
+    batch's `mix_label` by `mix_weight` where the input pipeline mixed the images). With
+    `config.native`, each image at its own aspect ratio (`native`, a
+    train.data.native_input.Plan): the model is `keras_vit.native.NaFlexViT` of the classifier,
+    and a packed batch's labels and outputs are one per slot, empty slots of weight 0."""
 
     has_accuracy = True
     num_patches = None  # the input pipeline adds no corruption
 
     def __init__(self, config, num_classes):
         self.config, self.num_classes = config, num_classes
+        spec = model_spec(config, num_classes) if config.get("native", "none") != "none" else None
+        self.native = spec and native_input.plan(
+            config, spec.patch_size, spec.grid_size[0] * spec.grid_size[1])
+
+    def batch_shapes(self, images, image_size):
+        """`{name: (shape, dtype)}` of a training batch of `images` images."""
+        if self.native is not None:
+            return self.native.train_shapes(images)
+        return image_batch_shapes(images, image_size)
 
     def build(self):
-        """The classifier; with `config.distill`, with its frozen teacher beside it."""
+        """The classifier; with `config.distill`, with its frozen teacher beside it; with
+        `config.native`, as a NaFlexViT."""
         student = build_model(self.config, self.num_classes)
+        if self.native is not None:
+            from keras_vit.native import NaFlexViT
+
+            return NaFlexViT(student)
         if self.config.distill == "none":
             return student
         return distillation.StudentAndTeacher(
@@ -145,6 +169,8 @@ class Classification:
                 ops.cast(logits, "float32")
                 for logits in model.student_heads(batch["image"], training=True))
             logits = (label_logits + teacher_term_logits) / 2.0
+        elif self.native is not None:
+            return self._native_losses(model, batch, training)
         else:
             logits = ops.cast(model(batch["image"], training=training), "float32")
             label_logits = teacher_term_logits = logits
@@ -163,9 +189,24 @@ class Classification:
         correct = ops.cast(ops.equal(predicted, ops.cast(batch["label"], "int32")), "float32")
         return losses, ops.ones_like(losses), correct
 
+    def _native_losses(self, model, batch, training):
+        """`item_losses` of a NaFlexViT: one item per image (per slot of a packed batch)."""
+        logits = ops.cast(model(batch, training=training), "float32")
+        logits = ops.reshape(logits, (-1, logits.shape[-1]))
+        labels = ops.reshape(batch["label"], (-1,))
+        smoothing = self.config.label_smoothing if training else 0.0
+        losses = cross_entropy(labels, logits, self.num_classes, smoothing)
+        weights = (ops.reshape(ops.cast(batch["label_weight"], "float32"), (-1,))
+                   if "label_weight" in batch else ops.ones_like(losses))
+        predicted = ops.cast(ops.argmax(logits, -1), "int32")
+        correct = ops.cast(ops.equal(predicted, ops.cast(labels, "int32")), "float32")
+        return losses, weights, correct
+
     def encoder(self, model):
-        """The model that the run exports: the classifier (a distilling run's student)."""
-        return getattr(model, "student", model)
+        """The model that the run exports: the classifier (a distilling run's student; a
+        NaFlexViT's classic model, the same weights)."""
+        model = getattr(model, "student", model)
+        return getattr(model, "vit", model)
 
 
 class MaskedPatchPrediction:
@@ -173,11 +214,21 @@ class MaskedPatchPrediction:
     from the batch's `image` and its `corruption` and `source`, which the input pipeline draws
     (train.data.masking). The labels are not used."""
 
+    native = None  # square images (train.data.native_input.check refuses the others)
+
     def __init__(self, config, num_classes):
         del num_classes  # no classes: the head predicts patch targets
         self.config = config
         self.has_accuracy = config.mpp_target != "pixels"
         self.num_patches = None  # known once the model is built
+
+    def batch_shapes(self, images, image_size):
+        """`{name: (shape, dtype)}` of a training batch of `images` images, with their
+        patches' corruption."""
+        shapes = image_batch_shapes(images, image_size)
+        for name in ("corruption", "source"):
+            shapes[name] = ((images, self.num_patches), "int32")
+        return shapes
 
     def build(self):
         encoder = build_model(self.config, num_classes=1, include_top=False)

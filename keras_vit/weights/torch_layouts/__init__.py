@@ -9,7 +9,8 @@ family. What families share is in `common` (and `transformers_common`, `timm_com
 """
 
 from keras_vit.weights.torch_layouts import (common, timm_common, timm_eva, timm_hybrid,
-                                             timm_relpos, timm_vit, transformers_clip,
+                                             timm_naflex, timm_relpos, timm_vit,
+                                             transformers_clip,
                                              transformers_deit, transformers_dinov2,
                                              transformers_dinov3, transformers_mae,
                                              transformers_msn, transformers_siglip,
@@ -18,7 +19,7 @@ from keras_vit.weights.torch_layouts.common import LayoutError
 from keras_vit.weights.torch_layouts.timm_common import timm_architectures
 
 __all__ = ["FAMILIES", "FORMATS", "LayoutError", "TIMM_CLASSES", "TRANSFORMERS_ARCHITECTURES",
-           "detect", "from_npz_arrays", "spec_from_timm", "spec_from_transformers",
+           "detect", "from_npz_arrays", "is_native", "spec_from_timm", "spec_from_transformers",
            "timm_architectures", "timm_config", "to_npz_arrays", "transformers_config",
            "vision_tower"]
 
@@ -32,7 +33,8 @@ FAMILIES = {
                      transformers_siglip.FAMILY, transformers_msn.FAMILY,
                      transformers_mae.FAMILY, transformers_dinov3.FAMILY,
                      transformers_siglip2.FAMILY),
-    "timm": (timm_vit.FAMILY, timm_hybrid.FAMILY, timm_relpos.FAMILY, timm_eva.FAMILY),
+    "timm": (timm_vit.FAMILY, timm_hybrid.FAMILY, timm_relpos.FAMILY, timm_eva.FAMILY,
+             timm_naflex.FAMILY),
 }
 FORMATS = tuple(FAMILIES)
 
@@ -68,6 +70,18 @@ def detect(config):
         f"{', '.join(repr(name) for name in _MODEL_TYPES)}) nor timm's (an "
         f"'architecture' field); it describes {model_type!r}. keras_vit reads those, and the "
         "original .npz checkpoints.")
+
+
+def is_native(config):
+    """Whether `config.json` is a NaFlex model's (transformers' SigLIP 2, timm's NaFlexVit),
+    which loads as a `keras_vit.native.NaFlexViT`."""
+    natives = [family for families in FAMILIES.values() for family in families
+               if family.native]
+    if "architecture" in config:  # timm's
+        name = str(config["architecture"]).split(".")[0]
+        timm_class = timm_architectures().get(name, {}).get("class")
+        return any(timm_class in family.classes for family in natives)
+    return any(config.get("model_type") in family.model_types for family in natives)
 
 
 def vision_tower(config, state, projection=False):
@@ -114,14 +128,22 @@ def spec_from_timm(config, state):
         raise LayoutError(
             f"timm architecture {architecture!r} is timm's {entry['class']}, not its "
             "VisionTransformer: keras_vit reads the VisionTransformer family (and DeiT's "
-            "VisionTransformerDistilled, and Eva).")
+            "VisionTransformerDistilled, Eva and NaFlexVit).")
     return family.spec_from_config(config, state, entry["class"])
 
 
-def _writer(spec, layout):
-    """The family of `layout`, a library's name, that writes a model of `spec`."""
+def _writer(spec, layout, native=False):
+    """The family of `layout`, a library's name, that writes a model of `spec`; with `native`,
+    its NaFlex family (a `keras_vit.native.NaFlexViT` of that spec)."""
     if layout not in FORMATS:
         raise ValueError(f"layout must be one of {FORMATS}, got {layout!r}.")
+    if native:
+        family = _claiming(FAMILIES[layout], lambda family: family.native and family.config_for)
+        if family is None:
+            raise LayoutError(f"No {layout} family writes NaFlex models itself (transformers' "
+                              "SigLIP 2 is written as SigLIP, then renamed: "
+                              "keras_vit.save_pretrained does both).")
+        return family
     return _claiming(FAMILIES[layout], lambda family: family.writes(spec))
 
 
@@ -142,24 +164,28 @@ def transformers_config(spec, arrays=None):
     return _writer(spec, "transformers").config_for(spec, None, arrays)
 
 
-def timm_config(spec, preprocessing, arrays=None):
+def timm_config(spec, preprocessing, arrays=None, native=False):
     """timm's `config.json` (what `timm.create_model("local-dir:DIR", pretrained=True)` reads)
     for a model of `spec`, by the timm family that writes it: its sizes and options in
     `model_args`, and in `pretrained_cfg` the resize and crop of `preprocessing` (the model's
     `keras_vit.EvalPreprocessing`). A model with RoPE is timm's Eva, whose attention depends on
     the weights, `arrays` (`timm_eva.eva_attention`), as is one with NormFormer's inner
-    LayerNorms (timm's scale_attn_inner, scale_mlp)."""
-    return _writer(spec, "timm").config_for(spec, preprocessing, arrays)
+    LayerNorms (timm's scale_attn_inner, scale_mlp); with `native`, a `NaFlexViT` of `spec`
+    is timm's NaFlexVit."""
+    return _writer(spec, "timm", native).config_for(spec, preprocessing, arrays)
 
 
 def to_npz_arrays(state, spec, layout, config=None):
     """Their state dict (name -> array) as the `.npz` layout `checkpoint.load_npz` reads.
     Every tensor must be used and every expected one present: a LayoutError names the rest.
     `config`, the checkpoint's config.json, says how timm's Eva lays out RoPE's channels
-    (None: as keras_vit does)."""
-    return _writer(spec, layout).to_npz_arrays(state, spec, config)
+    (None: as keras_vit does), and whether the weights are timm's NaFlexVit's (SigLIP 2's are
+    SigLIP's by then: `vision_tower`)."""
+    native = layout == "timm" and config is not None and is_native(config)
+    return _writer(spec, layout, native).to_npz_arrays(state, spec, config)
 
 
-def from_npz_arrays(arrays, spec, layout):
-    """The `.npz` layout (`checkpoint.model_arrays`) as their state dict."""
-    return _writer(spec, layout).from_npz_arrays(arrays, spec)
+def from_npz_arrays(arrays, spec, layout, native=False):
+    """The `.npz` layout (`checkpoint.model_arrays`) as their state dict; with `native`, a
+    `NaFlexViT`'s as the NaFlex class of `layout` (timm's NaFlexVit)."""
+    return _writer(spec, layout, native).from_npz_arrays(arrays, spec)

@@ -54,6 +54,10 @@ class Family:
     # (state, spec, config or None) -> the `.npz` arrays, and (arrays, spec) -> their state.
     to_arrays: Optional[Callable] = None
     from_arrays: Optional[Callable] = None
+    # A NaFlex family (transformers' SigLIP 2, timm's NaFlexVit): its checkpoints load as a
+    # `keras_vit.native.NaFlexViT`, and a NaFlexViT is written as its classes (`writes` stays
+    # for classic models, which none of them claims).
+    native: bool = False
 
     def to_npz_arrays(self, state, spec, config=None):
         """Their state dict as the `.npz` layout (`common.to_arrays`; timm's through its

@@ -45,9 +45,10 @@ TOKEN_GAP = ("classifier='token_gap' (DINOv2's head on the class token beside th
 
 @functools.cache
 def timm_architectures():
-    """timm's `vit_*`, `deit*` and `eva02*` architectures: name -> {"class", "args"}, the
-    arguments each entry point passes beyond `VisionTransformer`'s defaults (for Eva's, marked
-    `"defaults": "Eva"`, beyond `Eva`'s) (written by
+    """timm's `vit_*`, `deit*`, `eva02*` and `naflexvit_*` architectures: name -> {"class",
+    "args"}, the arguments each entry point passes beyond `VisionTransformer`'s defaults (for
+    Eva's, marked `"defaults": "Eva"`, beyond `Eva`'s; for NaFlexVit's, `"defaults":
+    "NaFlexVitCfg"`, the fields of its config beyond that dataclass's defaults) (written by
     benchmarks/timm_coverage.py --write_table from timm itself). A checkpoint's `config.json`
     names its architecture but does not repeat these."""
     path = os.path.join(os.path.dirname(__file__), "timm_architectures.json")
@@ -132,7 +133,7 @@ def architecture_entry(config):
     if entry is None:  # its options (heads, activation, epsilon...) would be guesses
         raise LayoutError(
             f"timm architecture {architecture!r} is not one keras_vit knows (timm 1.0.31's "
-            "vit_*, deit* and eva02* architectures, "
+            "vit_*, deit*, eva02* and naflexvit_* architectures, "
             "keras_vit/weights/torch_layouts/timm_architectures.json).")
     return architecture, entry
 

@@ -82,4 +82,4 @@ def spec_from_config(config, state, architecture):
 
 
 FAMILY = Family(name="SigLIP 2", library="transformers", classes=CLASSES, model_types=MODEL_TYPES,
-                vision_tower=vision_tower, spec_from_config=spec_from_config)
+                vision_tower=vision_tower, spec_from_config=spec_from_config, native=True)

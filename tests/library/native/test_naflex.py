@@ -70,6 +70,49 @@ def test_each_image_gets_what_it_gets_alone_and_the_classic_model_at_its_grid(fa
     assert_close(together[0], expected[0], f"{family}: the classic model at its grid")
 
 
+def unpatchified(patches, rows, columns):
+    """The `[rows * P, columns * P, 3]` image of `rows * columns` flattened (P, P, 3) patches."""
+    grid = np.reshape(patches[:rows * columns], (rows, columns, PATCH, PATCH, 3))
+    return np.reshape(np.transpose(grid, (0, 2, 1, 3, 4)), (rows * PATCH, columns * PATCH, 3))
+
+
+def test_bicubic_naflex_gives_the_classic_model_at_every_images_grid():
+    """A model of timm's bicubic resize (`position_embedding_interpolation="bicubic"`): NaFlex
+    resizes its embeddings per image as the classic model resizes them for a whole image of
+    that grid (`dynamic_image_size`), enlarged, shrunk, both at once, so each image gets the
+    classic model's output at its own size (bilinear NaFlex, SigLIP 2's, does not)."""
+    model = classic({"classifier": "map", "class_token": False, "dynamic_image_size": True,
+                     "position_embedding_interpolation": "bicubic"})
+    naflex = native.NaFlexViT(model)
+    for budget in (16, 30, 6):
+        arrays = native.prepare(IMAGES, PATCH, budget)
+        outputs = numpy(naflex(arrays))
+        for index, (rows, columns) in enumerate(arrays["spatial_shapes"]):
+            image = unpatchified(arrays["pixel_values"][index], rows, columns)
+            expected = numpy(model(image[None]))[0]
+            assert_close(outputs[index], expected, f"budget {budget}, image {index}")
+
+
+def test_timm_input_names_give_the_same_outputs():
+    """timm's NaFlexVit's dict (`patches`, `patch_valid`, `patch_coord`: each image's grid is
+    one more than its largest row and column) is the same input under other names."""
+    naflex = native.NaFlexViT(classic({"classifier": "gap", "num_register_tokens": 1,
+                                       "position_embedding_interpolation": "bicubic"}))
+    arrays = native.prepare(IMAGES, PATCH, 20)
+    valid = arrays["pixel_attention_mask"] == 1
+    coords = np.zeros(valid.shape + (2,), np.int32)
+    for index, (rows, columns) in enumerate(arrays["spatial_shapes"]):
+        coords[index, :rows * columns] = np.stack(np.meshgrid(
+            np.arange(rows), np.arange(columns), indexing="ij"), -1).reshape(-1, 2)
+    coords[~valid] = 3  # what the padding holds changes nothing
+    timm_arrays = {"patches": arrays["pixel_values"], "patch_valid": valid, "patch_coord": coords}
+    assert_close(numpy(naflex(timm_arrays)), numpy(naflex(arrays)), "timm's names")
+    with pytest.raises(ValueError, match=r"patch_valid must be \[batch, length\] and patch_coord"):
+        naflex(dict(timm_arrays, patch_coord=coords[..., :1]))
+    with pytest.raises(ValueError, match=r"patches must be \[batch, length, 192\]"):
+        naflex(dict(timm_arrays, patches=arrays["pixel_values"][..., :100]))
+
+
 def test_the_padding_changes_nothing_and_tokens_come_with_their_mask():
     naflex = native.NaFlexViT(classic({"classifier": "map", "class_token": False}))
     arrays = native.prepare(IMAGES, PATCH, 16)
@@ -252,3 +295,16 @@ def test_one_compiled_program_serves_every_packing():
                   for key, value in packed.items() if key != "image_index"}
         assert_close(numpy(run(packed)), numpy(naflex(packed)), f"XLA, packing {seed}")
     assert len(traces) == 1
+
+
+def test_the_tensorflow_patches_are_the_numpy_ones():
+    """tf.data's per-image cut (`image_patches_tf`, a budget tensor too) and the NumPy one
+    (`image_patches`): the same grid, and pixels as close as two bilinear resizes."""
+    tf = pytest.importorskip("tensorflow")
+    for image in IMAGES:
+        for budget in (16, 5):
+            expected, grid = native.image_patches(image, PATCH, budget)
+            for given in (budget, tf.constant(budget)):
+                patches, tf_grid = native.image_patches_tf(tf.constant(image), PATCH, given)
+                assert tuple(tf_grid.numpy()) == grid
+                assert np.abs(patches.numpy() - expected).max() < 2 / 255

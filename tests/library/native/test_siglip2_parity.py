@@ -17,6 +17,7 @@ import keras  # noqa: E402
 import keras_vit  # noqa: E402
 from keras_vit import native  # noqa: E402
 from keras_vit.weights.torch_layouts import LayoutError  # noqa: E402
+from model_fixtures import order_one  # noqa: E402
 from transformers.models.siglip2 import image_processing_siglip2  # noqa: E402
 
 PATCH = 8
@@ -26,16 +27,6 @@ RNG = np.random.default_rng(0)
 IMAGES = [RNG.integers(0, 256, shape, dtype=np.uint8)
           for shape in ((32, 32, 3), (20, 90, 3), (90, 21, 3), (64, 40, 3))]
 BUDGETS = (16, 24, 7)  # the learned grid's, more (enlarged), fewer (shrunk, antialiased)
-
-
-def order_one(model):
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            norm = "norm" in name
-            parameter.copy_(torch.randn_like(parameter) * (0.1 if norm else 0.3)
-                            + float(norm and name.endswith("weight")))
-    return model.eval()
 
 
 def their_outputs(model, arrays):
@@ -110,8 +101,12 @@ def test_a_model_siglip2_cannot_express_is_refused_before_writing(tmp_path):
     model = keras_vit.vit("Ti/16", image_size=32, patch_size=PATCH, num_classes=5)
     with pytest.raises(LayoutError, match="cannot be written as transformers' Siglip2"):
         keras_vit.save_pretrained(native.NaFlexViT(model), tmp_path / "a")
+    # SigLIP's options but LayerNorms of another epsilon: format="timm" (timm's NaFlexVit, whose
+    # norms are 1e-6) refuses it (tests/library/native/test_timm_naflex_parity.py writes others)
     siglip = keras_vit.vit("Ti/16", image_size=32, patch_size=PATCH, include_top=False,
-                           classifier="map", class_token=False, final_norm="tokens")
-    with pytest.raises(LayoutError, match="timm's NaFlexVit is not written yet"):
+                           classifier="map", class_token=False, final_norm="tokens",
+                           layer_norm_epsilon=1e-5)
+    with pytest.raises(LayoutError, match="cannot be written as timm's NaFlexVit, which has no "
+                                          "LayerNorms of epsilon 1e-05"):
         keras_vit.save_pretrained(native.NaFlexViT(siglip), tmp_path / "b", format="timm")
     assert not list(tmp_path.iterdir())

@@ -19,19 +19,9 @@ timm = pytest.importorskip("timm")
 
 import keras_vit  # noqa: E402
 from keras_vit.weights.torch_layouts import LayoutError  # noqa: E402
+from model_fixtures import order_one  # noqa: E402
 
 IMAGES = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
-
-
-def order_one(model):
-    """Weights N(0, 0.3), LayerNorm scales 1 + N(0, 0.1): activations of order 1."""
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            norm = "norm" in name
-            parameter.copy_(torch.randn_like(parameter) * (0.1 if norm else 0.3)
-                            + float(norm and name.endswith("weight")))
-    return model.eval()
 
 
 def through_timm_files(theirs, directory, model_args=None):

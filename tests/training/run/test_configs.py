@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import keras_vit
-from configs import ablation, augreg, augreg_finetune, common, finetune, pretrain, quickstart
+from configs import (ablation, augreg, augreg_finetune, common, finetune, native_aspect,
+                     pretrain, quickstart)
 from train.run import model_config
 from train_fixtures import FLAT_LAYOUT_CONFIG_JSON, TINY
 
@@ -32,6 +33,7 @@ def _all_configs():
         "ablation": ablation.get_config(),
         "augreg": augreg.get_config(),
         "augreg_finetune": augreg_finetune.get_config("model=S/16,dataset=oxford_iiit_pet"),
+        **{f"native_aspect:{arg}": native_aspect.get_config(arg) for arg in native_aspect.ARGS},
     }
 
 
@@ -206,11 +208,12 @@ PLACEMENTS = keras_vit.architecture.spec.PLACEMENTS
 
 
 def test_each_field_has_one_owner_whose_choices_the_checks_read():
-    from train.data import augmentation, settings
+    from train.data import augmentation, native_input, settings
     from train.run import (config_checks, distillation, engine, loop, objectives, optimizers,
                            schedules, starting_point)
     owners = [loop.RULES, objectives.RULES, settings.RULES, augmentation.RULES,
-              optimizers.RULES, engine.RULES, starting_point.RULES, distillation.RULES]
+              optimizers.RULES, engine.RULES, starting_point.RULES, distillation.RULES,
+              native_input.RULES]
     names = [name for rules in owners for name in rules]
     assert len(names) == len(set(names))  # no field has two owners
     rules = config_checks.rules()

@@ -1,6 +1,7 @@
 """The offline default, `config.dataset = "fashion_mnist_local"`: the real Fashion-MNIST from
 Debian's `dataset-fashion-mnist` files (train.data.fashion_mnist), prepared as a TFDS dataset
-in ArrayRecord files for tf.data, and read straight from its IDX files for Grain."""
+in ArrayRecord files for tf.data, and read straight from its IDX files for Grain; and
+`"fashion_mnist_native"`, the same images each at its own aspect ratio and size."""
 
 import dataclasses
 
@@ -9,21 +10,23 @@ import numpy as np
 from . import DataSource
 
 NAME = "fashion_mnist_local"
+NATIVE_NAME = "fashion_mnist_native"
 
 
 class FashionMnistOffline(DataSource):
-    described = f"'{NAME}' (offline Fashion-MNIST)"
+    described = (f"'{NAME}' (offline Fashion-MNIST), '{NATIVE_NAME}' (the same at random "
+                 "aspect ratios)")
 
     @classmethod
     def matches(cls, dataset):
-        return dataset == NAME
+        return dataset in (NAME, NATIVE_NAME)
 
     def builder(self):
         import tensorflow_datasets as tfds
 
         from .. import fashion_mnist  # noqa: F401  (defining the builder registers it)
 
-        builder = tfds.builder(NAME, data_dir=self.data_dir)
+        builder = tfds.builder(self.dataset, data_dir=self.data_dir)
         # ArrayRecord, for random access (train.data.records).
         builder.download_and_prepare(file_format="array_record")
         return builder
@@ -32,14 +35,15 @@ class FashionMnistOffline(DataSource):
         return ""
 
     def grain_split(self, split):
-        return OfflineArrays(split)
+        return OfflineArrays(split, native=self.dataset == NATIVE_NAME)
 
 
 class OfflineArrays:
     """The offline default's `split` (any TFDS split expression) read from its IDX files:
-    record i of "train" is image i of train-images-idx3-ubyte.gz."""
+    record i of "train" is image i of train-images-idx3-ubyte.gz (`native`: stretched to its
+    own aspect ratio, `fashion_mnist.stretched`)."""
 
-    def __init__(self, split):
+    def __init__(self, split, native=False):
         import tensorflow_datasets as tfds
 
         from .. import fashion_mnist
@@ -50,6 +54,9 @@ class OfflineArrays:
         parts = tfds.core.ReadInstruction.from_spec(split).to_absolute(sizes)
         self.images = np.concatenate([arrays[part.splitname][0][part.from_:part.to]
                                       for part in parts])[..., None]
+        # Each record's split and index there, which its stretch is drawn from.
+        self.origins = [(part.splitname, index) for part in parts
+                        for index in range(part.from_, part.to)] if native else None
         self.labels = np.concatenate([arrays[part.splitname][1][part.from_:part.to]
                                       for part in parts]).astype(np.int64)
 
@@ -57,7 +64,12 @@ class OfflineArrays:
         return len(self.labels)
 
     def __getitem__(self, index):
-        return self.images[index], int(self.labels[index]), index
+        image = self.images[index]
+        if self.origins is not None:
+            from .. import fashion_mnist
+
+            image = fashion_mnist.stretched(image[..., 0], *self.origins[index])[..., None]
+        return image, int(self.labels[index]), index
 
 
 @dataclasses.dataclass

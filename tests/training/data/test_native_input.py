@@ -1,0 +1,150 @@
+"""Native resolution in training (train/data/native_input.py, train/data/tf_native.py): the
+native-aspect dataset, the tf.data stream of padded and packed batches (a pure function of
+(seed, step), so a resume sees what an uninterrupted run sees), the config's checks, and 20
+steps of configs/native_aspect.py on both engines, exported."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from train.data import fashion_mnist, native_input, tf_pipeline  # noqa: E402
+from train.run import config_checks, objectives  # noqa: E402
+from train_fixtures import (NUM_TEST, NUM_TRAIN, REPO, fake_images,  # noqa: E402
+                            fashion_mnist_dir, flags, tiny_config)
+
+NATIVE = dict(dataset="fashion_mnist_native", model=dict(patch_size=4, classifier="map",
+                                                         class_token=False),
+              native_patches=49, native_min_patches=12, pack_sequence_length=98, pack_images=4,
+              pack_sequences=12)
+
+
+@pytest.fixture(scope="module")
+def native_builder(fake_fmnist):
+    with fashion_mnist_dir(fake_fmnist.source):
+        return tf_pipeline.get_builder(tiny_config(fake_fmnist, **NATIVE, native="padded"))
+
+
+def test_the_native_dataset_holds_each_image_at_its_own_drawn_size(native_builder):
+    records = native_builder.as_data_source("train")
+    images, labels = fake_images(NUM_TRAIN, seed=1)
+    sizes = [fashion_mnist.native_size("train", index) for index in range(40)]
+    for index in range(40):
+        record = records[index]
+        assert record["image"].shape == sizes[index] + (1,)
+        np.testing.assert_array_equal(record["image"][..., 0],
+                                      fashion_mnist.stretched(images[index], "train", index))
+        assert record["label"] == labels[index]
+    aspects = [height / width for height, width in sizes]
+    assert min(aspects) < 0.6 and max(aspects) > 1.6  # wide and tall, not squares
+
+
+def _batches(builder, config, start_step, count):
+    plan = objectives.make(config, 10).native
+    dataset = tf_pipeline.train_dataset_fn(builder, config, start_step=start_step,
+                                           native=plan)(tf.distribute.InputContext())
+    return list(dataset.take(count).as_numpy_iterator()), plan
+
+
+def test_packed_batches_resume_exactly_and_hold_the_padded_batches_images(native_builder,
+                                                                          fake_fmnist):
+    packed_config = tiny_config(fake_fmnist, **NATIVE, native="packed")
+    stream, plan = _batches(native_builder, packed_config, 0, 6)
+    shapes = plan.train_shapes(packed_config.batch_size)
+    assert {name: value.shape for name, value in stream[0].items()} == {
+        name: shape for name, (shape, _) in shapes.items()}
+    for start in (2, 4):
+        resumed, _ = _batches(native_builder, packed_config, start, 2)
+        for offset, batch in enumerate(resumed):
+            for name, value in batch.items():
+                np.testing.assert_array_equal(value, stream[start + offset][name], name)
+    # The images of packed step s are those of padded step s, each in one slot or left out.
+    padded, _ = _batches(native_builder, tiny_config(fake_fmnist, **NATIVE, native="padded"),
+                         0, 6)
+    useful, placed = 0, 0
+    for packed_batch, padded_batch in zip(stream, padded):
+        counts = padded_batch["pixel_attention_mask"].sum(axis=1)
+        for row, slot in zip(*np.nonzero(packed_batch["label_weight"])):
+            where = packed_batch["segment_ids"][row] == slot + 1
+            patches = packed_batch["pixel_values"][row][where]
+            match = [index for index in range(len(counts)) if counts[index] == len(patches)
+                     and (padded_batch["pixel_values"][index, :counts[index]] == patches).all()]
+            assert match, (row, slot)
+            assert packed_batch["label"][row, slot] == padded_batch["label"][match[0]]
+            rows, columns = packed_batch["spatial_shapes"][row, slot]
+            assert (rows, columns) == tuple(padded_batch["spatial_shapes"][match[0]])
+            placed += 1
+        useful += (packed_batch["segment_ids"] > 0).sum()
+    # Budgets drawn from 12 to 49 patches: 12 sequences of 98 hold most of 32 images.
+    assert placed >= 0.9 * 6 * packed_config.batch_size
+    assert useful / (6 * 12 * 98) > 0.7
+
+
+def test_evaluation_sees_each_image_alone_at_the_whole_budget(native_builder, fake_fmnist):
+    config = tiny_config(fake_fmnist, **NATIVE, native="packed")
+    plan = objectives.make(config, 10).native
+    dataset = tf_pipeline.eval_dataset_fn(native_builder, config, native=plan)(
+        tf.distribute.InputContext())
+    batches = list(dataset.as_numpy_iterator())
+    assert sum(batch["mask"].sum() for batch in batches) == NUM_TEST  # each once
+    first = batches[0]
+    assert first["pixel_values"].shape == (config.eval_batch_size, 49, 48)
+    sizes = [fashion_mnist.native_size("test", index) for index in range(3)]
+    for index, (height, width) in enumerate(sizes):
+        rows, columns = first["spatial_shapes"][index]
+        assert rows * columns <= 49 and first["pixel_attention_mask"][index].sum() == rows * columns
+        assert (rows > columns) == (height > width) or abs(height - width) <= 2
+
+
+@pytest.mark.parametrize("overrides, field, message", [
+    (dict(native="packed", model=dict(classifier="token", class_token=True)), "native",
+     "can have no prefix tokens"),
+    (dict(native="padded", image_size=32, model=dict(variant="R+Ti/16", patch_size=2)),
+     "native", "ResNet stem"),
+    (dict(native="padded", objective="masked_patch_prediction",
+          model=dict(classifier="gap")), "objective", "trains classifiers"),
+    (dict(native="padded", cutmix_alpha=1.0), "cutmix_alpha", "cuts no images"),
+    (dict(native="padded", native_patches=16, native_min_patches=20), "native_min_patches",
+     "is above config.native_patches=16"),
+    (dict(native="packed", native_patches=49, pack_sequence_length=30),
+     "pack_sequence_length", "is shorter than config.native_patches=49"),
+    (dict(native="sideways"), "native", "must be one of"),
+])
+def test_a_native_config_that_cannot_run_is_refused_naming_the_field(fake_fmnist, overrides,
+                                                                      field, message):
+    fields = {**NATIVE, **overrides,
+              "model": {**NATIVE["model"], **overrides.get("model", {})}}
+    config = tiny_config(fake_fmnist, **fields)
+    found = [problem for problem in config_checks.problems(config)
+             if problem.startswith(f"config.{field}=")]
+    assert found and message in found[0], config_checks.problems(config)
+
+
+def test_grain_refuses_native_resolution_with_the_reason():
+    from train.data import grain_pipeline
+
+    config = tiny_config(type("Data", (), {"data_dir": "/nowhere"})(), **NATIVE, native="packed")
+    assert "cuts each image at its own aspect ratio" in grain_pipeline.unavailable(config, "jax")
+    assert native_input.plan(tiny_config(type("Data", (), {"data_dir": "/x"})()), 4, 49) is None
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_20_packed_steps_train_and_export_on_both_engines(fake_fmnist, tmp_path, backend):
+    workdir = str(tmp_path / "run")
+    overrides = {**NATIVE, "model": {**NATIVE["model"], "hidden_size": 16},
+                 "total_steps": 20, "steps_per_loop": 10, "checkpoint_every_steps": 10,
+                 "eval_every_steps": 20, "export": True}
+    command = [sys.executable, "-m", "train.main",
+               *flags(fake_fmnist, workdir, "configs/native_aspect.py", **overrides)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=400,
+                            env=dict(fake_fmnist.env(), KERAS_BACKEND=backend))
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "step 20/20" in result.stderr and "eval accuracy" in result.stderr
+    export = os.path.join(workdir, "export")
+    assert os.path.isdir(os.path.join(export, "saved_model", "1"))
+    assert os.path.isfile(os.path.join(export, "model.keras"))
