@@ -6,12 +6,13 @@ takes, on each engine.
     python benchmarks/native_packing.py --steps=200 --engines=jax
 
 Three runs of configs/native_aspect.py per engine, the same 128 images a step, each image's budget
-drawn from 16 to 64 patches (`config.native_min_patches`): "packed" (24 sequences of 256 patches),
+drawn from 16 to 64 patches (`config.native_min_patches`): "packed" (40 sequences of 128 patches),
 "padded" (the same images, each padded to 64 patches: 128 sequences) and "square" (each image
 squashed to 32x32, 64 patches). Useful tokens are the patches of images over the tokens the
-model runs (the same for both engines: one input pipeline); images per second is the median of
-the loop's own rate (`metrics.jsonl`) after the compiling loop. Extra `--config.FIELD=VALUE`
-flags after `--` go to every run (the test runs it on the fake data that way).
+model runs, trained the share of the step's images that found a place (the same for both
+engines: one input pipeline); images per second is the median of the loop's own rate
+(`metrics.jsonl`) after the compiling loop, times that share. Extra `--config.FIELD=VALUE` flags
+after `--` go to every run (the test runs it on the fake data that way).
 """
 
 import argparse
@@ -32,8 +33,9 @@ MODES = {"packed": ("packed", []), "padded": ("padded", ["--config.native_min_pa
          "square": ("square", [])}
 
 
-def useful_tokens(mode, extra, batches=10):
-    """Patches of images over the tokens of `batches` training batches of `mode`."""
+def useful_tokens(mode, extra, batches=20):
+    """`(patches of images over tokens, images placed over images)` of `batches` training
+    batches of `mode`."""
     import tensorflow as tf
 
     from configs import native_aspect
@@ -54,14 +56,15 @@ def useful_tokens(mode, extra, batches=10):
     plan = objectives.make(config, 10).native
     dataset = tf_pipeline.train_dataset_fn(builder, config, native=plan)(
         tf.distribute.InputContext())
-    used = total = 0
+    used = total = placed = 0
     for batch in dataset.take(batches).as_numpy_iterator():
         if plan is None:  # squares: every token is a patch
-            return 1.0
+            return 1.0, 1.0
         valid = batch["segment_ids"] if plan.mode == "packed" else batch["pixel_attention_mask"]
         used += int((valid > 0).sum())
         total += valid.size
-    return used / total
+        placed += float(batch["label_weight"].sum()) if "label_weight" in batch else len(valid)
+    return used / total, placed / (batches * config.batch_size)
 
 
 def images_per_second(mode, engine, steps, extra):
@@ -92,13 +95,15 @@ def main():
     args = parser.parse_args()
     print(machine.describe())
     tokens = {mode: useful_tokens(mode, args.extra) for mode in MODES}
-    print("| engine | images | useful tokens | images/s | epoch of 60,000 | vs padded |")
-    print("|---|---|---|---|---|---|")
+    print("| engine | images | useful tokens | trained | images/s | epoch of 60,000 | "
+          "vs padded |")
+    print("|---|---|---|---|---|---|---|")
     for engine in args.engines.split(","):
-        rates = {mode: images_per_second(mode, engine, args.steps, args.extra)
+        rates = {mode: images_per_second(mode, engine, args.steps, args.extra) * tokens[mode][1]
                  for mode in MODES}
         for mode, rate in rates.items():
-            print(f"| {engine} | {mode} | {tokens[mode]:.0%} | {rate:.0f} | "
+            useful, trained = tokens[mode]
+            print(f"| {engine} | {mode} | {useful:.1%} | {trained:.1%} | {rate:.0f} | "
                   f"{60_000 / rate / 60:.1f} min | {rate / rates['padded']:.2f}x |")
 
 

@@ -7,10 +7,14 @@ and a small plain ViT that sees each image at its own aspect ratio (keras_vit.na
     python -m train.main --config=configs/native_aspect.py:square --workdir=runs/square
 
 The argument says how images become sequences (docs/native.md): "packed" (several images in
-each sequence of 256 patches, NaViT's packing, each image's budget drawn from 16 to 64
+each sequence of 128 patches, NaViT's packing, each image's budget drawn from 16 to 64
 patches), "padded" (one image per sequence, each at the whole budget of 64) or "square"
 (every image squashed to 32x32 pixels, the classic model: 64 patches). The model's learned
 grid is 8x8 patches of 4 pixels, resized to each image's grid.
+
+Packing's sizes, measured on the first 20 batches (128 images each): 40 sequences of 128
+patches run 5,120 tokens a step, 92.6% of them patches of images, and leave out 0.2% of the
+images; 24 sequences of 256 ran 77.3% patches, 36 of 128 95.5% but left out 6.4%.
 """
 
 from . import common
@@ -38,9 +42,9 @@ def get_config(arg="packed"):
     config.native_patches = 64
     if arg == "packed":
         config.native_min_patches = 16  # each image's budget drawn from 16 to 64 patches
-        config.pack_sequence_length = 256
+        config.pack_sequence_length = 128
         config.pack_images = 8
-        config.pack_sequences = 24  # 6,144 patches for 128 images (padding: 8,192)
+        config.pack_sequences = 40  # 5,120 patches for 128 images (padding: 8,192)
     config.optimizer = "adamw"
     config.learning_rate = 3e-3
     config.weight_decay = 0.05

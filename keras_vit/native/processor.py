@@ -10,6 +10,7 @@ same arrays under the same names):
 """
 
 import math
+import types
 
 import numpy as np
 
@@ -24,9 +25,15 @@ _LOW, _HIGH = EPS / 10, 100.0
 STEPS = math.ceil(math.log2((_HIGH - _LOW) / EPS))
 
 
+# The search on Python floats (IEEE doubles, as NumPy's float64): for one image, 20 times as fast
+# as on NumPy scalars.
+_PYTHON = types.SimpleNamespace(ceil=math.ceil, maximum=max,
+                                where=lambda fits, yes, no: yes if fits else no)
+
+
 def _search(heights, widths, patch_size, max_num_patches, xp):
-    """The budget search on float64 arrays in `xp` (NumPy, or TensorFlow's ops through a
-    namespace with `ceil`, `maximum`, `where`)."""
+    """The budget search on float64 values in `xp`: Python floats (`_PYTHON`), or TensorFlow's
+    ops through a namespace with `ceil`, `maximum`, `where`."""
     def scaled(scale, size):  # a multiple of the patch, at least one patch
         return xp.maximum(xp.ceil(size * scale / patch_size) * patch_size, float(patch_size))
 
@@ -53,7 +60,7 @@ def image_size_for_budget(height, width, patch_size, max_num_patches):
     _check_budget(patch_size, max_num_patches)
     check_int("height", height)
     check_int("width", width)
-    sizes = _search(np.float64(height), np.float64(width), patch_size, max_num_patches, np)
+    sizes = _search(float(height), float(width), patch_size, max_num_patches, _PYTHON)
     return tuple(int(size) for size in sizes)
 
 

@@ -148,3 +148,17 @@ def test_20_packed_steps_train_and_export_on_both_engines(fake_fmnist, tmp_path,
     export = os.path.join(workdir, "export")
     assert os.path.isdir(os.path.join(export, "saved_model", "1"))
     assert os.path.isfile(os.path.join(export, "model.keras"))
+
+
+def test_grain_reads_the_native_dataset_stretched_as_tfds_does(fake_fmnist):
+    """The square layout on JAX reads through Grain: its records are the TFDS dataset's."""
+    from train.data.sources import offline
+
+    images, labels = fake_images(NUM_TRAIN, seed=1)
+    with fashion_mnist_dir(fake_fmnist.source):
+        for split, first in (("train", 0), ("train[10:20]", 10)):
+            records = offline.OfflineArrays(split, native=True)
+            image, label, _ = records[3]
+            np.testing.assert_array_equal(
+                image[..., 0], fashion_mnist.stretched(images[first + 3], "train", first + 3))
+            assert label == labels[first + 3]

@@ -55,8 +55,10 @@ class OfflineArrays:
         self.images = np.concatenate([arrays[part.splitname][0][part.from_:part.to]
                                       for part in parts])[..., None]
         # Each record's split and index there, which its stretch is drawn from.
-        self.origins = [(part.splitname, index) for part in parts
-                        for index in range(part.from_, part.to)] if native else None
+        self.origins = None
+        if native:
+            self.origins = [(part.splitname, index) for part in parts for index in
+                            range(len(arrays[part.splitname][1]))[part.from_:part.to]]
         self.labels = np.concatenate([arrays[part.splitname][1][part.from_:part.to]
                                       for part in parts]).astype(np.int64)
 
