@@ -184,6 +184,11 @@ class JaxEngine(Engine):
                                  f"the model's {field} ({getattr(spec, field)}).")
         self.jax_step = JaxStep(config, self.num_classes, self.distribution)
         self.objective, self.model = self.jax_step.objective, self.jax_step.model
+        native = self.objective.native
+        if native is not None and native.mode == "packed" and (
+                native.sequences % self.batch_devices):
+            raise ValueError(f"config.pack_sequences={native.sequences} is not divisible by the "
+                             f"{self.batch_devices} devices of the batch axis.")
         self.optimizer, self.state = self.jax_step.optimizer, self.jax_step.state
         self.schedule = schedules.WarmupDecay(config.learning_rate, config.warmup_steps,
                                               config.total_steps, config.decay)

@@ -162,3 +162,18 @@ def test_grain_reads_the_native_dataset_stretched_as_tfds_does(fake_fmnist):
             np.testing.assert_array_equal(
                 image[..., 0], fashion_mnist.stretched(images[first + 3], "train", first + 3))
             assert label == labels[first + 3]
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("backend, where", [("tensorflow", "2 replicas"),
+                                            ("jax", "2 devices of the batch axis")])
+def test_packed_sequences_that_do_not_divide_over_the_devices_are_refused(fake_fmnist, tmp_path,
+                                                                          backend, where):
+    overrides = {**NATIVE, "pack_sequences": 11, "native": "packed"}
+    command = [sys.executable, "-m", "train.main", "--cpu_devices=2",
+               *flags(fake_fmnist, str(tmp_path / "run"), "configs/native_aspect.py",
+                      **overrides)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300,
+                            env=dict(fake_fmnist.env(), KERAS_BACKEND=backend))
+    assert result.returncode == 1
+    assert f"Error: config.pack_sequences=11 is not divisible by the {where}." in result.stderr
