@@ -14,6 +14,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -214,16 +215,21 @@ def wait_then_exit(processes, signals, limit=120):
     """For each of `processes` ({name: Popen}, stderr a text pipe) waiting for its peers at
     start-up: reads its log until the first "Waiting for" line, then sends it `signals[name]`
     if any; then waits (up to `limit` s) until all have exited. Returns {name: (its log, the
-    seconds from that line to its exit)}."""
+    seconds from that line to its exit)}. Each exit is timed by a thread of its own, so a
+    process that ends while the next one is still starting is not timed late."""
     logs, waited, ended = {}, {}, {}
+
+    def time_the_exit(name, process):
+        process.wait()
+        ended[name] = time.monotonic()
+
     for name, process in processes.items():
         logs[name] = wait_for_progress(process, "Waiting for")
         waited[name] = time.monotonic()
+        threading.Thread(target=time_the_exit, args=(name, process), daemon=True).start()
         if name in signals:
             process.send_signal(signals[name])
     while len(ended) < len(processes) and time.monotonic() < min(waited.values()) + limit:
-        ended.update({name: time.monotonic() for name, process in processes.items()
-                      if name not in ended and process.poll() is not None})
         time.sleep(0.1)
     results = {}
     for name, process in processes.items():
