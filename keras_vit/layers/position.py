@@ -28,14 +28,19 @@ def sincos_2d(rows, columns, width, temperature=10_000.0):
     width]` in row-major order: for each of width / 4 frequencies from 1 to 1 / temperature
     (geometric), the sine and the cosine of the column index, then of the row index
     (big_vision's `posemb_sincos_2d`, as MAE's)."""
-    quarter = width // 4
-    omega = 1.0 / temperature ** (ops.arange(quarter, dtype="float32") / (quarter - 1))
     row = ops.broadcast_to(ops.arange(rows, dtype="float32")[:, None], (rows, columns))
     column = ops.broadcast_to(ops.arange(columns, dtype="float32")[None, :], (rows, columns))
-    row = ops.reshape(row, (-1, 1)) * omega[None]
-    column = ops.reshape(column, (-1, 1)) * omega[None]
+    return sincos_at(ops.reshape(row, (-1,)), ops.reshape(column, (-1,)), width, temperature)
+
+
+def sincos_at(rows, columns, width, temperature=10_000.0):
+    """`[..., width]`: `sincos_2d`'s embedding of patches at float32 `rows`, `columns` (any
+    shape, the same), wherever they lie: a grid's, or each image's own (keras_vit.native)."""
+    quarter = width // 4
+    omega = 1.0 / temperature ** (ops.arange(quarter, dtype="float32") / (quarter - 1))
+    row, column = rows[..., None] * omega, columns[..., None] * omega
     return ops.concatenate([ops.sin(column), ops.cos(column), ops.sin(row), ops.cos(row)],
-                           axis=1)
+                           axis=-1)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")

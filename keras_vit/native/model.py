@@ -21,6 +21,7 @@ import keras
 from keras import ops
 
 from keras_vit.architecture.variants import _describe
+from keras_vit.layers import position as position_layers
 from keras_vit.native import positions
 
 INPUTS = ("pixel_values", "pixel_attention_mask", "spatial_shapes")
@@ -200,8 +201,8 @@ class NaFlexViT(keras.Model):
                 table, layout.rows, layout.columns, layout.sizes,
                 spec.position_embedding_interpolation), dtype)
         elif spec.position_embedding == "sincos_2d":
-            x = x + ops.cast(positions.sincos_at(layout.rows, layout.columns, spec.hidden_size),
-                             dtype)
+            x = x + ops.cast(position_layers.sincos_at(layout.rows, layout.columns,
+                                                       spec.hidden_size), dtype)
         return x
 
     def _with_prefix(self, x):

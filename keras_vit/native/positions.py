@@ -58,14 +58,3 @@ def resized_learned(table, rows, columns, sizes, interpolation="bilinear"):
     weights = ops.reshape(weights, (-1, rows.shape[1], grid_rows * grid_columns))
     flat = ops.reshape(ops.cast(table, "float32"), (grid_rows * grid_columns, width))
     return ops.matmul(weights, flat)
-
-
-def sincos_at(rows, columns, width, temperature=10_000.0):
-    """`[batch, length, width]`: the fixed 2-D sine-cosine embedding (big_vision's
-    `posemb_sincos_2d`, `keras_vit.layers.position.sincos_2d`) of patches at `rows`, `columns`
-    `[batch, length]`."""
-    quarter = width // 4
-    omega = 1.0 / temperature ** (ops.arange(quarter, dtype="float32") / (quarter - 1))
-    row, column = rows[..., None] * omega, columns[..., None] * omega
-    return ops.concatenate([ops.sin(column), ops.cos(column), ops.sin(row), ops.cos(row)],
-                           axis=-1)

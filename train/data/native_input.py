@@ -31,7 +31,8 @@ FIELDS = tuple(RULES)
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """How a run's images become the model's sequences (`plan(config, patch_size)`)."""
+    """How a run's images become the model's sequences (`plan(config, patch_size,
+    grid_patches)`)."""
 
     mode: str  # "padded" or "packed"
     patch_size: int
