@@ -20,8 +20,8 @@ from absl import app, flags
 
 from .console import cli
 from .run import run_files
-from .run.export import (TFLITE_KINDS, calibration_images, check_model_file, exists_and_isdir,
-                         export_model, load_trained_model, path_exists)
+from .run.export import (TFLITE_KINDS, check_model_file, exists_and_isdir, export_model,
+                         load_trained_model, path_exists, run_calibration_images, served_budget)
 
 
 def parse_tflite(value):
@@ -130,33 +130,40 @@ def export_workdir(options):
             f"No trained model at {model_path}: train first with python -m train.main "
             f"--workdir={workdir} ... (a run that ended with --config.export=False writes it "
             "when rerun with --config.export=True).")
-    config = None
-    if "int8" in kinds:
-        import ml_collections
-
-        from .run import run_config
-
-        config = run_config.saved(workdir, fix="restore it, or choose other --tflite kinds "
-                                  "(int8 calibrates on the training data it names)")
-        if config is None:
-            raise app.UsageError(f"int8 calibrates on the run's training data, but "
-                                 f"{run_files.config_file(workdir)} is missing; choose other "
-                                 "--tflite kinds.")
-        config = ml_collections.ConfigDict(config)
+    config = _run_config(workdir, need="int8" in kinds)
     check_model_file(model_path, workdir)
 
     import keras_vit  # noqa: F401  (registers the layers for loading)
 
     model = load_trained_model(model_path, workdir)
-    representative = None
+    representative, budget = None, None
     if config is not None:
-        from .data import tf_pipeline
+        budget = served_budget(config)
+        if "int8" in kinds:
+            from .data import tf_pipeline
 
-        builder = tf_pipeline.get_builder(config, for_training=False)
-        representative = calibration_images(
-            builder, config.train_split, config.image_size, options.calibration_images)
+            builder = tf_pipeline.get_builder(config, for_training=False)
+            representative = run_calibration_images(builder, config,
+                                                    options.calibration_images)
     export_model(model, workdir, run_files.read_class_names(workdir), kinds, representative,
-                 export_dir=options.export_dir)
+                 export_dir=options.export_dir, max_num_patches=budget)
+
+
+def _run_config(workdir, need):
+    """The run's saved config (a ConfigDict): it says whether the run trained at native
+    resolution (served so) and, for int8, the training data to calibrate on. Without it, None
+    (the model is served at its size), unless `need`: then a UsageError."""
+    import ml_collections
+
+    from .run import run_config
+
+    config = run_config.saved(workdir, fix="restore it: the export reads how the run trained "
+                              "(its image sizes, the data int8 calibrates on)")
+    if config is None and need:
+        raise app.UsageError(f"int8 calibrates on the run's training data, but "
+                             f"{run_files.config_file(workdir)} is missing; choose other "
+                             "--tflite kinds.")
+    return None if config is None else ml_collections.ConfigDict(config)
 
 
 def run():

@@ -28,6 +28,8 @@ from keras_vit.preprocessing import model_image_size
 QUANTIZATIONS = ("none", "float16", "dynamic", "int8")
 DEFAULT_TOP_K = 5
 SPEC_ASSET = "assets.extra/keras_vit_spec.json"  # the model's ViTConfig, in a SavedModel
+# A native-resolution SavedModel's patch size and budget (`export_saved_model`'s max_num_patches)
+NATIVE_ASSET = "assets.extra/keras_vit_native.json"
 
 
 def _dynamic_spec(model):
@@ -49,6 +51,26 @@ def _check_model(model):
             f"{keras.config.backend()!r}: save the model (model.save('model.keras')) and export "
             "it in a process started with KERAS_BACKEND=tensorflow.")
     return model_image_size(model)
+
+
+def _checked_models(model, max_num_patches):
+    """`(model, native)`: the classic model checked (`_check_model`), and with
+    `max_num_patches` the `(NaFlexViT, patch_size)` that serves it (deploy.native_export);
+    `native` is None without it. A NaFlexViT needs its budget."""
+    from keras_vit.native import NaFlexViT
+
+    if max_num_patches is None:
+        if isinstance(model, NaFlexViT):
+            raise ValueError(f"Model {model.name!r} is a NaFlexViT: pass max_num_patches, the "
+                             "budget of patches each image runs within (e.g. 256), or export "
+                             "its classic model, model.vit.")
+        _check_model(model)
+        return model, None
+    from keras_vit.deploy import native_export
+
+    naflex, patch_size = native_export.naflex_model(model, max_num_patches)
+    _check_model(naflex.vit)
+    return naflex.vit, (naflex, patch_size)
 
 
 def _path_text(path, argument):
@@ -164,8 +186,23 @@ def _checked_bytes(image_bytes):
         return tf.identity(image_bytes)
 
 
-def _serving_functions(model, class_names, top_k):
-    """The two signature functions: encoded image bytes, and pixel batches in 0..255."""
+def _named_outputs(logits, names, k):
+    """The signatures' outputs of float32 `logits`: probabilities, the top `k` classes (and
+    their `names`, a string tensor, when given)."""
+    import tensorflow as tf
+
+    probabilities = tf.nn.softmax(logits, axis=-1)
+    top_probabilities, top_indices = tf.math.top_k(probabilities, k=k)
+    outputs = {"logits": logits, "probabilities": probabilities,
+               "top_k_indices": top_indices, "top_k_probabilities": top_probabilities}
+    if names is not None:
+        outputs["top_k_names"] = tf.gather(names, top_indices)
+    return outputs
+
+
+def _serving_endpoints(model, class_names, top_k):
+    """{signature name: (function, input signature)}: encoded image bytes, and pixel batches
+    in 0..255, each resized to the model's size."""
     import tensorflow as tf
 
     from keras_vit.preprocessing import decode_and_resize_files, resize, scale_pixels
@@ -177,14 +214,8 @@ def _serving_functions(model, class_names, top_k):
 
     def predict(pixels):
         """Float pixels [N, height, width, 3] in 0..255, at the model's size -> named outputs."""
-        logits = tf.cast(model(scale_pixels(pixels), training=False), tf.float32)
-        probabilities = tf.nn.softmax(logits, axis=-1)
-        top_probabilities, top_indices = tf.math.top_k(probabilities, k=k)
-        outputs = {"logits": logits, "probabilities": probabilities,
-                   "top_k_indices": top_indices, "top_k_probabilities": top_probabilities}
-        if names is not None:
-            outputs["top_k_names"] = tf.gather(names, top_indices)
-        return outputs
+        return _named_outputs(tf.cast(model(scale_pixels(pixels), training=False), tf.float32),
+                              names, k)
 
     def serve_bytes(image_bytes):
         # Decoded pixels are RGB in 0..255 by construction: only the request itself is checked.
@@ -198,10 +229,57 @@ def _serving_functions(model, class_names, top_k):
             return predict(_checked_images(images))
         return predict(resize(_checked_images(images), (height, width), preprocessing))
 
-    return serve_bytes, serve_images
+    return {"serving_default": (serve_bytes, [_bytes_spec()]),
+            "serving_images": (serve_images, [_images_spec()])}
 
 
-def export_saved_model(model, base_dir, class_names=None, version=None, top_k=DEFAULT_TOP_K):
+def _native_endpoints(naflex, patch_size, max_num_patches, class_names, top_k):
+    """`_serving_endpoints` of a NaFlex model: each image at its own aspect ratio within
+    `max_num_patches` (deploy.native_export), and `serving_patches` for arrays a client made
+    itself. Each adds the grid each image ran at, `spatial_shapes`."""
+    import tensorflow as tf
+
+    from keras_vit.deploy import native_export
+
+    k = min(top_k, naflex.vit.output_shape[-1])
+    names = tf.constant(list(class_names)) if class_names is not None else None
+
+    def predict(arrays):
+        logits = tf.cast(naflex(arrays, training=False), tf.float32)
+        return {**_named_outputs(logits, names, k), "spatial_shapes": arrays["spatial_shapes"]}
+
+    def serve_bytes(image_bytes):
+        return predict(native_export.patch_inputs(_checked_bytes(image_bytes), patch_size,
+                                                  max_num_patches))
+
+    def serve_images(images):
+        return predict(native_export.patch_inputs(_checked_images(images), patch_size,
+                                                  max_num_patches))
+
+    def serve_patches(pixel_values, pixel_attention_mask, spatial_shapes):
+        return predict(native_export.checked_patch_inputs(
+            pixel_values, pixel_attention_mask, spatial_shapes, max_num_patches))
+
+    return {"serving_default": (serve_bytes, [_bytes_spec()]),
+            "serving_images": (serve_images, [_images_spec()]),
+            "serving_patches": (serve_patches,
+                                native_export.patch_signature(patch_size, max_num_patches))}
+
+
+def _bytes_spec():  # the signatures' inputs (specs made once TensorFlow is imported)
+    import tensorflow as tf
+
+    return tf.TensorSpec([None], tf.string, name="image_bytes")
+
+
+def _images_spec():
+    import tensorflow as tf
+
+    return tf.TensorSpec([None, None, None, 3], tf.float32, name="images")
+
+
+def export_saved_model(model, base_dir, class_names=None, version=None, top_k=DEFAULT_TOP_K,
+                       max_num_patches=None):
     """Writes `model` as a TF Serving SavedModel at `<base_dir>/<version>` and returns the path.
 
     Signatures:
@@ -214,10 +292,18 @@ def export_saved_model(model, base_dir, class_names=None, version=None, top_k=DE
     `class_names`, `top_k_names`. A model built by keras_vit also leaves its `ViTConfig` as
     JSON in `SPEC_ASSET` (`assets.extra/`, which loaders and TF Serving ignore).
 
+    With `max_num_patches`, at native resolution (docs/native.md): both signatures run each
+    image at its own aspect ratio within that budget of patches (`keras_vit.native`'s
+    `NaFlexViT` and sizes), so one request holds images of any shapes, and add the grid each
+    ran at (`spatial_shapes`, rows and columns of patches); `serving_patches` takes the arrays
+    of `keras_vit.native.prepare` or transformers' `Siglip2ImageProcessor` at that budget
+    (`pixel_values`, `pixel_attention_mask`, `spatial_shapes`).
+
     A request is an INVALID_ARGUMENT error, with a message that says why, when it holds no
     images, or (`serving_images`) when it is not rank 4, has other than 3 channels, an image of
     zero height or width, NaN or infinite pixels, or pixels outside 0..255 (e.g. scaled to
-    [-1, 1] or 16-bit); `serving_default` refuses files that do not decode.
+    [-1, 1] or 16-bit); `serving_default` refuses files that do not decode; `serving_patches`
+    refuses grids outside the budget, a mask that does not mark them, or unscaled pixels.
 
     Args:
         model: a Keras model of images scaled to [-1, 1] (as `keras_vit` builds).
@@ -225,8 +311,10 @@ def export_saved_model(model, base_dir, class_names=None, version=None, top_k=DE
         class_names: optional names of the classes, in label order.
         version: integer version; default the next free one.
         top_k: number of top classes returned (capped at the number of classes).
+        max_num_patches: the budget of patches per image, to serve at native resolution
+            (`model` a keras_vit model that `NaFlexViT` runs, or a `NaFlexViT`).
     """
-    _check_model(model)  # first: on another backend, before TensorFlow is imported
+    model, native = _checked_models(model, max_num_patches)  # before TensorFlow is imported
     import keras
     import tensorflow as tf
 
@@ -256,15 +344,14 @@ def export_saved_model(model, base_dir, class_names=None, version=None, top_k=DE
     if fileio.exists(final):
         raise FileExistsError(f"{final} already exists; TF Serving versions are immutable. "
                               "Pass another version or leave it out for the next free one.")
-    serve_bytes, serve_images = _serving_functions(model, class_names, top_k)
+    endpoints = (_serving_endpoints(model, class_names, top_k) if native is None else
+                 _native_endpoints(*native, max_num_patches, class_names, top_k))
     # The endpoints' own variables are all the archive needs. `archive.track(model)` would
     # store every weight a second time (as the Keras variables, beside the endpoints'
     # tf.Variables), doubling the files TF Serving reads and holds in memory.
     archive = keras.export.ExportArchive()
-    archive.add_endpoint("serving_default", serve_bytes,
-                         input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
-    archive.add_endpoint("serving_images", serve_images, input_signature=[
-        tf.TensorSpec([None, None, None, 3], tf.float32, name="images")])
+    for name, (function, signature) in endpoints.items():
+        archive.add_endpoint(name, function, input_signature=signature)
     # Written under a dot-name TF Serving ignores, renamed to the version once complete.
     try:
         with fileio.atomic_directory(final) as temporary:
@@ -274,6 +361,10 @@ def export_saved_model(model, base_dir, class_names=None, version=None, top_k=DE
                 fileio.makedirs(os.path.join(temporary, os.path.dirname(SPEC_ASSET)))
                 with fileio.open_file(os.path.join(temporary, SPEC_ASSET), "w") as handle:
                     handle.write(json.dumps(spec.to_dict(), indent=2))
+                if native is not None:  # what a client's own processor needs
+                    with fileio.open_file(os.path.join(temporary, NATIVE_ASSET), "w") as handle:
+                        handle.write(json.dumps({"patch_size": native[1],
+                                                 "max_num_patches": max_num_patches}))
     except _file_errors(tf) as error:  # a full disk, a lost permission, a bucket gone
         raise _write_error(error, final) from error
     return final
@@ -323,36 +414,60 @@ def float32_copy(model):
     return copy
 
 
-def _tflite_function(model):
-    """A frozen function `images` (float32 [N, H, W, 3] in 0..255) -> {"logits": ...}."""
+def _frozen_signature(function, signature):
+    """`function` of TensorSpecs `signature` with its weights frozen into constants (no
+    variable ops left for the converter or calibration), as a concrete function returning
+    {"logits": ...}."""
     import tensorflow as tf
     from tensorflow.python.framework import convert_to_constants
 
-    from keras_vit.preprocessing import scale_pixels
+    traced = tf.function(function, input_signature=signature)
+    frozen = convert_to_constants.convert_variables_to_constants_v2(
+        traced.get_concrete_function())
 
-    height, width = model_image_size(model)
-    spec = tf.TensorSpec([None, height, width, 3], tf.float32, name="images")
-
-    @tf.function(input_signature=[spec])
-    def logits(images):
-        return tf.cast(model(scale_pixels(images), training=False), tf.float32)
-
-    # Weights frozen into constants: no variable ops left for the converter or calibration.
-    frozen = convert_to_constants.convert_variables_to_constants_v2(logits.get_concrete_function())
-
-    @tf.function(input_signature=[spec])
-    def serve(images):
-        (logits_tensor,) = frozen(images)  # frozen functions return a list of outputs
-        return {"logits": logits_tensor}
+    @tf.function(input_signature=signature)
+    def serve(*inputs):
+        (logits,) = frozen(*inputs)  # frozen functions return a list of outputs
+        return {"logits": logits}
 
     return serve.get_concrete_function()
 
 
-def tflite_bytes(model, quantization="none", representative_data=None):
+def _tflite_function(model):
+    """A frozen function `images` (float32 [N, H, W, 3] in 0..255) -> {"logits": ...}."""
+    import tensorflow as tf
+
+    from keras_vit.preprocessing import scale_pixels
+
+    height, width = model_image_size(model)
+    return _frozen_signature(
+        lambda images: tf.cast(model(scale_pixels(images), training=False), tf.float32),
+        [tf.TensorSpec([None, height, width, 3], tf.float32, name="images")])
+
+
+def _native_tflite_function(naflex, patch_size, max_num_patches):
+    """A frozen function of the NaFlex arrays at the budget (deploy.native_export's names) ->
+    {"logits": ...}."""
+    import tensorflow as tf
+
+    from keras_vit.deploy import native_export
+
+    def logits(pixel_values, pixel_attention_mask, spatial_shapes):
+        arrays = dict(zip(native_export.INPUT_NAMES,
+                          (pixel_values, pixel_attention_mask, spatial_shapes)))
+        return tf.cast(naflex(arrays, training=False), tf.float32)
+
+    return _frozen_signature(logits, native_export.patch_signature(patch_size, max_num_patches))
+
+
+def tflite_bytes(model, quantization="none", representative_data=None, max_num_patches=None):
     """Converts `model` to a TFLite flatbuffer with builtin ops only (no Flex/Select TF ops).
 
     The TFLite model takes float32 pixels [N, H, W, 3] in 0..255 (N resizable) and returns
-    `logits`.
+    `logits`. With `max_num_patches`, at native resolution: it takes the NaFlex arrays at that
+    budget, `pixel_values` float32 [N, max_num_patches, P * P * 3] (scaled to [-1, 1]),
+    `pixel_attention_mask` int32 [N, max_num_patches] and `spatial_shapes` int32 [N, 2], as
+    `keras_vit.native.prepare` makes them.
 
     Args:
         quantization: "none" (float32), "float16" (weights), "dynamic" (int8 weights, float
@@ -361,24 +476,39 @@ def tflite_bytes(model, quantization="none", representative_data=None):
             `representative_data`).
         representative_data: for "int8", images [N, H, W, 3] in 0..255 (a few hundred),
             as an array or an iterable of arrays; checked before the conversion (shape, finite,
-            0..255, not all in 0..1).
+            0..255, not all in 0..1). At native resolution, a list of uint8 images
+            [height, width, 3] of any sizes.
+        max_num_patches: the budget of patches per image, for a model at native resolution
+            (`export_saved_model`'s).
     """
     import tensorflow as tf
 
     check_quantization(quantization)
-    image_size = _check_model(model)
+    model, native = _checked_models(model, max_num_patches)
     samples = None
     if quantization == "int8":
         if representative_data is None:
             raise ValueError('quantization="int8" needs representative_data: a few hundred '
                              "images [N, H, W, 3] in 0..255 like the ones the model will see "
                              '(or choose quantization="dynamic", which needs none).')
-        samples = _representative_samples(representative_data, image_size)
+        if native is None:
+            samples = _representative_samples(representative_data, model_image_size(model))
+        else:
+            from keras_vit.deploy import native_export
+
+            samples = native_export.representative_samples(representative_data, native[1],
+                                                           max_num_patches)
     model = float32_copy(model)
     # Through a SavedModel of the frozen function: the TFLite file keeps the signature
-    # (input `images`, output `logits`) that LiteRT's signature runners use.
+    # (inputs `images` or the NaFlex arrays, output `logits`) that LiteRT's signature runners
+    # use.
     module = tf.Module()
-    module.serve = _tflite_function(model)
+    if native is None:
+        module.serve = _tflite_function(model)
+    else:
+        from keras_vit.native import NaFlexViT
+
+        module.serve = _native_tflite_function(NaFlexViT(model), native[1], max_num_patches)
     with tempfile.TemporaryDirectory(prefix="keras_vit_tflite_") as directory:
         tf.saved_model.save(module, directory, signatures={"serving_default": module.serve})
         converter = tf.lite.TFLiteConverter.from_saved_model(directory)
@@ -506,12 +636,13 @@ def _representative_samples(representative_data, image_size):
     return samples
 
 
-def export_tflite(model, path, quantization="none", representative_data=None):
+def export_tflite(model, path, quantization="none", representative_data=None,
+                  max_num_patches=None):
     """Writes a TFLite model to `path` (local or gs://) atomically (see `tflite_bytes`) and
     returns its size in bytes."""
-    _check_model(model)  # arguments first: the conversion takes a while
+    _checked_models(model, max_num_patches)  # arguments first: the conversion takes a while
     path = _check_file_path(path, "path")
-    content = tflite_bytes(model, quantization, representative_data)
+    content = tflite_bytes(model, quantization, representative_data, max_num_patches)
     directory = os.path.dirname(path)
     if directory:
         fileio.makedirs(directory)

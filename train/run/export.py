@@ -33,7 +33,9 @@ def export_trained(engine):
     (train.run.run_files). Every process calls it; only the chief writes.
 
     A classifier: the `.keras` model and class names, a TF Serving SavedModel, and float32
-    and int8 TFLite files. A masked-patch-prediction run: its encoder without any head, as
+    and int8 TFLite files; of a run at native resolution (`config.native`), a SavedModel that
+    runs each image at its own aspect ratio within `config.native_patches` and TFLite files that
+    take the NaFlex arrays at that budget (keras_vit.deploy.export's `max_num_patches`). A masked-patch-prediction run: its encoder without any head, as
     `model.keras` (returning the pooled representation) and `encoder.npz` (the original
     checkpoint layout), both ready for `--config.pretrained` of a fine-tuning run.
     """
@@ -68,10 +70,10 @@ def export_trained(engine):
         else:
             run_files.write_class_names(workdir, engine.class_names)
             if keras.config.backend() == "tensorflow":
-                representative = calibration_images(
-                    engine.builder, engine.config.train_split, engine.config.image_size, 200)
+                budget = served_budget(engine.config)
+                representative = run_calibration_images(engine.builder, engine.config, 200)
                 export_model(model, workdir, engine.class_names, RUN_TFLITE_KINDS,
-                             representative)
+                             representative, max_num_patches=budget)
     if not pretraining and keras.config.backend() != "tensorflow":
         # The serving signatures decode images with TensorFlow ops: a TensorFlow process
         # exports the model.keras just written, as `python -m train.export` does.
@@ -167,20 +169,49 @@ def calibration_images(builder, split, image_size, count):
     return np.stack([image for image, _ in examples.as_numpy_iterator()]).astype(np.float32)
 
 
+def served_budget(config):
+    """The budget of patches a run's export serves each image within: `config.native_patches`
+    for a run at native resolution, else None (squares at the model's size)."""
+    return config.native_patches if config.get("native", "none") != "none" else None
+
+
+def native_calibration_images(builder, split, count):
+    """The first `count` images of `split` as uint8 `[height, width, 3]` arrays at their own
+    sizes, for int8 calibration of a native-resolution model."""
+    from keras_vit.preprocessing import decode_image
+
+    from ..data import records
+
+    examples = records.Split(builder, split).read_range(0, count)
+    return [image for image in examples.map(lambda example: decode_image(example["image"]))
+            .as_numpy_iterator()]
+
+
+def run_calibration_images(builder, config, count):
+    """int8's calibration images for the run of `config`: its training split's first `count`,
+    as the export takes them (`served_budget`)."""
+    if served_budget(config) is not None:
+        return native_calibration_images(builder, config.train_split, count)
+    return calibration_images(builder, config.train_split, config.image_size, count)
+
+
 def export_model(model, workdir, class_names=None, tflite_kinds=(), representative=None,
-                 export_dir=None):
+                 export_dir=None, max_num_patches=None):
     """SavedModel at `<export_dir or the run's saved_model/>/<version>` and the run's TFLite
-    files `model_<kind>.tflite`. Returns {name: path}."""
+    files `model_<kind>.tflite`, at native resolution within `max_num_patches` when given.
+    Returns {name: path}."""
     from keras_vit.deploy import export
 
     with native_output.dropped():  # a failed save's C++ warnings: the error names the path
         paths = {"saved_model": export.export_saved_model(
-            model, export_dir or run_files.saved_model_dir(workdir), class_names=class_names)}
+            model, export_dir or run_files.saved_model_dir(workdir), class_names=class_names,
+            max_num_patches=max_num_patches)}
     for kind in tflite_kinds:
         path = run_files.tflite_file(workdir, kind)
         with native_output.dropped():
             size = export.export_tflite(model, path, quantization=TFLITE_KINDS[kind],
-                                        representative_data=representative)
+                                        representative_data=representative,
+                                        max_num_patches=max_num_patches)
         logging.info("TFLite %s: %s (%.2f MB)", kind, path, size / 2**20)
         paths[f"tflite_{kind}"] = path
     logging.info("SavedModel: %s", paths["saved_model"])

@@ -1,7 +1,8 @@
 """Native resolution in training (train/data/native_input.py, train/data/tf_native.py): the
 native-aspect dataset, the tf.data stream of padded and packed batches (a pure function of
 (seed, step), so a resume sees what an uninterrupted run sees), the config's checks, and 20
-steps of configs/native_aspect.py on both engines, exported."""
+steps of configs/native_aspect.py on both engines, exported at native resolution (a wide and a
+tall image in one request to its SavedModel)."""
 
 import os
 import subprocess
@@ -146,8 +147,34 @@ def test_20_packed_steps_train_and_export_on_both_engines(fake_fmnist, tmp_path,
     assert result.returncode == 0, result.stderr[-4000:]
     assert "step 20/20" in result.stderr and "eval accuracy" in result.stderr
     export = os.path.join(workdir, "export")
-    assert os.path.isdir(os.path.join(export, "saved_model", "1"))
     assert os.path.isfile(os.path.join(export, "model.keras"))
+    _serves_a_wide_and_a_tall_image_in_one_request(export, NATIVE["native_patches"])
+
+
+def _serves_a_wide_and_a_tall_image_in_one_request(export, budget):
+    """The run's SavedModel and float32 TFLite file at native resolution: each image at its own
+    aspect ratio within the run's budget, with the logits of `NaFlexViT` of its model.keras."""
+    import keras
+
+    from ai_edge_litert.interpreter import Interpreter
+    from keras_vit import native
+
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, shape, dtype=np.uint8) for shape in ((20, 90, 3),
+                                                                         (70, 16, 3))]
+    loaded = tf.saved_model.load(os.path.join(export, "saved_model", "1"))
+    served = loaded.signatures["serving_default"](
+        image_bytes=tf.constant([tf.io.encode_png(image).numpy() for image in images]))
+    (wide_rows, wide_columns), (tall_rows, tall_columns) = served["spatial_shapes"].numpy()
+    assert wide_columns > 2 * wide_rows and tall_rows > 2 * tall_columns
+    arrays = native.prepare(images, patch_size=4, max_num_patches=budget)
+    model = keras.models.load_model(os.path.join(export, "model.keras"))
+    expected = np.asarray(native.NaFlexViT(model)(arrays))
+    tolerance = 1e-5 * np.abs(expected).max()
+    np.testing.assert_allclose(served["logits"], expected, atol=tolerance)
+    runner = Interpreter(model_path=os.path.join(export, "model_float32.tflite")
+                         ).get_signature_runner()
+    np.testing.assert_allclose(runner(**arrays)["logits"], expected, atol=tolerance)
 
 
 def test_grain_reads_the_native_dataset_stretched_as_tfds_does(fake_fmnist):
