@@ -190,7 +190,8 @@ def no_slow_work(monkeypatch):
     def reached(*args, **kwargs):
         raise AssertionError("slow work started before the arguments were checked")
 
-    monkeypatch.setattr(export, "_serving_functions", reached)
+    monkeypatch.setattr(export, "_serving_endpoints", reached)
+    monkeypatch.setattr(export, "_native_endpoints", reached)
     monkeypatch.setattr(export, "float32_copy", reached)
     monkeypatch.setattr(tf.lite.TFLiteConverter, "from_saved_model", reached)
 
