@@ -15,6 +15,8 @@ import os
 import numpy as np
 import tensorflow_datasets as tfds
 
+from .grain_pipeline import antialiased_weights
+
 DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
 CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
                "Sneaker", "Bag", "Ankle boot")
@@ -111,20 +113,12 @@ def native_size(split, index):
             max(1, round(28 * scale / math.sqrt(aspect))))
 
 
-def _resize_weights(size, source):
-    """`[size, source]` antialiased bilinear weights (half-pixel centres, a triangle as wide
-    as the scale when shrinking), rows summing to 1."""
-    scale = source / size
-    support = max(scale, 1.0)
-    centers = (np.arange(size) + 0.5) * scale - 0.5
-    weights = np.maximum(1 - np.abs(np.arange(source)[None] - centers[:, None]) / support, 0)
-    return weights / weights.sum(axis=1, keepdims=True)
-
-
 def stretched(image, split, index):
-    """Image `index` of `split` (uint8 [28, 28]) resampled to its `native_size`, uint8."""
+    """Image `index` of `split` (uint8 [28, 28]) resampled to its `native_size` (antialiased
+    bilinear, in float64, rounded), uint8."""
     height, width = native_size(split, index)
-    rows, columns = _resize_weights(height, image.shape[0]), _resize_weights(width, image.shape[1])
+    rows = antialiased_weights(image.shape[0], height)
+    columns = antialiased_weights(image.shape[1], width)
     return np.clip(np.rint(rows @ image.astype(np.float64) @ columns.T), 0, 255).astype(np.uint8)
 
 

@@ -10,6 +10,9 @@ start at any step reads nothing before it.
 
 Record ids: the record number in the split, as train.data.records numbers them for ArrayRecord
 datasets; for the offline default, the image's index in its IDX file.
+
+With `config.native` (train.data.native_input), each image keeps its aspect ratio as tf.data's
+train.data.tf_native cuts it: train.data.grain_native makes the same arrays in NumPy.
 """
 
 import functools
@@ -61,12 +64,11 @@ def unavailable(config, engine):
     if config.objective != "classification":
         return (f"config.objective={config.objective!r} draws its patch corruption with "
                 "TensorFlow ops (train.data.masking)")
-    if config.native != "none":
-        return (f"config.native={config.native!r} cuts each image at its own aspect ratio with "
-                "TensorFlow ops (train/data/tf_native.py)")
     from . import settings
 
-    if settings.eval_preprocessing(config) != settings.EvalPreprocessing():
+    # (A native run evaluates each image at its budget, with no eval_* resize on either pipeline.)
+    if config.native == "none" and (
+            settings.eval_preprocessing(config) != settings.EvalPreprocessing()):
         return ("the evaluation resize of config.eval_* (a checkpoint's crop or filter) is "
                 "TensorFlow's (keras_vit.preprocessing.resize); Grain's is a plain bilinear "
                 "resize")
@@ -94,15 +96,14 @@ def process_input(config, hosts, host):
     eval_source = open_split(config, "eval_split")
 
     def train(start_step, num_patches=None, native=None):
-        # Masked patch prediction and native resolution: unavailable() says why.
-        assert num_patches is None and native is None
+        assert num_patches is None  # masked patch prediction: unavailable() says why
         return iter(train_batches(train_source, config, start_step, hosts, host,
-                                  workers=config.input_workers))
+                                  workers=config.input_workers, native=native))
 
     def evaluate(num_patches=None, native=None):
-        assert num_patches is None and native is None
+        assert num_patches is None
         batches = iter(eval_batches(eval_source, config, hosts, host,
-                                    workers=config.input_workers))
+                                    workers=config.input_workers, native=native))
         try:
             yield from batches
         finally:  # its worker processes and their shared memory
@@ -155,6 +156,19 @@ def decode(image, record=None):
 
 
 @functools.lru_cache(maxsize=1024)
+def antialiased_weights(size_in, size_out):
+    """The float64 [size_out, size_in] matrix of TensorFlow's antialiased bilinear resize along
+    one axis (`tf.image.resize(method="bilinear", antialias=True)`, its ScaleAndTranslate
+    kernel): half-pixel centres, a triangle as wide as the scale when shrinking (plain bilinear
+    when enlarging), each row summing to 1 over the pixels inside the image."""
+    scale = size_in / size_out
+    support = max(scale, 1.0)
+    centres = (np.arange(size_out) + 0.5) * scale - 0.5
+    weights = np.maximum(1 - np.abs(np.arange(size_in)[None] - centres[:, None]) / support, 0)
+    return weights / weights.sum(axis=1, keepdims=True)
+
+
+@functools.lru_cache(maxsize=1024)
 def _bilinear_weights(size_in, size_out):
     """The [size_out, size_in] matrix of TensorFlow's bilinear resize along one axis (half-pixel
     centres, no antialiasing: `tf.image.resize(method="bilinear")`)."""
@@ -169,13 +183,17 @@ def _bilinear_weights(size_in, size_out):
     return weights
 
 
-def resize(images, size, out=None):
+def resize(images, size, out=None, antialias=False):
     """uint8 or float [..., height, width, 3] (one image or a batch) to float32 [..., size[0],
-    size[1], 3] (into `out` if given), still in 0..255, as `keras_vit.preprocessing.resize`:
-    two matrix products, along the width, then along the height."""
+    size[1], 3] (into `out` if given), still in 0..255, as `keras_vit.preprocessing.resize`
+    (`antialias`: as `tf.image.resize(..., antialias=True)`, `antialiased_weights`): two
+    matrix products, along the width, then along the height."""
     *batch, height, width, _ = images.shape
-    rows = _bilinear_weights(height, size[0])
-    columns = _bilinear_weights(width, size[1])
+    if antialias:
+        rows, columns = (antialiased_weights(size_in, size_out).astype(np.float32)
+                         for size_in, size_out in ((height, size[0]), (width, size[1])))
+    else:
+        rows, columns = _bilinear_weights(height, size[0]), _bilinear_weights(width, size[1])
     pixels = np.swapaxes(images, -1, -2).astype(np.float32)  # [..., height, 3, width]
     pixels = (pixels.reshape(-1, width) @ columns.T).reshape(*batch, height, 3 * size[1])
     pixels = (rows @ pixels).reshape(*batch, size[0], 3, size[1])
@@ -190,20 +208,28 @@ def preprocess_train(images, positions, config, records=None):
     decode, inception crop, resize to config.image_size, flip, each drawn from (config.seed,
     the image's stream position) by `stream.crop_box`, as the tf.data pipeline draws them.
     `records` (their record numbers) name a bad image."""
+    images, flips = cropped(images, positions, config, records)
+    batch = _resized(images, config.image_size)
+    for index in np.flatnonzero(flips):  # after the resize: one flip of the smaller image
+        batch[index] = batch[index, :, ::-1]
+    return _scaled(batch)
+
+
+def cropped(images, positions, config, records=None):
+    """`(images, flips)`: encoded images (or arrays) decoded to uint8 and cropped as
+    `stream.crop_box` draws them from (config.seed, their stream `positions`), and whether
+    each is to be flipped; `records` name a bad image."""
     records = records or [None] * len(positions)
     images = [decode(image, record) for image, record in zip(images, records)]
-    flips = []
+    flips = [False] * len(images)
     if config.crop_min_area < 1.0 or config.flip:
         for index, draws in enumerate(stream.crop_draws(positions, config.seed)):
             height, width = images[index].shape[:2]
             top, left, height, width, flip = stream.crop_box(height, width, draws,
                                                              config.crop_min_area)
             images[index] = images[index][top:top + height, left:left + width]
-            flips.append(config.flip and flip)
-    batch = _resized(images, config.image_size)
-    for index in np.flatnonzero(flips):
-        batch[index] = batch[index, :, ::-1]
-    return _scaled(batch)
+            flips[index] = config.flip and flip
+    return images, flips
 
 
 def preprocess_eval(images, image_size, records=None):
@@ -238,28 +264,35 @@ def _scaled(pixels):
 # The streams.
 
 
-def train_batches(source, config, start_step, hosts, host, threads=4, workers=0):
+def train_batches(source, config, start_step, hosts, host, threads=4, workers=0, native=None):
     """This host's share of every global batch from `start_step` on, as NumPy
-    `{"image", "label", "id"}` batches of batch_size / hosts, endless. A batch is made in one
-    thread, `threads` of them at a time, in this process or in each of `workers` processes."""
+    `{"image", "label", "id"}` batches of batch_size / hosts, endless; given `native` (a
+    train.data.native_input.Plan), tf.data's native batches and the images' ids
+    (train.data.grain_native). A batch is made in one thread, `threads` of them at a time, in
+    this process or in each of `workers` processes."""
     import grain
 
     input_plan.check_host_share(config.train_split, len(source),
                                 input_plan.equal_bounds(len(source), hosts), config.batch_size,
                                 hosts, host)
-    steps = grain.MapDataset.range(start_step, 2**62).map(TrainBatch(source, config, hosts, host))
+    if native is not None and native.mode == "packed" and native.sequences % hosts:
+        raise ValueError(f"config.pack_sequences={native.sequences} is not divisible by the "
+                         f"{hosts} hosts (input pipelines): make it a multiple of their number.")
+    steps = grain.MapDataset.range(start_step, 2**62).map(
+        TrainBatch(source, config, hosts, host, native))
     return _made_by(steps, threads, workers)
 
 
-def eval_batches(source, config, hosts, host, threads=4, workers=0):
+def eval_batches(source, config, hosts, host, threads=4, workers=0, native=None):
     """This host's part of the eval split, once, in order, as NumPy `{"image", "label", "mask",
-    "id"}` batches of eval_batch_size / hosts, padded with `mask` 0 so that every host yields
-    the same number of batches (every example counted once, static shapes)."""
+    "id"}` batches of eval_batch_size / hosts (given `native`, each image's padded patches at
+    the whole budget in place of "image"), padded with `mask` 0 so that every host yields the
+    same number of batches (every example counted once, static shapes)."""
     import grain
 
     bounds = input_plan.equal_bounds(len(source), hosts)
     steps = input_plan.eval_steps(bounds, config.eval_batch_size, hosts)
-    batches = grain.MapDataset.range(0, steps).map(EvalBatch(source, config, hosts, host))
+    batches = grain.MapDataset.range(0, steps).map(EvalBatch(source, config, hosts, host, native))
     return _made_by(batches, threads, workers)
 
 
@@ -287,10 +320,11 @@ def _one_blas_thread():
 
 class TrainBatch:
     """Host `host`'s share of global batch `step` (Grain's `map` calls it; pickled into its
-    worker processes)."""
+    worker processes), native batches given a `native` plan."""
 
-    def __init__(self, source, config, hosts, host):
+    def __init__(self, source, config, hosts, host, native=None):
         self.source, self.config, self.hosts, self.host = source, config, hosts, host
+        self.native = native
         self.threads_limited = False
 
     def __getstate__(self):
@@ -305,6 +339,10 @@ class TrainBatch:
         positions = np.arange(first, first + config.batch_size // self.hosts)
         records = stream.records_at(positions, len(self.source), config.seed)
         images, labels, ids = zip(*(self.source[int(record)] for record in records))
+        if self.native is not None:
+            from . import grain_native
+
+            return grain_native.train_batch(images, labels, ids, positions, config, self.native)
         return {"image": preprocess_train(images, positions, config, ids),
                 "label": np.array(labels, np.int32), "id": np.array(ids, np.int64)}
 
@@ -312,8 +350,8 @@ class TrainBatch:
 class EvalBatch:
     """Batch `step` of host `host`'s part of the eval split, padded (as `TrainBatch`)."""
 
-    def __init__(self, source, config, hosts, host):
-        self.source, self.config = source, config
+    def __init__(self, source, config, hosts, host, native=None):
+        self.source, self.config, self.native = source, config, native
         self.bounds = input_plan.equal_bounds(len(source), hosts)[host:host + 2]
         self.share = config.eval_batch_size // hosts
 
@@ -322,10 +360,17 @@ class EvalBatch:
         first = start + step * self.share
         records = [self.source[index] for index in range(first, min(first + self.share, stop))]
         padding = self.share - len(records)
-        images = preprocess_eval([image for image, _, _ in records], self.config.image_size,
-                                 [record for _, _, record in records])
-        blank = np.zeros((padding,) + images.shape[1:], np.float32)
-        return {"image": np.concatenate([images, blank]),
-                "label": np.array([label for _, label, _ in records] + [0] * padding, np.int32),
-                "mask": np.array([1.0] * len(records) + [0.0] * padding, np.float32),
-                "id": np.array([record for _, _, record in records] + [-1] * padding, np.int64)}
+        images = [image for image, _, _ in records]
+        ids = [record for _, _, record in records]
+        if self.native is not None:
+            from . import grain_native
+
+            batch = grain_native.eval_images(images, ids, self.native, padding)
+        else:
+            pixels = preprocess_eval(images, self.config.image_size, ids)
+            batch = {"image": np.concatenate(
+                [pixels, np.zeros((padding,) + pixels.shape[1:], np.float32)])}
+        return dict(batch,
+                    label=np.array([label for _, label, _ in records] + [0] * padding, np.int32),
+                    mask=np.array([1.0] * len(records) + [0.0] * padding, np.float32),
+                    id=np.array(ids + [-1] * padding, np.int64))

@@ -16,7 +16,12 @@ images take the whole budget, one per sequence.
 
 import dataclasses
 
+import numpy as np
+
 MODES = ("none", "padded", "packed")
+# A packed batch's arrays, in the order tf_native's `tf.numpy_function` returns them.
+PACKED = ("pixel_values", "segment_ids", "patch_coords", "spatial_shapes", "label",
+          "label_weight")
 
 RULES = {
     "native": ("choice", MODES),
@@ -59,6 +64,23 @@ class Plan:
                 "patch_coords": ((share, self.sequence_length, 2), "int32"),
                 "spatial_shapes": (slots + (2,), "int32"),
                 "label": (slots, "int32"), "label_weight": (slots, "float32")}
+
+
+def packed_arrays(patches, grids, labels, plan, sequences):
+    """A batch's images packed into `sequences` sequences of the `plan`, first fit, by
+    `keras_vit.native.pack_patches` (the one packer of both pipelines): `patches` `[images,
+    max_patches, P * P * 3]` (each image's padded), their `grids` `[images, 2]` and `labels`
+    `[images]` to the arrays of `PACKED` and `image_index` (which image each slot holds, -1
+    none); an empty slot's label is 0 and its `label_weight` 0."""
+    from keras_vit import native
+
+    arrays = native.pack_patches(list(patches), grids, plan.sequence_length,
+                                 plan.images_per_sequence, sequences)
+    index = arrays["image_index"]
+    arrays["label"] = np.where(index >= 0, np.asarray(labels)[np.maximum(index, 0)],
+                               0).astype(np.int32)
+    arrays["label_weight"] = (index >= 0).astype(np.float32)
+    return arrays
 
 
 def padded_shapes(images, patches, width):

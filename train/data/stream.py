@@ -1,6 +1,7 @@
 """The training stream as arithmetic, one function of (seed, position) for every pipeline: which
-record of a random-access split each stream position reads (`records_at`), and the random
-numbers of its crop and flip (`crop_draws`, `crop_box`). Plain NumPy: the Grain pipeline calls
+record of a random-access split each stream position reads (`records_at`), the random
+numbers of its crop and flip (`crop_draws`, `crop_box`), and its budget of patches at native
+resolution (`budget_draws`). Plain NumPy: the Grain pipeline calls
 it directly and the tf.data pipeline through `tf.numpy_function`, once a batch, so that a config
 and seed train on the same examples, cropped and flipped alike, on either engine, either
 pipeline and any number of hosts.
@@ -17,8 +18,8 @@ import numpy as np
 
 ROUNDS = 4
 CROP_TRIES = 10  # as Inception's crop (and tf.image.sample_distorted_bounding_box) tries
-# Salts that keep the order's keys and the crop's numbers apart for one seed.
-ORDER_SALT, CROP_SALT = 0x4F52444552, 0x43524F50
+# Salts that keep the order's keys, the crop's numbers and the budgets apart for one seed.
+ORDER_SALT, CROP_SALT, BUDGET_SALT = 0x4F52444552, 0x43524F50, 0x4E4146
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -84,7 +85,22 @@ def crop_draws(positions, seed):
     with np.errstate(over="ignore"):
         keys = _hash(_hash(_uint64(seed), _uint64(CROP_SALT)), _uint64(positions))
         bits = _hash(keys, columns)
+    return _uniform(bits)
+
+
+def _uniform(bits):
+    """uint64 hashes to float64 uniform numbers in [0, 1): their top 53 bits."""
     return (bits >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def budget_draws(positions, seed, low, high):
+    """int64 budgets of patches (the shape of `positions`), each uniform in [low, high] and a
+    function of (seed, stream position): `config.native_min_patches`' draw (NaViT's resolution
+    sampling), the same number in every pipeline."""
+    positions = np.asarray(positions, np.int64)
+    with np.errstate(over="ignore"):
+        bits = _hash(_hash(_uint64(seed), _uint64(BUDGET_SALT)), _uint64(positions))
+    return low + np.floor(_uniform(bits) * (high - low + 1)).astype(np.int64)
 
 
 def crop_box(height, width, draws, min_area):

@@ -1,29 +1,32 @@
 """`config.native` in the tf.data pipeline (train.data.native_input says what each mode is):
 each image cut into the patches of its own aspect ratio within its budget
 (`keras_vit.native.image_patches_tf`), one per sequence, and for "packed" a batch's images
-packed into sequences by `keras_vit.native.pack_patches` (NumPy, through `tf.numpy_function`:
-one packer for both pipelines)."""
+packed into sequences by `native_input.packed_arrays` (NumPy, through `tf.numpy_function`:
+one packer for both pipelines; train.data.grain_native is the Grain pipeline's side)."""
 
-import numpy as np
 import tensorflow as tf
 
 from keras_vit import native
-
-# Folded into an example's seed for its drawn budget (config.native_min_patches), so that
-# the crop and flip stay what they were.
-BUDGET_SEED_SALT = 0x4E4146
-PACKED = ("pixel_values", "segment_ids", "patch_coords", "spatial_shapes", "label",
-          "label_weight")
+from . import native_input, records, stream
+from .native_input import PACKED
 
 
-def drawn_budget(seed, plan):
-    """The image's budget of patches: the plan's, or drawn from [min_patches, max_patches]
-    by the example's `seed` (a shape-[2] int tensor)."""
+def with_budgets(examples, seed, plan):
+    """`(position, example)` pairs with each example's budget of patches added as
+    `example["budget"]`, drawn from [min_patches, max_patches] by `stream.budget_draws` of
+    (seed, position) a chunk at a time, the Grain pipeline's numbers; unchanged where every
+    image takes the whole budget."""
     if plan.min_patches == plan.max_patches:
-        return plan.max_patches
-    return tf.random.stateless_uniform(
-        [], tf.random.experimental.stateless_fold_in(seed, BUDGET_SEED_SALT),
-        minval=plan.min_patches, maxval=plan.max_patches + 1, dtype=tf.int32)
+        return examples
+
+    def draw(positions, chunk):
+        budgets = tf.numpy_function(
+            lambda positions: stream.budget_draws(positions, seed, plan.min_patches,
+                                                  plan.max_patches).astype("int32"),
+            [positions], tf.int32, stateful=False)
+        return positions, dict(chunk, budget=tf.ensure_shape(budgets, positions.shape))
+
+    return examples.batch(records.READ_CHUNK).map(draw).unbatch()
 
 
 def example(image, label, plan, budget=None):
@@ -53,11 +56,7 @@ def packed(batch, plan):
     sequences = shapes["pixel_values"][0][0]
 
     def pack(values, grids, labels):
-        arrays = native.pack_patches(list(values), grids, plan.sequence_length,
-                                     plan.images_per_sequence, sequences)
-        index = arrays.pop("image_index")
-        arrays["label"] = np.where(index >= 0, labels[np.maximum(index, 0)], 0).astype(np.int32)
-        arrays["label_weight"] = (index >= 0).astype(np.float32)
+        arrays = native_input.packed_arrays(values, grids, labels, plan, sequences)
         return [arrays[name] for name in PACKED]
 
     outputs = tf.numpy_function(pack, [batch["pixel_values"], batch["spatial_shapes"],

@@ -234,6 +234,8 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patche
             raise ValueError(f"Mixup and CutMix need an even batch per replica, not "
                              f"{per_replica}: change config.batch_size.")
         examples = input_order.train_examples(split, config, start_step, hosts, host)
+        if native is not None:
+            examples = tf_native.with_budgets(examples, config.seed, native)
         if config.crop_min_area < 1.0 or config.flip:  # the crops' numbers, a chunk at a time
             examples = examples.batch(records.READ_CHUNK).map(
                 lambda positions, chunk: (positions, chunk,
@@ -244,7 +246,7 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patche
             if native is not None:
                 image = cropped(example["image"], seed, config.crop_min_area, config.flip, draws)
                 return tf_native.example(image, example["label"], native,
-                                         tf_native.drawn_budget(seed, native))
+                                         example.get("budget"))
             image = preprocess_train(example["image"], seed, config.image_size,
                                      config.crop_min_area, config.flip, dtype, chosen, draws)
             example = {"image": image, "label": tf.cast(example["label"], tf.int32)}

@@ -125,11 +125,8 @@ def test_a_native_config_that_cannot_run_is_refused_naming_the_field(fake_fmnist
     assert found and message in found[0], config_checks.problems(config)
 
 
-def test_grain_refuses_native_resolution_with_the_reason():
-    from train.data import grain_pipeline
-
-    config = tiny_config(type("Data", (), {"data_dir": "/nowhere"})(), **NATIVE, native="packed")
-    assert "cuts each image at its own aspect ratio" in grain_pipeline.unavailable(config, "jax")
+def test_a_square_config_has_no_native_plan():
+    # (Grain's native batches: tests/training/data/test_grain_native.py.)
     assert native_input.plan(tiny_config(type("Data", (), {"data_dir": "/x"})()), 4, 49) is None
 
 
