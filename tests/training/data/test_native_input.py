@@ -139,7 +139,7 @@ def test_20_packed_steps_train_and_export_on_both_engines(fake_fmnist, tmp_path,
                  "eval_every_steps": 20, "export": True}
     command = [sys.executable, "-m", "train.main",
                *flags(fake_fmnist, workdir, "configs/native_aspect.py", **overrides)]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=400,
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600,
                             env=dict(fake_fmnist.env(), KERAS_BACKEND=backend))
     assert result.returncode == 0, result.stderr[-4000:]
     assert "step 20/20" in result.stderr and "eval accuracy" in result.stderr
