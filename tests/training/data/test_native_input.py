@@ -16,7 +16,7 @@ tf = pytest.importorskip("tensorflow")
 from train.data import fashion_mnist, native_input, tf_pipeline  # noqa: E402
 from train.run import config_checks, objectives  # noqa: E402
 from train_fixtures import (NUM_TEST, NUM_TRAIN, REPO, fake_images,  # noqa: E402
-                            fashion_mnist_dir, flags, tiny_config)
+                            fashion_mnist_dir, flags, read_metrics, tiny_config)
 
 NATIVE = dict(dataset="fashion_mnist_native", model=dict(patch_size=4, classifier="map",
                                                          class_token=False),
@@ -201,3 +201,27 @@ def test_packed_sequences_that_do_not_divide_over_the_devices_are_refused(fake_f
                             env=dict(fake_fmnist.env(), KERAS_BACKEND=backend))
     assert result.returncode == 1
     assert f"Error: config.pack_sequences=11 is not divisible by the {where}." in result.stderr
+
+
+@pytest.mark.processes
+def test_packed_steps_on_a_sharded_mesh_with_remat_learn_as_on_one_device(fake_fmnist, tmp_path):
+    """The JAX engine's packed steps fully sharded (FSDP) over 4 batch x 2 model devices, each
+    block computed again in the backward pass, give one device's losses step by step."""
+    losses = {}
+    for name, extra, overrides in (
+            ("one", (), {}),
+            ("sharded", ("--cpu_devices=8",), {"fsdp": True, "model_parallel": 2,
+                                               "remat": "blocks"})):
+        workdir = str(tmp_path / name)
+        fields = {**NATIVE, "native": "packed", "model": {**NATIVE["model"], "num_layers": 2},
+                  "total_steps": 6, "steps_per_loop": 2, "eval_every_steps": 6,
+                  "checkpoint_every_steps": 6, "eval_batch_size": 40, **overrides}
+        command = [sys.executable, "-m", "train.main",
+                   *flags(fake_fmnist, workdir, "configs/native_aspect.py", **fields), *extra]
+        result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600,
+                                env=dict(fake_fmnist.env(), KERAS_BACKEND="jax"))
+        assert result.returncode == 0, result.stderr[-4000:]
+        losses[name] = [record["loss"] for record in read_metrics(workdir) if "loss" in record]
+    # The weights moved (the loss changes every loop), so equal losses are equal training.
+    assert len(losses["one"]) == 3 and len(set(np.round(losses["one"], 5))) == 3, losses
+    np.testing.assert_allclose(losses["sharded"], losses["one"], rtol=1e-4)
