@@ -75,7 +75,8 @@ LIBRARY_ROOMS = {
     "weights": {"architecture", "layers", "model", "native", "preprocessing", "fileio",
                 "imports"},
     "deploy": {"architecture", "layers", "model", "preprocessing", "fileio", "imports"},
-    "analysis": {"architecture", "layers", "model", "preprocessing", "fileio", "imports"},
+    "analysis": {"architecture", "layers", "model", "native", "preprocessing", "fileio",
+                 "imports"},
     "native": {"architecture", "layers", "model", "preprocessing", "imports"},
     "builders": {"architecture", "model", "weights"},
 }
