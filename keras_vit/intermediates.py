@@ -15,7 +15,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit import layers as vit_layers
-from keras_vit.model import ViTModel, _check_images
+from keras_vit.model import ViTModel, _check_images, classic_model
 
 OUTPUTS = ("tokens", "maps")
 
@@ -55,8 +55,9 @@ class PatchMap(keras.layers.Layer):
 
 def _encoder_layers(model, caller):
     """The blocks of each encoder layer, in order: one `EncoderBlock`, or Axial-ViT's row and
-    column blocks."""
-    blocks = [layer for layer in model.layers if isinstance(layer, vit_layers.EncoderBlock)]
+    column blocks (a NaFlexViT's are its classic model's)."""
+    blocks = [layer for layer in classic_model(model).layers
+              if isinstance(layer, vit_layers.EncoderBlock)]
     if not blocks:
         raise ValueError(f"Model {model.name!r} has no EncoderBlock layers; {caller}() takes "
                          "a model built by keras_vit.vit() or one of its builders.")
@@ -120,6 +121,14 @@ def features(model, layers=None, output="tokens", norm=False, attention=False):
     """
     if output not in OUTPUTS:
         raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}.")
+    if classic_model(model) is not model:
+        # A functional model of one image shape cannot take a NaFlex batch's dict of grids.
+        raise ValueError(
+            f"features() builds a model of square images; {model.name!r} runs on NaFlex "
+            "arrays, each image at its own grid. Use its tokens(inputs) (the encoder's tokens "
+            "and their mask), representation(inputs) (what its head reads), "
+            "keras_vit.attention_model(model) (every block's attention weights), or "
+            "features(model.vit, ...) for the classic model on square images.")
     encoder = _encoder_layers(model, "features")
     chosen = _chosen(layers, len(encoder))
     position = next(layer for layer in model.layers
@@ -152,6 +161,11 @@ def attention_model(model):
     Its output is a list with one `[batch, heads, tokens, tokens]` tensor per encoder block
     (two per layer for Axial-ViT: rows, then columns, each as the equivalent full matrix).
     The default forward pass of `model` is untouched and computes no extra output.
+
+    `model` may be a `keras_vit.native.NaFlexViT`: the new model takes its input dict and gives
+    the weights over its whole sequences, `prefix + length` tokens, as the blocks computed them
+    under its attention mask (padding, and in a packed sequence the other images' patches, get
+    0 from every query of an image; `keras_vit.analysis.attention_maps` cuts out each image).
     """
     blocks = [block for layer in _encoder_layers(model, "attention_model") for block in layer]
     return _WithAttention(model, blocks, keep_outputs=False, name=f"{model.name}_attention")

@@ -23,6 +23,7 @@ import keras
 
 from keras_vit import layers as vit_layers
 from keras_vit.architecture import variants
+from keras_vit.model import classic_model
 
 ADAPTER_NAMES = ("lora_kernel_a", "lora_kernel_b")
 # The classifier layers a model may have, all trained under LoRA (see the module's docstring).
@@ -32,8 +33,10 @@ HEADS = ("head", "head_dist")
 def adapted_layers(model):
     """The Dense layers that LoRA adapts: the attention's (query, key, value, out) and the MLP's
     inside `model`'s encoder blocks; not the patch embedding, a relative-position MLP (it gives
-    positions, frozen like the position embeddings), an attention-pooling head or the heads."""
-    return [layer for block in model.layers if isinstance(block, vit_layers.EncoderBlock)
+    positions, frozen like the position embeddings), an attention-pooling head or the heads.
+    A `keras_vit.native.NaFlexViT`'s are its classic model's (the same layers)."""
+    return [layer for block in classic_model(model).layers
+            if isinstance(block, vit_layers.EncoderBlock)
             for layer in _feature_dense_layers(block)]
 
 
@@ -99,10 +102,11 @@ def is_adapted(model):
 def _trained_with_adapters(model, train_norms):
     yield from (variable for layer in adapted_layers(model)
                 for variable in (layer.lora_kernel_a, layer.lora_kernel_b))
-    names = {layer.name for layer in model.layers}
+    classic = classic_model(model)
+    names = {layer.name for layer in classic.layers}
     for head in HEADS:
         if head in names:
-            yield from model.get_layer(head).weights
+            yield from classic.get_layer(head).weights
     if train_norms:
         yield from (variable for layer in model._flatten_layers()
                     if isinstance(layer, vit_layers.LayerNorm) for variable in layer.weights)
@@ -120,7 +124,8 @@ def is_adapter(variable):
 
 def merged(model):
     """A plain copy of an adapted `model`: the same spec, dtype and preprocessing, its kernels
-    the merged ones, no adapters; `model` itself when it is not adapted."""
+    the merged ones, no adapters; `model` itself when it is not adapted. Of a NaFlexViT, a
+    NaFlexViT of the plain copy."""
     kernels = merged_kernels(model)
     if not kernels:
         return model

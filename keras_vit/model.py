@@ -251,6 +251,15 @@ class ViTModel(keras.Model):
         return layout
 
 
+def classic_model(model):
+    """The keras_vit model whose layers and weights `model` runs: `model` itself, or the
+    classic model inside a wrapper that runs its layers another way (`keras_vit.native.NaFlexViT`,
+    its `vit`: patches at their images' own grids). The tools that find a model's blocks or
+    weights by its layers look there."""
+    inner = getattr(model, "vit", None)
+    return inner if not isinstance(model, ViTModel) and isinstance(inner, ViTModel) else model
+
+
 def _block_number(name):
     """i of an encoder block's name (`encoderblock_{i}`, or `encoderblock_{i}_{axis}` for
     Axial-ViT's halves, as `_build` names them); None for other layers."""

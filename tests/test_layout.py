@@ -76,7 +76,8 @@ LIBRARY_ROOMS = {
                 "imports"},
     "deploy": {"architecture", "layers", "model", "native", "preprocessing", "fileio",
                "imports"},
-    "analysis": {"architecture", "layers", "model", "preprocessing", "fileio", "imports"},
+    "analysis": {"architecture", "layers", "model", "native", "preprocessing", "fileio",
+                 "imports"},
     "native": {"architecture", "layers", "model", "preprocessing", "imports"},
     "builders": {"architecture", "model", "weights"},
 }

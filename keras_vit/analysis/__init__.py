@@ -11,7 +11,9 @@ few-shot linear metric (section 4.1).
 
 `images` are what the model takes: `[N, height, width, 3]` at its input size, scaled to [-1, 1]
 (`keras_vit.preprocess_inputs`). Every function works for non-square grids, for hybrids and for
-"gap" models. The results are numpy arrays; `keras_vit.analysis.plotting` draws them. The
+"gap" models, and on a `keras_vit.native.NaFlexViT` with its input dict, each image at its own
+grid (`attention_maps`, rollout, distance, few-shot; the weights' pictures are its classic
+model's). The results are numpy arrays; `keras_vit.analysis.plotting` draws them. The
 functions named `*_from_attention` and `few_shot_from_features` do the arithmetic on arrays, without
 a model.
 
@@ -24,7 +26,8 @@ names, as `keras_vit.analysis` had them before it was a room.
 from keras_vit.imports import modules_on_first_use
 from keras_vit.analysis.attention import (  # noqa: F401
     TokenLayout, token_layout, rollout_from_attention, attention_rollout, check_images, overlay,
-    patch_center_distances, attention_distance_from_attention, mean_attention_distance)
+    patch_center_distances, attention_distance_from_attention, mean_attention_distance,
+    ImageAttention, attention_maps, check_naflex_inputs)
 from keras_vit.analysis.embeddings import (  # noqa: F401
     position_embedding_similarity, position_similarity_summary, first_layer_filters,
     embedding_filter_count, embedding_filters)

@@ -1,6 +1,12 @@
-"""Where a ViT attends: the token layout of a model, attention rollout (Abnar & Zuidema, 2020;
-the paper's Figure 6 and appendix D.8) and the mean attention distance per layer and head
-(Figure 7), from a model or, `*_from_attention`, from attention weights alone."""
+"""Where a ViT attends: the token layout of a model, each image's attention weights, attention
+rollout (Abnar & Zuidema, 2020; the paper's Figure 6 and appendix D.8) and the mean attention
+distance per layer and head (Figure 7), from a model or, `*_from_attention`, from attention
+weights alone.
+
+A `keras_vit.native.NaFlexViT` is analysed on its input dict (`native.prepare`'s arrays,
+`native.pack`'s or timm's): each image at its own grid, its tokens cut out of its sequence in the
+classic model's order (prefix tokens, then its patches row by row), so padding and the other
+images of a packed sequence are left out, and the arithmetic is the classic model's."""
 
 import dataclasses
 
@@ -9,7 +15,8 @@ import numpy as np
 
 from keras_vit import layers as vit_layers
 from keras_vit.intermediates import attention_model
-from keras_vit.model import check_image_size
+from keras_vit.model import check_image_size, classic_model
+from keras_vit.native import NaFlexViT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,10 +32,30 @@ class TokenLayout:
     class_token: bool = True
 
 
+@dataclasses.dataclass(frozen=True)
+class ImageAttention:
+    """One image's attention weights, `weights` `[blocks, heads, tokens, tokens]` (float32; two
+    blocks a layer for Axial-ViT), over its `num_prefix_tokens` prefix tokens and then its
+    `grid` (rows, columns) of patches row by row: what `rollout_from_attention` and
+    `attention_distance_from_attention` take, one block at a time. `class_token`: whether the
+    first prefix token is a class token (a rollout reads its row)."""
+
+    grid: tuple
+    num_prefix_tokens: int
+    class_token: bool
+    weights: np.ndarray
+
+
 def token_layout(model, image_size=None):
     """The `TokenLayout` of a model built by `keras_vit.vit()` (or loaded from `.keras`), for
     images of its size or, for a model of any image size, of `image_size` (height, width;
     default the size its position embeddings were trained for, `spec.image_size`)."""
+    if isinstance(model, NaFlexViT):
+        raise ValueError(
+            f"Model {model.name!r} (a NaFlexViT) has no one token layout: each image has its "
+            "own grid (spatial_shapes; attention_maps(model, inputs)[i].grid), and its patches "
+            f"are {model.spec.patch_size} pixels apart. token_layout(model.vit) is the classic "
+            "model's, at its own image size.")
     position = _find_layer(model, vit_layers.AddPositionEmbs, "AddPositionEmbs")
     spec = getattr(model, "spec", None)
     prefix = position.num_prefix_tokens
@@ -44,7 +71,7 @@ def token_layout(model, image_size=None):
 
 
 def _find_layer(model, kind, what):
-    for layer in model.layers:
+    for layer in classic_model(model).layers:  # a NaFlexViT's are its classic model's
         if isinstance(layer, kind):
             return layer
     raise ValueError(f"Model {model.name!r} has no {what} layer; the analysis tools take a "
@@ -112,28 +139,143 @@ def _checked_layers(attentions, tokens):
 def attention_rollout(model, images, batch_size=8):
     """Attention rollout (see `rollout_from_attention`) of `images` through `model`.
 
-    Returns `[N, rows, columns]`, one map per image over the patch grid, each summing to 1.
+    Returns `[N, rows, columns]`, one map per image over the patch grid, each summing to 1. For
+    a NaFlexViT, `images` is its input dict and the result a list, one `[rows, columns]` map
+    per image at its own grid (see `attention_maps` for their order), padding left out.
     """
+    if isinstance(model, NaFlexViT):
+        return [rollout_from_attention(image.weights, image.grid, image.num_prefix_tokens,
+                                       image.class_token)[0]
+                for image in _image_attentions(model, images, batch_size)]
     images = check_images(model, images)
     layout = token_layout(model, images.shape[1:3])
     maps = [rollout_from_attention(weights, layout.grid, layout.num_prefix_tokens,
                                    layout.class_token)
-            for weights in _attention_batches(model, images, batch_size)]
+            for _, weights in _attention_batches(model, images, batch_size)]
     return np.concatenate(maps, axis=0)
 
 
-def _attention_batches(model, images, batch_size):
-    """Yields the list of per-layer attention weights (model dtype) for each batch."""
+def attention_maps(model, images, batch_size=8):
+    """Each image's attention weights at its own grid: a list of `ImageAttention`, one per
+    image, its `weights` in the classic model's token order.
+
+    `images` is what `model` takes: `[N, height, width, 3]` images in [-1, 1], or a NaFlexViT's
+    input dict. A NaFlex image's tokens are its prefix tokens and its patches, reordered row by
+    row from their rows and columns; the padding, and the other images of a packed sequence,
+    are cut out (their weights are 0 under the attention mask, so each row still sums to 1).
+    The images come in the order of the sequences and, packed, of their slots: `pack`'s
+    `image_index[image_index >= 0]` says which input image each is.
+    """
+    return list(_image_attentions(model, images, batch_size))
+
+
+def _image_attentions(model, images, batch_size):
+    """Yields the `ImageAttention` of each image, one batch of the model at a time."""
+    if isinstance(model, NaFlexViT):
+        inputs = check_naflex_inputs(model, images)
+        for batch, weights in _attention_batches(model, inputs, batch_size):
+            for sequence, tokens, grid in _naflex_images(model, batch):
+                cut = np.ix_(tokens, tokens)
+                yield ImageAttention(grid, model.spec.num_prefix_tokens, model.spec.class_token,
+                                     np.stack([layer[sequence][:, cut[0], cut[1]]
+                                               for layer in weights]).astype(np.float32))
+        return
     images = check_images(model, images)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+    layout = token_layout(model, images.shape[1:3])
+    for _, weights in _attention_batches(model, images, batch_size):
+        for index in range(len(weights[0])):
+            yield ImageAttention(layout.grid, layout.num_prefix_tokens, layout.class_token,
+                                 np.stack([layer[index] for layer in weights]).astype(np.float32))
+
+
+def _naflex_images(model, inputs):
+    """Yields `(sequence, tokens, grid)` for each image of a NaFlex batch, in the order of the
+    sequences and their slots: the indices of its tokens in its sequence, its prefix tokens
+    first and then its patches row by row, and its (rows, columns)."""
+    layout = model.layout(inputs)
+    rows, columns, sizes, groups = (keras.ops.convert_to_numpy(part) for part in (
+        layout.rows, layout.columns, layout.sizes, layout.pool_mask))
+    prefix = model.spec.num_prefix_tokens
+    if groups.ndim == 2:  # one image a sequence: its prefix tokens and patches
+        groups = groups[:, None]
+    for sequence, slot in zip(*np.nonzero(groups[..., prefix:].any(axis=-1))):
+        patches = np.flatnonzero(groups[sequence, slot, prefix:])
+        grid = tuple(int(side) for side in sizes[sequence, patches[0]])
+        cells = (rows[sequence, patches] * grid[1] + columns[sequence, patches]).astype(np.int64)
+        order = np.argsort(cells, kind="stable")
+        if not np.array_equal(cells[order], np.arange(grid[0] * grid[1])):
+            raise ValueError(
+                f"Sequence {sequence}{f', slot {slot}' if groups.shape[1] > 1 else ''} holds "
+                f"{len(patches)} patches whose rows and columns do not cover its {grid[0]}x"
+                f"{grid[1]} grid once each; the analysis needs every patch of an image, as "
+                "keras_vit.native.prepare and pack give them.")
+        yield sequence, np.concatenate([np.arange(prefix), patches[order] + prefix]), grid
+
+
+def _attention_batches(model, images, batch_size):
+    """Yields `(batch, per-layer attention weights)` (model dtype) for each batch of `images`
+    (checked already: an array, or a NaFlexViT's dict of arrays)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+            or batch_size < 1:
+        raise ValueError(f"batch_size must be a whole number at least 1, got {batch_size!r}.")
     weights_model = attention_model(model)
-    for start in range(0, len(images), batch_size):
-        yield weights_model.predict_on_batch(images[start:start + batch_size])
+    count = len(next(iter(images.values()))) if isinstance(images, dict) else len(images)
+    for start in range(0, count, batch_size):
+        batch = _rows(images, start, start + batch_size)
+        yield batch, _run_batch(weights_model, batch)
+
+
+def _run_batch(model, batch):
+    """`model`'s outputs on one batch as NumPy: compiled (`predict_on_batch`) for images; a
+    NaFlex dict is run as called, since compiling costs more than it saves at an analysis's
+    few batches of each shape (the first predict_on_batch of the tiny test model's attention:
+    9.8 s of CPU on JAX, 0.7 s on TensorFlow; a call 0.06 and 0.1 s)."""
+    if not isinstance(batch, dict):
+        return model.predict_on_batch(batch)
+    return keras.tree.map_structure(keras.ops.convert_to_numpy, model(batch))
+
+
+def _rows(images, start, stop):
+    """Rows `start:stop` of an array of images, or of each array of a NaFlex dict."""
+    if isinstance(images, dict):
+        return {name: value[start:stop] for name, value in images.items()}
+    return images[start:stop]
+
+
+def check_naflex_inputs(model, inputs):
+    """Returns a NaFlexViT's input dict as NumPy arrays (patches as float32) after checking it
+    is one: a dict (its names and shapes the model checks) of at least one sequence, of patches
+    scaled to [-1, 1]."""
+    if not isinstance(inputs, dict):
+        raise ValueError(f"Model {model.name!r} (a NaFlexViT) takes a dict of arrays "
+                         "(keras_vit.native.prepare's or pack's), not images; got "
+                         f"{type(inputs).__name__}.")
+    inputs = {name: np.asarray(keras.ops.convert_to_numpy(value))
+              for name, value in inputs.items()}
+    name = "pixel_values" if "pixel_values" in inputs else "patches"
+    pixels = inputs.get(name)
+    if pixels is None or pixels.ndim < 1 or not len(pixels):
+        raise ValueError(f"Model {model.name!r} takes a dict with pixel_values (or timm's "
+                         f"patches) of at least one sequence; got {sorted(inputs)} of shapes "
+                         f"{[getattr(value, 'shape', None) for value in inputs.values()]}.")
+    _check_range(pixels, name, "keras_vit.native.prepare(images, ...) on uint8 images")
+    inputs[name] = pixels.astype(np.float32)
+    return inputs
+
+
+def _check_range(images, what, advice="keras_vit.preprocess_inputs(images) on 0..255 pixels"):
+    if images.dtype == np.uint8 or float(np.abs(images).max()) > 1.0 + 1e-3:
+        raise ValueError(f"{what} must be scaled to [-1, 1] as the model takes them; got values "
+                         f"up to {float(np.abs(images).max()):g} ({images.dtype}). Use "
+                         f"{advice}.")
 
 
 def check_images(model, images):
     """Returns `images` as float32 after checking they are what `model` takes."""
+    if isinstance(images, dict):
+        raise ValueError(f"Model {model.name!r} takes images [N, height, width, 3], not a dict "
+                         f"({sorted(images)}); NaFlex arrays are for "
+                         "keras_vit.native.NaFlexViT(model).")
     images = np.asarray(images)
     expected = tuple(model.input_shape[1:])
     if images.ndim != 4 or not len(images) or any(
@@ -142,10 +284,7 @@ def check_images(model, images):
         raise ValueError(f"images have shape {images.shape}; model {model.name!r} takes "
                          f"[N, {shown}].")
     check_image_size(model, images)
-    if images.dtype == np.uint8 or float(np.abs(images).max()) > 1.0 + 1e-3:
-        raise ValueError("images must be scaled to [-1, 1] as the model takes them; got values "
-                         f"up to {float(np.abs(images).max()):g} ({images.dtype}). Use "
-                         "keras_vit.preprocess_inputs(images) on 0..255 pixels.")
+    _check_range(images, "images")
     return images.astype(np.float32)
 
 
@@ -234,15 +373,35 @@ def attention_distance_from_attention(attentions, grid, pixel_pitch=(1.0, 1.0),
 
 def mean_attention_distance(model, images, batch_size=8):
     """The paper's mean attention distance (figure 7, right): `[layers, heads]` in pixels of
-    the input image, averaged over `images` (the paper used 128)."""
+    the input image, averaged over `images` (the paper used 128).
+
+    For a NaFlexViT, `images` is its input dict: each query patch's distances are to the patches
+    of its own image, from their rows and columns, in pixels of the image as the model sees it
+    (resized to whole patches: patches `patch_size` pixels apart); the average is over every
+    query patch of every image, as the classic model's over every query of every image."""
+    if isinstance(model, NaFlexViT):
+        return _naflex_distance(model, images, batch_size)
     images = check_images(model, images)
     layout = token_layout(model, images.shape[1:3])
     distances = patch_center_distances(layout.grid, layout.pixel_pitch)
     tokens = layout.num_prefix_tokens + distances.shape[0]
     totals, count = 0.0, 0
-    for attentions in _attention_batches(model, images, batch_size):
+    for _, attentions in _attention_batches(model, images, batch_size):
         layers = _checked_layers(attentions, tokens)
         totals = totals + np.stack([_distance_sums(weights, distances, layout.num_prefix_tokens)
                                     for weights in layers])
         count += attentions[0].shape[0] * distances.shape[0]
+    return totals / count
+
+
+def _naflex_distance(model, inputs, batch_size):
+    """`mean_attention_distance` of a NaFlexViT's images, each at its own grid."""
+    pitch = (float(model.spec.patch_size),) * 2
+    totals, count = 0.0, 0
+    for image in _image_attentions(model, inputs, batch_size):
+        distances = patch_center_distances(image.grid, pitch)
+        layers = _checked_layers(image.weights, image.weights.shape[-1])
+        totals = totals + np.stack([_distance_sums(weights, distances, image.num_prefix_tokens)
+                                    for weights in layers])
+        count += distances.shape[0]
     return totals / count

@@ -1,5 +1,7 @@
 """What a ViT's first layers learned: the similarity of its position embeddings (Figure 7,
-center) and the principal components of its patch-embedding filters (Figure 7, left)."""
+center) and the principal components of its patch-embedding filters (Figure 7, left). These are
+weights, not activations: a `keras_vit.native.NaFlexViT`'s are its classic model's (its learned
+position embeddings at the grid they were trained for, which NaFlex resizes to each image's)."""
 
 import keras
 import numpy as np
@@ -7,6 +9,7 @@ import numpy as np
 from keras_vit import layers as vit_layers
 from keras_vit.analysis.attention import _find_layer
 from keras_vit.layers import resnet
+from keras_vit.model import classic_model
 
 
 def position_embedding_similarity(model):
@@ -15,6 +18,7 @@ def position_embedding_similarity(model):
     Returns `[rows * columns, rows, columns]`: entry `[i]` is the map of patch i's similarity
     to every position (1 at i itself). Class-token embeddings are left out.
     """
+    model = classic_model(model)
     position = _find_layer(model, vit_layers.AddPositionEmbs, "AddPositionEmbs")
     embeddings = position.embeddings()
     if embeddings is None:
@@ -64,6 +68,7 @@ def position_similarity_summary(similarity):
 def first_layer_filters(model):
     """The filters that look at pixels, `[kh, kw, 3, filters]`: the patch embedding of a plain
     ViT, or the (weight-standardised, as applied) 7x7 root convolution of a hybrid."""
+    model = classic_model(model)
     for layer in model.layers:
         if isinstance(layer, resnet.ResNetStem):
             kernel = np.asarray(keras.ops.convert_to_numpy(layer.conv_root.kernel), np.float64)

@@ -4,7 +4,8 @@ standardised features, closed form, over several draws of k examples per class."
 import keras
 import numpy as np
 
-from keras_vit.analysis.attention import check_images
+from keras_vit.analysis.attention import check_images, check_naflex_inputs, _run_batch
+from keras_vit.native import NaFlexViT
 
 
 DEFAULT_SHOTS = (1, 5, 10, 25)
@@ -121,7 +122,10 @@ def _check_pairs(features, labels, what):
 def feature_model(model):
     """A model sharing `model`'s layers that outputs its representation: the pre-logits layer
     if it has one, else the pooled token, normalised where the model normalises it (what the
-    paper's few-shot evaluation uses)."""
+    paper's few-shot evaluation uses). Of a NaFlexViT, a model of its input dict to its
+    `representation` (one per image; per slot, `[batch, slots, D]`, for packed images)."""
+    if isinstance(model, NaFlexViT):
+        return _NaFlexRepresentation(model)
     names = {layer.name for layer in model.layers}
     for name in ("pre_logits", "fc_norm", "MAPHead_0", "pool"):  # the last before the head
         if name in names:
@@ -131,6 +135,18 @@ def feature_model(model):
                      "evaluation takes a model built by keras_vit.vit().")
 
 
+class _NaFlexRepresentation(keras.Model):
+    """A NaFlexViT's `representation` as a model of its input dict (its layers, its weights)."""
+
+    def __init__(self, naflex, **kwargs):
+        kwargs.setdefault("name", f"{naflex.name}_features")
+        super().__init__(**kwargs)
+        self.naflex = naflex
+
+    def call(self, inputs):
+        return self.naflex.representation(inputs)
+
+
 def representations(model, data, batch_size=256, progress=None):
     """Features (`feature_model`) and labels of every example in `data`.
 
@@ -138,18 +154,22 @@ def representations(model, data, batch_size=256, progress=None):
     `(images, labels)` batches or of `{"image", "label"}` batches, optionally with a "mask"
     (examples with mask 0 are padding and dropped). Images must be scaled to [-1, 1] as the
     model takes them.
+    For a NaFlexViT the images are its input dict (`keras_vit.native.prepare`'s arrays): a
+    tuple `(inputs, labels)`, `(inputs, labels)` batches, or dict batches holding the inputs,
+    "label" and optionally "mask" (or the training pipeline's "label_weight"). Packed inputs
+    (`native.pack`) take a label per slot, `[sequences, slots]`; empty slots (a (0, 0) grid)
+    are dropped.
     `progress`, if given, is called with the number of examples done after each batch.
     """
     features_of = feature_model(model)
     features, labels, done = [], [], 0
-    for images, batch_labels, mask in _batches(data, batch_size):
-        images = check_images(model, images)
-        if mask is not None:
-            images, batch_labels = images[mask], batch_labels[mask]
-        if len(images):
-            features.append(np.asarray(features_of.predict_on_batch(images), np.float64))
-            labels.append(np.asarray(batch_labels).reshape(-1))
-        done += len(images)
+    for images, batch_labels, mask in _batches(data, batch_size, isinstance(model, NaFlexViT)):
+        batch_features, batch_labels = _batch_features(model, features_of, images,
+                                                       batch_labels, mask)
+        if len(batch_features):
+            features.append(batch_features)
+            labels.append(batch_labels)
+        done += len(batch_features)
         if progress is not None:
             progress(done)
     if not features:
@@ -157,22 +177,60 @@ def representations(model, data, batch_size=256, progress=None):
     return np.concatenate(features), np.concatenate(labels)
 
 
-def _batches(data, batch_size):
+def _batch_features(model, features_of, images, labels, mask):
+    """`(features [n, D] float64, labels [n])` of one batch, its masked examples dropped."""
+    labels = np.asarray(labels)
+    if isinstance(model, NaFlexViT):
+        return _naflex_batch_features(model, features_of, images, labels, mask)
+    images = check_images(model, images)
+    if mask is not None:
+        images, labels = images[mask], labels[mask]
+    if not len(images):
+        return np.zeros((0, 0)), labels.reshape(-1)
+    return (np.asarray(features_of.predict_on_batch(images), np.float64), labels.reshape(-1))
+
+
+def _naflex_batch_features(model, features_of, inputs, labels, mask):
+    """`_batch_features` of a NaFlexViT: one feature per image, or per filled slot (packed)."""
+    inputs = check_naflex_inputs(model, inputs)
+    features = np.asarray(_run_batch(features_of, inputs), np.float64)
+    images = features.shape[:-1]  # [sequences], or [sequences, slots] packed
+    keep = np.ones(images, bool) if mask is None else mask
+    if labels.shape != images or keep.shape != images:
+        raise ValueError(f"labels {labels.shape} (and a mask, {keep.shape}) must give one "
+                         f"value per image of the NaFlex batch: {images} (packed: one per "
+                         "slot).")
+    if features.ndim == 3:  # an empty slot's grid is (0, 0): no image, its output means nothing
+        keep = keep & (inputs["spatial_shapes"].prod(axis=-1) > 0)
+    return features[keep], labels[keep]
+
+
+def _batches(data, batch_size, naflex=False):
+    """Yields `(images, labels, mask or None)`; a NaFlexViT's images are its input dict."""
     if isinstance(data, tuple):
-        images, labels = (np.asarray(part) for part in data)
-        if len(images) != len(labels):
-            raise ValueError(f"{len(images)} images but {len(labels)} labels.")
-        for start in range(0, len(images), batch_size):
-            yield images[start:start + batch_size], labels[start:start + batch_size], None
+        images, labels = data
+        images = dict(images) if naflex and isinstance(images, dict) else np.asarray(images)
+        labels = np.asarray(labels)
+        count = len(next(iter(images.values()))) if isinstance(images, dict) else len(images)
+        if count != len(labels):
+            raise ValueError(f"{count} images but {len(labels)} labels.")
+        for start in range(0, count, batch_size):
+            rows = slice(start, start + batch_size)
+            part = ({name: value[rows] for name, value in images.items()}
+                    if isinstance(images, dict) else images[rows])
+            yield part, labels[rows], None
         return
     for batch in data:
         if isinstance(batch, dict):
-            mask = batch.get("mask")
+            mask = batch.get("mask", batch.get("label_weight") if naflex else None)
             mask = None if mask is None else np.asarray(mask).astype(bool)
-            yield np.asarray(batch["image"]), np.asarray(batch["label"]), mask
+            images = ({name: value for name, value in batch.items()
+                       if name not in ("label", "mask", "label_weight")}
+                      if naflex else np.asarray(batch["image"]))
+            yield images, np.asarray(batch["label"]), mask
         else:
             images, labels = batch[:2]
-            yield np.asarray(images), np.asarray(labels), None
+            yield images if naflex else np.asarray(images), np.asarray(labels), None
 
 
 def few_shot_accuracy(model, train_data, test_data, shots=DEFAULT_SHOTS,

@@ -136,8 +136,10 @@ class NaFlexViT(keras.Model):
     inputs (module docstring), sharing its weights: training one trains the other.
 
     `call(inputs)` returns what `vit` returns (logits, or pooled features without a head);
-    `tokens(inputs)` the encoder's tokens `[batch, prefix + length, D]` (after the final norm
-    where the model norms its tokens) and the mask of those that are tokens of the image.
+    `representation(inputs)` what its head reads (`keras_vit.analysis.feature_model`'s output
+    for the classic model); `tokens(inputs)` the encoder's tokens `[batch, prefix + length, D]`
+    (after the final norm where the model norms its tokens) and the mask of those that are
+    tokens of the image; `layout(inputs)` where each patch is (`Layout`).
     Refuses, naming it, a model whose architecture needs whole square grids: a hybrid,
     Axial-ViT, relative or rotary positions, position embeddings in every block."""
 
@@ -164,7 +166,7 @@ class NaFlexViT(keras.Model):
         except ValueError:
             return None
 
-    def _layout(self, inputs):
+    def layout(self, inputs):
         """`Layout` of `inputs`: one image per sequence (transformers' arrays, or timm's) or
         several packed (`segment_ids`), each checked at the boundary."""
         kinds = (INPUTS, PACKED_INPUTS, TIMM_INPUTS)
@@ -222,7 +224,7 @@ class NaFlexViT(keras.Model):
 
     def _encoded(self, inputs, training):
         """`(tokens, layout)`: the encoder's tokens and where each patch is."""
-        layout = self._layout(inputs)
+        layout = self.layout(inputs)
         x = self._with_prefix(self._embedded(_pixels(inputs), layout))
         x = self.vit.get_layer("dropout")(x, training=training)
         for layer in self.vit.layers:
@@ -238,6 +240,22 @@ class NaFlexViT(keras.Model):
         x, layout = self._encoded(inputs, training)
         return x, layout.token_mask
 
+    def representation(self, inputs, training=False):
+        """What the head reads, `[batch, D]` (`[batch, slots, D]` for packed images): the
+        pooled tokens after `fc_norm` and `pre_logits` where the model has them; a
+        distillation-token model's class token. The classic model's is
+        `keras_vit.analysis.feature_model`'s output (the paper's few-shot features)."""
+        return self._represented(*self._encoded(inputs, training))
+
+    def _represented(self, x, layout):
+        layer = self._layer
+        pool = layer("MAPHead_0") or layer("pool")  # a distillation model's "pool": its class
+        x = pool(x, token_mask=layout.pool_mask)     # token (the mask is for "gap", "map")
+        for name in ("fc_norm", "pre_logits"):
+            if layer(name) is not None:
+                x = layer(name)(x)
+        return x
+
     def call(self, inputs, training=False):
         x, layout = self._encoded(inputs, training)
         layer = self._layer
@@ -247,12 +265,8 @@ class NaFlexViT(keras.Model):
             if heads:
                 pooled = [head(token) for head, token in zip(heads, pooled)]
             return layer("head_mean")(pooled)
-        pool = layer("MAPHead_0") or layer("pool")
-        x = pool(x, token_mask=layout.pool_mask)
-        for name in ("fc_norm", "pre_logits", "head"):
-            if layer(name) is not None:
-                x = layer(name)(x)
-        return x
+        x = self._represented(x, layout)
+        return x if layer("head") is None else layer("head")(x)
 
     # What each weight is to a trainer: the classic model's answers (its weights are these).
     def layer_indices(self, variables):
@@ -269,6 +283,16 @@ class NaFlexViT(keras.Model):
     @property
     def get_layout_map(self):
         return self.vit.get_layout_map
+
+    # How it runs (attention kernel, remat) is its blocks', which are the classic model's:
+    # `keras_vit.set_execution` of either says so for both.
+    @property
+    def execution(self):
+        return getattr(self.vit, "execution", None)
+
+    @execution.setter
+    def execution(self, value):
+        self.vit.execution = value
 
     def get_config(self):
         return {"name": self.name, "vit": keras.saving.serialize_keras_object(self.vit)}
