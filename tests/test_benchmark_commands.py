@@ -189,3 +189,56 @@ def test_native_packing_benchmark_compares_the_three_layouts(fake_fmnist):
     useful = {mode: float(row[2].rstrip("%")) for mode, row in rows.items()}
     assert useful["square"] == 100 and useful["packed"] > useful["padded"]
     assert rows["padded"][3] == "100.0%" and rows["padded"][6].strip() == "1.00x |"
+
+
+def test_native_aspect_study_evaluates_each_run_at_each_aspect(fake_fmnist, tmp_path):
+    """`benchmarks/native_aspect_study.py` on the fake data, on three untrained runs of
+    configs/native_aspect.py made in-process (training them would take minutes): "padded" as
+    the TensorFlow engine checkpoints it, "packed" and "square" as their export/model.keras
+    (the script's two ways to a run's weights). A row per run, a column per aspect ratio
+    (those outside 1/3..3 marked), accuracies in [0, 1]."""
+    import json
+
+    import tensorflow as tf
+
+    from configs import native_aspect
+    from train.engines import tf_engine
+    from train.run import objectives, run_config, run_files
+    from train_fixtures import fashion_mnist_dir
+
+    workdirs = {}
+    for layout in ("packed", "padded", "square"):
+        config = native_aspect.get_config(layout)
+        config.model.update(hidden_size=16, mlp_dim=32, num_heads=2, num_layers=1)
+        config.update(data_dir=fake_fmnist.data_dir, batch_size=32, pack_sequences=10,
+                      eval_batch_size=50, jit_compile=False)
+        workdir = workdirs[layout] = str(tmp_path / layout)
+        os.makedirs(run_files.export_dir(workdir))
+        run_config.write(config, workdir)
+        if layout == "padded":  # checkpoints/ckpt-0: model, optimizer and EMA, as a run's
+            with fashion_mnist_dir(fake_fmnist.source):  # prepares fashion_mnist_native
+                tf_engine.TFEngine(config, workdir, tf.distribute.get_strategy()).save()
+        else:
+            objective = objectives.make(config, 10)
+            objective.encoder(objective.build()).save(run_files.model_file(workdir))
+    output = tmp_path / "study.json"
+    command = [sys.executable, "benchmarks/native_aspect_study.py", "--examples=20",
+               "--aspects=1/6,1,6", f"--output={output}",
+               *(f"--{layout}={workdir}" for layout, workdir in workdirs.items())]
+    result = subprocess.run(command, cwd=REPO, env=fake_fmnist.env(), capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert "| run | own | 1/6 (out) | 1 | 6 (out) |" in lines
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in lines
+            if line.startswith(("| packed ", "| padded ", "| square "))}
+    assert sorted(rows) == ["packed", "padded", "square"]
+    assert all(rows[run].count("%") == 4 for run in rows)
+    report = json.loads(output.read_text())
+    assert [column["outside_training"] for column in report["columns"]] == [
+        False, True, False, True]
+    assert report["runs"]["padded"]["weights"].endswith("ckpt-0")
+    assert report["runs"]["square"]["weights"].endswith("model.keras")
+    for run in report["runs"].values():
+        assert sorted(run["accuracy"]) == ["1", "1/6", "6", "own"]
+        assert all(0 <= value <= 1 for value in run["accuracy"].values())

@@ -104,19 +104,22 @@ NATIVE_SEED = 52
 NATIVE_ASPECT, NATIVE_SCALE = (1 / 3, 3.0), (0.75, 2.0)
 
 
-def native_size(split, index):
-    """`(height, width)` of image `index` of `split` in `fashion_mnist_native`."""
+def native_size(split, index, aspect=None):
+    """`(height, width)` of image `index` of `split` in `fashion_mnist_native`; given `aspect`
+    (height / width), the image's size at that aspect ratio instead of its drawn one (its drawn
+    scale: benchmarks/native_aspect_study.py's fixed aspect ratios)."""
     rng = np.random.default_rng([NATIVE_SEED, SPLITS.index(split), int(index)])
-    aspect = math.exp(rng.uniform(*map(math.log, NATIVE_ASPECT)))
-    scale = math.exp(rng.uniform(*map(math.log, NATIVE_SCALE)))
+    drawn = math.exp(rng.uniform(*map(math.log, NATIVE_ASPECT)))  # drawn first: the scale
+    scale = math.exp(rng.uniform(*map(math.log, NATIVE_SCALE)))  # is the second draw either way
+    aspect = drawn if aspect is None else aspect
     return (max(1, round(28 * scale * math.sqrt(aspect))),
             max(1, round(28 * scale / math.sqrt(aspect))))
 
 
-def stretched(image, split, index):
-    """Image `index` of `split` (uint8 [28, 28]) resampled to its `native_size` (antialiased
-    bilinear, in float64, rounded), uint8."""
-    height, width = native_size(split, index)
+def stretched(image, split, index, aspect=None):
+    """Image `index` of `split` (uint8 [28, 28]) resampled to its `native_size` (at `aspect`,
+    if given; antialiased bilinear, in float64, rounded), uint8."""
+    height, width = native_size(split, index, aspect)
     rows = antialiased_weights(image.shape[0], height)
     columns = antialiased_weights(image.shape[1], width)
     return np.clip(np.rint(rows @ image.astype(np.float64) @ columns.T), 0, 255).astype(np.uint8)
