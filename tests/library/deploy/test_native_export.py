@@ -3,8 +3,11 @@
 aspect ratio, with the logits `NaFlexViT` gives in Python; its `serving_patches` and their
 checks; TFLite files taking the NaFlex arrays at a fixed budget; and the arguments' errors."""
 
+import io
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -13,6 +16,7 @@ import tensorflow as tf
 import keras_vit
 from keras_vit import native
 from keras_vit.deploy import export
+from export_fixtures import WITHOUT_KERAS_VIT
 from model_fixtures import random_tiny_vit
 
 PATCH, BUDGET = 8, 24
@@ -65,6 +69,27 @@ def test_one_request_serves_a_wide_and_a_tall_image_each_at_its_own_aspect(model
     assert outputs["top_k_names"].numpy()[:, 0].tolist() == [NAMES[i].encode() for i in top]
     with open(os.path.join(path, export.NATIVE_ASSET)) as handle:
         assert json.load(handle) == {"patch_size": PATCH, "max_num_patches": BUDGET}
+
+
+def test_a_server_without_keras_vit_serves_it(images, served):
+    """TF Serving has TensorFlow alone: the budget search, resize and model are all graph."""
+    path, loaded = served
+    script = WITHOUT_KERAS_VIT + r'''
+import numpy as np, tensorflow as tf
+serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+files = [open(name, "rb").read() for name in sys.argv[2:]]
+np.save(sys.stdout.buffer, serve(image_bytes=tf.constant(files))["logits"].numpy())
+'''
+    names = []
+    for index, image in enumerate(images):
+        names.append(os.path.join(path, "..", f"image_{index}.png"))
+        tf.io.write_file(names[-1], tf.io.encode_png(image))
+    result = subprocess.run([sys.executable, "-c", script, path, *names], capture_output=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr.decode()[-3000:]
+    expected = loaded.signatures["serving_default"](image_bytes=tf.stack(
+        [tf.io.read_file(name) for name in names]))["logits"].numpy()
+    np.testing.assert_array_equal(np.load(io.BytesIO(result.stdout)), expected)
 
 
 def test_serving_images_and_serving_patches_give_the_same_logits(model, images, served):
