@@ -288,7 +288,7 @@ def serve(requests, reply):
     """Answers the parent's requests (dicts) with `reply(dict)` until they end:
 
         hello                      -> backend, versions (once the imports are done)
-        peaks {dtypes, peak_size}  -> the 4096^3 matmul peak by compute dtype
+        peaks {dtypes, peak_size}  -> the peak_size^3 matmul peak by compute dtype
         setup {case, policy, image_size, batch_size, steps}
                                    -> the case's contenders, built and warmed up: their names,
                                       the model's variant, size, batch and training FLOPs

@@ -116,7 +116,7 @@ def measure_peaks(children, results, dtypes):
     """Each backend's matmul peak: the highest of its measurements (at the start and after
     every repeat), as other work on a shared machine only ever lowers it."""
     for child, result in zip(children, results):
-        peaks = child.ask("peaks", dtypes=dtypes, peak_size=4096)
+        peaks = child.ask("peaks", dtypes=dtypes, peak_size=machine.PEAK_SIZE)
         result["peaks"] = {dtype: max(peak, result.get("peaks", {}).get(dtype, 0.0))
                            for dtype, peak in peaks.items()}
         result["peak_samples"] = result.get("peak_samples", 0) + 1
