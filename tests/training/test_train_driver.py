@@ -426,7 +426,9 @@ def test_a_worker_whose_peer_never_starts_gives_up_naming_it(fake_fmnist, tmp_pa
         assert len(errors) == 1 and "Traceback" not in log, log[-3000:]
         assert not (tmp_path / name).exists()  # nothing written
         if name == "timeout":
-            assert processes[name].returncode == 1 and took < 5 + 5, (took, log[-3000:])
+            # 5 s, then the exit (measured 1.2 s quiet; CI's loaded machine took 8.6 s before
+            # the exit skipped the interpreter's teardown).
+            assert processes[name].returncode == 1 and took < 5 + 10, (took, log[-3000:])
             assert errors[0].startswith(f"Error: worker 1 at {peers[name]} did not answer "
                                         "within --startup_timeout=5 s. Check that every worker")
         else:
