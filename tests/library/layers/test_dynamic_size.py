@@ -310,23 +310,26 @@ SERVED_CASES = {
 }
 
 
-@pytest.fixture(params=list(SERVED_CASES))
+@pytest.fixture(scope="module", params=list(SERVED_CASES))
 def served_case(request):
     """The fields of a model of any size that `served` exports (a test may skip a case before
     paying for the export)."""
     return SERVED_CASES[request.param]
 
 
-@pytest.fixture
-def served(served_case, tmp_path):
+@pytest.fixture(scope="module")
+def served(served_case, tmp_path_factory):
+    """The model of `served_case` and its SavedModel's signatures, exported once for the
+    tests of that case."""
     if keras.backend.backend() != "tensorflow":
         pytest.skip("the SavedModel export runs on Keras' TensorFlow backend")
     import tensorflow as tf
 
     from keras_vit.deploy import export
+    keras.utils.set_random_seed(0)  # module-scoped: fresh_session has not run for it
     model = tiny(dynamic_image_size=True, **served_case)
     randomise(model, scale=0.2)
-    path = export.export_saved_model(model, tmp_path / "served")
+    path = export.export_saved_model(model, tmp_path_factory.mktemp("served") / "served")
     with open(f"{path}/{export.SPEC_ASSET}") as handle:
         assert json.load(handle)["dynamic_image_size"] is True
     return model, tf.saved_model.load(path).signatures
