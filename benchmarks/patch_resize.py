@@ -20,12 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-import keras_vit  # noqa: E402
-from keras_vit.layers import resample  # noqa: E402
-from keras_vit.weights import checkpoint  # noqa: E402
-from train.data import fashion_mnist, grain_pipeline
-from train.run import run_files  # noqa: E402
-from train.run.export import load_trained_model  # noqa: E402
+# keras_vit (and with it Keras and TensorFlow) and the driver's modules are imported where they
+# are used, after the flags are read: `--help` and a bad flag answer at once.
 
 
 def parse_args(argv=None):
@@ -50,6 +46,10 @@ def at_patch_size(spec, arrays, patch_size, pseudo_inverse):
     """The trained model (`spec`, its `.npz` `arrays`) with another patch size: the position
     embeddings resampled to the new grid, the kernel resized with the pseudo-inverse or as an
     image."""
+    import keras_vit
+    from keras_vit.layers import resample
+    from keras_vit.weights import checkpoint
+
     model = keras_vit.vit(spec.replace(patch_size=patch_size))
     arrays = {**arrays, "embedding/kernel": resample.resize_patch_embedding(
         arrays["embedding/kernel"], patch_size, pseudo_inverse=pseudo_inverse)}
@@ -59,6 +59,11 @@ def at_patch_size(spec, arrays, patch_size, pseudo_inverse):
 
 def main(argv=None):
     args = parse_args(argv)
+    from keras_vit.weights import checkpoint
+    from train.data import fashion_mnist, grain_pipeline
+    from train.run import run_files
+    from train.run.export import load_trained_model
+
     trained = load_trained_model(run_files.model_file(args.workdir), args.workdir)
     spec = trained.spec
     if spec is None or spec.is_hybrid:

@@ -26,18 +26,20 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
-import keras_vit  # noqa: E402
-from keras_vit.analysis.flops import forward_flops  # noqa: E402
 from machine import cpu_name, matmul_peak  # noqa: E402
+
+# Keras, TensorFlow and keras_vit are imported where they are used, after the flags are read:
+# `--help` and a bad flag answer at once instead of after seconds of imports.
 
 
 def build_models(variants, image_size, policy, any_size_from=None):
     """{label: (model, forward FLOPs per image)}, keras_vit's first; keras-hub's ViTBackbone
     beside each plain ViT variant (it has no ResNet hybrid and no Axial-ViT)."""
+    import keras_vit
+    from keras_vit.analysis.flops import forward_flops
+
     try:
         import keras_hub
     except ImportError:
@@ -63,6 +65,8 @@ def build_models(variants, image_size, policy, any_size_from=None):
 
 
 def time_models(models, images, repeats, jit_compile):
+    import tensorflow as tf
+
     functions = {name: tf.function(lambda x, m=model: m(x, training=False),
                                    jit_compile=jit_compile)
                  for name, (model, _) in models.items()}
@@ -93,6 +97,8 @@ def main():
                         help="also time each variant of any image size trained at this size")
     args = parser.parse_args()
     variants = list(dict.fromkeys(args.variant or ["B/16"]))  # in order, once each
+    import keras
+    import tensorflow as tf
 
     rows = []
     for policy in args.dtype or ["float32"]:

@@ -1,7 +1,10 @@
 """Shared pytest set-up: quiet TensorFlow's C++ logging before anything imports it, and the
 fixtures several test modules use."""
 
+import collections
 import os
+import shutil
+import subprocess
 
 import pytest
 
@@ -32,6 +35,54 @@ def fake_fmnist(tmp_path_factory):
     """The fake Fashion-MNIST of train_fixtures, written and prepared (TFDS) once per session."""
     from train_fixtures import fake_fashion_mnist
     return fake_fashion_mnist(tmp_path_factory.mktemp("fake_fmnist"))
+
+
+def built_once(tmp_path_factory, name, build):
+    """The folder `name`, filled by `build(folder)` once per test session: by the first
+    pytest-xdist worker that asks, while the others wait for it and then read it (a session
+    fixture is otherwise built in every worker that uses it). Put nothing a test changes in it."""
+    import fcntl
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's temporary folder, which holds each worker's own
+    folder = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (folder / ".built").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            (folder / ".built").touch()
+    return folder
+
+
+QuickstartRun = collections.namedtuple("QuickstartRun", "workdir output")
+
+
+@pytest.fixture(scope="session")
+def quickstart_run(fake_fmnist, tmp_path_factory):
+    """A finished tiny quickstart run with its export, as `python -m train.main` leaves it
+    (`workdir`) and prints it (`output`, written to a file as in a log or CI, with the quieting
+    of these fixtures taken off). It prepares its own copy of the fake data, as a first run
+    does. The docs' `trained:` blocks read the workdir, tests/training/console/test_cli_output.py
+    the output; run once per session (`built_once`)."""
+    from train_fixtures import REPO, main_command
+
+    def run(folder):
+        env = fake_fmnist.env()
+        del env["TF_CPP_MIN_LOG_LEVEL"]  # the fixtures' quieting; the CLI's own is tested
+        del env["CUDA_VISIBLE_DEVICES"]  # hid the GPUs, and with them TensorFlow's cuInit error
+        command = main_command(fake_fmnist, str(folder / "vit_quickstart"),
+                               "--config.export=True", f"--config.data_dir={folder / 'tfds'}")
+        with open(folder / "output.log", "w") as log:
+            returncode = subprocess.run(command, cwd=REPO, env=env, stdout=log,
+                                        stderr=subprocess.STDOUT, timeout=600).returncode
+        output = (folder / "output.log").read_text()
+        assert returncode == 0, f"the quickstart run failed:\n{output[-4000:]}"
+
+    folder = built_once(tmp_path_factory, "quickstart_run", run)
+    return QuickstartRun(str(folder / "vit_quickstart"), (folder / "output.log").read_text())
 
 
 @pytest.fixture

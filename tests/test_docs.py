@@ -340,17 +340,6 @@ class _nothing:
         return False
 
 
-@pytest.fixture(scope="session")
-def trained_quickstart(fake_fmnist, tmp_path_factory):
-    """A finished tiny quickstart run with its export, for blocks marked `trained:`."""
-    from train_fixtures import main_command
-    workdir = str(tmp_path_factory.mktemp("docs_trained") / "vit_quickstart")
-    result = subprocess.run(main_command(fake_fmnist, workdir, export=True), cwd=REPO,
-                            env=fake_fmnist.env(), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return workdir
-
-
 def _tiny_flags(data):
     from train_fixtures import flags
     return [flag for flag in flags(data, "unused")
@@ -438,7 +427,9 @@ def test_shell_block(block, tmp_path, fake_fmnist, request, no_change_to_the_che
         os.symlink(os.path.join(REPO, folder), cwd / folder)
     env = _shell_env(tmp_path, fake_fmnist)
     if block.trained:
-        source = request.getfixturevalue("trained_quickstart")
+        # A finished tiny quickstart run with its export (conftest.py's, shared with the CLI
+        # output's tests).
+        source = request.getfixturevalue("quickstart_run").workdir
         shutil.copytree(source, _moved(block.trained, cwd))
     if block.flags_only:
         _run_flags_only(block, str(cwd), env)

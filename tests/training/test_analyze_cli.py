@@ -48,18 +48,39 @@ def png_size(path):
     return tuple(image.shape[:2]), float(tf.math.reduce_std(tf.cast(image, tf.float32)))
 
 
-def test_cli_writes_the_figures(fake_fmnist, workdir, tmp_path):
+# The flags of the two analyses below: two image files for the rollout, few draws.
+ANALYSIS_FLAGS = ("--distance_images=16", "--shots=1,2", "--few_shot_train=200",
+                  "--few_shot_test=100", "--draws=2")
+
+
+@pytest.fixture(scope="module")
+def analyses(fake_fmnist, workdir, tmp_path_factory):
+    """The analysis of the workdir and of its model as a config naming the model and its .npz
+    weights (no workdir), with the same flags: {"workdir": out folder, "npz": out folder}. The
+    figures' test reads the first; both are compared below."""
+    root = tmp_path_factory.mktemp("analyses")
     rng = np.random.default_rng(0)
-    first, second = tmp_path / "shirt.png", tmp_path / "boot.jpg"
+    first, second = root / "shirt.png", root / "boot.jpg"
     first.write_bytes(png_bytes(rng.integers(0, 256, size=(40, 30, 1), dtype=np.uint8)))
     import tensorflow as tf
     second.write_bytes(tf.io.encode_jpeg(
         rng.integers(0, 256, size=(50, 60, 3), dtype=np.uint8)).numpy())
-    out = tmp_path / "plots"
-    result = run_analyze(fake_fmnist, f"--workdir={workdir}", f"--out={out}",
-                         f"--images={first},{second}", "--distance_images=16", "--shots=1,2",
-                         "--few_shot_train=200", "--few_shot_test=100", "--draws=2")
-    assert result.returncode == 0, result.stderr[-3000:]
+    sources = {"workdir": [f"--workdir={workdir}"],
+               "npz": ["--config=configs/quickstart.py",
+                       f"--config.data_dir={fake_fmnist.data_dir}", *override_flags(TINY),
+                       "--config.model.num_layers=2",
+                       f"--config.pretrained={workdir / 'weights.npz'}"]}
+    outs = {}
+    for source, extra in sources.items():
+        outs[source] = root / source
+        result = run_analyze(fake_fmnist, *extra, f"--out={outs[source]}",
+                             f"--images={first},{second}", *ANALYSIS_FLAGS)
+        assert result.returncode == 0, f"{source}: {result.stderr[-3000:]}"
+    return outs
+
+
+def test_cli_writes_the_figures(analyses):
+    out = analyses["workdir"]
     # Figure sizes follow from plotting's layouts at 100 dpi: the rollout has a column per
     # image; the model has a 4x4 grid (28 px, patch 7) and 16 filters (15 components).
     expected = {"attention_rollout.png": (390, 380), "attention_distance.png": (420, 600),
@@ -80,25 +101,15 @@ def test_cli_writes_the_figures(fake_fmnist, workdir, tmp_path):
     assert not list(out.glob("*.partial"))
 
 
-def test_cli_on_a_checkpoint(fake_fmnist, workdir, tmp_path):
+def test_cli_on_a_checkpoint(analyses):
     """No workdir: the config names the model and its .npz weights; the same weights give the
     same attention distances and, through the checkpoint's pre-logits (which the config does
     not mention), the same few-shot features as the trained model in the workdir."""
-    config_flags = override_flags(TINY)
-    runs = {}
-    for source, extra in (("workdir", [f"--workdir={workdir}"]),
-                          ("npz", ["--config=configs/quickstart.py",
-                                   f"--config.data_dir={fake_fmnist.data_dir}",
-                                   *config_flags, "--config.model.num_layers=2",
-                                   f"--config.pretrained={workdir / 'weights.npz'}"])):
-        out = tmp_path / source
-        result = run_analyze(fake_fmnist, *extra, f"--out={out}", "--distance_images=16",
-                             "--shots=2", "--few_shot_train=200", "--few_shot_test=100",
-                             "--num_images=2")
-        assert result.returncode == 0, result.stderr[-3000:]
-        runs[source] = json.loads((out / "analysis.json").read_text())
+    runs = {source: json.loads((out / "analysis.json").read_text())
+            for source, out in analyses.items()}
     np.testing.assert_allclose(runs["npz"]["mean_attention_distance_pixels"],
                                runs["workdir"]["mean_attention_distance_pixels"], atol=1e-3)
+    assert set(runs["npz"]["few_shot"]["accuracy"]) == {"1", "2"}
     assert runs["npz"]["few_shot"]["accuracy"] == pytest.approx(
         runs["workdir"]["few_shot"]["accuracy"], abs=1e-9)
 

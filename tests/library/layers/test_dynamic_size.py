@@ -299,26 +299,37 @@ def test_attention_distance_at_any_size():
 
 # --- SavedModel -----------------------------------------------------------------------------------
 
-@pytest.fixture(params=["relative_2d", "hybrid_padded_bicubic", "relative_mlp", "rope_axial",
-                        "rope_mixed"])
-def served(request, tmp_path):
+SERVED_CASES = {
+    "relative_2d": dict(position_embedding="relative_2d"),
+    "hybrid_padded_bicubic": dict(variant="R+Ti/16", patch_size=2, dynamic_image_pad=True,
+                                  position_embedding_interpolation="bicubic"),
+    # Angles and offsets computed in the graph for sides known only when it runs.
+    "relative_mlp": dict(position_embedding="relative_mlp", relative_mlp_dim=8),
+    "rope_axial": dict(rope="axial", rope_reference_grid=(3, 3), rope_grid_offset=1.0),
+    "rope_mixed": dict(rope="mixed", num_register_tokens=1),
+}
+
+
+@pytest.fixture(scope="module", params=list(SERVED_CASES))
+def served_case(request):
+    """The fields of a model of any size that `served` exports (a test may skip a case before
+    paying for the export)."""
+    return SERVED_CASES[request.param]
+
+
+@pytest.fixture(scope="module")
+def served(served_case, tmp_path_factory):
+    """The model of `served_case` and its SavedModel's signatures, exported once for the
+    tests of that case."""
     if keras.backend.backend() != "tensorflow":
         pytest.skip("the SavedModel export runs on Keras' TensorFlow backend")
     import tensorflow as tf
 
     from keras_vit.deploy import export
-    fields = {"relative_2d": dict(position_embedding="relative_2d"),
-              "hybrid_padded_bicubic": dict(variant="R+Ti/16", patch_size=2,
-                                            dynamic_image_pad=True,
-                                            position_embedding_interpolation="bicubic"),
-              # Angles and offsets computed in the graph for sides known only when it runs.
-              "relative_mlp": dict(position_embedding="relative_mlp", relative_mlp_dim=8),
-              "rope_axial": dict(rope="axial", rope_reference_grid=(3, 3),
-                                 rope_grid_offset=1.0),
-              "rope_mixed": dict(rope="mixed", num_register_tokens=1)}
-    model = tiny(dynamic_image_size=True, **fields[request.param])
+    keras.utils.set_random_seed(0)  # module-scoped: fresh_session has not run for it
+    model = tiny(dynamic_image_size=True, **served_case)
     randomise(model, scale=0.2)
-    path = export.export_saved_model(model, tmp_path / "served")
+    path = export.export_saved_model(model, tmp_path_factory.mktemp("served") / "served")
     with open(f"{path}/{export.SPEC_ASSET}") as handle:
         assert json.load(handle)["dynamic_image_size"] is True
     return model, tf.saved_model.load(path).signatures
@@ -341,15 +352,17 @@ def test_the_savedmodel_serves_any_size(served):
     assert signatures["serving_default"](image_bytes=tf.stack([png]))["logits"].shape == (1, 5)
 
 
-def test_unknown_sides_that_are_not_patch_multiples_are_an_error_in_the_graph(served):
+def test_unknown_sides_that_are_not_patch_multiples_are_an_error_in_the_graph(served_case,
+                                                                               request):
     """In a SavedModel, and in any tf.function of unknown height and width, the convolution
     would silently drop the pixels past the last whole patch."""
-    import tensorflow as tf
-    model, signatures = served
-    if model.spec.dynamic_image_pad:
+    # Skipped before the export is made (it is most of the test's time).
+    if served_case.get("dynamic_image_pad"):
         pytest.skip("a padded model takes any size")
-    if model.spec.rope or model.spec.position_embedding == "relative_mlp":
+    if served_case.get("rope") or served_case.get("position_embedding") == "relative_mlp":
         pytest.skip("the check is the patch embedding's, the same whatever the positions")
+    import tensorflow as tf
+    model, signatures = request.getfixturevalue("served")
     with pytest.raises(tf.errors.InvalidArgumentError, match="multiples of 16 pixels"):
         signatures["serving_images"](images=np.zeros((1, 64, 40, 3), "float32"))
     graph = tf.function(model, input_signature=[tf.TensorSpec([None, None, None, 3])])
