@@ -48,6 +48,9 @@ setup(
         "tensorflow": [TENSORFLOW],
         "train": [TENSORFLOW, *TRAIN_TOOLS],
         "serving": [TENSORFLOW, "ai-edge-litert", "tensorflow-serving-api"],
+        # ONNX export (keras_vit.export.export_onnx, train.export --onnx) and ONNX Runtime to
+        # run the file; tf2onnx converts the model's TensorFlow graph.
+        "onnx": [TENSORFLOW, "tf2onnx>=1.16", "onnx>=1.14", "onnxruntime"],
         "analysis": ["matplotlib"],
         # The JAX engine, without TensorFlow: KERAS_BACKEND=jax python -m train.main ... reads
         # ArrayRecord datasets and the offline default through Grain. On a TPU VM add

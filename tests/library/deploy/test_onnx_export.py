@@ -1,0 +1,301 @@
+"""The ONNX export (keras_vit/deploy/onnx_export.py): the file that ONNX Runtime runs gives the
+Keras model's outputs, for a model of every option family, the serving preprocessing in the
+graph, a model of any image size, at native resolution; its metadata; and every bad argument
+refused, naming it, before any conversion.
+
+Each comparison is against the Keras model itself, within 1e-4 of its largest output, at
+batch 1 and 3. The conversions need tf2onnx and onnxruntime (the "onnx" extra): without them
+those tests skip; the argument checks run anyway.
+"""
+
+import importlib.util
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+
+if keras.config.backend() != "tensorflow":
+    pytest.skip("the ONNX export converts TensorFlow graphs (tf2onnx)", allow_module_level=True)
+
+import keras_vit  # noqa: E402
+from keras_vit.deploy import export, onnx_export  # noqa: E402
+from model_fixtures import OPTION_FAMILIES, TINY_VIT, random_tiny_vit, randomise  # noqa: E402
+
+MISSING = [name for name in ("tf2onnx", "onnx", "onnxruntime")
+           if importlib.util.find_spec(name) is None]
+needs_onnx = pytest.mark.skipif(bool(MISSING), reason=f"{', '.join(MISSING)} not installed "
+                                '(pip install "keras_vit[onnx]")')
+CLASS_NAMES = ["cat", "dog", "fox", "owl", "elk"]
+
+
+def tiny(**fields):
+    """model_fixtures' tiny ViT (32 px, 8-pixel patches, 5 classes, random weights) with one
+    block: each conversion takes about a second of tf2onnx (two blocks, two)."""
+    return random_tiny_vit(**{"num_layers": 1, **fields})
+
+
+def pixels(count, height=32, width=32, seed=0, dtype=np.float32):
+    return np.random.default_rng(seed).integers(0, 256, (count, height, width, 3)).astype(dtype)
+
+
+def session(path):
+    import onnxruntime
+
+    return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def run(path, **inputs):
+    (outputs,) = session(path).run(None, inputs)
+    return outputs
+
+
+def assert_close(got, expected):
+    """Within 1e-4 of the largest output (and outputs that are not all zero)."""
+    expected = np.asarray(expected, np.float64)
+    scale = np.abs(expected).max()
+    assert scale > 0.1
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * scale)
+
+
+def scaled(images):
+    return (np.asarray(images, np.float32) - 127.5) / 127.5
+
+
+# Every option family (model_fixtures.OPTION_FAMILIES) and the families the brief of the ONNX
+# export names that it lacks: fixed sin-cos positions and a ResNet hybrid.
+FAMILIES = {**OPTION_FAMILIES, "sincos_2d_gap": {"position_embedding": "sincos_2d",
+                                                 "classifier": "gap"}}
+
+
+@needs_onnx
+@pytest.mark.parametrize("fields", FAMILIES.values(), ids=FAMILIES.keys())
+def test_every_option_family_runs_in_onnx_runtime_as_in_keras(tmp_path, fields):
+    model = tiny(**fields)
+    path = tmp_path / "model.onnx"
+    export.export_onnx(model, path)
+    for count in (1, 3):
+        images = scaled(pixels(count, seed=count))
+        assert_close(run(path, images=images), model(images, training=False))
+
+
+@needs_onnx
+def test_hybrid(tmp_path):
+    """A ResNet-stem hybrid (StdConv, GroupNorm, max-pool) before the encoder."""
+    model = keras_vit.vit("R+Ti/16", image_size=32, patch_size=1, num_classes=5,
+                          **{**TINY_VIT, "num_layers": 1})
+    randomise(model)
+    path = tmp_path / "hybrid.onnx"
+    export.export_onnx(model, path)
+    for count in (1, 3):
+        images = scaled(pixels(count, seed=count))
+        assert_close(run(path, images=images), model(images, training=False))
+
+
+@needs_onnx
+def test_inputs_outputs_and_metadata(tmp_path):
+    """A free batch dimension named `batch`; the spec, class names and input read back."""
+    model = tiny()
+    path = tmp_path / "export" / "vit.onnx"  # the directory is made
+    size = export.export_onnx(model, path, class_names=CLASS_NAMES)
+    assert size == os.path.getsize(path)
+    loaded = session(path)
+    (inputs,), (outputs,) = loaded.get_inputs(), loaded.get_outputs()
+    assert (inputs.name, inputs.shape, inputs.type) == ("images", ["batch", 32, 32, 3],
+                                                        "tensor(float)")
+    assert (outputs.name, outputs.shape) == ("logits", ["batch", 5])
+    metadata = loaded.get_modelmeta().custom_metadata_map
+    assert keras_vit.ViTConfig.from_dict(json.loads(metadata[onnx_export.SPEC_KEY])) == model.spec
+    assert json.loads(metadata[onnx_export.CLASS_NAMES_KEY]) == CLASS_NAMES
+    assert "scaled to [-1, 1]" in metadata[onnx_export.INPUT_KEY]
+    assert sorted(os.listdir(path.parent)) == ["vit.onnx"]  # no temporary file left
+
+
+@needs_onnx
+@pytest.mark.parametrize("dtype, preprocessing, sizes", [
+    ("uint8", None, [(50, 70), (32, 32)]),
+    ("float32", keras_vit.EvalPreprocessing(crop_mode="center", crop_fraction=0.875),
+     [(50, 70), (90, 40)]),
+    ("uint8", keras_vit.EvalPreprocessing(interpolation="bicubic"), [(50, 70), (20, 24)]),
+], ids=["uint8_bilinear", "float32_center_crop", "uint8_bicubic_up_and_down"])
+def test_preprocessing_in_the_graph(tmp_path, dtype, preprocessing, sizes):
+    """`pixels` of any size in 0..255, resized (and cropped) as the model's preprocessing says,
+    give what Keras gives on `keras_vit.prepare_images` (the SavedModel's resize)."""
+    model = tiny()
+    if preprocessing is not None:
+        model.preprocessing = preprocessing
+    path = tmp_path / "pixels.onnx"
+    export.export_onnx(model, path, preprocess=dtype)
+    (inputs,) = session(path).get_inputs()
+    assert (inputs.name, inputs.shape, inputs.type) == (
+        "pixels", ["batch", "height", "width", 3], f"tensor({'float' if dtype == 'float32' else dtype})")
+    for count, (height, width) in zip((1, 3), sizes):
+        images = pixels(count, height, width, seed=height, dtype=dtype)
+        expected = model(keras_vit.prepare_images(model, images), training=False)
+        assert_close(run(path, pixels=images), expected)
+
+
+@needs_onnx
+def test_a_model_of_any_image_size_takes_any_size(tmp_path):
+    model = tiny(dynamic_image_size=True)
+    path = tmp_path / "dynamic.onnx"
+    export.export_onnx(model, path)
+    (inputs,) = session(path).get_inputs()
+    assert inputs.shape == ["batch", "height", "width", 3]
+    for count, (height, width) in zip((1, 3), [(32, 32), (48, 40)]):
+        images = scaled(pixels(count, height, width, seed=height))
+        assert_close(run(path, images=images), model(images, training=False))
+
+
+@needs_onnx
+def test_native_resolution(tmp_path):
+    """With max_num_patches: the NaFlex arrays of images of several shapes, as NaFlexViT."""
+    model = tiny()
+    path = tmp_path / "naflex.onnx"
+    export.export_onnx(model, path, max_num_patches=16)
+    naflex = keras_vit.native.NaFlexViT(model)
+    names = [value.name for value in session(path).get_inputs()]
+    assert names == ["pixel_values", "pixel_attention_mask", "spatial_shapes"]
+    for shapes in ([(32, 64)], [(32, 64), (40, 24), (16, 16)]):
+        images = [pixels(1, *shape, seed=shape[0], dtype=np.uint8)[0] for shape in shapes]
+        arrays = keras_vit.native.prepare(images, patch_size=8, max_num_patches=16)
+        assert_close(run(path, **{name: np.asarray(arrays[name]) for name in names}),
+                     naflex(arrays, training=False))
+
+
+@needs_onnx
+def test_mixed_precision_and_headless_models(tmp_path):
+    """A bfloat16 model leaves in float32 (its weights as they are); a model without its head
+    outputs `features`."""
+    model = tiny(include_top=False)
+    path = tmp_path / "features.onnx"
+    export.export_onnx(model, path)
+    assert [value.name for value in session(path).get_outputs()] == ["features"]
+    images = scaled(pixels(3))
+    assert_close(run(path, images=images), model(images, training=False))
+
+    mixed = keras_vit.vit("Ti/16", image_size=32, patch_size=8, num_classes=5,
+                          dtype="mixed_bfloat16", **{**TINY_VIT, "num_layers": 1})
+    randomise(mixed)
+    export.export_onnx(mixed, path)
+    expected = export.float32_copy(mixed)(images, training=False)
+    assert_close(run(path, images=images), expected)
+
+
+@needs_onnx
+def test_an_existing_file_is_replaced_whole_or_kept(tmp_path, monkeypatch):
+    """Interrupted as the file is renamed into place: the previous file stays, and no
+    temporary file is left; then replaced whole."""
+    from keras_vit import fileio
+
+    model = tiny()
+    path = tmp_path / "vit.onnx"
+    path.write_bytes(b"the previous file")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fileio.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        export.export_onnx(model, path)
+    monkeypatch.undo()
+    assert path.read_bytes() == b"the previous file"
+    assert os.listdir(tmp_path) == ["vit.onnx"]
+    export.export_onnx(model, path)
+    images = scaled(pixels(1))
+    assert_close(run(path, images=images), model(images, training=False))
+
+
+# Bad arguments: refused, naming them, before any conversion.
+
+@pytest.fixture
+def no_conversion(monkeypatch):
+    def reached(*args, **kwargs):
+        raise AssertionError("the conversion started before the arguments were checked")
+
+    monkeypatch.setattr(onnx_export, "onnx_model", reached)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_tiny_vit()
+
+
+def _raises(error_type, words, *args, **kwargs):
+    with pytest.raises(error_type) as caught:
+        export.export_onnx(*args, **kwargs)
+    for word in words:
+        assert word in str(caught.value), (word, str(caught.value))
+
+
+@pytest.mark.parametrize("arguments, error_type, words", [
+    pytest.param(dict(preprocess=True), ValueError,
+                 ["preprocess must be None", 'pass "uint8" or "float32"'], id="preprocess_true"),
+    pytest.param(dict(preprocess="UINT8"), ValueError, ['pass "uint8"'], id="preprocess_case"),
+    pytest.param(dict(preprocess=np.dtype("uint8")), ValueError, ['its name, "uint8"'],
+                 id="preprocess_a_dtype"),
+    pytest.param(dict(preprocess="int8"), ValueError, ["preprocess must be", "'int8'"],
+                 id="preprocess_int8"),
+    pytest.param(dict(preprocess="uint8", max_num_patches=16), ValueError,
+                 ["max_num_patches", "NaFlex arrays", "leave preprocess=None"],
+                 id="preprocess_at_native_resolution"),
+    pytest.param(dict(opset=13), ValueError, ["opset must be", "17", "13"], id="old_opset"),
+    pytest.param(dict(opset="17"), ValueError, ["opset must be an integer"], id="opset_text"),
+    pytest.param(dict(class_names="cat dog"), TypeError, ["class_names", "list of 5 names"],
+                 id="class_names_a_string"),
+    pytest.param(dict(class_names=CLASS_NAMES[:2]), ValueError, ["2 class names", "5 outputs"],
+                 id="too_few_class_names"),
+    pytest.param(dict(max_num_patches=0), ValueError, ["max_num_patches"],
+                 id="no_budget"),
+    pytest.param(dict(quantization="int8"), TypeError, ["quantization"],
+                 id="unknown_option"),
+])
+def test_bad_arguments(model, tmp_path, no_conversion, arguments, error_type, words):
+    _raises(error_type, words, model, tmp_path / "vit.onnx", **arguments)
+    assert os.listdir(tmp_path) == []
+
+
+def test_bad_models_and_paths(model, tmp_path, no_conversion):
+    _raises(TypeError, ["model must be a keras_vit model", "the model comes first"],
+            str(tmp_path / "vit.onnx"), model)
+    plain = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    _raises(TypeError, ["not a keras_vit model", "model.export(path, format='onnx')"],
+            plain, tmp_path / "plain.onnx")
+    _raises(ValueError, ["is a NaFlexViT", "pass max_num_patches", "model.vit"],
+            keras_vit.native.NaFlexViT(model), tmp_path / "naflex.onnx")
+    _raises(ValueError, ["path=", "is a directory", "<directory>/model"], model, tmp_path)
+    blocker = tmp_path / "export"
+    blocker.write_text("x")
+    _raises(ValueError, ["directory of path", "is a file"], model, blocker / "vit.onnx")
+    _raises(TypeError, ["path must be a path"], model, 3)
+    assert os.listdir(tmp_path) == ["export"]
+
+
+@pytest.mark.parametrize("preprocessing, words", [
+    (keras_vit.EvalPreprocessing(antialias=True), ["antialias=True", "preprocess=None"]),
+    (keras_vit.EvalPreprocessing(interpolation="bicubic", crop_mode="center"),
+     ["bicubically before a crop", "preprocess=None"]),
+])
+def test_resizes_that_onnx_cannot_run(tmp_path, no_conversion, preprocessing, words):
+    """Refused with the pixels in the graph; without them, the arguments pass (and the
+    conversion, patched here, is reached)."""
+    model = tiny()
+    model.preprocessing = preprocessing
+    _raises(ValueError, words, model, tmp_path / "vit.onnx", preprocess="uint8")
+    _raises(AssertionError, ["conversion started"], model, tmp_path / "vit.onnx")
+
+
+def test_missing_packages_name_the_extra(model, tmp_path, no_conversion, monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "tf2onnx" else find_spec(name, *args))
+    _raises(ImportError, ["needs tf2onnx", 'pip install "keras_vit[onnx]"'],
+            model, tmp_path / "vit.onnx")
+
+
+def test_a_model_over_two_gigabytes_is_refused(model, tmp_path, no_conversion, monkeypatch):
+    monkeypatch.setattr(onnx_export, "MAX_BYTES", 1000)
+    _raises(ValueError, ["GiB of float32 weights", "2 GiB", "--large_model"],
+            model, tmp_path / "vit.onnx")
