@@ -421,6 +421,8 @@ CLI_CASES = {
                        ["Unknown --tflite kind(s) 'int4'", "float32, float16, dynamic, int8"]),
     "all_in_a_list": (["--workdir={root}/good", "--tflite=float32,all"],
                       ["'all'", "stand alone"]),
+    "unknown_onnx": (["--workdir={root}/good", "--onnx=int4"],
+                     ["Unknown --onnx kind(s) 'int4'", "comma list of float32"]),
     "calibration_zero": (["--workdir={root}/good", "--tflite=int8", "--calibration_images=0"],
                          ["--calibration_images must be at least 1, got 0"]),
     "calibration_negative": (["--workdir={root}/good", "--calibration_images=-5"],
