@@ -74,10 +74,7 @@ def export_onnx(model, path, class_names=None, preprocess=None, opset=OPSET,
     _check_preprocess(preprocess, model, max_num_patches)
     _check_opset(opset)
     _check_size(model)
-    _check_packages()
-    import tf2onnx
-
-    _check_opset(opset, max(tf2onnx.constants.OPSET_TO_IR_VERSION))  # the newest it writes
+    _check_packages(opset)
     proto = onnx_model(model, preprocess, opset, max_num_patches)
     _set_metadata(proto, model, names, _input_description(model, preprocess, max_num_patches))
     content = proto.SerializeToString()
@@ -174,11 +171,16 @@ def _check_size(model):
                          "convert it with python -m tf2onnx.convert --large_model.")
 
 
-def _check_packages():
+def _check_packages(opset):
+    """Raises ImportError naming the extra when tf2onnx or onnx is missing, and ValueError for
+    an `opset` newer than tf2onnx writes."""
     missing = [name for name in ("tf2onnx", "onnx") if importlib.util.find_spec(name) is None]
     if missing:
         raise ImportError(f"The ONNX export needs {' and '.join(missing)}, not installed: "
                           f"{EXTRA} (tf2onnx, onnx, and onnxruntime to run the file).")
+    import tf2onnx
+
+    _check_opset(opset, max(tf2onnx.constants.OPSET_TO_IR_VERSION))
 
 
 def onnx_model(model, preprocess=None, opset=OPSET, max_num_patches=None):
