@@ -59,8 +59,9 @@ setup(
                 *TRAIN_TOOLS],
         # from_pretrained / save_pretrained: transformers' and timm's files, hub names.
         "hub": HUB,
-        # pytest-xdist: the README's test commands run on every core (-n auto).
-        "test": ["pytest>=7.3", "pytest-xdist", "matplotlib", *HUB, *TRAIN_TOOLS],
+        # pytest-xdist: the README's test commands run on every core (-n auto); OpenVINO runs
+        # the ONNX files in the tests beside ONNX Runtime.
+        "test": ["pytest>=7.3", "pytest-xdist", "matplotlib", "openvino", *HUB, *TRAIN_TOOLS],
         "benchmark": ["keras-hub"],
     },
     license="Apache-2.0",

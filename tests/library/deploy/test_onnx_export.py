@@ -1,13 +1,15 @@
-"""The ONNX export (keras_vit/deploy/onnx_export.py): the file that ONNX Runtime runs gives the
-Keras model's outputs, for a model of every option family, the serving preprocessing in the
-graph, a model of any image size, at native resolution; its metadata; and every bad argument
-refused, naming it, before any conversion.
+"""The ONNX export (keras_vit/deploy/onnx_export.py): the file that ONNX Runtime (and OpenVINO)
+runs gives the Keras model's outputs, for a model of every option family, the serving
+preprocessing in the graph, a model of any image size, at native resolution; its metadata; the
+export command and a training run's export; and every bad argument refused, naming it, before
+any conversion.
 
 Each comparison is against the Keras model itself, within 1e-4 of its largest output, at
-batch 1 and 3. The conversions need tf2onnx and onnxruntime (the "onnx" extra): without them
-those tests skip; the argument checks run anyway.
+batch 1 and 3. The conversions need tf2onnx and onnxruntime (the "onnx" extra), OpenVINO's
+tests openvino: without them those tests skip; the argument checks run anyway.
 """
 
+import functools
 import importlib.util
 import json
 import os
@@ -67,43 +69,91 @@ def scaled(images):
     return (np.asarray(images, np.float32) - 127.5) / 127.5
 
 
-# Every option family (model_fixtures.OPTION_FAMILIES) and the families the brief of the ONNX
-# export names that it lacks: fixed sin-cos positions and a ResNet hybrid.
-FAMILIES = {**OPTION_FAMILIES, "sincos_2d_gap": {"position_embedding": "sincos_2d",
-                                                 "classifier": "gap"}}
-
-
-@needs_onnx
-@pytest.mark.parametrize("fields", FAMILIES.values(), ids=FAMILIES.keys())
-def test_every_option_family_runs_in_onnx_runtime_as_in_keras(tmp_path, fields):
-    model = tiny(**fields)
-    path = tmp_path / "model.onnx"
-    export.export_onnx(model, path)
-    for count in (1, 3):
-        images = scaled(pixels(count, seed=count))
-        assert_close(run(path, images=images), model(images, training=False))
-
-
-@needs_onnx
-def test_hybrid(tmp_path):
-    """A ResNet-stem hybrid (StdConv, GroupNorm, max-pool) before the encoder."""
+def hybrid():
+    """A ResNet-stem hybrid (StdConv, GroupNorm, max-pool) before one block."""
     model = keras_vit.vit("R+Ti/16", image_size=32, patch_size=1, num_classes=5,
                           **{**TINY_VIT, "num_layers": 1})
     randomise(model)
-    path = tmp_path / "hybrid.onnx"
-    export.export_onnx(model, path)
-    for count in (1, 3):
-        images = scaled(pixels(count, seed=count))
-        assert_close(run(path, images=images), model(images, training=False))
+    return model
+
+
+def center_cropped():
+    model = tiny()
+    model.preprocessing = keras_vit.EvalPreprocessing(crop_mode="center", crop_fraction=0.875)
+    return model
+
+
+# Exported once per module, compared in ONNX Runtime and OpenVINO: a model of every option family
+# (model_fixtures.OPTION_FAMILIES; a new family joins there), fixed sin-cos positions, a hybrid,
+# a model of any image size at two sizes, and uint8 pixels of two other sizes, cropped and
+# resized in the graph. {name: (build the model, export_onnx's preprocess, image sizes)}.
+SQUARE = [(32, 32), (32, 32)]
+EXPORTS = {
+    **{name: (functools.partial(tiny, **fields), None, SQUARE)
+       for name, fields in OPTION_FAMILIES.items()},
+    "sincos_2d_gap": (functools.partial(tiny, position_embedding="sincos_2d", classifier="gap"),
+                      None, SQUARE),
+    "hybrid": (hybrid, None, SQUARE),
+    "dynamic_image_size": (functools.partial(tiny, dynamic_image_size=True), None,
+                           [(32, 32), (48, 40)]),
+    "uint8_pixels_center_crop": (center_cropped, "uint8", [(50, 70), (90, 40)]),
+}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """name -> (path of the EXPORTS case's file, with CLASS_NAMES, [(its inputs, Keras'
+    outputs)] at batch 1 and 3, the model), each case exported once for the module."""
+    folder, done = tmp_path_factory.mktemp("exports"), {}
+
+    def get(name):
+        if name not in done:
+            build, preprocess, sizes = EXPORTS[name]
+            model, path = build(), folder / f"{name}.onnx"
+            export.export_onnx(model, path, class_names=CLASS_NAMES, preprocess=preprocess)
+            feeds = []
+            for count, (height, width) in zip((1, 3), sizes):
+                images = pixels(count, height, width, seed=height + count, dtype=np.uint8)
+                if preprocess is None:
+                    inputs, model_input = {"images": scaled(images)}, scaled(images)
+                else:
+                    inputs, model_input = {"pixels": images}, keras_vit.prepare_images(model,
+                                                                                       images)
+                feeds.append((inputs, model(model_input, training=False)))
+            done[name] = path, feeds, model
+        return done[name]
+
+    return get
 
 
 @needs_onnx
-def test_inputs_outputs_and_metadata(tmp_path):
+@pytest.mark.parametrize("name", EXPORTS)
+def test_onnx_runtime_gives_the_keras_outputs(exported, name):
+    path, feeds, _ = exported(name)
+    for inputs, expected in feeds:
+        assert_close(run(path, **inputs), expected)
+
+
+@needs_onnx
+@pytest.mark.skipif(importlib.util.find_spec("openvino") is None,
+                    reason="openvino not installed (pip install openvino)")
+@pytest.mark.parametrize("name", EXPORTS)
+def test_openvino_reads_the_file_with_the_keras_outputs(exported, name):
+    """OpenVINO reads the file itself (read_model, compile_model on its CPU plugin:
+    https://docs.openvino.ai/2024/openvino-workflow/model-preparation/convert-model-to-ir.html)."""
+    import openvino
+
+    path, feeds, _ = exported(name)
+    core = openvino.Core()
+    compiled = core.compile_model(core.read_model(str(path)), "CPU")
+    for inputs, expected in feeds:
+        assert_close(compiled(inputs)[compiled.output(0)], expected)
+
+
+@needs_onnx
+def test_inputs_outputs_and_metadata(exported):
     """A free batch dimension named `batch`; the spec, class names and input read back."""
-    model = tiny()
-    path = tmp_path / "export" / "vit.onnx"  # the directory is made
-    size = export.export_onnx(model, path, class_names=CLASS_NAMES)
-    assert size == os.path.getsize(path)
+    path, _, model = exported("learned")
     loaded = session(path)
     (inputs,), (outputs,) = loaded.get_inputs(), loaded.get_outputs()
     assert (inputs.name, inputs.shape, inputs.type) == ("images", ["batch", 32, 32, 3],
@@ -113,16 +163,14 @@ def test_inputs_outputs_and_metadata(tmp_path):
     assert keras_vit.ViTConfig.from_dict(json.loads(metadata[onnx_export.SPEC_KEY])) == model.spec
     assert json.loads(metadata[onnx_export.CLASS_NAMES_KEY]) == CLASS_NAMES
     assert "scaled to [-1, 1]" in metadata[onnx_export.INPUT_KEY]
-    assert sorted(os.listdir(path.parent)) == ["vit.onnx"]  # no temporary file left
 
 
 @needs_onnx
 @pytest.mark.parametrize("dtype, preprocessing, sizes", [
-    ("uint8", None, [(50, 70), (32, 32)]),
     ("float32", keras_vit.EvalPreprocessing(crop_mode="center", crop_fraction=0.875),
      [(50, 70), (90, 40)]),
     ("uint8", keras_vit.EvalPreprocessing(interpolation="bicubic"), [(50, 70), (20, 24)]),
-], ids=["uint8_bilinear", "float32_center_crop", "uint8_bicubic_up_and_down"])
+], ids=["float32_center_crop", "uint8_bicubic_up_and_down"])
 def test_preprocessing_in_the_graph(tmp_path, dtype, preprocessing, sizes):
     """`pixels` of any size in 0..255, resized (and cropped) as the model's preprocessing says,
     give what Keras gives on `keras_vit.prepare_images` (the SavedModel's resize)."""
@@ -141,15 +189,10 @@ def test_preprocessing_in_the_graph(tmp_path, dtype, preprocessing, sizes):
 
 
 @needs_onnx
-def test_a_model_of_any_image_size_takes_any_size(tmp_path):
-    model = tiny(dynamic_image_size=True)
-    path = tmp_path / "dynamic.onnx"
-    export.export_onnx(model, path)
+def test_a_model_of_any_image_size_has_free_sides(exported):
+    path, _, _ = exported("dynamic_image_size")
     (inputs,) = session(path).get_inputs()
     assert inputs.shape == ["batch", "height", "width", 3]
-    for count, (height, width) in zip((1, 3), [(32, 32), (48, 40)]):
-        images = scaled(pixels(count, height, width, seed=height))
-        assert_close(run(path, images=images), model(images, training=False))
 
 
 @needs_onnx
@@ -188,27 +231,32 @@ def test_mixed_precision_and_headless_models(tmp_path):
 
 
 @needs_onnx
-def test_an_existing_file_is_replaced_whole_or_kept(tmp_path, monkeypatch):
-    """Interrupted as the file is renamed into place: the previous file stays, and no
-    temporary file is left; then replaced whole."""
+def test_the_file_is_written_whole_or_not_at_all(exported, tmp_path, monkeypatch):
+    """Into a directory it makes, returning its size; interrupted as the file is renamed into
+    place, the previous file stays and no temporary file is left; then replaced whole. (The
+    conversion is the learned case's, read back.)"""
+    import onnx
+
     from keras_vit import fileio
 
-    model = tiny()
-    path = tmp_path / "vit.onnx"
+    source, feeds, model = exported("learned")
+    monkeypatch.setattr(onnx_export, "onnx_model", lambda *args: onnx.load(source))
+    path = tmp_path / "export" / "vit.onnx"
+    assert export.export_onnx(model, path) == os.path.getsize(path)
     path.write_bytes(b"the previous file")
-
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(fileio.os, "replace", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        export.export_onnx(model, path)
-    monkeypatch.undo()
+    with monkeypatch.context() as interrupted:
+        interrupted.setattr(fileio.os, "replace", _interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            export.export_onnx(model, path)
     assert path.read_bytes() == b"the previous file"
-    assert os.listdir(tmp_path) == ["vit.onnx"]
+    assert os.listdir(path.parent) == ["vit.onnx"]
     export.export_onnx(model, path)
-    images = scaled(pixels(1))
-    assert_close(run(path, images=images), model(images, training=False))
+    (inputs, expected), _ = feeds
+    assert_close(run(path, **inputs), expected)
+
+
+def _interrupt(*args, **kwargs):
+    raise KeyboardInterrupt
 
 
 # python -m train.export --onnx, and the training run's export (config.export_onnx).
