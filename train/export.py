@@ -74,8 +74,8 @@ def define_flags():
     flags.DEFINE_string("tflite", "none", "TFLite files to write into workdir/export: 'none', "
                         "'all', or a comma list of 'float32', 'float16', 'dynamic', 'int8'.")
     flags.DEFINE_string("onnx", "none", "ONNX files to write into workdir/export: 'none', "
-                        "'all', or a comma list of 'float32'. Each takes uint8 pixels of any "
-                        'size (resized and scaled in the graph); needs the "onnx" extra.')
+                        "'all', or a comma list of 'float32', 'int8'. Each takes uint8 pixels "
+                        'of any size (resized and scaled in the graph); needs the "onnx" extra.')
     flags.DEFINE_integer("calibration_images", 200, "Training images used to calibrate int8.")
     flags.declare_key_flag("verbose")  # defined in train/console/cli.py; listed by --help
     flags.mark_flags_as_required(["workdir"])
@@ -128,7 +128,8 @@ def export_workdir(options):
             f"No trained model at {model_path}: train first with python -m train.main "
             f"--workdir={workdir} ... (a run that ended with --config.export=False writes it "
             "when rerun with --config.export=True).")
-    config = _run_config(workdir, need="int8" in kinds)
+    int8 = "int8" in kinds or "int8" in onnx_kinds  # calibrated on the run's training images
+    config = _run_config(workdir, need=int8)
     check_model_file(model_path, workdir)
 
     import keras_vit  # noqa: F401  (registers the layers for loading)
@@ -137,7 +138,7 @@ def export_workdir(options):
     representative, budget = None, None
     if config is not None:
         budget = served_budget(config)
-        if "int8" in kinds:
+        if int8:
             from .data import tf_pipeline
 
             builder = tf_pipeline.get_builder(config, for_training=False)
@@ -160,7 +161,7 @@ def _run_config(workdir, need):
     if config is None and need:
         raise app.UsageError(f"int8 calibrates on the run's training data, but "
                              f"{run_files.config_file(workdir)} is missing; choose other "
-                             "--tflite kinds.")
+                             "--tflite and --onnx kinds.")
     return None if config is None else ml_collections.ConfigDict(config)
 
 

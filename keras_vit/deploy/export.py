@@ -594,9 +594,10 @@ def check_quantization(quantization):
 
 
 def _representative_samples(representative_data, image_size):
-    """A generator function of single images [1, H, W, 3] for int8 calibration, once the data
-    are checked (what converter.convert() would otherwise take minutes to misuse): batches of
-    the model's size, finite pixels in 0..255 (the TFLite model's input, not scaled ones)."""
+    """A generator function of single images [1, H, W, 3] for int8 calibration (TFLite's, and
+    the ONNX file's in deploy.onnx_export), once the data are checked (what converter.convert()
+    would otherwise take minutes to misuse): batches of the model's size, finite pixels in
+    0..255 (not scaled ones)."""
     height, width = image_size
     expected = f"images [N, {height}, {width}, 3] in 0..255"
     if isinstance(representative_data, (str, bytes, os.PathLike, dict)):
@@ -636,15 +637,15 @@ def _representative_samples(representative_data, image_size):
             fix = ("pass the pixels before scaling (for [-1, 1]: x * 127.5 + 127.5)" if low < 0
                    else "convert 16-bit images to 8-bit (x / 257)" if high <= 65535
                    else "pass 8-bit pixel values")
-            raise ValueError(f"{where} must be pixels in 0..255 (what the TFLite model takes; it "
-                             f"scales them itself), got values from {low:g} to {high:g}: {fix}.")
+            raise ValueError(f"{where} must be pixels in 0..255 (the export scales them as its "
+                             f"model does), got values from {low:g} to {high:g}: {fix}.")
         batches.append(batch)
     if not batches:
         raise ValueError(f"representative_data holds no images; int8 calibration needs "
                          f"{expected}, a few hundred like the ones the model will see.")
     if max(float(batch.max()) for batch in batches) <= 1.0:
         raise ValueError("representative_data is in 0..1, which looks like images scaled to "
-                         "[0, 1]; the TFLite model takes pixels in 0..255: multiply by 255.")
+                         "[0, 1]; calibration takes pixels in 0..255: multiply by 255.")
 
     def samples():
         for batch in batches:

@@ -28,14 +28,18 @@ TFLITE_KINDS = {"float32": "none", "float16": "float16", "dynamic": "dynamic", "
 # The TFLite files a training run exports besides its SavedModel.
 RUN_TFLITE_KINDS = ("float32", "int8")
 
-# The ONNX kinds: the name users give, and keras_vit.deploy.export.export_onnx's arguments for
-# it. Each file takes uint8 pixels of any size, resized and scaled in its graph (at native
-# resolution, the NaFlex arrays).
-ONNX_KINDS = {"float32": {}}
+# The ONNX kinds: the name users give, and keras_vit.deploy.export.export_onnx's quantization
+# for it ("int8" calibrates on training images, as TFLite's). Each file takes uint8 pixels of any
+# size, resized and scaled in its graph (at native resolution, the NaFlex arrays).
+ONNX_KINDS = {"float32": "none", "int8": "int8"}
 
 # The run's ONNX files (`config.export_onnx`, default none: the "onnx" extra is not installed
 # with "train"), in the form of `python -m train.export --onnx`.
 RULES = {"export_onnx": ("any_str", None)}
+
+
+# What users type for a kind, and the kind they mean.
+KIND_ALIASES = {"fp32": "float32", "float": "float32", "fp16": "float16", "uint8": "int8"}
 
 
 def parse_kinds(value, name, kinds):
@@ -53,8 +57,11 @@ def parse_kinds(value, name, kinds):
         hint = ""
         if any(kind in ("none", "all") for kind in unknown):
             hint = " ('none' and 'all' stand alone, not in a list)"
-        elif any(kind in ("int4", "uint8", "fp16", "fp32", "float") for kind in unknown):
-            hint = " (fp16 is float16, fp32 float32; there is no int4)"
+        else:
+            meant = [f"{kind} is {KIND_ALIASES[kind]}" for kind in unknown
+                     if KIND_ALIASES.get(kind) in kinds]
+            meant += ["there is no int4"] if "int4" in unknown else []
+            hint = f" ({'; '.join(meant)})" if meant else ""
         raise ValueError(f"Unknown {name} kind(s) {', '.join(map(repr, unknown))}{hint}: use "
                          f"'none', 'all', or a comma list of {', '.join(kinds)}, e.g. "
                          f"{name}={','.join(dict.fromkeys([list(kinds)[0], list(kinds)[-1]]))}.")
@@ -279,7 +286,9 @@ def export_model(model, workdir, class_names=None, tflite_kinds=(), representati
         with native_output.dropped():
             size = export.export_onnx(model, path, class_names=class_names,
                                       preprocess="uint8" if max_num_patches is None else None,
-                                      max_num_patches=max_num_patches, **ONNX_KINDS[kind])
+                                      quantization=ONNX_KINDS[kind],
+                                      representative_data=representative,
+                                      max_num_patches=max_num_patches)
         logging.info("ONNX %s: %s (%.2f MB)", kind, path, size / 2**20)
         paths[f"onnx_{kind}"] = path
     logging.info("SavedModel: %s", paths["saved_model"])

@@ -13,7 +13,7 @@
             encoder.npz          a masked-patch-prediction run's encoder (original layout)
             saved_model/<N>/     TF Serving versions
             model_<kind>.tflite  TFLite files (float32, float16, dynamic, int8)
-            model_<kind>.onnx    ONNX files (float32)
+            model_<kind>.onnx    ONNX files (float32, int8)
 
 Paths may be local or remote (gs://...).
 """

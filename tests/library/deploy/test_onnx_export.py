@@ -69,6 +69,11 @@ def scaled(images):
     return (np.asarray(images, np.float32) - 127.5) / 127.5
 
 
+def _uint8_logits(model, images):
+    """Keras' outputs on pixels of any size, resized as served."""
+    return model(keras_vit.prepare_images(model, images), training=False)
+
+
 def hybrid():
     """A ResNet-stem hybrid (StdConv, GroupNorm, max-pool) before one block."""
     model = keras_vit.vit("R+Ti/16", image_size=32, patch_size=1, num_classes=5,
@@ -259,11 +264,38 @@ def _interrupt(*args, **kwargs):
     raise KeyboardInterrupt
 
 
+@needs_onnx
+def test_int8_quantizes_the_layers_with_weights(tmp_path):
+    """int8 weights and activations (QDQ) around every convolution and matrix product with a
+    weight, none around the attention's products of two activations; logits within 10% of
+    Keras' largest (random weights, random calibration images)."""
+    import onnx
+
+    model = tiny()
+    path = tmp_path / "int8.onnx"
+    calibration = pixels(32, seed=9, dtype=np.uint8)
+    export.export_onnx(model, path, preprocess="uint8", quantization="int8",
+                       representative_data=calibration)
+    graph = onnx.load(path).graph
+    weights = {initializer.name for initializer in graph.initializer}
+    dequantize = [node for node in graph.node if node.op_type == "DequantizeLinear"]
+    dequantized = {node.output[0] for node in dequantize}
+    weights |= {node.output[0] for node in dequantize if node.input[0] in weights}  # int8 ones
+    products = [node for node in graph.node if node.op_type in ("MatMul", "Conv")]
+    with_weights = [node for node in products if node.input[1] in weights]
+    assert len(with_weights) >= 5  # the patch embedding, q/k/v/out, the MLP's two, the head
+    for node in products:
+        quantized = all(name in dequantized for name in node.input[:2])
+        assert quantized == (node in with_weights), node.name
+    assert session(path).get_modelmeta().custom_metadata_map[
+        onnx_export.QUANTIZATION_KEY] == "int8"
+    images = pixels(3, 40, 36, seed=4, dtype=np.uint8)
+    expected = np.asarray(_uint8_logits(model, images))
+    np.testing.assert_allclose(run(path, pixels=images), expected,
+                               atol=0.1 * np.abs(expected).max())
+
+
 # python -m train.export --onnx, and the training run's export (config.export_onnx).
-
-def _uint8_logits(model, images):
-    return model(keras_vit.prepare_images(model, images), training=False)
-
 
 @needs_onnx
 def test_the_export_command_writes_onnx_files(tmp_path):
@@ -291,19 +323,26 @@ def test_the_export_command_writes_onnx_files(tmp_path):
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
 def test_a_training_run_exports_its_onnx_file(fake_fmnist, tmp_path, backend):
     """config.export_onnx: written at the end of training, on either engine (JAX exports in a
-    TensorFlow process), beside the SavedModel and TFLite files."""
+    TensorFlow process), beside the SavedModel and TFLite files; int8 calibrated on the
+    run's training images."""
     workdir = tmp_path / "run"
     result = subprocess.run(main_command(fake_fmnist, str(workdir), export=True,
-                                         export_onnx="float32"),
+                                         export_onnx="float32,int8"),
                             cwd=REPO, env=dict(fake_fmnist.env(), KERAS_BACKEND=backend),
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-6000:]
     directory = workdir / "export"
-    assert {"model_float32.tflite", "model_float32.onnx"} <= set(os.listdir(directory))
+    assert {"model_float32.tflite", "model_float32.onnx",
+            "model_int8.onnx"} <= set(os.listdir(directory))
     model = keras.saving.load_model(directory / "model.keras")
     images = pixels(3, 28, 28, dtype=np.uint8)
-    assert_close(run(directory / "model_float32.onnx", pixels=images),
-                 _uint8_logits(model, images))
+    expected = _uint8_logits(model, images)
+    assert_close(run(directory / "model_float32.onnx", pixels=images), expected)
+    # A few steps leave logits near 0.05, where int8's steps show: its numbers are
+    # test_int8_quantizes_the_layers_with_weights' and the benchmark's.
+    int8 = session(directory / "model_int8.onnx")
+    assert int8.get_modelmeta().custom_metadata_map[onnx_export.QUANTIZATION_KEY] == "int8"
+    assert np.isfinite(int8.run(None, {"pixels": images})[0]).all()
 
 
 def test_the_export_command_without_the_onnx_packages_names_the_extra(monkeypatch):
@@ -316,7 +355,7 @@ def test_the_export_command_without_the_onnx_packages_names_the_extra(monkeypatc
     message = str(error.value)
     assert message.startswith("--onnx=float32 asks for ONNX files, whose export needs tf2onnx")
     assert 'not installed: pip install "keras_vit[onnx]"' in message
-    assert command.parse_onnx("all") == ["float32"] and command.parse_onnx("none") == []
+    assert command.parse_onnx("all") == ["float32", "int8"] and command.parse_onnx("none") == []
 
 
 # Bad arguments: refused, naming them, before any conversion.
@@ -362,7 +401,17 @@ def _raises(error_type, words, *args, **kwargs):
                  id="too_few_class_names"),
     pytest.param(dict(max_num_patches=0), ValueError, ["max_num_patches"],
                  id="no_budget"),
-    pytest.param(dict(quantization="int8"), TypeError, ["quantization"],
+    pytest.param(dict(quantization="float16"), ValueError,
+                 ['quantization must be "none" or "int8" for ONNX', "'float16'"],
+                 id="float16"),
+    pytest.param(dict(quantization="INT8"), ValueError, ['pass "int8"'], id="int8_case"),
+    pytest.param(dict(quantization="int8"), ValueError,
+                 ['quantization="int8" needs representative_data'], id="int8_without_data"),
+    pytest.param(dict(quantization="int8", representative_data=pixels(2, 16, 16)), ValueError,
+                 ["[N, 32, 32, 3]", "(2, 16, 16, 3)"], id="int8_data_of_another_size"),
+    pytest.param(dict(quantization="int8", representative_data=pixels(2) / 255), ValueError,
+                 ["[0, 1]", "multiply by 255"], id="int8_data_scaled"),
+    pytest.param(dict(dtype_of_pixels="uint8"), TypeError, ["dtype_of_pixels"],
                  id="unknown_option"),
 ])
 def test_bad_arguments(model, tmp_path, no_conversion, arguments, error_type, words):

@@ -549,10 +549,11 @@ def test_the_lora_rank_check_passes_exactly_the_ranks_the_model_takes(model):
 
 
 @pytest.mark.parametrize("value, words", [
-    ("int8,float32", ["config.export_onnx='int8,float32'", "Unknown config.export_onnx kind(s) "
-                      "'int8'", "'none', 'all', or a comma list of float32"]),
+    ("int4,float32", ["config.export_onnx='int4,float32'", "Unknown config.export_onnx kind(s) "
+                      "'int4'", "'none', 'all', or a comma list of float32, int8", "no int4"]),
     ("float32,all", ["'all'", "stand alone"]),
-    ("fp32", ["fp32 float32"]),
+    ("fp32", ["fp32 is float32"]),
+    ("float16", ["'float16'", "comma list of float32, int8"]),
 ])
 def test_unknown_onnx_kinds_are_refused(value, words):
     from train.run import config_checks
