@@ -1,8 +1,10 @@
-"""Production export: a SavedModel for TF Serving and TFLite (LiteRT) models for devices.
+"""Production export: a SavedModel for TF Serving and TFLite (LiteRT) models for devices, and
+the ONNX file (`export_onnx`, from deploy.onnx_export, with the "onnx" extra).
 
     path = keras_vit.deploy.export.export_saved_model(model, "/models/vit", class_names=names)
     keras_vit.deploy.export.export_tflite(model, "vit.tflite", quantization="int8",
                                    representative_data=images)
+    keras_vit.deploy.export.export_onnx(model, "vit.onnx", preprocess="uint8")
 
 The SavedModel carries its own preprocessing (decode, RGB, resize, scale to [-1, 1]) so clients
 send image files or raw pixels; it loads with TensorFlow alone, without keras_vit. A request that

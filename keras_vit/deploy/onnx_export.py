@@ -18,9 +18,9 @@ The batch is always dynamic (`batch`); a model built with `dynamic_image_size=Tr
 any `height` and `width` (sides multiples of its pixels per patch, unless it pads; ONNX has no
 assertions, so the file does not check them). The file's metadata (`metadata_props`, read with
 ONNX Runtime's `session.get_modelmeta().custom_metadata_map`,
-https://onnxruntime.ai/docs/api/python/auto_examples/plot_metadata.html) holds the model's `ViTConfig`
-(`SPEC_KEY`), the class names (`CLASS_NAMES_KEY`), what the input holds (`INPUT_KEY`) and the
-quantization (`QUANTIZATION_KEY`).
+https://onnxruntime.ai/docs/api/python/auto_examples/plot_metadata.html) holds the model's
+`ViTConfig` (`SPEC_KEY`), the class names (`CLASS_NAMES_KEY`), what the input holds
+(`INPUT_KEY`) and the quantization (`QUANTIZATION_KEY`).
 
 "int8" is ONNX Runtime's static quantization (`onnxruntime.quantization.quantize_static`,
 https://onnxruntime.ai/docs/performance/model-optimizations/quantization.html) in its QDQ format,

@@ -1,7 +1,7 @@
 """A run's export: the trained model of a workdir as a `.keras` file, a TF Serving SavedModel,
-TFLite files and ONNX files, written at the end of training (`export_trained`, from train.run.loop) and
-again by `python -m train.export` (`export_model`). The conversions themselves are
-keras_vit.deploy.export's; the files' places are train.run.run_files'.
+TFLite files and ONNX files, written at the end of training (`export_trained`, from
+train.run.loop) and again by `python -m train.export` (`export_model`). The conversions
+themselves are keras_vit.deploy.export's; the files' places are train.run.run_files'.
 
 Local paths are checked without importing TensorFlow, so that the command's flag errors are
 reported at once.
@@ -71,7 +71,8 @@ def parse_kinds(value, name, kinds):
 def check_onnx_packages(name):
     """Raises ValueError when the ONNX export's packages are missing (`name` asked for ONNX
     files); looked up without importing them, or TensorFlow."""
-    missing = [module for module in ("tf2onnx", "onnx") if importlib.util.find_spec(module) is None]
+    missing = [module for module in ("tf2onnx", "onnx")
+               if importlib.util.find_spec(module) is None]
     if missing:
         raise ValueError(f"{name} asks for ONNX files, whose export needs "
                          f"{' and '.join(missing)}, not installed: pip install "
@@ -98,11 +99,12 @@ def export_trained(engine):
 
     A classifier: the `.keras` model and class names, a TF Serving SavedModel, float32
     and int8 TFLite files, and the ONNX files of `config.export_onnx`; of a run at native
-    resolution (`config.native`), a SavedModel that
-    runs each image at its own aspect ratio within `config.native_patches` and TFLite files that
-    take the NaFlex arrays at that budget (keras_vit.deploy.export's `max_num_patches`). A masked-patch-prediction run: its encoder without any head, as
-    `model.keras` (returning the pooled representation) and `encoder.npz` (the original
-    checkpoint layout), both ready for `--config.pretrained` of a fine-tuning run.
+    resolution (`config.native`), a SavedModel that runs each image at its own aspect ratio
+    within `config.native_patches`, and TFLite and ONNX files that take the NaFlex arrays at
+    that budget (keras_vit.deploy.export's `max_num_patches`). A masked-patch-prediction run:
+    its encoder without any head, as `model.keras` (returning the pooled representation) and
+    `encoder.npz` (the original checkpoint layout), both ready for `--config.pretrained` of a
+    fine-tuning run.
     """
     import keras
 
@@ -306,7 +308,7 @@ def export_in_tensorflow(workdir, tflite_kinds, onnx_kinds=()):
                f"--tflite={','.join(tflite_kinds) or 'none'}",
                f"--onnx={','.join(onnx_kinds) or 'none'}"]
     if not cli.tensorflow_installed():
-        logging.warning("The SavedModel and TFLite export need TensorFlow, which is not "
+        logging.warning("The SavedModel, TFLite and ONNX export need TensorFlow, which is not "
                         "installed; where it is, run: KERAS_BACKEND=tensorflow python %s",
                         " ".join(command[1:]))
         return

@@ -5,8 +5,8 @@ export command and a training run's export; and every bad argument refused, nami
 any conversion.
 
 Each comparison is against the Keras model itself, within 1e-4 of its largest output, at
-batch 1 and 3. The conversions need tf2onnx and onnxruntime (the "onnx" extra), OpenVINO's
-tests openvino: without them those tests skip; the argument checks run anyway.
+batch 1 and 3. The conversions need tf2onnx and onnxruntime (the "onnx" extra), the OpenVINO
+ones openvino: without them those tests skip; the argument checks run anyway.
 """
 
 import functools
@@ -185,8 +185,9 @@ def test_preprocessing_in_the_graph(tmp_path, dtype, preprocessing, sizes):
     path = tmp_path / "pixels.onnx"
     export.export_onnx(model, path, preprocess=dtype)
     (inputs,) = session(path).get_inputs()
+    onnx_type = "tensor(float)" if dtype == "float32" else f"tensor({dtype})"
     assert (inputs.name, inputs.shape, inputs.type) == (
-        "pixels", ["batch", "height", "width", 3], f"tensor({'float' if dtype == 'float32' else dtype})")
+        "pixels", ["batch", "height", "width", 3], onnx_type)
     for count, (height, width) in zip((1, 3), sizes):
         images = pixels(count, height, width, seed=height, dtype=dtype)
         expected = model(keras_vit.prepare_images(model, images), training=False)
