@@ -48,6 +48,9 @@ setup(
         "tensorflow": [TENSORFLOW],
         "train": [TENSORFLOW, *TRAIN_TOOLS],
         "serving": [TENSORFLOW, "ai-edge-litert", "tensorflow-serving-api"],
+        # ONNX export (keras_vit.export.export_onnx, train.export --onnx) and ONNX Runtime to
+        # run the file; tf2onnx converts the model's TensorFlow graph.
+        "onnx": [TENSORFLOW, "tf2onnx>=1.16", "onnx>=1.14", "onnxruntime"],
         "analysis": ["matplotlib"],
         # The JAX engine, without TensorFlow: KERAS_BACKEND=jax python -m train.main ... reads
         # ArrayRecord datasets and the offline default through Grain. On a TPU VM add
@@ -56,8 +59,9 @@ setup(
                 *TRAIN_TOOLS],
         # from_pretrained / save_pretrained: transformers' and timm's files, hub names.
         "hub": HUB,
-        # pytest-xdist: the README's test commands run on every core (-n auto).
-        "test": ["pytest>=7.3", "pytest-xdist", "matplotlib", *HUB, *TRAIN_TOOLS],
+        # pytest-xdist: the README's test commands run on every core (-n auto); OpenVINO runs
+        # the ONNX files in the tests beside ONNX Runtime.
+        "test": ["pytest>=7.3", "pytest-xdist", "matplotlib", "openvino", *HUB, *TRAIN_TOOLS],
         "benchmark": ["keras-hub"],
     },
     license="Apache-2.0",

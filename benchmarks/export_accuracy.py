@@ -1,6 +1,7 @@
-"""Accuracy and speed of every TFLite kind of a trained model, on its whole evaluation split:
-top-1, top-1 agreement with the Keras model, the largest logit difference, size, batch-1
-latency and batched throughput in LiteRT (XNNPack).
+"""Accuracy and speed of every TFLite kind of a trained model, and with the "onnx" extra of its
+ONNX files (float32, int8) in ONNX Runtime, on its whole evaluation split: top-1, top-1
+agreement with the Keras model, the largest logit difference, size, batch-1 latency and batched
+throughput in LiteRT (XNNPack) and ONNX Runtime.
 
     python -m train.main --config=configs/quickstart.py --workdir=/tmp/vit_quickstart
     python benchmarks/export_accuracy.py --workdir=/tmp/vit_quickstart --threads=2
@@ -11,6 +12,7 @@ of `--repeats` single-image runs, interleaved over the kinds.
 """
 
 import argparse
+import importlib.util
 import os
 import statistics
 import sys
@@ -72,28 +74,62 @@ def main():
           f"batch-1 ms | batch-{args.batch_size} images/s |")
     print("|---|---|---|---|---|---|---|")
     print(f"| Keras | – | {np.mean(reference.argmax(1) == labels) * 100:.2f} | – | – | – | – |")
-    contents = {kind: export.tflite_bytes(model, quantization, calibration)
-                for kind, quantization in run_export.TFLITE_KINDS.items()}
-    single = {kind: tflite_runner(content, 1, args.threads)
-              for kind, content in contents.items()}
-    latencies = {kind: [] for kind in contents}
-    for run in single.values():  # warm up
+    # {format: (size in bytes, run on one image, logits of all the images)}
+    formats = {}
+    for kind, quantization in run_export.TFLITE_KINDS.items():
+        content = export.tflite_bytes(model, quantization, calibration)
+        formats[f"TFLite {kind}"] = (
+            len(content), tflite_runner(content, 1, args.threads),
+            lambda content=content: logits_of(content, images, args.batch_size, args.threads))
+    if importlib.util.find_spec("onnxruntime") and importlib.util.find_spec("tf2onnx"):
+        for kind, quantization in run_export.ONNX_KINDS.items():
+            formats[f"ONNX Runtime {kind}"] = onnx_runner(model, quantization, calibration,
+                                                          images, args)
+    latencies = {name: [] for name in formats}
+    for _, run, _ in formats.values():  # warm up
         run(images[:1])
     for index in range(args.repeats):  # interleaved: drifts in machine load hit every kind
-        for kind, run in single.items():
+        for name, (_, run, _) in formats.items():
             start = time.perf_counter()
             run(images[index % len(images)][None])
-            latencies[kind].append(time.perf_counter() - start)
-    for kind, content in contents.items():
+            latencies[name].append(time.perf_counter() - start)
+    for name, (size, _, run_all) in formats.items():
         start = time.perf_counter()
-        logits = logits_of(content, images, args.batch_size, args.threads)
+        logits = run_all()
         throughput = len(images) / (time.perf_counter() - start)
         predictions = logits.argmax(1)
-        print(f"| TFLite {kind} | {len(content) / 2**20:.2f} | "
+        print(f"| {name} | {size / 2**20:.2f} | "
               f"{np.mean(predictions == labels) * 100:.2f} | "
               f"{np.mean(predictions == reference.argmax(1)) * 100:.2f} | "
               f"{np.abs(logits - reference).max():.3f} | "
-              f"{statistics.median(latencies[kind]) * 1000:.3f} | {throughput:.0f} |", flush=True)
+              f"{statistics.median(latencies[name]) * 1000:.3f} | {throughput:.0f} |", flush=True)
+
+
+def onnx_runner(model, quantization, calibration, images, args):
+    """(size, run on one image, logits of all `images`) of the model's ONNX file in ONNX
+    Runtime, on `args.threads` threads; the file takes the model's own input (no resize)."""
+    import tempfile
+
+    import onnxruntime
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "model.onnx")
+        export.export_onnx(model, path, quantization=quantization,
+                           representative_data=calibration)
+        with open(path, "rb") as handle:
+            content = handle.read()
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = args.threads, 1
+    session = onnxruntime.InferenceSession(content, options, providers=["CPUExecutionProvider"])
+
+    def run(batch):
+        return session.run(None, {"images": scale_pixels(batch)})[0]
+
+    def run_all():
+        return np.concatenate([run(images[start:start + args.batch_size])
+                               for start in range(0, len(images), args.batch_size)])
+
+    return len(content), run, run_all
 
 
 if __name__ == "__main__":

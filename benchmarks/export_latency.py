@@ -1,5 +1,6 @@
-"""Latency and throughput of the exported models: the SavedModel's `serving_images` signature
-and each TFLite variant in LiteRT (XNNPack), for a variant at one image size.
+"""Latency and throughput of the exported models: the SavedModel's `serving_images` signature,
+each TFLite variant in LiteRT (XNNPack), and with the "onnx" extra the ONNX file in ONNX Runtime
+(float32 and int8) and in OpenVINO (when installed), for a variant at one image size.
 
     python benchmarks/export_latency.py --variant=Ti/16 --variant=B/16 --threads=2
 
@@ -11,10 +12,14 @@ model you will deploy, e.g. the quickstart's architecture:
         --repeats=1000
 
 Batch-1 latency (median of repeats) and batch-32 throughput; model sizes on disk. Weights are
-random (latency does not depend on their values); int8 calibrates on random images.
+random (latency does not depend on their values); int8 calibrates on random images. The ONNX
+files take the model's own input (images scaled to [-1, 1], as `export_onnx(preprocess=None)`
+writes them), the TFLite files pixels they scale: the same model either way, no resize.
 """
 
 import argparse
+import importlib
+import importlib.util
 import os
 import statistics
 import tempfile
@@ -67,7 +72,51 @@ def measure(model, image_size, batch, threads, repeats, workdir):
         throughput = batch / median_seconds(lambda: run_many(many), repeats)
         name = "float32" if quantization == "none" else quantization
         rows.append((f"TFLite {name}", os.path.getsize(path), latency, throughput))
+    if importlib.util.find_spec("onnxruntime") and importlib.util.find_spec("tf2onnx"):
+        rows += onnx_rows(model, one, many, calibration, threads, repeats, workdir)
     return rows
+
+
+def onnx_rows(model, one, many, calibration, threads, repeats, workdir):
+    """ONNX Runtime (float32, int8) and OpenVINO (float32) rows, on `threads` threads."""
+    import onnxruntime
+
+    from keras_vit.preprocessing import scale_pixels
+
+    one, many = scale_pixels(one), scale_pixels(many)  # the files' input, `images`
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    rows, paths = [], {}
+    for quantization in ("none", "int8"):
+        paths[quantization] = path = os.path.join(workdir, f"{quantization}.onnx")
+        export.export_onnx(model, path, quantization=quantization,
+                           representative_data=calibration)
+        session = onnxruntime.InferenceSession(path, options,
+                                               providers=["CPUExecutionProvider"])
+        latency = median_seconds(lambda: session.run(None, {"images": one}), repeats)
+        throughput = len(many) / median_seconds(lambda: session.run(None, {"images": many}),
+                                                repeats)
+        name = "float32" if quantization == "none" else quantization
+        rows.append((f"ONNX Runtime {name}", os.path.getsize(path), latency, throughput))
+    if importlib.util.find_spec("openvino"):
+        import openvino
+
+        core = openvino.Core()
+        compiled = core.compile_model(core.read_model(paths["none"]), "CPU",
+                                      {"INFERENCE_NUM_THREADS": threads})
+        latency = median_seconds(lambda: compiled(one), repeats)
+        throughput = len(many) / median_seconds(lambda: compiled(many), repeats)
+        rows.append(("OpenVINO float32", os.path.getsize(paths["none"]), latency, throughput))
+    return rows
+
+
+def runtimes():
+    """The versions of the runtimes that time the ONNX files, or why there are none."""
+    found = []
+    for name in ("onnxruntime", "openvino"):
+        if importlib.util.find_spec(name):
+            found.append(f"{name} {importlib.import_module(name).__version__}")
+    return ", ".join(found) or 'no ONNX rows (pip install "keras_vit[onnx]")'
 
 
 def main():
@@ -85,7 +134,8 @@ def main():
                  if getattr(args, field) is not None}
     print(machine.describe())
     print(f"{args.image_size}px, {args.num_classes} classes, {overrides or 'no overrides'}, "
-          f"LiteRT threads {args.threads}, TF {tf.__version__}, median of {args.repeats}\n")
+          f"{args.threads} threads, TF {tf.__version__}, {runtimes()}, median of "
+          f"{args.repeats}\n")
     print(f"| variant | format | size MB | batch-1 latency ms | batch-{args.batch_size} images/s |")
     print("|---|---|---|---|---|")
     for variant in args.variant or ["Ti/16"]:

@@ -123,6 +123,9 @@ def get_config():
     config.model_parallel = 1  # 1: data parallel only
     config.fsdp = False  # JAX engine: weights and optimizer state also split over the batch axis
     config.export = True  # at the end, write the trained model into workdir/export
+    # "none", "all" or a comma list of "float32", "int8" (uint8 pixels of any size in; needs the
+    # "onnx" extra), as python -m train.export --onnx.
+    config.export_onnx = "none"  # ONNX files the export writes too
     return config
 
 

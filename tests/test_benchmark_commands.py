@@ -80,8 +80,11 @@ def test_export_latency_benchmark_times_a_variant_with_changed_fields():
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [line.split(" | ") for line in result.stdout.splitlines()
             if line.startswith("| R+Ti/16 |")]
+    onnx = [f"ONNX Runtime {kind}" for kind in ("float32", "int8")
+            if importlib.util.find_spec("onnxruntime") and importlib.util.find_spec("tf2onnx")]
+    openvino = ["OpenVINO float32"] if onnx and importlib.util.find_spec("openvino") else []
     assert [row[1] for row in rows] == ["SavedModel (TF)", "TFLite float32", "TFLite float16",
-                                        "TFLite dynamic", "TFLite int8"]
+                                        "TFLite dynamic", "TFLite int8", *onnx, *openvino]
     # Ti/16's own float32 file is 22 MB; this one holds about 12k weights (0.05 MB).
     assert float(rows[1][2]) < 0.5, rows
 

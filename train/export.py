@@ -1,7 +1,9 @@
-"""`python -m train.export`: the trained model of a workdir as a TF Serving SavedModel and TFLite
-files (train.run.export), as written at the end of training, again or with other kinds:
+"""`python -m train.export`: the trained model of a workdir as a TF Serving SavedModel, TFLite
+files and ONNX files (train.run.export), as written at the end of training, again or with other
+kinds:
 
-    python -m train.export --workdir=/tmp/vit_quickstart --export_dir=/models/vit --tflite=all
+    python -m train.export --workdir=/tmp/vit_quickstart --export_dir=/models/vit --tflite=all \
+        --onnx=float32
     docker run -p 8501:8501 -v /models/vit:/models/vit -e MODEL_NAME=vit tensorflow/serving
 
 Reads the run's `export/model.keras` (written at the end of training, loaded in safe mode), the
@@ -20,30 +22,20 @@ from absl import app, flags
 
 from .console import cli
 from .run import run_files
-from .run.export import (TFLITE_KINDS, check_model_file, exists_and_isdir, export_model,
-                         load_trained_model, path_exists, run_calibration_images, served_budget)
+from .run.export import (ONNX_KINDS, TFLITE_KINDS, check_model_file, check_onnx_packages,
+                         exists_and_isdir, export_model, load_trained_model, parse_kinds,
+                         path_exists, run_calibration_images, served_budget)
 
 
 def parse_tflite(value):
     """The TFLite kinds of a `--tflite` value ('none', 'all' or a comma list), in order, once
     each; ValueError naming the unknown ones and the valid values."""
-    value = (value or "").strip()
-    if value in ("", "none"):
-        return []
-    if value == "all":
-        return list(TFLITE_KINDS)
-    kinds = [kind.strip() for kind in value.split(",") if kind.strip()]
-    unknown = [kind for kind in kinds if kind not in TFLITE_KINDS]
-    if unknown or not kinds:
-        hint = ""
-        if any(kind in ("none", "all") for kind in unknown):
-            hint = " ('none' and 'all' stand alone, not in a list)"
-        elif any(kind in ("int4", "uint8", "fp16", "fp32", "float") for kind in unknown):
-            hint = " (fp16 is float16, fp32 float32; there is no int4)"
-        raise ValueError(f"Unknown --tflite kind(s) {', '.join(map(repr, unknown))}{hint}: use "
-                         f"'none', 'all', or a comma list of {', '.join(TFLITE_KINDS)}, e.g. "
-                         "--tflite=float32,int8.")
-    return list(dict.fromkeys(kinds))  # once each, in the given order
+    return parse_kinds(value, "--tflite", TFLITE_KINDS)
+
+
+def parse_onnx(value):
+    """The ONNX kinds of an `--onnx` value, as `parse_tflite`."""
+    return parse_kinds(value, "--onnx", ONNX_KINDS)
 
 
 def check_calibration_images(count):
@@ -81,6 +73,9 @@ def define_flags():
                         "saved_model); the model goes to <export_dir>/<next version>.")
     flags.DEFINE_string("tflite", "none", "TFLite files to write into workdir/export: 'none', "
                         "'all', or a comma list of 'float32', 'float16', 'dynamic', 'int8'.")
+    flags.DEFINE_string("onnx", "none", "ONNX files to write into workdir/export: 'none', "
+                        "'all', or a comma list of 'float32', 'int8'. Each takes uint8 pixels "
+                        'of any size (resized and scaled in the graph); needs the "onnx" extra.')
     flags.DEFINE_integer("calibration_images", 200, "Training images used to calibrate int8.")
     flags.declare_key_flag("verbose")  # defined in train/console/cli.py; listed by --help
     flags.mark_flags_as_required(["workdir"])
@@ -112,6 +107,9 @@ def export_workdir(options):
     """Exports the run in `options.workdir` as the flags' values `options` ask."""
     # Every flag first, most without importing TensorFlow (seconds): reported at once.
     kinds = parse_tflite(options.tflite)
+    onnx_kinds = parse_onnx(options.onnx)
+    if onnx_kinds:
+        check_onnx_packages(f"--onnx={options.onnx}")
     check_calibration_images(options.calibration_images)
     workdir = check_workdir(options.workdir)
     if options.export_dir is not None:
@@ -130,7 +128,8 @@ def export_workdir(options):
             f"No trained model at {model_path}: train first with python -m train.main "
             f"--workdir={workdir} ... (a run that ended with --config.export=False writes it "
             "when rerun with --config.export=True).")
-    config = _run_config(workdir, need="int8" in kinds)
+    int8 = "int8" in kinds or "int8" in onnx_kinds  # calibrated on the run's training images
+    config = _run_config(workdir, need=int8)
     check_model_file(model_path, workdir)
 
     import keras_vit  # noqa: F401  (registers the layers for loading)
@@ -139,14 +138,14 @@ def export_workdir(options):
     representative, budget = None, None
     if config is not None:
         budget = served_budget(config)
-        if "int8" in kinds:
+        if int8:
             from .data import tf_pipeline
 
             builder = tf_pipeline.get_builder(config, for_training=False)
             representative = run_calibration_images(builder, config,
                                                     options.calibration_images)
     export_model(model, workdir, run_files.read_class_names(workdir), kinds, representative,
-                 export_dir=options.export_dir, max_num_patches=budget)
+                 export_dir=options.export_dir, max_num_patches=budget, onnx_kinds=onnx_kinds)
 
 
 def _run_config(workdir, need):
@@ -162,7 +161,7 @@ def _run_config(workdir, need):
     if config is None and need:
         raise app.UsageError(f"int8 calibrates on the run's training data, but "
                              f"{run_files.config_file(workdir)} is missing; choose other "
-                             "--tflite kinds.")
+                             "--tflite and --onnx kinds.")
     return None if config is None else ml_collections.ConfigDict(config)
 
 

@@ -1,8 +1,10 @@
-"""Production export: a SavedModel for TF Serving and TFLite (LiteRT) models for devices.
+"""Production export: a SavedModel for TF Serving and TFLite (LiteRT) models for devices, and
+the ONNX file (`export_onnx`, from deploy.onnx_export, with the "onnx" extra).
 
     path = keras_vit.deploy.export.export_saved_model(model, "/models/vit", class_names=names)
     keras_vit.deploy.export.export_tflite(model, "vit.tflite", quantization="int8",
                                    representative_data=images)
+    keras_vit.deploy.export.export_onnx(model, "vit.onnx", preprocess="uint8")
 
 The SavedModel carries its own preprocessing (decode, RGB, resize, scale to [-1, 1]) so clients
 send image files or raw pixels; it loads with TensorFlow alone, without keras_vit. A request that
@@ -106,7 +108,7 @@ def check_directory(path, argument="base_dir"):
     return path
 
 
-def _check_file_path(path, argument="path"):
+def check_file_path(path, argument="path"):
     """Raises ValueError unless a file can be written at `path` (not a directory, no file
     where a directory has to be)."""
     path = _path_text(path, argument)
@@ -200,12 +202,43 @@ def _named_outputs(logits, names, k):
     return outputs
 
 
+def checked_class_names(class_names, outputs):
+    """`class_names` as a list of one string per output, in label order (None stays None);
+    TypeError or ValueError otherwise."""
+    if class_names is None:
+        return None
+    if isinstance(class_names, (str, bytes)) or not hasattr(class_names, "__len__"):
+        raise TypeError(f"class_names must be a list of {outputs} names in label order, "
+                        f"got {type(class_names).__name__} {str(class_names)[:60]!r}.")
+    class_names = list(class_names)
+    if len(class_names) != outputs:
+        raise ValueError(f"{len(class_names)} class names for a model with {outputs} "
+                         "outputs; class_names must name every class, in label order.")
+    wrong = [name for name in class_names if not isinstance(name, (str, bytes))]
+    if wrong:
+        raise TypeError(f"class_names must be strings, got {wrong[:3]!r}.")
+    return class_names
+
+
+def served_pixels(model, images):
+    """Float pixels [N, H, W, 3] in 0..255 at the size `model` runs them: resized (and
+    cropped) as its `preprocessing` says, or as sent to a model built with
+    `dynamic_image_size=True` (which checks the sides itself). The preprocessing of
+    `serving_images` and of an ONNX file's pixel input (deploy.onnx_export), before
+    `scale_pixels`."""
+    from keras_vit.preprocessing import resize
+
+    if _dynamic_spec(model) is not None:
+        return images
+    return resize(images, model_image_size(model), getattr(model, "preprocessing", None))
+
+
 def _serving_endpoints(model, class_names, top_k):
     """{signature name: (function, input signature)}: encoded image bytes, and pixel batches
     in 0..255, each resized to the model's size."""
     import tensorflow as tf
 
-    from keras_vit.preprocessing import decode_and_resize_files, resize, scale_pixels
+    from keras_vit.preprocessing import decode_and_resize_files, scale_pixels
 
     height, width = model_image_size(model)
     preprocessing = getattr(model, "preprocessing", None)  # the checkpoint's resize and crop
@@ -225,9 +258,7 @@ def _serving_endpoints(model, class_names, top_k):
                                                preprocessing))
 
     def serve_images(images):
-        if _dynamic_spec(model) is not None:  # runs at the size it is sent (the model checks it)
-            return predict(_checked_images(images))
-        return predict(resize(_checked_images(images), (height, width), preprocessing))
+        return predict(served_pixels(model, _checked_images(images)))
 
     return {"serving_default": (serve_bytes, [_bytes_spec()]),
             "serving_images": (serve_images, [_images_spec()])}
@@ -319,18 +350,7 @@ def export_saved_model(model, base_dir, class_names=None, version=None, top_k=DE
     import tensorflow as tf
 
     base_dir = check_directory(base_dir, "base_dir")
-    outputs = model.output_shape[-1]
-    if class_names is not None:
-        if isinstance(class_names, (str, bytes)) or not hasattr(class_names, "__len__"):
-            raise TypeError(f"class_names must be a list of {outputs} names in label order, "
-                            f"got {type(class_names).__name__} {str(class_names)[:60]!r}.")
-        class_names = list(class_names)
-        if len(class_names) != outputs:
-            raise ValueError(f"{len(class_names)} class names for a model with {outputs} "
-                             "outputs; class_names must name every class, in label order.")
-        wrong = [name for name in class_names if not isinstance(name, (str, bytes))]
-        if wrong:
-            raise TypeError(f"class_names must be strings, got {wrong[:3]!r}.")
+    class_names = checked_class_names(class_names, model.output_shape[-1])
     if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1:
         raise ValueError(f"top_k must be a positive integer, got {top_k!r}.")
     if version is not None:
@@ -576,9 +596,10 @@ def check_quantization(quantization):
 
 
 def _representative_samples(representative_data, image_size):
-    """A generator function of single images [1, H, W, 3] for int8 calibration, once the data
-    are checked (what converter.convert() would otherwise take minutes to misuse): batches of
-    the model's size, finite pixels in 0..255 (the TFLite model's input, not scaled ones)."""
+    """A generator function of single images [1, H, W, 3] for int8 calibration (TFLite's, and
+    the ONNX file's in deploy.onnx_export), once the data are checked (what converter.convert()
+    would otherwise take minutes to misuse): batches of the model's size, finite pixels in
+    0..255 (not scaled ones)."""
     height, width = image_size
     expected = f"images [N, {height}, {width}, 3] in 0..255"
     if isinstance(representative_data, (str, bytes, os.PathLike, dict)):
@@ -618,15 +639,15 @@ def _representative_samples(representative_data, image_size):
             fix = ("pass the pixels before scaling (for [-1, 1]: x * 127.5 + 127.5)" if low < 0
                    else "convert 16-bit images to 8-bit (x / 257)" if high <= 65535
                    else "pass 8-bit pixel values")
-            raise ValueError(f"{where} must be pixels in 0..255 (what the TFLite model takes; it "
-                             f"scales them itself), got values from {low:g} to {high:g}: {fix}.")
+            raise ValueError(f"{where} must be pixels in 0..255 (the export scales them as its "
+                             f"model does), got values from {low:g} to {high:g}: {fix}.")
         batches.append(batch)
     if not batches:
         raise ValueError(f"representative_data holds no images; int8 calibration needs "
                          f"{expected}, a few hundred like the ones the model will see.")
     if max(float(batch.max()) for batch in batches) <= 1.0:
         raise ValueError("representative_data is in 0..1, which looks like images scaled to "
-                         "[0, 1]; the TFLite model takes pixels in 0..255: multiply by 255.")
+                         "[0, 1]; calibration takes pixels in 0..255: multiply by 255.")
 
     def samples():
         for batch in batches:
@@ -641,10 +662,16 @@ def export_tflite(model, path, quantization="none", representative_data=None,
     """Writes a TFLite model to `path` (local or gs://) atomically (see `tflite_bytes`) and
     returns its size in bytes."""
     _checked_models(model, max_num_patches)  # arguments first: the conversion takes a while
-    path = _check_file_path(path, "path")
+    path = check_file_path(path, "path")
     content = tflite_bytes(model, quantization, representative_data, max_num_patches)
     directory = os.path.dirname(path)
     if directory:
         fileio.makedirs(directory)
     fileio.write_atomically(path, content)
     return len(content)
+
+
+# The ONNX file's writer beside the SavedModel's and TFLite's: keras_vit.export.export_onnx.
+from keras_vit.deploy import onnx_export  # noqa: E402  (imports export only when it runs)
+
+export_onnx = onnx_export.export_onnx

@@ -5,8 +5,8 @@ each string against its known values, plus the combinations that would fail late
 longer than the run, a batch that does not split over the replicas or accumulation steps, ...).
 Each part of the trainer owns its fields: their rules (`RULES`) and the checks between them
 (`check`) stand in its module (train.data.settings and .augmentation, train.run.objectives,
-.optimizers, .engine, .loop, .starting_point and .distillation), and this module gathers them
-(`rules`). The model, `config.model` with `config.image_size`, is checked by
+.optimizers, .engine, .loop, .export, .starting_point and .distillation), and this module gathers
+them (`rules`). The model, `config.model` with `config.image_size`, is checked by
 `keras_vit.ViTConfig` itself (`train.run.model_config.model_spec` makes the spec of a config).
 Every bad field is reported at once, each as `config.<field>=<value>: <what is valid>`
 (`config.model.<field>` for the model's), in one ValueError. A test checks that every field of
@@ -39,11 +39,12 @@ def rules():
     "any_str": may be empty; "optional_str": a string or None; "spec": the fields of
     keras_vit.ViTConfig, checked by the spec (`_check_model`)."""
     from ..data import augmentation, native_input, settings
-    from . import distillation, engine, loop, objectives, optimizers, starting_point
+    from . import (distillation, engine, export, loop, objectives, optimizers,
+                   starting_point)
 
-    return {"model": ("spec", None), **loop.RULES, **objectives.RULES, **settings.RULES,
-            **augmentation.RULES, **optimizers.RULES, **engine.RULES, **starting_point.RULES,
-            **distillation.RULES, **native_input.RULES}
+    return {"model": ("spec", None), **loop.RULES, **export.RULES, **objectives.RULES,
+            **settings.RULES, **augmentation.RULES, **optimizers.RULES, **engine.RULES,
+            **starting_point.RULES, **distillation.RULES, **native_input.RULES}
 
 
 class Section:
@@ -167,7 +168,7 @@ def problems(config, num_replicas=None, fields=None):
     skipped.
     """
     from ..data import augmentation, native_input, settings
-    from . import distillation, engine, objectives, optimizers, starting_point
+    from . import distillation, engine, export, objectives, optimizers, starting_point
 
     every_rule = rules()
     fields = set(every_rule if fields is None else fields)
@@ -185,6 +186,7 @@ def problems(config, num_replicas=None, fields=None):
                    "keras_vit.ViTConfig are in config.model)")
 
     optimizers.check(config, report)
+    export.check(config, report)
     engine.check(config, report, num_replicas)
     starting_point.check(config, report)
     distillation.check(config, report)

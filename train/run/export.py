@@ -1,12 +1,13 @@
-"""A run's export: the trained model of a workdir as a `.keras` file, a TF Serving SavedModel
-and TFLite files, written at the end of training (`export_trained`, from train.run.loop) and
-again by `python -m train.export` (`export_model`). The conversions themselves are
-keras_vit.deploy.export's; the files' places are train.run.run_files'.
+"""A run's export: the trained model of a workdir as a `.keras` file, a TF Serving SavedModel,
+TFLite files and ONNX files, written at the end of training (`export_trained`, from
+train.run.loop) and again by `python -m train.export` (`export_model`). The conversions
+themselves are keras_vit.deploy.export's; the files' places are train.run.run_files'.
 
 Local paths are checked without importing TensorFlow, so that the command's flag errors are
 reported at once.
 """
 
+import importlib.util
 import os
 import sys
 import tempfile
@@ -27,17 +28,83 @@ TFLITE_KINDS = {"float32": "none", "float16": "float16", "dynamic": "dynamic", "
 # The TFLite files a training run exports besides its SavedModel.
 RUN_TFLITE_KINDS = ("float32", "int8")
 
+# The ONNX kinds: the name users give, and keras_vit.deploy.export.export_onnx's quantization
+# for it ("int8" calibrates on training images, as TFLite's). Each file takes uint8 pixels of any
+# size, resized and scaled in its graph (at native resolution, the NaFlex arrays).
+ONNX_KINDS = {"float32": "none", "int8": "int8"}
+
+# The run's ONNX files (`config.export_onnx`, default none: the "onnx" extra is not installed
+# with "train"), in the form of `python -m train.export --onnx`.
+RULES = {"export_onnx": ("any_str", None)}
+
+
+# What users type for a kind, and the kind they mean.
+KIND_ALIASES = {"fp32": "float32", "float": "float32", "fp16": "float16", "uint8": "int8"}
+
+
+def parse_kinds(value, name, kinds):
+    """The kinds of a `--tflite` or `--onnx` value or `config.export_onnx` (`name` in the
+    message): 'none', 'all' or a comma list of `kinds`, in order, once each; ValueError naming
+    the unknown ones and the valid values."""
+    value = (value or "").strip()
+    if value in ("", "none"):
+        return []
+    if value == "all":
+        return list(kinds)
+    chosen = [kind.strip() for kind in value.split(",") if kind.strip()]
+    unknown = [kind for kind in chosen if kind not in kinds]
+    if unknown or not chosen:
+        hint = ""
+        if any(kind in ("none", "all") for kind in unknown):
+            hint = " ('none' and 'all' stand alone, not in a list)"
+        else:
+            meant = [f"{kind} is {KIND_ALIASES[kind]}" for kind in unknown
+                     if KIND_ALIASES.get(kind) in kinds]
+            meant += ["there is no int4"] if "int4" in unknown else []
+            hint = f" ({'; '.join(meant)})" if meant else ""
+        raise ValueError(f"Unknown {name} kind(s) {', '.join(map(repr, unknown))}{hint}: use "
+                         f"'none', 'all', or a comma list of {', '.join(kinds)}, e.g. "
+                         f"{name}={','.join(dict.fromkeys([list(kinds)[0], list(kinds)[-1]]))}.")
+    return list(dict.fromkeys(chosen))  # once each, in the given order
+
+
+def check_onnx_packages(name):
+    """Raises ValueError when the ONNX export's packages are missing (`name` asked for ONNX
+    files); looked up without importing them, or TensorFlow."""
+    missing = [module for module in ("tf2onnx", "onnx")
+               if importlib.util.find_spec(module) is None]
+    if missing:
+        raise ValueError(f"{name} asks for ONNX files, whose export needs "
+                         f"{' and '.join(missing)}, not installed: pip install "
+                         '"keras_vit[onnx]" (or ".[onnx]" in a checkout), or leave ONNX out.')
+
+
+def check(config, report):
+    """`config.export_onnx`: known kinds, and the packages to write them when the run exports
+    (a missing package would otherwise fail the run's last step)."""
+    if not report.ok("export_onnx"):
+        return
+    try:
+        kinds = parse_kinds(config.export_onnx, "config.export_onnx", ONNX_KINDS)
+        if kinds and config.get("export", True):
+            check_onnx_packages(f"config.export_onnx={config.export_onnx!r}")
+    except ValueError as error:
+        report.add("export_onnx", f"config.export_onnx={config.export_onnx!r}",
+                   str(error).removeprefix(f"config.export_onnx={config.export_onnx!r} "))
+
 
 def export_trained(engine):
     """Writes the final model (EMA weights if enabled) into the run's export directory
     (train.run.run_files). Every process calls it; only the chief writes.
 
-    A classifier: the `.keras` model and class names, a TF Serving SavedModel, and float32
-    and int8 TFLite files; of a run at native resolution (`config.native`), a SavedModel that
-    runs each image at its own aspect ratio within `config.native_patches` and TFLite files that
-    take the NaFlex arrays at that budget (keras_vit.deploy.export's `max_num_patches`). A masked-patch-prediction run: its encoder without any head, as
-    `model.keras` (returning the pooled representation) and `encoder.npz` (the original
-    checkpoint layout), both ready for `--config.pretrained` of a fine-tuning run.
+    A classifier: the `.keras` model and class names, a TF Serving SavedModel, float32
+    and int8 TFLite files, and the ONNX files of `config.export_onnx`; of a run at native
+    resolution (`config.native`), a SavedModel that runs each image at its own aspect ratio
+    within `config.native_patches`, and TFLite and ONNX files that take the NaFlex arrays at
+    that budget (keras_vit.deploy.export's `max_num_patches`). A masked-patch-prediction run:
+    its encoder without any head, as `model.keras` (returning the pooled representation) and
+    `encoder.npz` (the original checkpoint layout), both ready for `--config.pretrained` of a
+    fine-tuning run.
     """
     import keras
 
@@ -48,6 +115,8 @@ def export_trained(engine):
 
     workdir, directory = engine.workdir, run_files.export_dir(engine.workdir)
     path = run_files.model_file(workdir)
+    onnx_kinds = parse_kinds(engine.config.get("export_onnx", "none"), "config.export_onnx",
+                             ONNX_KINDS)
     with engine.exported_weights() as trained:
         # Masked patch prediction exports its encoder alone; a classifier is served.
         pretraining = engine.config.objective != "classification"
@@ -73,11 +142,11 @@ def export_trained(engine):
                 budget = served_budget(engine.config)
                 representative = run_calibration_images(engine.builder, engine.config, 200)
                 export_model(model, workdir, engine.class_names, RUN_TFLITE_KINDS,
-                             representative, max_num_patches=budget)
+                             representative, max_num_patches=budget, onnx_kinds=onnx_kinds)
     if not pretraining and keras.config.backend() != "tensorflow":
         # The serving signatures decode images with TensorFlow ops: a TensorFlow process
         # exports the model.keras just written, as `python -m train.export` does.
-        export_in_tensorflow(workdir, RUN_TFLITE_KINDS)
+        export_in_tensorflow(workdir, RUN_TFLITE_KINDS, onnx_kinds)
     logging.info("Saved the trained %s to %s.",
                  "encoder" if pretraining else "model", directory)
     return path
@@ -196,10 +265,10 @@ def run_calibration_images(builder, config, count):
 
 
 def export_model(model, workdir, class_names=None, tflite_kinds=(), representative=None,
-                 export_dir=None, max_num_patches=None):
-    """SavedModel at `<export_dir or the run's saved_model/>/<version>` and the run's TFLite
-    files `model_<kind>.tflite`, at native resolution within `max_num_patches` when given.
-    Returns {name: path}."""
+                 export_dir=None, max_num_patches=None, onnx_kinds=()):
+    """SavedModel at `<export_dir or the run's saved_model/>/<version>`, the run's TFLite
+    files `model_<kind>.tflite` and ONNX files `model_<kind>.onnx`, at native resolution
+    within `max_num_patches` when given. Returns {name: path}."""
     from keras_vit.deploy import export
 
     with native_output.dropped():  # a failed save's C++ warnings: the error names the path
@@ -214,21 +283,32 @@ def export_model(model, workdir, class_names=None, tflite_kinds=(), representati
                                         max_num_patches=max_num_patches)
         logging.info("TFLite %s: %s (%.2f MB)", kind, path, size / 2**20)
         paths[f"tflite_{kind}"] = path
+    for kind in onnx_kinds:
+        path = run_files.onnx_file(workdir, kind)
+        with native_output.dropped():
+            size = export.export_onnx(model, path, class_names=class_names,
+                                      preprocess="uint8" if max_num_patches is None else None,
+                                      quantization=ONNX_KINDS[kind],
+                                      representative_data=representative,
+                                      max_num_patches=max_num_patches)
+        logging.info("ONNX %s: %s (%.2f MB)", kind, path, size / 2**20)
+        paths[f"onnx_{kind}"] = path
     logging.info("SavedModel: %s", paths["saved_model"])
     return paths
 
 
-def export_in_tensorflow(workdir, tflite_kinds):
-    """The SavedModel and TFLite files of a run trained on another Keras backend (JAX): its
-    `model.keras` exported by `train.export` in a TensorFlow process, serving the same
+def export_in_tensorflow(workdir, tflite_kinds, onnx_kinds=()):
+    """The SavedModel, TFLite and ONNX files of a run trained on another Keras backend (JAX):
+    its `model.keras` exported by `train.export` in a TensorFlow process, serving the same
     signatures as a TensorFlow run's export. Without TensorFlow, a warning says the command
     to run where it is installed."""
     import subprocess
 
     command = [sys.executable, "-m", f"{COMMANDS_PACKAGE}.export", f"--workdir={workdir}",
-               f"--tflite={','.join(tflite_kinds) or 'none'}"]
+               f"--tflite={','.join(tflite_kinds) or 'none'}",
+               f"--onnx={','.join(onnx_kinds) or 'none'}"]
     if not cli.tensorflow_installed():
-        logging.warning("The SavedModel and TFLite export need TensorFlow, which is not "
+        logging.warning("The SavedModel, TFLite and ONNX export need TensorFlow, which is not "
                         "installed; where it is, run: KERAS_BACKEND=tensorflow python %s",
                         " ".join(command[1:]))
         return
@@ -237,4 +317,5 @@ def export_in_tensorflow(workdir, tflite_kinds):
         raise RuntimeError(f"The export in TensorFlow failed (above); model.keras is in "
                            f"{run_files.export_dir(workdir)}. Retry with: KERAS_BACKEND="
                            f"tensorflow python -m {COMMANDS_PACKAGE}.export --workdir={workdir} "
-                           f"--tflite={','.join(tflite_kinds)}")
+                           f"--tflite={','.join(tflite_kinds)} "
+                           f"--onnx={','.join(onnx_kinds) or 'none'}")

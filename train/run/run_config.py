@@ -27,8 +27,8 @@ from .config_flag import flat_fields, shipped_config
 # trained.
 MAY_CHANGE_ON_RESUME = ("total_steps", "steps_per_loop", "eval_every_steps",
                         "checkpoint_every_steps", "keep_checkpoints", "eval_batch_size",
-                        "jit_compile", "export", "data_dir", "model_parallel", "fsdp",
-                        "input_workers", "attention_impl", "remat")
+                        "jit_compile", "export", "export_onnx", "data_dir", "model_parallel",
+                        "fsdp", "input_workers", "attention_impl", "remat")
 
 
 # Fields added to configs/common.py whose default does something else than the code did before

@@ -13,6 +13,7 @@
             encoder.npz          a masked-patch-prediction run's encoder (original layout)
             saved_model/<N>/     TF Serving versions
             model_<kind>.tflite  TFLite files (float32, float16, dynamic, int8)
+            model_<kind>.onnx    ONNX files (float32, int8)
 
 Paths may be local or remote (gs://...).
 """
@@ -93,6 +94,10 @@ def saved_model_dir(workdir):
 
 def tflite_file(workdir, kind):
     return os.path.join(export_dir(workdir), f"model_{kind}.tflite")
+
+
+def onnx_file(workdir, kind):
+    return os.path.join(export_dir(workdir), f"model_{kind}.onnx")
 
 
 def write_class_names(workdir, names):

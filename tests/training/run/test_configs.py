@@ -209,9 +209,9 @@ PLACEMENTS = keras_vit.architecture.spec.PLACEMENTS
 
 def test_each_field_has_one_owner_whose_choices_the_checks_read():
     from train.data import augmentation, native_input, settings
-    from train.run import (config_checks, distillation, engine, loop, objectives, optimizers,
-                           schedules, starting_point)
-    owners = [loop.RULES, objectives.RULES, settings.RULES, augmentation.RULES,
+    from train.run import (config_checks, distillation, engine, export, loop, objectives,
+                           optimizers, schedules, starting_point)
+    owners = [loop.RULES, export.RULES, objectives.RULES, settings.RULES, augmentation.RULES,
               optimizers.RULES, engine.RULES, starting_point.RULES, distillation.RULES,
               native_input.RULES]
     names = [name for rules in owners for name in rules]
@@ -546,3 +546,40 @@ def test_the_lora_rank_check_passes_exactly_the_ranks_the_model_takes(model):
         else:
             assert rank == limit
             config_checks.check(config)
+
+
+@pytest.mark.parametrize("value, words", [
+    ("int4,float32", ["config.export_onnx='int4,float32'", "Unknown config.export_onnx kind(s) "
+                      "'int4'", "'none', 'all', or a comma list of float32, int8", "no int4"]),
+    ("float32,all", ["'all'", "stand alone"]),
+    ("fp32", ["fp32 is float32"]),
+    ("float16", ["'float16'", "comma list of float32, int8"]),
+])
+def test_unknown_onnx_kinds_are_refused(value, words):
+    from train.run import config_checks
+    config = _small()
+    config.export_onnx = value
+    with pytest.raises(ValueError) as error:
+        config_checks.check(config)
+    for word in words:
+        assert word in str(error.value), str(error.value)
+
+
+def test_onnx_files_without_the_onnx_packages_are_refused_before_training(monkeypatch):
+    """A run that would export ONNX files without tf2onnx or onnx installed is refused at the
+    start, naming the extra, not after training; a run that does not export needs none."""
+    import importlib.util
+
+    from train.run import config_checks
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "onnx" else find_spec(name, *args))
+    config = _small()
+    config.export, config.export_onnx = True, "all"
+    with pytest.raises(ValueError) as error:
+        config_checks.check(config)
+    message = str(error.value)
+    assert "config.export_onnx='all': asks for ONNX files" in message, message
+    assert 'needs onnx, not installed: pip install "keras_vit[onnx]"' in message, message
+    config.export = False
+    config_checks.check(config)
