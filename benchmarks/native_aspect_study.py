@@ -1,15 +1,17 @@
 r"""Accuracy at aspect ratios a model did not train on: runs of configs/native_aspect.py evaluated
-on Fashion-MNIST's test split stretched to fixed aspect ratios.
+on Fashion-MNIST's test split at fixed aspect ratios.
 
     python benchmarks/native_aspect_study.py --packed=runs/native --padded=runs/padded \
         --square=runs/square --output=aspect_study.json
     python benchmarks/native_aspect_study.py --square=runs/square --examples=1000
 
-Each test image is resampled as `fashion_mnist_native` resamples it (train/data/fashion_mnist.py's
-`stretched`, at the image's own drawn scale), only at a fixed aspect ratio, height / width
-(`--aspects`). The training data's ratios are 1/3 to 3, so 1/6, 1/4, 4 and 6 lie outside it. The
-"own" column is the native test split itself (each image at its drawn ratio): it repeats each
-run's final evaluation. A native run ("packed", "padded") sees each image alone at its whole
+Each test image is resampled as the runs' data resamples it (train/data/fashion_mnist.py), only
+at a fixed aspect ratio, height / width (`--aspects`): `fashion_mnist_native`'s runs see it
+`stretched` to that ratio at its own drawn scale, `fashion_mnist_canvas`'s see it undistorted at
+its drawn scale and relative position on a canvas of that ratio (`on_canvas`); the runs given
+must share their data. The training data's ratios are 1/3 to 3, so 1/6, 1/4, 4 and 6 lie outside
+it. The "own" column is the runs' test split itself (each image at its drawn ratio): it repeats
+each run's final evaluation. A native run ("packed", "padded") sees each image alone at its whole
 budget (config.native_patches) through keras_vit.native.NaFlexViT, as its evaluation does
 (train.data.tf_native.example); a square run sees each image squashed to its `image_size` by its
 evaluation's resize. The model is the run's export/model.keras, or else the newest checkpoint of
@@ -50,7 +52,8 @@ FLAGS = flags.FLAGS
 
 OWN = "own"  # the column of each image at its own drawn aspect ratio
 NUM_CLASSES = len(fashion_mnist.CLASS_NAMES)
-DATASETS = ("fashion_mnist_native", "fashion_mnist_local")  # the study's test images are theirs
+# The study's test images are theirs; a run of the plain 28x28 images takes the stretched ones.
+DATASETS = (*fashion_mnist.RESAMPLED, "fashion_mnist_local")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -117,6 +120,18 @@ def run_config(name, workdir):
         raise ValueError(f"--{name}={workdir} is a run of config.native={layout!r}, not "
                          f"{LAYOUTS[name]!r}: give it as --{flag}={workdir}.")
     return config
+
+
+def study_data(configs):
+    """The dataset whose resampling the study's columns take: the runs' own, which they must
+    share (`fashion_mnist_native` for runs of the plain images alone)."""
+    resampled = sorted({config.dataset for config in configs.values()} & set(
+        fashion_mnist.RESAMPLED))
+    if len(resampled) > 1:
+        named = ", ".join(f"--{name} on {config.dataset}" for name, config in configs.items())
+        raise ValueError(f"The runs trained on different data ({named}): give runs of one "
+                         "dataset, so that every run sees the same test images.")
+    return resampled[0] if resampled else "fashion_mnist_native"
 
 
 def trained_classifier(config, workdir):
@@ -193,11 +208,11 @@ def fashion_mnist_test(examples):
     return images[:examples], labels[:examples].astype("int32")
 
 
-def stretched(images, aspect):
-    """Each test image as `fashion_mnist_native` resamples it: at its drawn aspect ratio
-    (`aspect` None) or at `aspect`, at its drawn scale."""
-    return [fashion_mnist.stretched(image, "test", index, aspect)
-            for index, image in enumerate(images)]
+def resampled(images, aspect, dataset):
+    """Each test image as `dataset` resamples it: at its drawn aspect ratio (`aspect` None) or
+    at `aspect`, at its drawn scale."""
+    resample = fashion_mnist.RESAMPLED[dataset]
+    return [resample(image, "test", index, aspect) for index, image in enumerate(images)]
 
 
 def accuracy(step, images, labels, batch_size):
@@ -288,6 +303,7 @@ def main(argv):
     runs, aspects = checked_flags()
     start = time.perf_counter()
     configs = {name: run_config(name, workdir) for name, workdir in runs.items()}
+    dataset = study_data(configs)
     steps, sources = {}, {}
     for name, config in configs.items():
         classifier, sources[name] = trained_classifier(config, runs[name])
@@ -296,10 +312,10 @@ def main(argv):
     columns = [(OWN, None)] + aspects
     results = {name: {} for name in runs}
     for column, aspect in columns:
-        resampled = stretched(images, aspect)  # once for every run
+        column_images = resampled(images, aspect, dataset)  # once for every run
         for name, step in steps.items():
             batch = min(configs[name].eval_batch_size, len(images))
-            results[name][column] = accuracy(step, resampled, labels, batch)
+            results[name][column] = accuracy(step, column_images, labels, batch)
         print(f"{column}: " + ", ".join(f"{name} {results[name][column]:.2%}" for name in runs)
               + f" ({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)  # progress
     seconds = time.perf_counter() - start
@@ -308,19 +324,20 @@ def main(argv):
     for name in runs:
         print(f"{name}: {sources[name]} (config.native_patches="
               f"{configs[name].native_patches}, image_size {configs[name].image_size})")
-    print(f"\n{len(images):,} Fashion-MNIST test images; aspect ratio = height / width; (out): "
-          f"outside the training data's {Fraction(low).limit_denominator()} to {high:g}; "
-          f"{OWN}: each image at its own drawn ratio (the native test split).\n")
+    print(f"\n{len(images):,} Fashion-MNIST test images as {dataset} makes them; aspect ratio "
+          f"= height / width; (out): outside the training data's "
+          f"{Fraction(low).limit_denominator()} to {high:g}; {OWN}: each image at its own drawn "
+          f"ratio ({dataset}'s test split).\n")
     print("\n".join(table(results, columns)))
     print("\n" + "\n".join(verdict(results, columns)))
     print(f"Wall time: {seconds:.0f} s")
     if FLAGS.output:
-        write_json(FLAGS.output, runs, sources, columns, results, len(images), seconds)
+        write_json(FLAGS.output, runs, sources, columns, results, len(images), seconds, dataset)
 
 
-def write_json(path, runs, sources, columns, results, examples, seconds):
+def write_json(path, runs, sources, columns, results, examples, seconds, dataset):
     report = {
-        "cpu": cpu_name(), "cores": os.cpu_count(), "examples": examples,
+        "cpu": cpu_name(), "cores": os.cpu_count(), "examples": examples, "dataset": dataset,
         "training_aspects": list(fashion_mnist.NATIVE_ASPECT),
         "columns": [{"name": name, "aspect": aspect,
                      "outside_training": aspect is not None and outside_training(aspect)}

@@ -5,6 +5,11 @@ and a small plain ViT that sees each image at its own aspect ratio (keras_vit.na
     python -m train.main --config=configs/native_aspect.py --workdir=runs/native     # packed
     python -m train.main --config=configs/native_aspect.py:padded --workdir=runs/padded
     python -m train.main --config=configs/native_aspect.py:square --workdir=runs/square
+    python -m train.main --config=configs/native_aspect.py:packed,canvas --workdir=runs/canvas
+
+An optional second word names the data: "stretched" (the default, `fashion_mnist_native`: each
+image stretched to its aspect ratio) or "canvas" (`fashion_mnist_canvas`: each image undistorted
+on a canvas of its aspect ratio, where squashing to a square distorts the object).
 
 The argument says how images become sequences (docs/native.md): "packed" (several images in
 each sequence of 128 patches, NaViT's packing, each image's budget drawn from 16 to 64
@@ -20,11 +25,15 @@ images; 24 sequences of 256 ran 77.3% patches, 36 of 128 95.5% but left out 6.4%
 from . import common
 
 ARGS = ("packed", "padded", "square")
+DATA = {"stretched": "fashion_mnist_native", "canvas": "fashion_mnist_canvas"}
 
 
 def get_config(arg="packed"):
-    if arg not in ARGS:
-        raise ValueError(f"configs/native_aspect.py takes one of {ARGS}, got {arg!r}.")
+    layout, comma, data = arg.partition(",")
+    data = data if comma else "stretched"
+    if layout not in ARGS or data not in DATA:
+        raise ValueError(f"configs/native_aspect.py takes LAYOUT or LAYOUT,DATA with LAYOUT one "
+                         f"of {ARGS} and DATA one of {tuple(DATA)}, got {arg!r}.")
     config = common.get_config()
     config.model.variant = "Ti/16"  # a plain ViT: the sizes below replace all of Ti/16's
     config.image_size = 32  # the learned 8x8 grid (and the square images of "square")
@@ -35,12 +44,12 @@ def get_config(arg="packed"):
     config.model.num_layers = 4
     config.model.classifier = "map"  # no class token: packed images pool their own patches
     config.model.class_token = False
-    config.dataset = "fashion_mnist_native"
+    config.dataset = DATA[data]
     config.crop_min_area = 1.0
     config.flip = False
-    config.native = "none" if arg == "square" else arg
+    config.native = "none" if layout == "square" else layout
     config.native_patches = 64
-    if arg == "packed":
+    if layout == "packed":
         config.native_min_patches = 16  # each image's budget drawn from 16 to 64 patches
         config.pack_sequence_length = 128
         config.pack_images = 8

@@ -198,8 +198,9 @@ def test_native_aspect_study_evaluates_each_run_at_each_aspect(fake_fmnist, tmp_
     """`benchmarks/native_aspect_study.py` on the fake data, on three untrained runs of
     configs/native_aspect.py made in-process (training them would take minutes): "padded" as
     the TensorFlow engine checkpoints it, "packed" and "square" as their export/model.keras
-    (the script's two ways to a run's weights). A row per run, a column per aspect ratio
-    (those outside 1/3..3 marked), accuracies in [0, 1]."""
+    (the script's two ways to a run's weights), on the canvas data. A row per run, a column per
+    aspect ratio (those outside 1/3..3 marked), accuracies in [0, 1]; runs of two datasets
+    refused."""
     import json
 
     import tensorflow as tf
@@ -211,7 +212,7 @@ def test_native_aspect_study_evaluates_each_run_at_each_aspect(fake_fmnist, tmp_
 
     workdirs = {}
     for layout in ("packed", "padded", "square"):
-        config = native_aspect.get_config(layout)
+        config = native_aspect.get_config(f"{layout},canvas")
         config.model.update(hidden_size=16, mlp_dim=32, num_heads=2, num_layers=1)
         config.update(data_dir=fake_fmnist.data_dir, batch_size=32, pack_sequences=10,
                       eval_batch_size=50, jit_compile=False)
@@ -219,7 +220,7 @@ def test_native_aspect_study_evaluates_each_run_at_each_aspect(fake_fmnist, tmp_
         os.makedirs(run_files.export_dir(workdir))
         run_config.write(config, workdir)
         if layout == "padded":  # checkpoints/ckpt-0: model, optimizer and EMA, as a run's
-            with fashion_mnist_dir(fake_fmnist.source):  # prepares fashion_mnist_native
+            with fashion_mnist_dir(fake_fmnist.source):  # prepares fashion_mnist_canvas
                 tf_engine.TFEngine(config, workdir, tf.distribute.get_strategy()).save()
         else:
             objective = objectives.make(config, 10)
@@ -242,6 +243,15 @@ def test_native_aspect_study_evaluates_each_run_at_each_aspect(fake_fmnist, tmp_
         False, True, False, True]
     assert report["runs"]["padded"]["weights"].endswith("ckpt-0")
     assert report["runs"]["square"]["weights"].endswith("model.keras")
+    assert report["dataset"] == "fashion_mnist_canvas"
     for run in report["runs"].values():
         assert sorted(run["accuracy"]) == ["1", "1/6", "6", "own"]
         assert all(0 <= value <= 1 for value in run["accuracy"].values())
+    # Runs of two datasets would see different test images: refused, naming them.
+    config.dataset = "fashion_mnist_native"
+    run_config.write(config, workdirs["square"])
+    result = subprocess.run(command, cwd=REPO, env=fake_fmnist.env(), capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode != 0
+    assert ("different data (--packed on fashion_mnist_canvas, --padded on fashion_mnist_canvas"
+            ", --square on fashion_mnist_native)") in result.stderr

@@ -44,6 +44,41 @@ def test_the_native_dataset_holds_each_image_at_its_own_drawn_size(native_builde
     assert min(aspects) < 0.6 and max(aspects) > 1.6  # wide and tall, not squares
 
 
+def test_the_canvas_dataset_holds_each_item_undistorted_at_its_drawn_place(fake_fmnist):
+    """`fashion_mnist_canvas`: each record is its `canvas_layout`'s canvas, black but for the
+    item, a square of the drawn side that is the 28x28 image resized alike both ways (compared
+    with TensorFlow's resize: a stretched item would differ), the same in both pipelines."""
+    from train.data import sources
+
+    images, labels = fake_images(NUM_TRAIN, seed=1)
+    with fashion_mnist_dir(fake_fmnist.source):
+        config = tiny_config(fake_fmnist, **{**NATIVE, "dataset": "fashion_mnist_canvas"},
+                             native="padded")
+        records = tf_pipeline.get_builder(config).as_data_source("train")
+        grain = sources.of(config).grain_split("train")
+    layouts = [fashion_mnist.canvas_layout("train", index) for index in range(40)]
+    assert layouts == [fashion_mnist.canvas_layout("train", index) for index in range(40)]
+    for index, (height, width, top, left, side) in enumerate(layouts):
+        canvas = records[index]["image"][..., 0]
+        assert canvas.shape == (height, width) and records[index]["label"] == labels[index]
+        np.testing.assert_array_equal(grain[index][0][..., 0], canvas)
+        item = tf.image.resize(images[index][..., None], (side, side), antialias=True)
+        np.testing.assert_allclose(canvas[top:top + side, left:left + side],
+                                   item.numpy()[..., 0], atol=1)  # rounding
+        canvas[top:top + side, left:left + side] = 0
+        assert not canvas.any()  # nothing but the item
+    aspects = [height / width for height, width, *_ in layouts]
+    assert min(aspects) < 0.6 and max(aspects) > 1.6  # wide and tall frames
+    assert len({(top, left) for _, _, top, left, _ in layouts}) > 30  # placed, not centred
+    # At a fixed aspect ratio (the study's columns): the same item, on a 6:1 canvas.
+    height, width, top, left, side = fashion_mnist.canvas_layout("train", 5, 6.0)
+    assert (side, round(height / width)) == (layouts[5][4], 6)
+    np.testing.assert_array_equal(
+        fashion_mnist.on_canvas(images[5], "train", 5, 6.0)[top:top + side, left:left + side],
+        records[5]["image"][layouts[5][2]:layouts[5][2] + side,
+                            layouts[5][3]:layouts[5][3] + side, 0])
+
+
 def _batches(builder, config, start_step, count):
     plan = objectives.make(config, 10).native
     dataset = tf_pipeline.train_dataset_fn(builder, config, start_step=start_step,
@@ -181,7 +216,7 @@ def test_grain_reads_the_native_dataset_stretched_as_tfds_does(fake_fmnist):
     images, labels = fake_images(NUM_TRAIN, seed=1)
     with fashion_mnist_dir(fake_fmnist.source):
         for split, first in (("train", 0), ("train[10:20]", 10)):
-            records = offline.OfflineArrays(split, native=True)
+            records = offline.OfflineArrays(split, resample=fashion_mnist.stretched)
             image, label, _ = records[3]
             np.testing.assert_array_equal(
                 image[..., 0], fashion_mnist.stretched(images[first + 3], "train", first + 3))

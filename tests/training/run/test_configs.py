@@ -34,7 +34,20 @@ def _all_configs():
         "augreg": augreg.get_config(),
         "augreg_finetune": augreg_finetune.get_config("model=S/16,dataset=oxford_iiit_pet"),
         **{f"native_aspect:{arg}": native_aspect.get_config(arg) for arg in native_aspect.ARGS},
+        **{f"native_aspect:{arg},canvas": native_aspect.get_config(f"{arg},canvas")
+           for arg in native_aspect.ARGS},
     }
+
+
+def test_native_aspect_takes_a_layout_and_the_data():
+    assert native_aspect.get_config("padded").dataset == "fashion_mnist_native"
+    config = native_aspect.get_config("square,canvas")
+    assert (config.dataset, config.native) == ("fashion_mnist_canvas", "none")
+    assert native_aspect.get_config("packed,stretched").dataset == "fashion_mnist_native"
+    for bad in ("canvas", "packed,", "packed,canvas,x", "packed,photos", "Packed"):
+        with pytest.raises(ValueError, match="LAYOUT,DATA with LAYOUT one of .* and DATA one "
+                                             f"of .*'canvas'.*got '{bad}'"):
+            native_aspect.get_config(bad)
 
 
 def test_every_config_loads_with_the_common_fields():

@@ -1,7 +1,8 @@
 """The offline default, `config.dataset = "fashion_mnist_local"`: the real Fashion-MNIST from
 Debian's `dataset-fashion-mnist` files (train.data.fashion_mnist), prepared as a TFDS dataset
 in ArrayRecord files for tf.data, and read straight from its IDX files for Grain; and
-`"fashion_mnist_native"`, the same images each at its own aspect ratio and size."""
+`"fashion_mnist_native"`, the same images each at its own aspect ratio and size, and
+`"fashion_mnist_canvas"`, each undistorted on a canvas of its own aspect ratio."""
 
 import dataclasses
 
@@ -11,15 +12,16 @@ from . import DataSource
 
 NAME = "fashion_mnist_local"
 NATIVE_NAME = "fashion_mnist_native"
+CANVAS_NAME = "fashion_mnist_canvas"
 
 
 class FashionMnistOffline(DataSource):
     described = (f"'{NAME}' (offline Fashion-MNIST), '{NATIVE_NAME}' (the same at random "
-                 "aspect ratios)")
+                 f"aspect ratios), '{CANVAS_NAME}' (the same on canvases of random aspect ratios)")
 
     @classmethod
     def matches(cls, dataset):
-        return dataset in (NAME, NATIVE_NAME)
+        return dataset in (NAME, NATIVE_NAME, CANVAS_NAME)
 
     def builder(self):
         import tensorflow_datasets as tfds
@@ -35,15 +37,17 @@ class FashionMnistOffline(DataSource):
         return ""
 
     def grain_split(self, split):
-        return OfflineArrays(split, native=self.dataset == NATIVE_NAME)
+        from .. import fashion_mnist
+
+        return OfflineArrays(split, resample=fashion_mnist.RESAMPLED.get(self.dataset))
 
 
 class OfflineArrays:
     """The offline default's `split` (any TFDS split expression) read from its IDX files:
-    record i of "train" is image i of train-images-idx3-ubyte.gz (`native`: stretched to its
-    own aspect ratio, `fashion_mnist.stretched`)."""
+    record i of "train" is image i of train-images-idx3-ubyte.gz (`resample`d, given one of
+    `fashion_mnist.RESAMPLED`, as that dataset's TFDS builder does)."""
 
-    def __init__(self, split, native=False):
+    def __init__(self, split, resample=None):
         import tensorflow_datasets as tfds
 
         from .. import fashion_mnist
@@ -54,9 +58,9 @@ class OfflineArrays:
         parts = tfds.core.ReadInstruction.from_spec(split).to_absolute(sizes)
         self.images = np.concatenate([arrays[part.splitname][0][part.from_:part.to]
                                       for part in parts])[..., None]
-        # Each record's split and index there, which its stretch is drawn from.
-        self.origins = None
-        if native:
+        # Each record's split and index there, which its resampling is drawn from.
+        self.resample, self.origins = resample, None
+        if resample:
             self.origins = [(part.splitname, index) for part in parts for index in
                             range(len(arrays[part.splitname][1]))[part.from_:part.to]]
         self.labels = np.concatenate([arrays[part.splitname][1][part.from_:part.to]
@@ -67,10 +71,8 @@ class OfflineArrays:
 
     def __getitem__(self, index):
         image = self.images[index]
-        if self.origins is not None:
-            from .. import fashion_mnist
-
-            image = fashion_mnist.stretched(image[..., 0], *self.origins[index])[..., None]
+        if self.resample is not None:
+            image = self.resample(image[..., 0], *self.origins[index])[..., None]
         return image, int(self.labels[index]), index
 
 
