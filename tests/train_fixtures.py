@@ -284,3 +284,19 @@ def assert_same_values(first, second, atol):
              for name in first if np.asarray(first[name]).dtype.kind in "fiu"}
     bad = {name: diff for name, diff in worst.items() if diff > atol}
     assert not bad, f"differ by more than {atol}: {bad}"
+
+
+# Runs `python -m train.main` with `import tensorflow` failing as on a machine without it
+# (the Grain tests' runs of the JAX engine).
+WITHOUT_TENSORFLOW = """
+import importlib.machinery, runpy, sys
+class NoTensorFlow(importlib.machinery.PathFinder):
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name == "tensorflow" or name.startswith("tensorflow."):
+            return None
+        return super().find_spec(name, path, target)
+sys.meta_path[sys.meta_path.index(importlib.machinery.PathFinder)] = NoTensorFlow
+sys.argv = ["train.main"] + sys.argv[1:]
+runpy.run_module("train.main", run_name="__main__")
+"""

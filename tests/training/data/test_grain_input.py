@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from train.data import grain_pipeline
-from train_fixtures import NUM_TEST, NUM_TRAIN, REPO, fashion_mnist_dir, flags, tiny_config
+from train_fixtures import (NUM_TEST, NUM_TRAIN, REPO, WITHOUT_TENSORFLOW, fashion_mnist_dir, flags,
+                            tiny_config)
 
 HAVE_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
 needs_tensorflow = pytest.mark.skipif(not HAVE_TENSORFLOW, reason="compares with TensorFlow")
@@ -277,21 +278,8 @@ def test_a_pipeline_that_cannot_be_used_is_named_with_the_fix(fake, monkeypatch)
         grain_pipeline.choose(tiny_config(fake, input_pipeline="tf.data"), "jax")
 
 
-# --- Training with no TensorFlow to import.
-
-# Runs `python -m train.main` with `import tensorflow` failing as on a machine without it.
-WITHOUT_TENSORFLOW = """
-import importlib.machinery, runpy, sys
-class NoTensorFlow(importlib.machinery.PathFinder):
-    @classmethod
-    def find_spec(cls, name, path=None, target=None):
-        if name == "tensorflow" or name.startswith("tensorflow."):
-            return None
-        return super().find_spec(name, path, target)
-sys.meta_path[sys.meta_path.index(importlib.machinery.PathFinder)] = NoTensorFlow
-sys.argv = ["train.main"] + sys.argv[1:]
-runpy.run_module("train.main", run_name="__main__")
-"""
+# --- Training with no TensorFlow to import
+# (train_fixtures.WITHOUT_TENSORFLOW).
 
 
 @pytest.mark.processes

@@ -18,7 +18,7 @@ import pytest
 
 from keras_vit.native import image_size_for_budget
 from train.data import grain_pipeline, native_input, stream
-from train_fixtures import NUM_TEST, REPO, fashion_mnist_dir, flags, tiny_config
+from train_fixtures import NUM_TEST, REPO, WITHOUT_TENSORFLOW, fashion_mnist_dir, flags, tiny_config
 
 HAVE_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
 needs_tensorflow = pytest.mark.skipif(not HAVE_TENSORFLOW, reason="compares with TensorFlow")
@@ -246,21 +246,6 @@ def test_packed_sequences_that_do_not_divide_over_the_hosts_are_refused(fake):
     with pytest.raises(ValueError, match=r"config.pack_sequences=9 is not divisible by the 2 "
                                          r"hosts"):
         grain_pipeline.train_batches(source, config, 0, 2, 0, native=plan_of(config))
-
-
-# Runs `python -m train.main` with `import tensorflow` failing (test_grain_input.py's).
-WITHOUT_TENSORFLOW = """
-import importlib.machinery, runpy, sys
-class NoTensorFlow(importlib.machinery.PathFinder):
-    @classmethod
-    def find_spec(cls, name, path=None, target=None):
-        if name == "tensorflow" or name.startswith("tensorflow."):
-            return None
-        return super().find_spec(name, path, target)
-sys.meta_path[sys.meta_path.index(importlib.machinery.PathFinder)] = NoTensorFlow
-sys.argv = ["train.main"] + sys.argv[1:]
-runpy.run_module("train.main", run_name="__main__")
-"""
 
 
 @pytest.mark.processes
