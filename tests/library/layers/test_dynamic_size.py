@@ -314,6 +314,8 @@ SERVED_CASES = {
 def served_case(request):
     """The fields of a model of any size that `served` exports (a test may skip a case before
     paying for the export)."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("the SavedModel export runs on Keras' TensorFlow backend")
     return SERVED_CASES[request.param]
 
 
@@ -321,8 +323,6 @@ def served_case(request):
 def served(served_case, tmp_path_factory):
     """The model of `served_case` and its SavedModel's signatures, exported once for the
     tests of that case."""
-    if keras.backend.backend() != "tensorflow":
-        pytest.skip("the SavedModel export runs on Keras' TensorFlow backend")
     import tensorflow as tf
 
     from keras_vit.deploy import export
