@@ -3,7 +3,7 @@ useful tokens per step, images per second of the whole training loop and the tim
 takes, on each engine.
 
     python benchmarks/native_packing.py                       # 60 steps each, both engines
-    python benchmarks/native_packing.py --steps=200 --engines=jax
+    python benchmarks/native_packing.py --steps=200 --engines=jax --rounds=3
 
 Three runs of configs/native_aspect.py per engine, the same 128 images a step, each image's budget
 drawn from 16 to 64 patches (`config.native_min_patches`): "packed" (40 sequences of 128 patches),
@@ -11,8 +11,11 @@ drawn from 16 to 64 patches (`config.native_min_patches`): "packed" (40 sequence
 squashed to 32x32, 64 patches). Useful tokens are the patches of images over the tokens the
 model runs, trained the share of the step's images that found a place (the same for both
 engines: one input pipeline); images per second is the median of the loop's own rate
-(`metrics.jsonl`) after the compiling loop, times that share. Extra `--config.FIELD=VALUE` flags
-after `--` go to every run (the test runs it on the fake data that way).
+(`metrics.jsonl`) after the compiling loop, times that share; with `--rounds`, the three runs
+take turns that many times, and the table gives each layout's median rate and the median of the
+rounds' own ratios to padding (a shared machine's load shifts neighbouring runs together). Extra
+`--config.FIELD=VALUE` flags after `--` go to every run (the test runs it on the fake data that
+way). On JAX a native run reads through Grain unless `--config.input_pipeline=tf.data`.
 
     python benchmarks/native_packing.py --step_only           # the step and the input apart
 
@@ -311,6 +314,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=60, help="steps of each run")
     parser.add_argument("--engines", default="tensorflow,jax", help="Keras backends to run")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs of the three layouts in turn, on each engine (medians)")
     parser.add_argument("--step_only", action="store_true",
                         help="the step alone and the input alone, not the whole loop")
     parser.add_argument("--step_batches", type=int, default=10,
@@ -344,12 +349,15 @@ def main():
               "vs padded |")
         print("|---|---|---|---|---|---|---|")
         for engine in args.engines.split(","):
-            rates = {mode: images_per_second(mode, engine, args.steps, args.extra)
-                     * tokens[mode][1] for mode in MODES}
-            for mode, rate in rates.items():
+            rounds = [{mode: images_per_second(mode, engine, args.steps, args.extra)
+                       * tokens[mode][1] for mode in MODES} for _ in range(args.rounds)]
+            for mode in MODES:
                 useful, trained = tokens[mode]
+                rate = statistics.median(found[mode] for found in rounds)
+                # Against padding: the median of the rounds' own ratios (neighbours in time).
+                ratio = statistics.median(found[mode] / found["padded"] for found in rounds)
                 print(f"| {engine} | {mode} | {useful:.1%} | {trained:.1%} | {rate:.0f} | "
-                      f"{60_000 / rate / 60:.1f} min | {rate / rates['padded']:.2f}x |")
+                      f"{60_000 / rate / 60:.1f} min | {ratio:.2f}x |")
     print(f"load average (1 min) at the end: {os.getloadavg()[0]:.1f}")
 
 
