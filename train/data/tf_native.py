@@ -34,40 +34,66 @@ def with_budgets(examples, seed, plan):
 # Images whose budget searches run as one: the search's 24 float64 steps are some 300
 # TensorFlow ops, whose cost is per op, not per element. Searched one image at a time they took
 # a third of the padded pipeline's CPU time (585 against 397 us an image, 2 loaded AMD EPYC
-# cores).
+# cores). A chunk holds its images' own pixels (`_held`), at most 64 decoded images.
 SEARCH_CHUNK = 64
 # What `pending` gives (and `sized`'s search adds) beside the caller's own items.
 PENDING = ("image", "shape", "label", "budget", "size")
+_ANY_IMAGE = (-1, -1, 3)  # a TensorList's element shape: uint8 [height, width, 3]
 
 
 def pending(image, label, plan, budget=None, **extra):
-    """One image (uint8 `[height, width, 3]`) and its `label` (and `extra` items, kept) waiting
-    for `sized` to find its size within its `budget` (default the plan's whole budget)."""
+    """One image (uint8 `[height, width, 3]`, `_held`) and its `label` (and `extra` items,
+    kept) waiting for `sized` to find its size within its `budget` (default the plan's whole
+    budget)."""
     budget = plan.max_patches if budget is None else budget
-    return dict(extra, image=image, shape=tf.shape(image)[:2], label=label,
+    return dict(extra, image=_held(image), shape=tf.shape(image)[:2], label=label,
                 budget=tf.cast(budget, tf.int32))
 
 
-def sized(examples, plan):
-    """`pending` examples as `example`'s arrays (their extra items kept): each image's size
-    for its budget searched a chunk of images at a time (`image_sizes_for_budget_tf` on
-    vectors: the same float64 steps, so the same sizes), then each image resized and cut
-    alone."""
+def _held(image):
+    """`image` as a scalar (a TensorList of it, tf.variant) that batches as a reference to its
+    own buffer: a chunk of images of any shapes, none padded (padded to the largest, a chunk of
+    64 photos took gigabytes) nor copied (serialized to a string instead, a 12-MP photo took
+    +45% CPU time)."""
+    empty = tf.raw_ops.EmptyTensorList(element_shape=tf.constant(_ANY_IMAGE),
+                                       max_num_elements=1, element_dtype=tf.uint8)
+    return tf.raw_ops.TensorListPushBack(input_handle=empty, tensor=image)
+
+
+def _unheld(held):
+    """The image `_held` holds."""
+    image = tf.raw_ops.TensorListGetItem(input_handle=held, index=0,
+                                         element_shape=tf.constant(_ANY_IMAGE),
+                                         element_dtype=tf.uint8)
+    return tf.ensure_shape(image, [None, None, 3])
+
+
+def searched(examples, plan):
+    """`pending` examples in chunks of `SEARCH_CHUNK`, with each image's size for its budget
+    (`size`) found for the whole chunk at once (`image_sizes_for_budget_tf` on vectors: the same
+    float64 steps, so the same sizes). The images stay `_held`: a chunk has no pixel array."""
     def search(chunk):
         heights, widths = native.image_sizes_for_budget_tf(
             chunk["shape"][:, 0], chunk["shape"][:, 1], plan.patch_size, chunk["budget"])
         return dict(chunk, size=tf.stack([heights, widths], axis=1))
 
+    return examples.batch(SEARCH_CHUNK).map(search, num_parallel_calls=tf.data.AUTOTUNE,
+                                            deterministic=True)
+
+
+def sized(examples, plan):
+    """`pending` examples as `example`'s arrays (their extra items kept): each image's size
+    for its budget `searched` a chunk of images at a time, then each image resized and cut
+    alone."""
     def cut(item):
         extra = {name: value for name, value in item.items() if name not in PENDING}
-        shape, size = item["shape"], item["size"]
-        image = item["image"][:shape[0], :shape[1]]  # (the chunk padded it)
-        patches, grid = processor.resized_patches_tf(image, size[0], size[1], plan.patch_size)
+        size = item["size"]
+        patches, grid = processor.resized_patches_tf(_unheld(item["image"]), size[0], size[1],
+                                                     plan.patch_size)
         return dict(extra, **_padded(patches, grid, item["label"], plan))
 
-    chunks = examples.padded_batch(SEARCH_CHUNK).map(search, num_parallel_calls=tf.data.AUTOTUNE,
-                                                     deterministic=True)
-    return chunks.unbatch().map(cut, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return searched(examples, plan).unbatch().map(cut, num_parallel_calls=tf.data.AUTOTUNE,
+                                                  deterministic=True)
 
 
 def example(image, label, plan, budget=None):
