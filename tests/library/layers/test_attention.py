@@ -221,3 +221,41 @@ def _tf_gradients(function, *inputs):
         tape.watch(inputs)
         loss = tf.reduce_sum(function(*inputs) ** 2)
     return tape.gradient(loss, inputs)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+def test_only_masked_float32_attention_without_its_weights_normalises_after_the_sum(
+        dtype, monkeypatch):
+    """The layer divides after the weighted sum only for masked float32 attention whose weights
+    are neither asked for nor dropped out: then its output is the weights' path's (softmax)
+    within float32 rounding, a fully masked query's included. Mixed bfloat16 keeps the softmax
+    (the same output as that path, bit for bit); fused attention never takes it."""
+    taken = []
+
+    def spy(logits, value):
+        taken.append(keras.backend.standardize_dtype(logits.dtype))
+        return attention.weighted_then_normalised.__wrapped__(logits, value)
+
+    spy.__wrapped__ = attention.weighted_then_normalised
+    monkeypatch.setattr(attention, "weighted_then_normalised", spy)
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(2, 7, 8)).astype("float32")
+    mask = rng.uniform(size=(2, 7, 7)) < 0.6  # each query's keys, as packing gives them
+    mask[..., 0] = True
+    mask[1, 5] = False  # a query that sees no key
+    layer = attention.MultiHeadSelfAttention(2, dropout=0.1, attention_impl="explicit",
+                                             dtype=dtype)
+    output = layer(x, attention_mask=mask)
+    assert taken == (["float32"] if dtype == "float32" else [])
+    through_weights, weights = layer(x, attention_mask=mask, return_attention_scores=True)
+    assert not np.isnan(to_np(output)).any()
+    np.testing.assert_allclose(to_np(weights)[1, :, 5], 1 / 7, rtol=1e-2)  # sees every key
+    if dtype == "float32":
+        assert relative_error(output, through_weights) < 1e-6
+    else:
+        np.testing.assert_array_equal(to_np(output), to_np(through_weights))
+    taken.clear()
+    layer(x, attention_mask=mask, training=True)  # weights dropped out: the softmax
+    fused = attention.MultiHeadSelfAttention(2, attention_impl="fused", dtype=dtype)
+    fused(x, attention_mask=mask)
+    assert taken == []
