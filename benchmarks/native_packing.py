@@ -34,6 +34,16 @@ tracings) and, on JAX, the compiled step's memory
 XLA's count of its FLOPs. The input alone: each layout's tf.data pipeline with nothing else
 running, images per second and CPU time an image (medians of 3 interleaved reads of batches 3
 to 12 of a fresh pipeline).
+
+    python benchmarks/native_packing.py --step_only --with_input   # the loop, interleaved
+
+`--with_input` has each step read its layout's live tf.data pipeline instead of the cached
+batches (on JAX too: the engine's tf.data path, batches put on the device as it does): the
+loop's input and step together, without its evaluation and logging, and the layouts' runs
+interleaved in one process as above, so a shared machine's load falls on all three alike
+where the whole loop's separate runs each meet their own (and the CPU time counts the input's
+threads too). Each timed run follows 4 untimed steps of the same layout, which use up what its
+pipeline made while the others ran.
 """
 
 import argparse
@@ -157,20 +167,27 @@ def cached_batches(mode, extra, count):
 
 class JaxLayout:
     """The JAX engine's step (`JaxStep.train_step`) of one layout over its cached batches,
-    already on the device."""
+    already on the device, or as many from `source` (its live tf.data pipeline), each put on
+    the device as it comes."""
 
-    def __init__(self, config, classes, batches):
-        import jax
-
+    def __init__(self, config, classes, batches, source=None):
         from train.engines import jax_mesh, jax_step
 
         self.step = jax_step.JaxStep(config, classes, jax_mesh.make_distribution())
-        self.batches = [{name: jax.device_put(value, self.step.batch_sharding)
-                         for name, value in batch.items()} for batch in batches]
+        self.batches = [self._on_device(batch) for batch in batches]
         self.state = self.step.state
+        self.live = None if source is None else source.as_numpy_iterator()
 
-    def run(self):
-        for batch in self.batches:
+    def _on_device(self, batch):
+        import jax
+
+        return {name: jax.device_put(value, self.step.batch_sharding)
+                for name, value in batch.items()}
+
+    def run(self, steps):
+        batches = self.batches[:steps] if self.live is None else (
+            self._on_device(next(self.live)) for _ in range(steps))
+        for batch in batches:
             self.state, (loss, _) = self.step.train_step(self.state, batch)
         return float(loss)  # waits for the steps
 
@@ -186,9 +203,10 @@ class JaxLayout:
 
 class TFLayout:
     """The TensorFlow engine's compiled loop (`TFEngine.train_loop`) of one layout over its
-    cached batches, all of them in one call."""
+    cached batches, all of them in one call, or as many from `source` (its live tf.data
+    pipeline)."""
 
-    def __init__(self, config, classes, batches):
+    def __init__(self, config, classes, batches, source=None):
         import numpy as np
         import tensorflow as tf
 
@@ -196,12 +214,15 @@ class TFLayout:
 
         self.workdir = tempfile.TemporaryDirectory()
         self.engine = tf_engine.TFEngine(config, self.workdir.name, tf_strategy.make_strategy())
-        stacked = {name: np.stack([batch[name] for batch in batches]) for name in batches[0]}
-        self.iterator = iter(tf.data.Dataset.from_tensor_slices(stacked).repeat())
-        self.steps = tf.constant(len(batches))
+        if source is None:
+            stacked = {name: np.stack([batch[name] for batch in batches]) for name in batches[0]}
+            source = tf.data.Dataset.from_tensor_slices(stacked).repeat()
+        self.iterator = iter(source)
 
-    def run(self):
-        loss, _ = self.engine.train_loop(self.iterator, self.steps)
+    def run(self, steps):
+        import tensorflow as tf
+
+        loss, _ = self.engine.train_loop(self.iterator, tf.constant(steps))  # no new tracing
         return float(loss)
 
     def figures(self):
@@ -224,23 +245,31 @@ def compile_counter():
     return compiles
 
 
-def step_figures(step_batches, repeats, extra):
-    """In an engine's process: each layout's step alone on its cached batches (module
-    docstring), the layouts' runs interleaved."""
+# --with_input: steps of each run left untimed. A pipeline keeps making batches while the other
+# layouts run (its buffers: some 3 batches); timed at once, a run would count its predecessor's
+# input work and not its own.
+LIVE_WARM_STEPS = 4
+
+
+def step_figures(step_batches, repeats, extra, with_input=False):
+    """In an engine's process: each layout's step alone on its cached batches, or
+    `with_input` on its live tf.data pipeline (module docstring), the layouts' runs
+    interleaved."""
     import keras
 
     kind = JaxLayout if keras.config.backend() == "jax" else TFLayout
     compiles = compile_counter()
     layouts, results = {}, {}
 
-    def run(mode):  # counts the compilations of each layout's own runs
+    def run(mode, steps=step_batches):  # counts the compilations of each layout's own runs
         before = len(compiles)
-        layouts[mode].run()
+        layouts[mode].run(steps)
         results[mode]["compiles"] += len(compiles) - before
 
     for mode in MODES:
         config, classes, batches = cached_batches(mode, extra, step_batches)
-        layouts[mode] = kind(config, classes, batches)
+        source = training_input(mode, extra)[3] if with_input else None
+        layouts[mode] = kind(config, classes, batches, source)
         results[mode] = {"images": statistics.mean(trained_images(batch, config)
                                                    for batch in batches),
                          "tokens": tokens_a_step(batches[0], config), "seconds": [], "cpu": [],
@@ -250,6 +279,8 @@ def step_figures(step_batches, repeats, extra):
             run(mode)
     for _ in range(repeats):
         for mode in MODES:
+            if with_input:  # untimed: the batches its pipeline made while the others ran,
+                run(mode, LIVE_WARM_STEPS)  # and the others' refills, fall in these steps
             start, cpu = time.perf_counter(), time.process_time()
             run(mode)
             results[mode]["seconds"].append((time.perf_counter() - start) / step_batches)
@@ -276,11 +307,12 @@ def tokens_a_step(batch, config):
     return config.batch_size * (config.image_size // config.model.patch_size) ** 2
 
 
-def step_alone(engine, step_batches, repeats, extra):
+def step_alone(engine, step_batches, repeats, extra, with_input=False):
     """`step_figures` on `engine`, in a process of its own (the Keras backend is fixed per
     process)."""
     command = [sys.executable, os.path.abspath(__file__), "--child",
-               f"--step_batches={step_batches}", f"--repeats={repeats}", "--", *extra]
+               f"--step_batches={step_batches}", f"--repeats={repeats}",
+               *(["--with_input"] if with_input else []), "--", *extra]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
                             env=dict(os.environ, KERAS_BACKEND=engine))
     for line in result.stdout.splitlines():
@@ -322,28 +354,34 @@ def main():
                         help="--step_only: cached batches of each layout (a run's steps)")
     parser.add_argument("--repeats", type=int, default=7,
                         help="--step_only: interleaved runs of each layout")
+    parser.add_argument("--with_input", action="store_true",
+                        help="--step_only: each step reads its live tf.data pipeline")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("extra", nargs="*", help="--config.FIELD=VALUE for every run")
     args = parser.parse_args()
     if args.child:
-        print(STEP_REPLY + json.dumps(step_figures(args.step_batches, args.repeats, args.extra)))
+        print(STEP_REPLY + json.dumps(step_figures(args.step_batches, args.repeats, args.extra,
+                                                   args.with_input)))
         return
     print(machine.describe())
     print(f"load average (1 min) at the start: {os.getloadavg()[0]:.1f}")
     if args.step_only:
+        print("Each step reads its live tf.data pipeline (input and step, interleaved)."
+              if args.with_input else "Each step on cached batches (the step alone).")
         print("| engine | images | tokens a step | step | images/s | vs padded | CPU a step | "
               "CPU vs padded | compilations | temporaries | arguments | outputs | "
               "XLA GFLOP a step |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for engine in args.engines.split(","):
             print_step_table(engine, step_alone(engine, args.step_batches, args.repeats,
-                                                args.extra))
+                                                args.extra, args.with_input))
+    if args.step_only and not args.with_input:
         rates = input_alone(args.extra)
         print("| input alone (tf.data) | images/s | CPU an image | vs padded |")
         print("|---|---|---|---|")
         for mode, (rate, cpu) in rates.items():
             print(f"| {mode} | {rate:.0f} | {cpu:.0f} us | {rate / rates['padded'][0]:.2f}x |")
-    else:
+    elif not args.step_only:
         tokens = {mode: useful_tokens(mode, args.extra) for mode in MODES}
         print("| engine | images | useful tokens | trained | images/s | epoch of 60,000 | "
               "vs padded |")
@@ -354,10 +392,12 @@ def main():
             for mode in MODES:
                 useful, trained = tokens[mode]
                 rate = statistics.median(found[mode] for found in rounds)
-                # Against padding: the median of the rounds' own ratios (neighbours in time).
-                ratio = statistics.median(found[mode] / found["padded"] for found in rounds)
+                # Against padding: the median of the rounds' own ratios (neighbours in time),
+                # and their range (a shared machine's load moves them).
+                ratios = [found[mode] / found["padded"] for found in rounds]
+                spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(rounds) > 1 else ""
                 print(f"| {engine} | {mode} | {useful:.1%} | {trained:.1%} | {rate:.0f} | "
-                      f"{60_000 / rate / 60:.1f} min | {ratio:.2f}x |")
+                      f"{60_000 / rate / 60:.1f} min | {statistics.median(ratios):.2f}x{spread} |")
     print(f"load average (1 min) at the end: {os.getloadavg()[0]:.1f}")
 
 
