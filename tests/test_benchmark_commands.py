@@ -178,11 +178,14 @@ def test_the_largest_batch_is_predicted_from_two_plans_and_checked():
 @pytest.mark.processes
 def test_native_packing_benchmark_compares_the_three_layouts(fake_fmnist):
     """`benchmarks/native_packing.py` on the fake data: a row per layout, packing's useful
-    tokens above padding's."""
+    tokens above padding's; with --step_only, the step alone on JAX (one compilation per
+    layout, the compiled step's memory) and the input alone; with --with_input, the steps on
+    their live pipelines (TensorFlow)."""
+    fields = ["--", f"--config.data_dir={fake_fmnist.data_dir}", "--config.batch_size=32",
+              "--config.pack_sequences=10", "--config.eval_batch_size=50",
+              "--config.eval_split=test"]
     command = [sys.executable, "benchmarks/native_packing.py", "--steps=3",
-               "--engines=tensorflow", "--", f"--config.data_dir={fake_fmnist.data_dir}",
-               "--config.batch_size=32", "--config.pack_sequences=10",
-               "--config.eval_batch_size=50", "--config.eval_split=test"]
+               "--engines=tensorflow", *fields]
     result = subprocess.run(command, cwd=REPO, env=fake_fmnist.env(), capture_output=True,
                             text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -192,6 +195,35 @@ def test_native_packing_benchmark_compares_the_three_layouts(fake_fmnist):
     useful = {mode: float(row[2].rstrip("%")) for mode, row in rows.items()}
     assert useful["square"] == 100 and useful["packed"] > useful["padded"]
     assert rows["padded"][3] == "100.0%" and rows["padded"][6].strip() == "1.00x |"
+
+    command = [sys.executable, "benchmarks/native_packing.py", "--step_only", "--engines=jax",
+               "--step_batches=2", "--repeats=1", *fields]
+    result = subprocess.run(command, cwd=REPO, env=fake_fmnist.env(), capture_output=True,
+                            text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    steps = {line.split(" | ")[1]: line.split(" | ") for line in lines
+             if line.startswith("| jax |")}
+    assert sorted(steps) == ["packed", "padded", "square"]
+    assert steps["packed"][2] == "1,280" and steps["padded"][2] == "2,048"  # tokens a step
+    assert steps["padded"][5] == "1.00x"
+    assert all(row[8] == "1" and row[9].endswith(" MB") for row in steps.values())
+    inputs = [line for line in lines if line.startswith(("| packed |", "| padded |",
+                                                         "| square |"))]
+    assert len(inputs) == 3
+
+    command = [sys.executable, "benchmarks/native_packing.py", "--step_only", "--with_input",
+               "--engines=tensorflow", "--step_batches=2", "--repeats=1", *fields]
+    result = subprocess.run(command, cwd=REPO, env=fake_fmnist.env(), capture_output=True,
+                            text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert "Each step reads its live tf.data pipeline (input and step, interleaved)." in lines
+    steps = {line.split(" | ")[1]: line.split(" | ") for line in lines
+             if line.startswith("| tensorflow |")}
+    assert sorted(steps) == ["packed", "padded", "square"]
+    assert steps["padded"][5] == "1.00x" and all(row[8] == "1" for row in steps.values())
+    assert not any(line.startswith("| input alone") for line in lines)
 
 
 def test_native_aspect_study_evaluates_each_run_at_each_aspect(fake_fmnist, tmp_path):

@@ -245,8 +245,7 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patche
             seed = tf.stack([tf.constant(config.seed, tf.int64), position])
             if native is not None:
                 image = cropped(example["image"], seed, config.crop_min_area, config.flip, draws)
-                return tf_native.example(image, example["label"], native,
-                                         example.get("budget"))
+                return tf_native.pending(image, example["label"], native, example.get("budget"))
             image = preprocess_train(example["image"], seed, config.image_size,
                                      config.crop_min_area, config.flip, dtype, chosen, draws)
             example = {"image": image, "label": tf.cast(example["label"], tf.int32)}
@@ -258,6 +257,8 @@ def train_dataset_fn(builder, config, start_step=0, dtype=tf.float32, num_patche
 
         examples = examples.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE,
                                 deterministic=True)
+        if native is not None:
+            examples = tf_native.sized(examples, native)
         batches = examples.batch(per_replica, drop_remainder=True)
         if native is not None and native.mode == "packed":
             batches = batches.map(functools.partial(tf_native.packed, plan=native),
@@ -292,14 +293,16 @@ def eval_dataset_fn(builder, config, dtype=tf.float32, num_patches=None, native=
         def preprocess(example):
             seed = tf.stack([tf.constant(config.seed, tf.int64), example["id"]])
             if native is not None:  # each image alone, at the whole budget
-                return dict(tf_native.example(decode_image(example["image"]), example["label"],
-                                              native), mask=tf.constant(1.0))
+                return tf_native.pending(decode_image(example["image"]), example["label"],
+                                         native, mask=tf.constant(1.0))
             return with_corruption(
                 {"image": preprocess_eval(example["image"], config.image_size, dtype, resize),
                  "label": tf.cast(example["label"], tf.int32), "mask": tf.constant(1.0)},
                 seed, config, num_patches)
 
         examples = examples.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+        if native is not None:
+            examples = tf_native.sized(examples, native)
         blank = with_corruption(
             {"image": tf.zeros((config.image_size, config.image_size, 3), dtype),
              "label": tf.constant(0, tf.int32), "mask": tf.constant(0.0)},

@@ -177,3 +177,85 @@ def test_the_attention_kernel_is_chosen_on_a_built_model_and_left_out_of_its_fil
     with pytest.raises(TypeError, match="keras_vit.set_execution"):
         keras_vit.ViTConfig.from_variant("S/16", attention_impl="fused")
     assert "attention_impl" not in keras_vit.ViTConfig().to_dict()
+
+
+def test_masked_attention_normalising_after_the_sum_is_the_softmax_and_its_gradient():
+    """Masked attention (NaFlex's padding and packing) divides the weighted sum by the weights'
+    sum instead of normalising every weight: softmax(logits) @ values within float32 rounding,
+    gradients too, a fully masked query (padding) the mean of the values as before."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(scale=3.0, size=(2, 3, 6, 6)).astype("float32")
+    values = rng.normal(size=(2, 3, 6, 4)).astype("float32")
+    mask = rng.uniform(size=(2, 1, 6, 6)) < 0.6
+    mask[..., 0] = True  # every query but one sees a key
+    mask[1, :, 4] = False
+    masked = attention.masked_logits(keras.ops.convert_to_tensor(logits), mask)
+
+    def outputs(form, logits, values):
+        if form == "softmax":
+            return keras.ops.matmul(keras.ops.softmax(logits, axis=-1), values)
+        return attention.weighted_then_normalised(logits, values)
+
+    assert relative_error(outputs("after", masked, values),
+                          outputs("softmax", masked, values)) < 1e-6
+    padding = to_np(outputs("after", masked, values))[1, :, 4]
+    np.testing.assert_allclose(padding, values[1].mean(axis=1), rtol=1e-5, atol=1e-6)
+    gradients = {"jax": _jax_gradients, "tensorflow": _tf_gradients}.get(keras.backend.backend())
+    if gradients is not None:
+        for got, expected in zip(*(gradients(lambda x, v, form=form: outputs(form, x, v),
+                                             masked, values) for form in ("after", "softmax"))):
+            assert relative_error(got, expected) < 1e-5
+
+
+def _jax_gradients(function, *inputs):
+    import jax
+
+    return jax.grad(lambda *xs: (function(*xs) ** 2).sum(), argnums=(0, 1))(*inputs)
+
+
+def _tf_gradients(function, *inputs):
+    import tensorflow as tf
+
+    inputs = [tf.convert_to_tensor(x) for x in inputs]
+    with tf.GradientTape() as tape:
+        tape.watch(inputs)
+        loss = tf.reduce_sum(function(*inputs) ** 2)
+    return tape.gradient(loss, inputs)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+def test_only_masked_float32_attention_without_its_weights_normalises_after_the_sum(
+        dtype, monkeypatch):
+    """The layer divides after the weighted sum only for masked float32 attention whose weights
+    are neither asked for nor dropped out: then its output is the weights' path's (softmax)
+    within float32 rounding, a fully masked query's included. Mixed bfloat16 keeps the softmax
+    (the same output as that path, bit for bit); fused attention never takes it."""
+    taken = []
+
+    def spy(logits, value):
+        taken.append(keras.backend.standardize_dtype(logits.dtype))
+        return attention.weighted_then_normalised.__wrapped__(logits, value)
+
+    spy.__wrapped__ = attention.weighted_then_normalised
+    monkeypatch.setattr(attention, "weighted_then_normalised", spy)
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(2, 7, 8)).astype("float32")
+    mask = rng.uniform(size=(2, 7, 7)) < 0.6  # each query's keys, as packing gives them
+    mask[..., 0] = True
+    mask[1, 5] = False  # a query that sees no key
+    layer = attention.MultiHeadSelfAttention(2, dropout=0.1, attention_impl="explicit",
+                                             dtype=dtype)
+    output = layer(x, attention_mask=mask)
+    assert taken == (["float32"] if dtype == "float32" else [])
+    through_weights, weights = layer(x, attention_mask=mask, return_attention_scores=True)
+    assert not np.isnan(to_np(output)).any()
+    np.testing.assert_allclose(to_np(weights)[1, :, 5], 1 / 7, rtol=1e-2)  # sees every key
+    if dtype == "float32":
+        assert relative_error(output, through_weights) < 1e-6
+    else:
+        np.testing.assert_array_equal(to_np(output), to_np(through_weights))
+    taken.clear()
+    layer(x, attention_mask=mask, training=True)  # weights dropped out: the softmax
+    fused = attention.MultiHeadSelfAttention(2, attention_impl="fused", dtype=dtype)
+    fused(x, attention_mask=mask)
+    assert taken == []

@@ -258,6 +258,61 @@ def test_pack_fills_each_sequence_in_order_and_marks_every_patch():
     assert (packed["segment_ids"][1, used:] == 0).all()
 
 
+def _packed_one_by_one(patches, grids, sequence_length, max_images, sequences):
+    """pack_patches as it was written first: first fit, then a few NumPy calls per image."""
+    placed, used = [], []
+    for index, (rows, columns) in enumerate(grids):
+        count = rows * columns
+        row = next((row for row in range(len(placed)) if len(placed[row]) < max_images
+                    and used[row] + count <= sequence_length), None)
+        if row is None and (sequences is None or len(placed) < sequences):
+            row = len(placed)
+            placed.append([])
+            used.append(0)
+        if row is not None:
+            placed[row].append(index)
+            used[row] += count
+    placed += [[] for _ in range((sequences or 0) - len(placed))]
+    arrays = {"pixel_values": np.zeros((len(placed), sequence_length, 5), np.float32),
+              "segment_ids": np.zeros((len(placed), sequence_length), np.int32),
+              "patch_coords": np.zeros((len(placed), sequence_length, 2), np.int32),
+              "spatial_shapes": np.zeros((len(placed), max_images, 2), np.int32),
+              "image_index": np.full((len(placed), max_images), -1, np.int32)}
+    for row, indices in enumerate(placed):
+        start = 0
+        for slot, index in enumerate(indices):
+            rows, columns = grids[index]
+            end = start + rows * columns
+            arrays["pixel_values"][row, start:end] = patches[index][:rows * columns]
+            arrays["segment_ids"][row, start:end] = slot + 1
+            arrays["patch_coords"][row, start:end] = [[r, c] for r in range(rows)
+                                                      for c in range(columns)]
+            arrays["spatial_shapes"][row, slot] = (rows, columns)
+            arrays["image_index"][row, slot] = index
+            start = end
+    return arrays
+
+
+def test_pack_patches_places_every_patch_as_one_image_at_a_time_does():
+    """The packer scatters all patches at once: the arrays of placing them one image at a
+    time, for random grids, budgets, slots and sequence counts (some images left out)."""
+    rng = np.random.default_rng(1)
+    for trial in range(60):
+        length = int(rng.choice([16, 40, 64]))
+        grids = [(int(rng.integers(1, 5)), int(rng.integers(1, 5)))
+                 for _ in range(int(rng.integers(1, 30)))]
+        patches = [rng.normal(size=(rows * columns + int(rng.integers(0, 3)), 5)).astype(
+            np.float32) for rows, columns in grids]
+        max_images, sequences = int(rng.integers(1, 6)), [None, int(rng.integers(1, 8))][trial % 2]
+        got = native.pack_patches(patches, grids, length, max_images, sequences)
+        expected = _packed_one_by_one(patches, grids, length, max_images, sequences)
+        for name, value in expected.items():
+            assert got[name].dtype == value.dtype and got[name].shape == value.shape, name
+            np.testing.assert_array_equal(got[name], value, f"{name}, trial {trial}")
+    with pytest.raises(ValueError, match="An image of 20 patches fits no sequence of 16"):
+        native.pack_patches([np.zeros((20, 5))], [(4, 5)], 16, 2)
+
+
 def test_packed_inputs_are_checked_at_the_boundary():
     packed = native.pack(IMAGES, PATCH, 16, sequence_length=32, max_images=2)
     with pytest.raises(ValueError, match="has prefix tokens"):

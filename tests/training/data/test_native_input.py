@@ -120,6 +120,88 @@ def test_packed_batches_resume_exactly_and_hold_the_padded_batches_images(native
     assert useful / (6 * 12 * 98) > 0.7
 
 
+def test_sizes_searched_a_chunk_at_a_time_give_each_image_its_own_arrays():
+    """tf_native.sized (the budget search over a chunk of images at once, then each image cut)
+    gives every image, bit for bit, what tf_native.example gives it alone: over a chunk
+    boundary, with drawn and whole budgets and extra items kept."""
+    from train.data import tf_native
+
+    plan = native_input.Plan(mode="padded", patch_size=4, max_patches=49, min_patches=12,
+                             sequence_length=98, images_per_sequence=4, sequences=12,
+                             global_images=32)
+    rng = np.random.default_rng(3)
+    count = tf_native.SEARCH_CHUNK + 5
+    images = [rng.integers(0, 256, (int(rng.integers(3, 90)), int(rng.integers(3, 90)), 3),
+                           dtype=np.uint8) for _ in range(count)]
+    budgets = rng.integers(plan.min_patches, plan.max_patches + 1, count).astype(np.int32)
+    budgets[::7] = -1  # -1: the plan's whole budget (no budget given)
+
+    def pending(index):
+        image = tf.numpy_function(lambda i: images[i], [index], tf.uint8, stateful=False)
+        image = tf.ensure_shape(image, [None, None, 3])
+        budget = tf.gather(budgets, index)
+        given = tf.where(budget < 0, plan.max_patches, budget)
+        return tf_native.pending(image, index, plan, given, mask=tf.constant(1.0))
+
+    found = list(tf_native.sized(tf.data.Dataset.range(count).map(pending), plan)
+                 .as_numpy_iterator())
+    assert len(found) == count
+    for index, item in enumerate(found):
+        budget = None if budgets[index] < 0 else int(budgets[index])
+        alone = tf_native.example(tf.constant(images[index]), index, plan, budget)
+        assert sorted(item) == sorted([*alone, "mask"]) and item["mask"] == 1.0
+        for name, value in alone.items():
+            np.testing.assert_array_equal(item[name], value.numpy(), f"{name} of {index}")
+
+
+def _peak_memory_reset():
+    """Resets this process's peak resident memory (Linux's VmHWM); skips where it cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+    except OSError as error:
+        pytest.skip(f"the peak memory cannot be reset here: {error}")
+
+
+def _peak_memory():
+    """This process's peak resident memory in bytes since it started or was reset."""
+    with open("/proc/self/status") as handle:
+        line = next(line for line in handle if line.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024  # VmHWM is in kB
+
+
+def test_a_chunk_of_a_wide_and_a_tall_image_holds_no_padded_pixels():
+    """The budget search's chunk holds each image as it is: a 1x12,000 and a 12,000x1 image
+    (36 kB each) padded to the largest would be a 12,000x12,000 chunk (864 MB). The chunk has
+    no pixel array, the process's peak memory rises by far less than that, and both images get
+    what tf_native.example gives each alone."""
+    from train.data import tf_native
+
+    plan = native_input.Plan(mode="padded", patch_size=4, max_patches=49, min_patches=49,
+                             sequence_length=98, images_per_sequence=4, sequences=12,
+                             global_images=32)
+    rng = np.random.default_rng(5)
+    images = [rng.integers(0, 256, shape, dtype=np.uint8)
+              for shape in [(1, 12_000, 3), (12_000, 1, 3), (30, 40, 3)]]
+
+    def pending_stream(images):
+        return tf.data.Dataset.from_generator(
+            lambda: iter(images), output_signature=tf.TensorSpec([None, None, 3], tf.uint8)
+        ).map(lambda image: tf_native.pending(image, 0, plan))
+
+    spec = tf_native.searched(pending_stream(images), plan).element_spec
+    assert all(len(component.shape) <= 2 for component in spec.values()), spec  # [chunk, ...]
+    list(tf_native.sized(pending_stream(images[2:]), plan))  # traced and warm: not in the peak
+    _peak_memory_reset()
+    start = _peak_memory()
+    found = list(tf_native.sized(pending_stream(images), plan).as_numpy_iterator())
+    rise = _peak_memory() - start
+    assert rise < 200 * 2**20, f"peak memory +{rise / 2**20:.0f} MB: the chunk was padded"
+    for image, item in zip(images, found, strict=True):
+        for name, value in tf_native.example(tf.constant(image), 0, plan).items():
+            np.testing.assert_array_equal(item[name], value.numpy(), name)
+
+
 def test_evaluation_sees_each_image_alone_at_the_whole_budget(native_builder, fake_fmnist):
     config = tiny_config(fake_fmnist, **NATIVE, native="packed")
     plan = objectives.make(config, 10).native
