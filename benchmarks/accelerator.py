@@ -278,7 +278,7 @@ def main():
     rows = measured["rows"] + in_child(setup_name, "timm", measured["batch"])
     peak = measured["peak"]
     print(f"{measured['device']}, bfloat16 matmul peak measured {peak / 1e12:.1f} TFLOP/s")
-    print(f"\n| contender | batch | training images/s | training MFU | inference images/s |")
+    print("\n| contender | batch | training images/s | training MFU | inference images/s |")
     print("|---|---|---|---|---|")
     for name, batch, train, infer in rows:
         mfu = f"{train * measured['training_flops'] / peak:.1%}" if train else "-"
