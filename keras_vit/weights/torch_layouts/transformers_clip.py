@@ -102,13 +102,19 @@ def from_arrays(arrays, spec):
 
 
 def vision_tower(config, state, projection):
-    """A whole CLIPModel's image encoder (`transformers_common.vision_model`); with
-    `projection`, with its projection to the joint embedding, as
-    CLIPVisionModelWithProjection's files (`vision_model.`, `visual_projection`)."""
+    """A whole CLIPModel's image encoder (`image_encoder`)."""
     if config.get("model_type") != "clip":
         return None
+    return image_encoder(config, state, projection, "CLIPVisionModel")
+
+
+def image_encoder(config, state, projection, tower):
+    """The image encoder of a whole model of CLIP's layout (CLIPModel, MetaClip2Model) as its
+    `tower` class's files (`transformers_common.vision_model`); with `projection`, with its
+    projection to the joint embedding, as `tower`WithProjection's (`vision_model.`,
+    `visual_projection`)."""
     if not projection:
-        return transformers_common.vision_model(config, state, "CLIPVisionModel")
+        return transformers_common.vision_model(config, state, tower)
     kept = {key: value for key, value in state.items()
             if key.startswith("vision_model.") or key == "visual_projection.weight"}
     tensor(state, "visual_projection.weight", "transformers")
@@ -117,8 +123,8 @@ def vision_tower(config, state, projection):
                 (config.get("architectures") or [config["model_type"]])[0],
                 ", ".join(sorted({key.split(".")[0] for key in state if key not in kept})))
     vision_config = {**(config.get("vision_config") or {}),
-                     "architectures": ["CLIPVisionModelWithProjection"],
-                     "model_type": "clip_vision_model",
+                     "architectures": [tower + "WithProjection"],
+                     "model_type": f"{config['model_type']}_vision_model",
                      "projection_dim": config.get("projection_dim", 512)}
     return vision_config, kept
 

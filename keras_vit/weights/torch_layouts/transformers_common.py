@@ -1,5 +1,5 @@
 """What transformers' families share: its activations' names, `ViTModel`'s layout (on which
-DeiT, DINOv2, ViT-MSN and ViT-MAE are built) with its config.json, and the layout of the vision
+DeiT, DINOv2, ViT-MSN, ViT-MAE and I-JEPA are built) with its config.json, and the layout of the vision
 towers of its image-text models (CLIP's and SigLIP's). Pure NumPy.
 
 `ViTModel` / `ViTForImageClassification` files keep separate query, key and value Linear layers
@@ -65,8 +65,9 @@ def vit_pairs(spec, prefix, names, heads):
     Linear layers, outside the encoder."""
     stem = [("embedding/kernel", "embeddings.patch_embeddings.projection.weight", "conv"),
             ("embedding/bias", "embeddings.patch_embeddings.projection.bias", "copy"),
-            ("cls", "embeddings.cls_token", "copy"),
             (common.POSITIONS, "embeddings.position_embeddings", "copy")]
+    if spec.class_token:  # I-JEPA's has none
+        stem.append(("cls", "embeddings.cls_token", "copy"))
     if spec.distillation_token:
         stem.append(("dist", "embeddings.distillation_token", "copy"))
     if spec.num_register_tokens:
