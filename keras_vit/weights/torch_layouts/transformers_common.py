@@ -138,8 +138,11 @@ def check_vit(spec, family):
         raise LayoutError(f"transformers' {family} has no {', '.join(later)} (options of later "
                           "ViTs); save this model for timm (format='timm').")
     if spec.classifier != "token":
+        ijepa = (" (the mean of the patch tokens without a class token is its I-JEPA's)"
+                 if spec.classifier == "gap" else "")
         raise LayoutError("transformers' ViT classifies from the class token; a model pooled "
-                          f"otherwise (classifier={spec.classifier!r}) has no equivalent there.")
+                          f"otherwise (classifier={spec.classifier!r}) has no equivalent "
+                          f"there{ijepa}.")
     if spec.include_top and spec.representation_size is not None:
         raise LayoutError("transformers' ViTForImageClassification has no pre_logits layer "
                           "before its head; save a model without representation_size.")
