@@ -1,6 +1,6 @@
 """What transformers' families share: its activations' names, `ViTModel`'s layout (on which
-DeiT, DINOv2, ViT-MSN, ViT-MAE and I-JEPA are built) with its config.json, and the layout of the vision
-towers of its image-text models (CLIP's and SigLIP's). Pure NumPy.
+DeiT, DINOv2, ViT-MSN, ViT-MAE and I-JEPA are built) with its config.json, and the layout of
+the vision towers of its image-text models (CLIP's, MetaCLIP 2's and SigLIP's). Pure NumPy.
 
 `ViTModel` / `ViTForImageClassification` files keep separate query, key and value Linear layers
 under `vit.encoder.layer.N.attention.attention.*` (no `vit.` prefix for a saved `ViTModel`,
@@ -236,10 +236,13 @@ def tower_config(spec, family, architecture, head):
             "attention_dropout": spec.attention_dropout}
 
 
-def vision_model(config, state, tower):
+def vision_model(config, state, tower, projection=False):
     """`(config, state)` of the vision tower (`vision_model.`) of an image-text model's files,
     as its `tower` class's, the text tower and the contrastive parameters dropped with a log
-    line."""
+    line; with `projection`, with its `visual_projection` (CLIP's and MetaCLIP 2's projection
+    to the joint embedding), as `tower`WithProjection's files."""
+    if projection:
+        return _projected_vision_model(config, state, tower)
     vision = {key[len("vision_model."):]: value for key, value in state.items()
               if key.startswith("vision_model.")}
     dropped = sorted(key for key in state if not key.startswith("vision_model."))
@@ -255,6 +258,40 @@ def vision_model(config, state, tower):
     vision_config = {**(config.get("vision_config") or {}), "architectures": [tower],
                      "model_type": f"{config['model_type']}_vision_model"}
     return vision_config, vision
+
+
+def _projected_vision_model(config, state, tower):
+    """`vision_model` with the projection: the weights kept under their names, as
+    `tower`WithProjection holds them (`vision_model.`, `visual_projection`)."""
+    kept = {key: value for key, value in state.items()
+            if key.startswith("vision_model.") or key == "visual_projection.weight"}
+    tensor(state, "visual_projection.weight", "transformers")
+    logger.info("Loaded the vision tower (vision_model.) and visual_projection of "
+                "transformers' %s and left out %s: the output is its image_embeds.",
+                (config.get("architectures") or [config["model_type"]])[0],
+                ", ".join(sorted({key.split(".")[0] for key in state if key not in kept})))
+    vision_config = {**(config.get("vision_config") or {}),
+                     "architectures": [tower + "WithProjection"],
+                     "model_type": f"{config['model_type']}_vision_model",
+                     "projection_dim": config.get("projection_dim", 512)}
+    return vision_config, kept
+
+
+def clip_spec(config, state, prefix):
+    """The `ViTConfig` of CLIP's (and MetaCLIP 2's, the same layout) vision `config.json`, its
+    tower's weights under `prefix`: no head, the output its `pooler_output`, the class token,
+    normed; a tower under `vision_model.` (CLIPVisionModelWithProjection's) with its
+    visual_projection as the head (of projection_dim classes, a zero bias), the output its
+    image_embeds."""
+    act = check_activation(config.get("hidden_act", "quick_gelu"))
+    patch = config.get("patch_size", 32)
+    image_size = tower_patches(config, state, prefix, patch, 1)
+    top = dict(include_top=False, num_classes=1)
+    if prefix:  # ...WithProjection's visual_projection
+        top = dict(include_top=True, num_classes=int(
+            tensor(state, "visual_projection.weight", "transformers").shape[0]))
+    return tower_spec(config, patch, image_size, act, 1e-5, **top, pre_norm=True,
+                      classifier="token", final_norm="pooled")
 
 
 def siglip_spec(config, state):

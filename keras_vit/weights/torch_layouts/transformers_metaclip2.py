@@ -4,33 +4,31 @@
 MetaCLIP 2 (Chuang et al., "Meta CLIP 2: A Worldwide Scaling Recipe", 2025) trains OpenAI CLIP's
 architecture on worldwide image-text pairs. transformers' `models/metaclip_2/
 modular_metaclip_2.py` builds its classes from CLIP's: the same weight names, config fields and
-defaults (quick GELU, epsilon 1e-5), so its files are read as CLIP's (`transformers_clip`)
-under other class names. A model of those options is written as `CLIPVisionModel` (or
-`CLIPVisionModelWithProjection`), the same computation; this family only reads.
+defaults (quick GELU, epsilon 1e-5), so its files are read as CLIP's are
+(`transformers_common.clip_spec`, `vision_model`) under other class names. A model of those
+options is written as `CLIPVisionModel` (or `CLIPVisionModelWithProjection`), the same
+computation; this family only reads.
 """
 
-from keras_vit.weights.torch_layouts import transformers_clip
+from keras_vit.weights.torch_layouts import transformers_common
 from keras_vit.weights.torch_layouts.family import Family
 
 # Its classes -> the prefix of their encoder's weights.
 CLASSES = {"MetaClip2VisionModel": "", "MetaClip2VisionModelWithProjection": "vision_model."}
-# Each class -> CLIP's class of the same layout.
-_AS_CLIP = {"MetaClip2VisionModel": "CLIPVisionModel",
-            "MetaClip2VisionModelWithProjection": "CLIPVisionModelWithProjection"}
 
 
 def spec_from_config(config, state, architecture):
-    """The `ViTConfig` of MetaCLIP 2's vision `config.json`: CLIP's class of its layout's
-    (`transformers_clip.spec_from_config`)."""
-    return transformers_clip.spec_from_config(config, state, _AS_CLIP[architecture])
+    """The `ViTConfig` of MetaCLIP 2's vision `config.json`, as CLIP's
+    (`transformers_common.clip_spec`)."""
+    return transformers_common.clip_spec(config, state, CLASSES[architecture])
 
 
 def vision_tower(config, state, projection):
     """A whole MetaClip2Model's image encoder, with its visual_projection where `projection`
-    (`transformers_clip.image_encoder`)."""
+    (`transformers_common.vision_model`)."""
     if config.get("model_type") != "metaclip_2":
         return None
-    return transformers_clip.image_encoder(config, state, projection, "MetaClip2VisionModel")
+    return transformers_common.vision_model(config, state, "MetaClip2VisionModel", projection)
 
 
 FAMILY = Family(name="MetaCLIP 2", library="transformers", classes=CLASSES,
