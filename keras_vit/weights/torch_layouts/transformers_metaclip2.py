@@ -15,6 +15,16 @@ from keras_vit.weights.torch_layouts.family import Family
 
 # Its classes -> the prefix of their encoder's weights.
 CLASSES = {"MetaClip2VisionModel": "", "MetaClip2VisionModelWithProjection": "vision_model."}
+# Its classes keras_vit does not read, with why. (A whole model's files hold its classifier's
+# tower too: loading that alone would drop the head the files are for.)
+REFUSED = {
+    "MetaClip2ForImageClassification": "its classifier reads the mean of the patch tokens "
+                                       "before any norm, the class token left out (keras_vit's "
+                                       "classifier 'gap' with class_token=True, pre_norm=True "
+                                       "and final_norm 'none'), which keras_vit does not map to "
+                                       "its files yet; the vision tower alone loads from "
+                                       "MetaClip2VisionModel's or MetaClip2Model's files",
+}
 
 
 def spec_from_config(config, state, architecture):
@@ -26,7 +36,8 @@ def spec_from_config(config, state, architecture):
 def vision_tower(config, state, projection):
     """A whole MetaClip2Model's image encoder, with its visual_projection where `projection`
     (`transformers_common.vision_model`)."""
-    if config.get("model_type") != "metaclip_2":
+    architecture = (config.get("architectures") or [None])[0]
+    if config.get("model_type") != "metaclip_2" or architecture in REFUSED:
         return None
     return transformers_common.vision_model(config, state, "MetaClip2VisionModel", projection)
 
@@ -34,4 +45,4 @@ def vision_tower(config, state, projection):
 FAMILY = Family(name="MetaCLIP 2", library="transformers", classes=CLASSES,
                 model_types={"metaclip_2_vision_model": "MetaClip2VisionModel",
                              "metaclip_2": "MetaClip2Model"},
-                vision_tower=vision_tower, spec_from_config=spec_from_config)
+                refuses=REFUSED, vision_tower=vision_tower, spec_from_config=spec_from_config)

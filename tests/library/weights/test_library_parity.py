@@ -520,6 +520,17 @@ def test_a_whole_clip_model_with_include_top_keeps_its_projection(tmp_path, fami
     assert not tower_alone.spec.include_top
 
 
+def test_metaclip_2s_classifier_is_refused_naming_why(tmp_path):
+    """MetaClip2ForImageClassification holds a whole tower, but its head reads the unnormed
+    patch tokens' mean: refused, not loaded as the tower without its head."""
+    transformers.MetaClip2ForImageClassification(transformers.MetaClip2Config(
+        vision_config=TOWER_SIZES, text_config=TEXT_SIZES, num_labels=3)).save_pretrained(tmp_path)
+    with pytest.raises(LayoutError, match="MetaClip2ForImageClassification has no keras_vit "
+                                          "equivalent yet: its classifier reads the mean of the "
+                                          "patch tokens before any norm"):
+        keras_vit.from_pretrained(str(tmp_path))
+
+
 def test_clip_options_it_lacks_are_refused_when_saving(tmp_path):
     theirs, _ = tower("clip", False)
     theirs.save_pretrained(tmp_path / "theirs")
