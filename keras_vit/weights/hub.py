@@ -134,8 +134,10 @@ def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, preprocess
     `Dinov2WithRegistersModel`) its `pooler_output`, the final LayerNorm's class token, their
     `...ForImageClassification` their logits (classifier "token_gap");
     `CLIPVisionModelWithProjection` its `image_embeds` (the projection as the head);
-    `CLIPVisionModel` and `SiglipVisionModel` (and the vision tower of `CLIPModel` and
-    `SiglipModel`, the rest left out with a log line) their `pooler_output`.
+    `CLIPVisionModel`, `MetaClip2VisionModel` and `SiglipVisionModel` (and the vision tower of
+    `CLIPModel`, `MetaClip2Model` and `SiglipModel`, the rest left out with a log line) their
+    `pooler_output`; `IJepaModel` the mean of its `last_hidden_state` (classifier "gap"
+    without a class token), its `IJepaForImageClassification` its logits.
     DeiT's distilled models (timm's `VisionTransformerDistilled`, transformers'
     `DeiTForImageClassificationWithTeacher`) give the mean of their two heads' logits, as both
     libraries evaluate them;
@@ -411,8 +413,9 @@ def save_pretrained(model, directory, format="transformers"):
     a new `directory`, which `transformers.AutoModel...from_pretrained(directory)` or
     `timm.create_model("local-dir:" + directory, pretrained=True)` loads with equal outputs.
     The directory appears complete or not at all. What the library cannot express (a hybrid,
-    relative or 2-D position embeddings; for transformers GAP, attention pooling, registers,
-    LayerScale without DINOv2's form and timm's other options; pre_logits with a head) is a
+    relative or 2-D position embeddings; for transformers GAP beside a class token, attention
+    pooling, registers, LayerScale without DINOv2's form and timm's other options; pre_logits
+    with a head) is a
     `LayoutError` naming it, before anything is written. A model with DeiT's distillation token
     is written as timm's `VisionTransformerDistilled` or transformers'
     `DeiTForImageClassificationWithTeacher`; for transformers, one with LayerScale and no head
@@ -420,7 +423,8 @@ def save_pretrained(model, directory, format="transformers"):
     classifier "token_gap" as `Dinov2ForImageClassification` (...WithRegisters...); one of
     CLIP's options (pre_norm, the pooled class token normed) as `CLIPVisionModel`, with a head
     of zero bias as `CLIPVisionModelWithProjection`; one of SigLIP's
-    (attention pooling of normed tokens, no head) as `SiglipVisionModel`. A
+    (attention pooling of normed tokens, no head) as `SiglipVisionModel`; one of GAP without a
+    class token as `IJepaModel` (with a head, `IJepaForImageClassification`). A
     `keras_vit.native.NaFlexViT` is written as transformers' `Siglip2VisionModel` or timm's
     `NaFlexVit`. The
     model's `preprocessing` goes into timm's `pretrained_cfg` (interpolation, crop_pct,

@@ -12,7 +12,8 @@ from keras_vit.weights.torch_layouts import (common, timm_common, timm_eva, timm
                                              timm_naflex, timm_relpos, timm_vit,
                                              transformers_clip,
                                              transformers_deit, transformers_dinov2,
-                                             transformers_dinov3, transformers_mae,
+                                             transformers_dinov3, transformers_ijepa,
+                                             transformers_mae, transformers_metaclip2,
                                              transformers_msn, transformers_siglip,
                                              transformers_siglip2, transformers_vit)
 from keras_vit.weights.torch_layouts.common import LayoutError
@@ -32,7 +33,8 @@ FAMILIES = {
                      transformers_dinov2.FAMILY, transformers_clip.FAMILY,
                      transformers_siglip.FAMILY, transformers_msn.FAMILY,
                      transformers_mae.FAMILY, transformers_dinov3.FAMILY,
-                     transformers_siglip2.FAMILY),
+                     transformers_siglip2.FAMILY, transformers_ijepa.FAMILY,
+                     transformers_metaclip2.FAMILY),
     "timm": (timm_vit.FAMILY, timm_hybrid.FAMILY, timm_relpos.FAMILY, timm_eva.FAMILY,
              timm_naflex.FAMILY),
 }
@@ -86,12 +88,14 @@ def is_native(config):
 
 def vision_tower(config, state, projection=False):
     """`(config, state)` of the part keras_vit reads of a larger model's files: the vision
-    tower of a CLIPModel's or SiglipModel's (its `vision_config`, its `vision_model.` weights
-    without the prefix), the text tower and the contrastive parameters dropped with a log
-    line; with `projection`, a CLIPModel's tower and its `visual_projection` as
-    CLIPVisionModelWithProjection's files; of a ViTMAEForPreTraining, its encoder as
-    ViTMAEModel's (the decoder dropped with a log line); ViTMSNForImageClassification's with
-    its blocks under `vit.`; other files as they are."""
+    tower of a CLIPModel's, MetaClip2Model's or SiglipModel's (its `vision_config`, its
+    `vision_model.` weights without the prefix), the text tower and the contrastive parameters
+    dropped with a log line; with `projection`, a CLIPModel's (MetaClip2Model's) tower and its
+    `visual_projection` as CLIPVisionModelWithProjection's (MetaClip2...) files; of a
+    ViTMAEForPreTraining, its encoder as ViTMAEModel's (the decoder dropped with a log line);
+    ViTMSNForImageClassification's with its blocks under `vit.`; an
+    IJepaForImageClassification without a classifier as its IJepaModel; other files as they
+    are."""
     for family in reversed(FAMILIES["transformers"]):
         part = family.vision_tower and family.vision_tower(config, state, projection)
         if part:
@@ -151,7 +155,8 @@ def transformers_config(spec, arrays=None):
     """transformers' `config.json` for a model of `spec`, by the transformers family that
     writes it (its ViT, or its DeiT with a teacher for a model with DeiT's distillation token,
     its DINOv2 for one with LayerScale, its CLIPVisionModel or SiglipVisionModel for one of
-    their options, its DINOv3ViTModel for one with RoPE, whose key bias, in the weights
+    their options, its IJepaModel for GAP without a class token, its DINOv3ViTModel for one
+    with RoPE, whose key bias, in the weights
     `arrays`, says its key_bias); a LayoutError for what they cannot express."""
     timms = [problem for bad, problem in (
         (spec.residual_post_norm, "post-norm blocks (residual_post_norm, timm's ResPostBlock)"),

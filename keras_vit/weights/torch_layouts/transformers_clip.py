@@ -9,35 +9,19 @@ on the pooled class token. `CLIPVisionModelWithProjection` holds the tower under
 `image_embeds`): keras_vit's head, with a zero bias.
 """
 
-import logging
-
 import numpy as np
 
 from keras_vit.weights.torch_layouts import common, transformers_common
-from keras_vit.weights.torch_layouts.common import LayoutError, tensor
+from keras_vit.weights.torch_layouts.common import LayoutError
 from keras_vit.weights.torch_layouts.family import Family
-
-logger = logging.getLogger(__name__)
 
 # Its classes -> the prefix of their encoder's weights.
 CLASSES = {"CLIPVisionModel": "", "CLIPVisionModelWithProjection": "vision_model."}
 
 
 def spec_from_config(config, state, architecture):
-    """The `ViTConfig` of CLIP's vision `config.json`: no head, the output its
-    `pooler_output`, the class token, normed; CLIPVisionModelWithProjection's with its
-    visual_projection as the head (of projection_dim classes, a zero bias), the output its
-    image_embeds."""
-    act = transformers_common.check_activation(config.get("hidden_act", "quick_gelu"))
-    prefix, patch = CLASSES[architecture], config.get("patch_size", 32)
-    image_size = transformers_common.tower_patches(config, state, prefix, patch, 1)
-    top = dict(include_top=False, num_classes=1)
-    if prefix:  # CLIPVisionModelWithProjection's visual_projection
-        top = dict(include_top=True, num_classes=int(
-            tensor(state, "visual_projection.weight", "transformers").shape[0]))
-    return transformers_common.tower_spec(config, patch, image_size, act, 1e-5, **top,
-                                          pre_norm=True, classifier="token",
-                                          final_norm="pooled")
+    """The `ViTConfig` of CLIP's vision `config.json` (`transformers_common.clip_spec`)."""
+    return transformers_common.clip_spec(config, state, CLASSES[architecture])
 
 
 def writes(spec):
@@ -102,25 +86,11 @@ def from_arrays(arrays, spec):
 
 
 def vision_tower(config, state, projection):
-    """A whole CLIPModel's image encoder (`transformers_common.vision_model`); with
-    `projection`, with its projection to the joint embedding, as
-    CLIPVisionModelWithProjection's files (`vision_model.`, `visual_projection`)."""
+    """A whole CLIPModel's image encoder, with its visual_projection where `projection`
+    (`transformers_common.vision_model`)."""
     if config.get("model_type") != "clip":
         return None
-    if not projection:
-        return transformers_common.vision_model(config, state, "CLIPVisionModel")
-    kept = {key: value for key, value in state.items()
-            if key.startswith("vision_model.") or key == "visual_projection.weight"}
-    tensor(state, "visual_projection.weight", "transformers")
-    logger.info("Loaded the vision tower (vision_model.) and visual_projection of "
-                "transformers' %s and left out %s: the output is its image_embeds.",
-                (config.get("architectures") or [config["model_type"]])[0],
-                ", ".join(sorted({key.split(".")[0] for key in state if key not in kept})))
-    vision_config = {**(config.get("vision_config") or {}),
-                     "architectures": ["CLIPVisionModelWithProjection"],
-                     "model_type": "clip_vision_model",
-                     "projection_dim": config.get("projection_dim", 512)}
-    return vision_config, kept
+    return transformers_common.vision_model(config, state, "CLIPVisionModel", projection)
 
 
 FAMILY = Family(name="CLIP", library="transformers", classes=CLASSES,

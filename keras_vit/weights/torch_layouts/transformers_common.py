@@ -1,6 +1,6 @@
 """What transformers' families share: its activations' names, `ViTModel`'s layout (on which
-DeiT, DINOv2, ViT-MSN and ViT-MAE are built) with its config.json, and the layout of the vision
-towers of its image-text models (CLIP's and SigLIP's). Pure NumPy.
+DeiT, DINOv2, ViT-MSN, ViT-MAE and I-JEPA are built) with its config.json, and the layout of
+the vision towers of its image-text models (CLIP's, MetaCLIP 2's and SigLIP's). Pure NumPy.
 
 `ViTModel` / `ViTForImageClassification` files keep separate query, key and value Linear layers
 under `vit.encoder.layer.N.attention.attention.*` (no `vit.` prefix for a saved `ViTModel`,
@@ -65,8 +65,9 @@ def vit_pairs(spec, prefix, names, heads):
     Linear layers, outside the encoder."""
     stem = [("embedding/kernel", "embeddings.patch_embeddings.projection.weight", "conv"),
             ("embedding/bias", "embeddings.patch_embeddings.projection.bias", "copy"),
-            ("cls", "embeddings.cls_token", "copy"),
             (common.POSITIONS, "embeddings.position_embeddings", "copy")]
+    if spec.class_token:  # I-JEPA's has none
+        stem.append(("cls", "embeddings.cls_token", "copy"))
     if spec.distillation_token:
         stem.append(("dist", "embeddings.distillation_token", "copy"))
     if spec.num_register_tokens:
@@ -137,8 +138,11 @@ def check_vit(spec, family):
         raise LayoutError(f"transformers' {family} has no {', '.join(later)} (options of later "
                           "ViTs); save this model for timm (format='timm').")
     if spec.classifier != "token":
+        ijepa = (" (the mean of the patch tokens without a class token is its I-JEPA's)"
+                 if spec.classifier == "gap" else "")
         raise LayoutError("transformers' ViT classifies from the class token; a model pooled "
-                          f"otherwise (classifier={spec.classifier!r}) has no equivalent there.")
+                          f"otherwise (classifier={spec.classifier!r}) has no equivalent "
+                          f"there{ijepa}.")
     if spec.include_top and spec.representation_size is not None:
         raise LayoutError("transformers' ViTForImageClassification has no pre_logits layer "
                           "before its head; save a model without representation_size.")
@@ -232,10 +236,13 @@ def tower_config(spec, family, architecture, head):
             "attention_dropout": spec.attention_dropout}
 
 
-def vision_model(config, state, tower):
+def vision_model(config, state, tower, projection=False):
     """`(config, state)` of the vision tower (`vision_model.`) of an image-text model's files,
     as its `tower` class's, the text tower and the contrastive parameters dropped with a log
-    line."""
+    line; with `projection`, with its `visual_projection` (CLIP's and MetaCLIP 2's projection
+    to the joint embedding), as `tower`WithProjection's files."""
+    if projection:
+        return _projected_vision_model(config, state, tower)
     vision = {key[len("vision_model."):]: value for key, value in state.items()
               if key.startswith("vision_model.")}
     dropped = sorted(key for key in state if not key.startswith("vision_model."))
@@ -251,6 +258,40 @@ def vision_model(config, state, tower):
     vision_config = {**(config.get("vision_config") or {}), "architectures": [tower],
                      "model_type": f"{config['model_type']}_vision_model"}
     return vision_config, vision
+
+
+def _projected_vision_model(config, state, tower):
+    """`vision_model` with the projection: the weights kept under their names, as
+    `tower`WithProjection holds them (`vision_model.`, `visual_projection`)."""
+    kept = {key: value for key, value in state.items()
+            if key.startswith("vision_model.") or key == "visual_projection.weight"}
+    tensor(state, "visual_projection.weight", "transformers")
+    logger.info("Loaded the vision tower (vision_model.) and visual_projection of "
+                "transformers' %s and left out %s: the output is its image_embeds.",
+                (config.get("architectures") or [config["model_type"]])[0],
+                ", ".join(sorted({key.split(".")[0] for key in state if key not in kept})))
+    vision_config = {**(config.get("vision_config") or {}),
+                     "architectures": [tower + "WithProjection"],
+                     "model_type": f"{config['model_type']}_vision_model",
+                     "projection_dim": config.get("projection_dim", 512)}
+    return vision_config, kept
+
+
+def clip_spec(config, state, prefix):
+    """The `ViTConfig` of CLIP's (and MetaCLIP 2's, the same layout) vision `config.json`, its
+    tower's weights under `prefix`: no head, the output its `pooler_output`, the class token,
+    normed; a tower under `vision_model.` (CLIPVisionModelWithProjection's) with its
+    visual_projection as the head (of projection_dim classes, a zero bias), the output its
+    image_embeds."""
+    act = check_activation(config.get("hidden_act", "quick_gelu"))
+    patch = config.get("patch_size", 32)
+    image_size = tower_patches(config, state, prefix, patch, 1)
+    top = dict(include_top=False, num_classes=1)
+    if prefix:  # ...WithProjection's visual_projection
+        top = dict(include_top=True, num_classes=int(
+            tensor(state, "visual_projection.weight", "transformers").shape[0]))
+    return tower_spec(config, patch, image_size, act, 1e-5, **top, pre_norm=True,
+                      classifier="token", final_norm="pooled")
 
 
 def siglip_spec(config, state):

@@ -34,8 +34,7 @@ def pixels(size=32):
                                     {"classifier": "gap"}],
                          ids=["token", "exact_gelu", "no_head", "gap"])
 def test_a_model_saved_for_a_library_loads_back_equal(tmp_path, layout, fields):
-    if layout == "transformers" and fields.get("classifier") == "gap":
-        pytest.skip("transformers' ViT has no GAP (tested as an error below)")
+    # (GAP for transformers: its I-JEPA, transformers_ijepa)
     if layout == "transformers" and fields.get("include_top") is False:
         fields = {**fields, "representation_size": 24}  # ViTModel's pooler
     model = tiny(**fields)
@@ -83,7 +82,8 @@ def test_an_npz_with_its_spec_loads_by_path(tmp_path):
 
 def test_what_a_library_cannot_express_is_refused_before_writing(tmp_path):
     for fields, layout, message in (
-            ({"classifier": "gap"}, "transformers", "pooled otherwise"),
+            ({"classifier": "gap", "class_token": True}, "transformers",
+             "pooled otherwise .*without a class token is its I-JEPA's"),
             ({"classifier": "map", "final_norm": "none"}, "transformers", "final_norm='none'"),
             ({"classifier": "map"}, "transformers", "SiglipVisionModel, which has no head"),
             ({"position_embedding": "relative"}, "timm", "no equivalent there"),
@@ -625,31 +625,53 @@ def test_clip_and_siglip_options_go_through_their_vision_models_and_back(tmp_pat
     np.testing.assert_allclose(to_np(tokens[0]), to_np(tokens[1]), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("family", TOWER_OPTIONS)
+# Whole image-text models -> their class (MetaCLIP 2's is CLIP's layout).
+WHOLE_MODELS = {"clip": "CLIPModel", "metaclip_2": "MetaClip2Model", "siglip": "SiglipModel"}
+
+
+@pytest.mark.parametrize("family", WHOLE_MODELS)
 def test_the_vision_tower_of_a_full_clip_or_siglip_loads_without_the_text_tower(
         tmp_path, family, caplog):
     from safetensors.numpy import load_file, save_file
-    model = tiny(**TOWER_OPTIONS[family])
+    clip = family != "siglip"
+    model = tiny(**TOWER_OPTIONS["clip" if clip else family])
     save_pretrained(model, tmp_path / "tower", format="transformers")
     vision_config = json.loads((tmp_path / "tower" / "config.json").read_text())
     state = {"vision_model." + key: value
              for key, value in load_file(tmp_path / "tower" / "model.safetensors").items()}
     state.update({"text_model.embeddings.token_embedding.weight": np.ones((10, 8), "float32"),
                   "logit_scale": np.ones((), "float32")})
-    if family == "clip":
+    if clip:
         state["visual_projection.weight"] = np.ones((4, 24), "float32")
     (tmp_path / "full").mkdir()
     save_file(state, str(tmp_path / "full" / "model.safetensors"))
     (tmp_path / "full" / "config.json").write_text(json.dumps(
-        {"model_type": family, "architectures": ["CLIPModel" if family == "clip"
-                                                 else "SiglipModel"],
+        {"model_type": family, "architectures": [WHOLE_MODELS[family]],
          "vision_config": {key: value for key, value in vision_config.items()
                            if key not in ("model_type", "architectures")},
          "text_config": {"hidden_size": 8}}))
     with caplog.at_level("INFO", logger="keras_vit.weights.torch_layouts"):
         loaded = from_pretrained(str(tmp_path / "full"))
     assert "left out logit_scale, text_model" in caplog.text
-    assert ("visual_projection" in caplog.text) is (family == "clip")
+    assert ("visual_projection" in caplog.text) is clip
+    assert WHOLE_MODELS[family] in caplog.text
+    np.testing.assert_allclose(to_np(loaded(pixels())), to_np(model(pixels())), rtol=1e-5,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("head", [False, True], ids=["vision_model", "with_projection"])
+def test_metaclip_2_vision_models_load_as_clips(tmp_path, head):
+    """MetaClip2VisionModel and MetaClip2VisionModelWithProjection are CLIP's classes under
+    other names: CLIP's files renamed load with the same outputs."""
+    model = tiny(**{**TOWER_OPTIONS["clip"], "include_top": head, "num_classes": 16})
+    if head:  # a projection has no bias
+        model.get_layer("head").bias.assign(np.zeros(16, "float32"))
+    save_pretrained(model, tmp_path / "saved", format="transformers")
+    _edit_json(tmp_path / "saved" / "config.json", model_type="metaclip_2_vision_model",
+               architectures=["MetaClip2VisionModel" + ("WithProjection" if head else "")])
+    loaded = from_pretrained(str(tmp_path / "saved"))
+    assert loaded.spec == model.spec.replace(variant=loaded.spec.variant,
+                                             num_classes=loaded.spec.num_classes)
     np.testing.assert_allclose(to_np(loaded(pixels())), to_np(model(pixels())), rtol=1e-5,
                                atol=1e-5)
 
@@ -720,6 +742,76 @@ def test_a_siglip_without_its_head_is_refused(tmp_path):
     _edit_json(tmp_path / "saved" / "config.json", vision_use_head=False)
     with pytest.raises(torch_layouts.LayoutError, match="vision_use_head=False.*features"):
         from_pretrained(str(tmp_path / "saved"))
+
+
+# I-JEPA (Assran et al. 2023): transformers' IJepaModel and IJepaForImageClassification, ViT's
+# layout without a class token, for models of classifier "gap" without one; against transformers
+# itself: tests/library/weights/test_library_parity.py.
+@pytest.mark.parametrize("include_top", [True, False], ids=["classifier", "model"])
+def test_gap_without_a_class_token_goes_through_transformers_ijepa_and_back(tmp_path,
+                                                                            include_top):
+    from safetensors.numpy import load_file
+    model = tiny(classifier="gap", include_top=include_top, activation="gelu")
+    save_pretrained(model, tmp_path / "saved", format="transformers")
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    architecture = "IJepaForImageClassification" if include_top else "IJepaModel"
+    assert (config["model_type"], config["architectures"]) == ("ijepa", [architecture])
+    assert len(config.get("id2label", {})) == (5 if include_top else 0)
+    state = load_file(tmp_path / "saved" / "model.safetensors")
+    prefix = "ijepa." if include_top else ""
+    assert not any("cls_token" in key for key in state)
+    assert state[prefix + "embeddings.position_embeddings"].shape == (1, 16, 24)  # patches only
+    assert ("classifier.weight" in state) is include_top
+    loaded = from_pretrained(str(tmp_path / "saved"))
+    assert loaded.spec == model.spec.replace(variant=loaded.spec.variant,
+                                             num_classes=loaded.spec.num_classes)
+    np.testing.assert_allclose(to_np(loaded(pixels())), to_np(model(pixels())), rtol=1e-5,
+                               atol=1e-5)
+    tokens = [keras_vit.features(m, layers=-1, norm=True)(pixels()) for m in (loaded, model)]
+    np.testing.assert_allclose(to_np(tokens[0]), to_np(tokens[1]), rtol=1e-5, atol=1e-5)
+
+
+def test_ijepa_tensors_its_from_pretrained_never_builds_are_dropped(tmp_path, caplog):
+    """IJepaModel's pooler (add_pooling_layer=True) and mask token (use_mask_token=True), which
+    transformers' from_pretrained leaves unbuilt, are dropped with a log line; an
+    IJepaForImageClassification of num_labels 0 (an identity classifier) loads as its
+    IJepaModel."""
+    from safetensors.numpy import load_file, save_file
+    model = tiny(classifier="gap", include_top=False)
+    save_pretrained(model, tmp_path / "saved", format="transformers")
+    state = load_file(tmp_path / "saved" / "model.safetensors")
+    save_file({**state, "pooler.dense.weight": np.ones((24, 24), "float32"),
+               "pooler.dense.bias": np.ones(24, "float32"),
+               "embeddings.mask_token": np.zeros((1, 1, 24), "float32")},
+              str(tmp_path / "saved" / "model.safetensors"))
+    with caplog.at_level("INFO", logger="keras_vit.weights.torch_layouts"):
+        loaded = from_pretrained(str(tmp_path / "saved"))
+    assert ("Dropped embeddings.mask_token, pooler.dense.bias, pooler.dense.weight"
+            in caplog.text)
+    np.testing.assert_allclose(to_np(loaded(pixels())), to_np(model(pixels())), rtol=1e-5,
+                               atol=1e-5)
+    save_file({"ijepa." + key: value for key, value in state.items()},
+              str(tmp_path / "saved" / "model.safetensors"))
+    _edit_json(tmp_path / "saved" / "config.json", architectures=["IJepaForImageClassification"])
+    loaded = from_pretrained(str(tmp_path / "saved"))
+    assert not loaded.spec.include_top
+    np.testing.assert_allclose(to_np(loaded(pixels())), to_np(model(pixels())), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_what_transformers_ijepa_cannot_express_is_refused(tmp_path):
+    for fields, message in (
+            ({"final_norm": "pooled"}, "final_norm='pooled'"),
+            ({"final_norm": "none"}, "final_norm='none'"),
+            ({"representation_size": 16}, r"pre_logits layer \(representation_size\)"),
+            ({"num_register_tokens": 2}, "register tokens"),
+            ({"pre_norm": True}, "pre_norm=True"),
+            ({"position_embedding": "sincos_2d"}, "has learned 1-D position")):
+        with pytest.raises(torch_layouts.LayoutError,
+                           match="transformers' IJepaModel.*" + message):
+            save_pretrained(tiny(classifier="gap", **fields), tmp_path / "never",
+                            format="transformers")
+    assert not os.path.exists(tmp_path / "never")
 
 
 # ViT-MSN (Assran et al. 2022) and ViT-MAE (He et al. 2022): ViT's layout without the pooler,

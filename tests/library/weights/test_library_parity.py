@@ -398,25 +398,30 @@ def test_dinov2_giants_swiglu_mlp_both_ways(tmp_path):
                  expected.last_hidden_state.numpy(), 1e-5)
 
 
-# The vision towers of CLIP (Radford et al. 2021) and SigLIP (Zhai et al. 2023): transformers'
-# CLIPVisionModel and SiglipVisionModel, and the vision_model of CLIPModel and SiglipModel, load
-# as models without a head whose output is their pooler_output, and are written back as the
-# vision models.
+# The vision towers of CLIP (Radford et al. 2021), MetaCLIP 2 (Chuang et al. 2025) and SigLIP
+# (Zhai et al. 2023): transformers' CLIPVisionModel, MetaClip2VisionModel and SiglipVisionModel,
+# and the vision_model of CLIPModel, MetaClip2Model and SiglipModel, load as models without a
+# head whose output is their pooler_output, and are written back as the vision models
+# (MetaCLIP 2's as CLIP's, its layout under other class names).
 TOWER_SIZES = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                    num_attention_heads=4, image_size=32, patch_size=8)
 TEXT_SIZES = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                   num_attention_heads=2)
 CLIP_MEAN = np.array([0.48145466, 0.4578275, 0.40821073], "float32")
 CLIP_STD = np.array([0.26862954, 0.26130258, 0.27577711], "float32")
+# Families of CLIP's layout -> the prefix of their transformers classes.
+CLIP_FAMILIES = {"clip": "CLIP", "metaclip_2": "MetaClip2"}
 
 
 def tower(family, full, **fields):
     """(transformers' model of random weights of order 1, its vision tower)."""
     sizes = {**TOWER_SIZES, **fields}
-    if family == "clip":
-        model = (transformers.CLIPModel(transformers.CLIPConfig(
+    if family in CLIP_FAMILIES:
+        name = CLIP_FAMILIES[family]
+        model = (getattr(transformers, name + "Model")(getattr(transformers, name + "Config")(
             vision_config=sizes, text_config=TEXT_SIZES, projection_dim=16)) if full
-            else transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**sizes)))
+            else getattr(transformers, name + "VisionModel")(
+                getattr(transformers, name + "VisionConfig")(**sizes)))
     else:
         model = (transformers.SiglipModel(transformers.SiglipConfig(
             vision_config=sizes, text_config=TEXT_SIZES)) if full
@@ -431,11 +436,11 @@ def tower_outputs(vision, images):
 
 
 @pytest.mark.parametrize("full", [False, True], ids=["vision_model", "full_model"])
-@pytest.mark.parametrize("family", ["clip", "siglip"])
+@pytest.mark.parametrize("family", ["clip", "metaclip_2", "siglip"])
 def test_clip_and_siglip_vision_towers_both_ways(tmp_path, family, full):
     theirs, vision = tower(family, full)
     theirs.save_pretrained(tmp_path / "theirs")
-    clip = family == "clip"
+    clip = family in CLIP_FAMILIES
     processor = (transformers.CLIPImageProcessor(size={"shortest_edge": 32},
                                                  crop_size={"height": 32, "width": 32})
                  if clip else transformers.SiglipImageProcessor(size={"height": 32,
@@ -473,11 +478,15 @@ def test_a_siglip_without_its_pooling_head_is_refused(tmp_path):
         keras_vit.from_pretrained(str(tmp_path))
 
 
-def test_clip_vision_model_with_projection_both_ways(tmp_path):
-    """CLIPVisionModelWithProjection: its visual_projection (a Linear without bias) is the head,
-    of projection_dim classes with a zero bias; the output its image_embeds."""
+@pytest.mark.parametrize("family", CLIP_FAMILIES)
+def test_clip_vision_model_with_projection_both_ways(tmp_path, family):
+    """CLIPVisionModelWithProjection (and MetaCLIP 2's): its visual_projection (a Linear without
+    bias) is the head, of projection_dim classes with a zero bias; the output its image_embeds.
+    Written back as CLIP's."""
+    name = CLIP_FAMILIES[family]
+    theirs = order_one(getattr(transformers, name + "VisionModelWithProjection")(
+        getattr(transformers, name + "VisionConfig")(**TOWER_SIZES, projection_dim=16)))
     cls = transformers.CLIPVisionModelWithProjection
-    theirs = order_one(cls(transformers.CLIPVisionConfig(**TOWER_SIZES, projection_dim=16)))
     theirs.save_pretrained(tmp_path / "theirs")
     ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
     assert (ours.spec.include_top, ours.spec.num_classes) == (True, 16)
@@ -493,10 +502,12 @@ def test_clip_vision_model_with_projection_both_ways(tmp_path):
     assert type(written).__name__.startswith("CLIPImageProcessor")
 
 
-def test_a_whole_clip_model_with_include_top_keeps_its_projection(tmp_path):
-    """`from_pretrained(CLIPModel's files, include_top=True)`: the image encoder with its
-    visual_projection as the head, the output CLIPModel's image features (image_embeds)."""
-    theirs, _ = tower("clip", full=True)
+@pytest.mark.parametrize("family", CLIP_FAMILIES)
+def test_a_whole_clip_model_with_include_top_keeps_its_projection(tmp_path, family):
+    """`from_pretrained(CLIPModel's files, include_top=True)` (or MetaClip2Model's): the image
+    encoder with its visual_projection as the head, the output its image features
+    (image_embeds)."""
+    theirs, _ = tower(family, full=True)
     theirs.save_pretrained(tmp_path / "theirs")
     ours = keras_vit.from_pretrained(str(tmp_path / "theirs"), include_top=True)
     assert (ours.spec.include_top, ours.spec.num_classes) == (True, 16)
@@ -507,6 +518,17 @@ def test_a_whole_clip_model_with_include_top_keeps_its_projection(tmp_path):
     assert_close(ours(IMAGES), expected, 1e-5)
     tower_alone = keras_vit.from_pretrained(str(tmp_path / "theirs"))
     assert not tower_alone.spec.include_top
+
+
+def test_metaclip_2s_classifier_is_refused_naming_why(tmp_path):
+    """MetaClip2ForImageClassification holds a whole tower, but its head reads the unnormed
+    patch tokens' mean: refused, not loaded as the tower without its head."""
+    transformers.MetaClip2ForImageClassification(transformers.MetaClip2Config(
+        vision_config=TOWER_SIZES, text_config=TEXT_SIZES, num_labels=3)).save_pretrained(tmp_path)
+    with pytest.raises(LayoutError, match="MetaClip2ForImageClassification has no keras_vit "
+                                          "equivalent yet: its classifier reads the mean of the "
+                                          "patch tokens before any norm"):
+        keras_vit.from_pretrained(str(tmp_path))
 
 
 def test_clip_options_it_lacks_are_refused_when_saving(tmp_path):
@@ -589,6 +611,43 @@ def test_vit_msn_classifier_loads_with_its_head_and_goes_back_as_vit(tmp_path):
     back = transformers.AutoModelForImageClassification.from_pretrained(tmp_path / "ours").eval()
     assert type(back) is transformers.ViTForImageClassification
     assert_close(masked_outputs(back, IMAGES).logits.numpy(), expected, 1e-5)
+
+
+# I-JEPA (Assran et al. 2023): ViT's layout without a class token or pooler. IJepaModel's output
+# is every token through the final LayerNorm (last_hidden_state): keras_vit's model of classifier
+# "gap" without a class token, read by keras_vit.features(model, layers=-1, norm=True); its
+# IJepaForImageClassification's head reads their mean, as that model's head does.
+@pytest.mark.parametrize("head", [False, True], ids=["model", "classifier"])
+def test_transformers_ijepa_both_ways(tmp_path, head):
+    cls = transformers.IJepaForImageClassification if head else transformers.IJepaModel
+    theirs = order_one(cls(transformers.IJepaConfig(**MASKED_SIZES, num_labels=3)))
+    theirs.save_pretrained(tmp_path / "theirs")
+    normalised = imagenet_processor(tmp_path / "theirs")
+    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    assert (ours.spec.activation, ours.spec.layer_norm_epsilon) == ("gelu", 1e-12)
+    assert (ours.spec.classifier, ours.spec.class_token, ours.spec.final_norm) == (
+        "gap", False, "tokens")
+    assert (ours.spec.include_top, ours.spec.num_classes) == ((True, 3) if head else (False, 1))
+
+    def outputs(model, images):  # (last_hidden_state, logits or the tokens' mean)
+        with torch.no_grad():
+            pixel_values = torch.tensor(images.transpose(0, 3, 1, 2))
+            tokens = getattr(model, "ijepa", model)(pixel_values=pixel_values).last_hidden_state
+            pooled = model(pixel_values=pixel_values).logits if head else tokens.mean(1)
+        return tokens.numpy(), pooled.numpy()
+
+    tokens, pooled = outputs(theirs, normalised)
+    assert_close(keras_vit.features(ours, layers=-1, norm=True)(IMAGES), tokens, 1e-5)
+    assert_close(ours(IMAGES), pooled, 1e-5)
+    keras_vit.save_pretrained(ours, tmp_path / "ours", format="transformers")
+    auto = transformers.AutoModelForImageClassification if head else transformers.AutoModel
+    back = auto.from_pretrained(tmp_path / "ours").eval()
+    assert type(back) is cls
+    back_tokens, back_pooled = outputs(back, IMAGES)  # the normalisation is in the weights
+    assert_close(back_tokens, tokens, 1e-5)
+    assert_close(back_pooled, pooled, 1e-5)
+    processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "ours")
+    assert type(processor).__name__.startswith("ViTImageProcessor")
 
 
 # timm's Eva class (EVA-02, and its RoPE ViTs: naver's, the sbb GAP ones, DINOv3's...), built
