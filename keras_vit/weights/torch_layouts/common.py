@@ -17,18 +17,20 @@ class LayoutError(ValueError):
     """A config or a set of weights these layouts cannot map, with the reason and the fix."""
 
 
-def transforms(heads):
-    """kind -> (to the `.npz` layout, back to PyTorch's)."""
+def transforms(head_dim):
+    """kind -> (to the `.npz` layout, back to PyTorch's), attention split in heads of
+    `head_dim` channels (grouped-query attention's keys and values have fewer heads)."""
     return {
         "copy": (lambda v: v, lambda v: v),
         "linear": (lambda v: v.T, lambda v: v.T),
         "conv": (lambda v: v.transpose(2, 3, 1, 0), lambda v: v.transpose(3, 2, 0, 1)),
-        # q, k, v: Linear (D, D) -> kernel (D, heads, D / heads); bias (heads, D / heads).
-        "heads_in": (lambda v: v.T.reshape(v.shape[1], heads, -1),
+        # q, k, v: Linear (heads * head_dim, D) -> kernel (D, heads, head_dim); bias (heads,
+        # head_dim).
+        "heads_in": (lambda v: v.T.reshape(v.shape[1], -1, head_dim),
                      lambda v: v.reshape(v.shape[0], -1).T),
-        "heads_bias": (lambda v: v.reshape(heads, -1), lambda v: v.reshape(-1)),
+        "heads_bias": (lambda v: v.reshape(-1, head_dim), lambda v: v.reshape(-1)),
         # the output projection: Linear (D, D) -> kernel (heads, D / heads, D).
-        "heads_out": (lambda v: v.T.reshape(heads, -1, v.shape[0]),
+        "heads_out": (lambda v: v.T.reshape(-1, head_dim, v.shape[0]),
                       lambda v: v.reshape(-1, v.shape[-1]).T),
         # CLIP's class token (D,) and an nn.Embedding's position rows (tokens, D).
         "vector_token": (lambda v: v.reshape(1, 1, -1), lambda v: v.reshape(-1)),
@@ -113,7 +115,7 @@ def to_arrays(state, pairs, spec, layout):
     """Their state dict (name -> array) as the `.npz` layout through `pairs`. Every tensor must
     be used and every expected one present: a LayoutError names the rest. A model with a norm
     before the blocks (timm's, CLIP's) has no patch bias there: a zero one."""
-    state, kinds = dict(state), transforms(spec.num_heads)
+    state, kinds = dict(state), transforms(spec.hidden_size // spec.num_heads)
     arrays, missing = {}, []
     for ours, theirs, kind in pairs:
         if theirs not in state:
@@ -142,7 +144,7 @@ def from_arrays(arrays, pairs, spec, layout):
             f"The {layout} layout of this model has no place for {len(unwritten)} of its "
             f"weights: {', '.join(unwritten[:8])}. Nothing was written; keras_vit does not map "
             f"that option to {layout} yet.")
-    kinds = transforms(spec.num_heads)
+    kinds = transforms(spec.hidden_size // spec.num_heads)
     return {theirs: np.ascontiguousarray(kinds[kind][1](arrays[ours]))
             for ours, theirs, kind in pairs}
 
