@@ -649,6 +649,16 @@ EVA_FAMILIES = {
                 "patches, a head of num_classes (PE's projection) with a bias"),
     "pe_core_gigantic": ("vit_pe_core_gigantic_patch14_448", {},
                          "its gigantic: the same pooling without class token"),
+    "sapiens2": ("vit_base_patch16_sapiens2", {"num_kv_heads": (2, 1)},
+                 "Sapiens2 (5 tags): RmsNorm everywhere, qk_norm, grouped-query attention in "
+                 "some blocks (AttentionRope: q_proj, k_proj, v_proj with biases), LayerScale on "
+                 "the attention alone, DINOv3's RoPE, 8 registers, the class token"),
+    "sapiens2_features": ("vit_base_patch16_sapiens2", {"num_kv_heads": 1, "num_classes": 0},
+                          "its features: every block with one key and value head, no head"),
+    "qk_norm_layer_norm": ("vit_base_patch16_rope_reg1_gap_256", {"qk_norm": True},
+                           "qk_norm with LayerNorms (EvaAttention)"),
+    "gqa_rope": ("vit_base_patch16_rope_224", {"num_kv_heads": 1, "qkv_fused": False},
+                 "grouped-query attention with LayerNorms and RoPE at indices"),
 }
 
 
@@ -670,7 +680,7 @@ def test_timm_eva_both_ways(tmp_path, family):
     assert isinstance(theirs, Eva)
     ours = through_timm_files(theirs, tmp_path / "theirs", args)
     assert ours.spec.rope == ("axial_normalized" if "patch16_lingbot" in architecture
-                              or "dinov3" in architecture else "mixed" if "mixed" in architecture
+                              or "dinov3" in architecture or "sapiens2" in architecture else "mixed" if "mixed" in architecture
                               else "axial")
     assert ours.spec.rope_grid_offset == (theirs.rope.grid_offset if ours.spec.rope == "axial"
                                           else 0.0)
@@ -678,6 +688,11 @@ def test_timm_eva_both_ways(tmp_path, family):
     assert ours.spec.attention_inner_norm == hasattr(theirs.blocks[0].attn.norm, "weight")
     assert ours.spec.activation == ("gelu" if type(theirs.blocks[0].mlp).__name__ == "Mlp"
                                     else "swiglu")
+    assert ours.spec.norm_layer == ("rms_norm" if type(theirs.blocks[0].norm1).__name__
+                                    == "RmsNorm" else "layer_norm")
+    assert ours.spec.qk_norm == hasattr(theirs.blocks[0].attn.q_norm, "weight")
+    assert [ours.spec.kv_heads(i) for i in range(len(theirs.blocks))] == [
+        getattr(block.attn, "num_kv_heads", block.attn.num_heads) for block in theirs.blocks]
     pool = theirs.attn_pool
     assert (ours.spec.classifier == "map") == (pool is not None)
     if pool is not None:  # Eva's AttentionPoolLatent: over every token, its own shape
@@ -699,11 +714,6 @@ def test_timm_eva_both_ways(tmp_path, family):
      r"global_pool='map' with swiglu_mlp=True \(Eva's attention pooling has an exact-GELU MLP"),
     ("vit_base_patch16_dinov3", {"rope_grid_offset": 1.0},
      "rope_grid_offset=1.0 with rope_type='dinov3'"),
-    ("vit_base_patch16_rope_reg1_gap_256", {"qk_norm": True}, "qk_norm=True"),
-    ("vit_base_patch16_rope_224", {"num_kv_heads": 1, "qkv_fused": False}, "num_kv_heads"),
-    ("vit_base_patch16_rope_224", {"attn_only_layer_scale": True},
-     "attn_only_layer_scale=True"),
-    ("vit_base_patch16_sapiens2", {"num_kv_heads": 2}, "norm_layer=.*rms_norm"),
 ])
 def test_timm_eva_options_keras_vit_lacks_are_refused(tmp_path, architecture, options, reason):
     from timm.models import _hub
