@@ -196,6 +196,8 @@ def config_for(spec, preprocessing, arrays):
         (spec.pre_norm and spec.position_embedding == "none",
          "pre_norm without position embeddings (its patch embedding then has no bias, which "
          "keras_vit folds into the position embeddings)"),
+        (spec.residual_post_norm and (spec.qk_norm or spec.num_kv_heads is not None),
+         "post-norm blocks with qk_norm or num_kv_heads (its EvaBlockPostNorm has neither)"),
         (spec.classifier == "token_gap", timm_common.TOKEN_GAP))  # last: it says the way round
     common.check_expressible(
         "A model with RoPE, inner LayerNorms or Eva's attention pooling is written as timm's "
@@ -259,8 +261,10 @@ def _architecture_of_epsilon(epsilon, kind="layer_norm"):
 
 def eva_attention(arrays, spec):
     """timm's Eva attention for the model's weights: EvaAttention ("eva": query and value
-    biases, the key's zero), or AttentionRope ("rope": all three) for a non-zero key bias."""
-    return "rope" if common.key_bias(arrays, spec) else "eva"
+    biases, the key's zero), or AttentionRope ("rope": all three) for a non-zero key bias or
+    grouped-query attention (EvaAttention has neither)."""
+    grouped = spec.num_kv_heads is not None
+    return "rope" if grouped or common.key_bias(arrays, spec) else "eva"
 
 
 def eva_state(state, spec, attention):

@@ -841,6 +841,36 @@ def test_inner_norms_are_timms_eva_and_refused_for_transformers(tmp_path):
                  eva_pixels_and_logits(pixels)(back.eval()), 1e-5)
 
 
+def test_sapiens2s_options_from_scratch_are_timms_eva_and_refused_elsewhere(tmp_path):
+    """RMSNorm, qk_norm and grouped-query attention per block, without qkv biases (no key bias
+    to choose AttentionRope by: grouped attention alone does) and without RoPE, built here,
+    are timm's Eva with its logits; transformers' classes and post-norm blocks refuse them."""
+    from timm.models.eva import Eva
+    fields = dict(hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2, image_size=32,
+                  patch_size=8, num_classes=5, activation="gelu", norm_layer="rms_norm",
+                  qk_norm=True, num_kv_heads=(2, 1), qkv_bias=False, classifier="gap",
+                  final_norm="pooled")
+    model = keras_vit.vit("Ti/16", **fields)
+    with pytest.raises(LayoutError, match="has no norm_layer='rms_norm', no qk_norm=True, no "
+                                          "num_kv_heads: save this model with format='timm'"):
+        keras_vit.save_pretrained(model, tmp_path / "hf", format="transformers")
+    post_norm = keras_vit.vit("Ti/16", **{**fields, "residual_post_norm": True})
+    with pytest.raises(LayoutError, match="post-norm blocks with qk_norm or num_kv_heads"):
+        keras_vit.save_pretrained(post_norm, tmp_path / "post", format="timm")
+    keras_order_one(model)
+    back = back_in_timm(model, tmp_path / "ours")
+    assert isinstance(back, Eva) and back.rope is None
+    assert [block.attn.num_kv_heads for block in back.blocks] == [2, 1]
+    assert type(back.blocks[0].norm1).__name__ == "RmsNorm"
+    pixels = np.random.default_rng(2).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
+    expected = eva_pixels_and_logits(pixels)(back.eval())
+    assert_close(model(keras_vit.preprocess_inputs(pixels)), expected, 1e-5)
+    again = keras_vit.from_pretrained(str(tmp_path / "ours"))
+    assert again.spec == model.spec.replace(  # the name and resampling are timm's
+        variant="B/16", position_embedding_interpolation="bicubic")
+    assert_close(again(keras_vit.preprocess_inputs(pixels)), expected, 1e-5)
+
+
 @pytest.mark.parametrize("fields", [dict(rope="axial"), dict(mlp_inner_norm=True)],
                          ids=["rope", "inner_norm"])
 def test_post_norm_models_of_evas_options_are_its_post_norm_blocks(tmp_path, fields):
