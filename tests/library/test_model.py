@@ -361,8 +361,7 @@ def _gradients(model, x):
             return (logits ** 2).sum()
         return [np.asarray(g) for g in
                 jax.grad(loss)([v.value for v in model.trainable_variables])]
-    import torch
-    loss = (model(x, training=True) ** 2).sum()
+    loss = (model(x, training=True) ** 2).sum()  # torch
     loss.backward()
     return [v.value.grad.cpu().numpy() for v in model.trainable_variables]
 
