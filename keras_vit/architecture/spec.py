@@ -87,7 +87,7 @@ class ViTConfig:
             `Dense_0`), then the second projection; a third more weights than a GELU MLP of
             the same mlp_dim. Files and code from before this field may give
             `approximate_gelu=True/False` instead.
-        layer_norm_epsilon: of every LayerNorm (the original's 1e-6).
+        layer_norm_epsilon: of every norm, LayerNorm or RMSNorm (the original's 1e-6).
         dynamic_image_size: True for a model that takes images of any size the pixels per patch
             divide (timm's `dynamic_img_size`): the position embeddings, relative position
             tables and Axial-ViT's grid follow the input's size at call time, resampled from
@@ -330,6 +330,11 @@ class ViTConfig:
         if heads is None:
             return self.num_heads
         return heads[index] if isinstance(heads, tuple) else heads
+
+    @property
+    def grouped_query(self):
+        """Whether any block has fewer key and value heads than query heads."""
+        return any(self.kv_heads(index) != self.num_heads for index in range(self.num_layers))
 
     @property
     def num_prefix_tokens(self):

@@ -283,7 +283,7 @@ def check_plain(spec, target, swiglu=False, hybrid=False):
     `swiglu`)."""
     sapiens2 = [what for bad, what in (
         (spec.norm_layer != "layer_norm", f"norm_layer={spec.norm_layer!r}"),
-        (spec.qk_norm, "qk_norm=True"), (spec.num_kv_heads is not None, "num_kv_heads"))
+        (spec.qk_norm, "qk_norm=True"), (spec.grouped_query, "num_kv_heads"))
         if bad]
     if sapiens2:
         raise LayoutError(f"{target} has no {', no '.join(sapiens2)}: save this model with "

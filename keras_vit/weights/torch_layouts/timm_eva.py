@@ -51,7 +51,7 @@ def is_eva(spec):
     grouped-query attention."""
     return bool(spec.rope or spec.mlp_inner_norm or spec.attention_inner_norm
                 or common.eva_pooling(spec) or spec.norm_layer != "layer_norm"
-                or spec.qk_norm or spec.num_kv_heads is not None)
+                or spec.qk_norm or spec.grouped_query)
 
 
 def _kv_heads(heads, num_heads, depth):
@@ -196,7 +196,7 @@ def config_for(spec, preprocessing, arrays):
         (spec.pre_norm and spec.position_embedding == "none",
          "pre_norm without position embeddings (its patch embedding then has no bias, which "
          "keras_vit folds into the position embeddings)"),
-        (spec.residual_post_norm and (spec.qk_norm or spec.num_kv_heads is not None),
+        (spec.residual_post_norm and (spec.qk_norm or spec.grouped_query),
          "post-norm blocks with qk_norm or num_kv_heads (its EvaBlockPostNorm has neither)"),
         (spec.classifier == "token_gap", timm_common.TOKEN_GAP))  # last: it says the way round
     common.check_expressible(
@@ -205,7 +205,7 @@ def config_for(spec, preprocessing, arrays):
     height, width = spec.image_size
     interleaved, xy = WRITTEN_ROPE.get(spec.rope, (False, False))
     fc_norm = spec.final_norm == "pooled"
-    grouped = spec.num_kv_heads is not None  # AttentionRope with q, k, v apart
+    grouped = spec.grouped_query  # AttentionRope with q, k, v apart
     args = {name: value for name, value in DEFAULTS.items()
             if name not in ("norm_layer", "num_classes")}
     args.update({
@@ -263,7 +263,7 @@ def eva_attention(arrays, spec):
     """timm's Eva attention for the model's weights: EvaAttention ("eva": query and value
     biases, the key's zero), or AttentionRope ("rope": all three) for a non-zero key bias or
     grouped-query attention (EvaAttention has neither)."""
-    grouped = spec.num_kv_heads is not None
+    grouped = spec.grouped_query
     return "rope" if grouped or common.key_bias(arrays, spec) else "eva"
 
 
@@ -275,7 +275,7 @@ def eva_state(state, spec, attention):
         state = dict(state)
         state["rope.freqs"] = np.stack([state.pop(f"rope.freqs.{index}")
                                         for index in range(spec.num_layers)], axis=1)
-    grouped = spec.num_kv_heads is not None  # AttentionRope's q_proj, k_proj, v_proj
+    grouped = spec.grouped_query  # AttentionRope's q_proj, k_proj, v_proj
     for key, value in state.items():
         key = re.sub(r"\.ls([12])\.gamma$", r".gamma_\1", key)
         if grouped:

@@ -390,6 +390,8 @@ def test_kv_heads_per_block_round_trip_and_build_each_block_its_own():
     assert spec.num_kv_heads == (2, 1, 2) and [spec.kv_heads(i) for i in range(3)] == [2, 1, 2]
     assert ViTConfig.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
     assert ViTConfig.from_variant("S/16").kv_heads(0) == 6
+    assert spec.grouped_query and not spec.replace(num_kv_heads=2).grouped_query
+    assert not ViTConfig.from_variant("S/16").grouped_query
     model = keras_vit.vit(spec)
     widths = [model.get_layer(f"encoderblock_{i}").attention.key.kernel.shape[1]
               for i in range(3)]
