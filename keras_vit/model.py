@@ -298,7 +298,7 @@ def _build(spec, policy, name):
     x, patch_grid = _stem(spec, images, policy)
     x = _encoder(spec, x, patch_grid, policy)
     if spec.final_norm == "tokens":
-        x = vit_layers.LayerNorm(epsilon=spec.layer_norm_epsilon, name="encoder_norm",
+        x = vit_layers.make_norm(spec.norm_layer, spec.layer_norm_epsilon, name="encoder_norm",
                                  dtype=policy)(x)
     if spec.distillation_token:  # DeiT's two heads (the spec allows no other classifier)
         return ViTModel(images, _distilled_top(spec, x, _head_dtype(policy)), name=name,
@@ -358,7 +358,7 @@ def _encoder(spec, x, patch_grid, policy):
     x = stem_position(x, **grid_input)
     x = keras.layers.Dropout(spec.dropout, name="dropout", dtype=policy)(x)
     if spec.pre_norm:
-        x = vit_layers.LayerNorm(epsilon=spec.layer_norm_epsilon, name="pre_norm",
+        x = vit_layers.make_norm(spec.norm_layer, spec.layer_norm_epsilon, name="pre_norm",
                                  dtype=policy)(x)
     # Only the blocks that need the grid's size get it.
     block_grid = grid_input if relative or spec.rope or spec.axial else {}
@@ -384,7 +384,10 @@ def _blocks(spec, index, relative, policy):
                    qkv_bias=spec.qkv_bias, layer_scale_init=spec.layer_scale_init,
                    mlp_inner_norm=spec.mlp_inner_norm,
                    attention_inner_norm=spec.attention_inner_norm,
-                   residual_post_norm=spec.residual_post_norm, dtype=policy)
+                   residual_post_norm=spec.residual_post_norm, norm_layer=spec.norm_layer,
+                   qk_norm=spec.qk_norm,
+                   num_kv_heads=(None if spec.num_kv_heads is None else spec.kv_heads(index)),
+                   dtype=policy)
     if spec.axial:
         return [vit_layers.AxialEncoderBlock(axis, spec.grid_size,
                                              name=f"encoderblock_{index}_{axis}", **options)
@@ -406,12 +409,12 @@ def _top(spec, x, policy):
             spec.map_num_heads or spec.num_heads, spec.map_mlp_dim or spec.mlp_dim,
             num_prefix_tokens=0 if spec.map_include_prefix else spec.num_prefix_tokens,
             layer_norm_epsilon=spec.layer_norm_epsilon, activation=spec.activation,
-            name="MAPHead_0", dtype=policy)(x)
+            norm_layer=spec.norm_layer, name="MAPHead_0", dtype=policy)(x)
     else:
         x = vit_layers.TokenPooling(spec.classifier, num_prefix_tokens=spec.num_prefix_tokens,
                                     name="pool", dtype=head_dtype)(x)
     if spec.final_norm == "pooled":
-        x = vit_layers.LayerNorm(epsilon=spec.layer_norm_epsilon, name="fc_norm",
+        x = vit_layers.make_norm(spec.norm_layer, spec.layer_norm_epsilon, name="fc_norm",
                                  dtype=head_dtype)(x)
     if spec.representation_size is not None:
         x = keras.layers.Dense(spec.representation_size, activation="tanh", name="pre_logits",

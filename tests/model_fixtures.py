@@ -30,6 +30,16 @@ OPTION_FAMILIES = {
                                "position_embedding_placement": "every_layer"},
     "remat_fused_relative": {"remat": "blocks", "attention_impl": "fused",
                              "position_embedding": "relative"},
+    # Sapiens2's: RMSNorms, normed queries and keys, grouped-query attention (one key and
+    # value head for the 3 query heads: an int, as tools change num_layers), with RoPE.
+    "rms_qk_norm_gqa": {"norm_layer": "rms_norm", "qk_norm": True, "num_kv_heads": 1,
+                        "rope": "axial_normalized", "num_register_tokens": 1},
+    # RMSNorm in every other place a norm can be: before the blocks, inside the MLP and the
+    # attention, the attention pooling's and the pooled vector's; qk_norm and grouped-query
+    # attention without RoPE (which NaFlex models take).
+    "rms_everywhere_map": {"norm_layer": "rms_norm", "pre_norm": True, "mlp_inner_norm": True,
+                           "attention_inner_norm": True, "classifier": "map",
+                           "final_norm": "pooled", "qk_norm": True, "num_kv_heads": 1},
 }
 
 

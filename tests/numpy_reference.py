@@ -39,6 +39,11 @@ def layer_norm(x, gamma, beta, eps=LAYER_NORM_EPSILON):
     return (x - mean) / np.sqrt(var + eps) * gamma + beta
 
 
+def rms_norm(x, gamma, eps=LAYER_NORM_EPSILON):
+    """Scales over the last axis by the root mean square: x / sqrt(mean(x^2) + eps) * gamma."""
+    return x / np.sqrt((x ** 2).mean(axis=-1, keepdims=True) + eps) * gamma
+
+
 def gelu_tanh(x):
     """GELU, tanh approximation (the Flax default): 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3)))."""
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))

@@ -22,7 +22,7 @@ from keras_vit.architecture import variants
 from keras_vit.architecture.execution import FIELDS as EXECUTION_FIELDS
 # What each field may be, and the rules between fields, by family of options.
 from keras_vit.architecture.spec_rules import (ACTIVATIONS, CLASSIFIERS, FINAL_NORMS,  # noqa: F401
-                                  INTERPOLATIONS, LEARNED_POSITION_EMBEDDINGS, PLACEMENTS,
+                                  INTERPOLATIONS, NORM_LAYERS, LEARNED_POSITION_EMBEDDINGS, PLACEMENTS,
                                   POSITION_EMBEDDINGS, RESNET_NUMERICS, ROPE_TEMPERATURES,
                                   TABLE_FIELDS, Problem, resolved)
 from keras_vit.architecture.variants import _describe
@@ -87,7 +87,7 @@ class ViTConfig:
             `Dense_0`), then the second projection; a third more weights than a GELU MLP of
             the same mlp_dim. Files and code from before this field may give
             `approximate_gelu=True/False` instead.
-        layer_norm_epsilon: of every LayerNorm (the original's 1e-6).
+        layer_norm_epsilon: of every norm, LayerNorm or RMSNorm (the original's 1e-6).
         dynamic_image_size: True for a model that takes images of any size the pixels per patch
             divide (timm's `dynamic_img_size`): the position embeddings, relative position
             tables and Axial-ViT's grid follow the input's size at call time, resampled from
@@ -170,6 +170,22 @@ class ViTConfig:
             projection (NormFormer, Shleifer et al., 2021; timm's `scale_mlp`, as EVA-02).
         attention_inner_norm: a LayerNorm (`inner_norm`) on each attention's heads, concatenated,
             before its output projection (timm's `scale_attn_inner`, as EVA-02's CLIP towers).
+        norm_layer: the kind of every norm of the model (the blocks', the inner ones, pre_norm,
+            the final norm, the attention pooling's, qk_norm's): "layer_norm" (LayerNorm, the
+            original's) or "rms_norm" (RMSNorm, Zhang and Sennrich, 2019: x / sqrt(mean(x^2)
+            + epsilon) times a learned scale, no centring and no bias; timm's `RmsNorm`, as
+            Sapiens2 and AIMv2). Both take layer_norm_epsilon.
+        qk_norm: a norm (`norm_layer`'s kind) of each head's queries (`query_norm`) and keys
+            (`key_norm`), over its head_dim channels, before rotary embeddings and the
+            1/sqrt(head_dim) scale (Dehghani et al., "Scaling Vision Transformers to 22
+            Billion Parameters", 2023; timm's `qk_norm`, as Sapiens2).
+        num_kv_heads: None (as many key and value heads as query heads), or grouped-query
+            attention (Ainslie et al., "GQA", 2023; timm's `num_kv_heads`): the keys and values
+            of fewer heads, each shared by num_heads / num_kv_heads consecutive query heads
+            (query head h reads key head h // (num_heads / num_kv_heads)), so the key and value
+            projections are num_kv_heads * head_dim wide. An int for every block, or one per
+            block (Sapiens2 keeps all heads in its first and last 8 blocks). Each must divide
+            num_heads. Not with rope "mixed" (its learned frequencies are per query head).
     """
 
     variant: str = "B/16"
@@ -213,6 +229,9 @@ class ViTConfig:
     map_include_prefix: bool = False
     mlp_inner_norm: bool = False
     attention_inner_norm: bool = False
+    norm_layer: str = "layer_norm"
+    qk_norm: bool = False
+    num_kv_heads: int = None
 
     def __post_init__(self):
         values, problems = resolved(dataclasses.asdict(self), DEFAULTS)
@@ -257,6 +276,8 @@ class ViTConfig:
         """The fields as JSON-ready values (`image_size` as a list)."""
         fields = dataclasses.asdict(self)
         fields["image_size"] = list(self.image_size)
+        if isinstance(self.num_kv_heads, tuple):
+            fields["num_kv_heads"] = list(self.num_kv_heads)
         return fields
 
     def replace(self, **fields):
@@ -301,6 +322,19 @@ class ViTConfig:
         if self.dynamic_image_pad:
             return tuple(-(-int(side) // stride) for side in image_size)
         return tuple(int(side) // stride for side in image_size)
+
+    def kv_heads(self, index):
+        """The key and value heads of block `index`: `num_kv_heads`' (per block, or for all),
+        else num_heads."""
+        heads = self.num_kv_heads
+        if heads is None:
+            return self.num_heads
+        return heads[index] if isinstance(heads, tuple) else heads
+
+    @property
+    def grouped_query(self):
+        """Whether any block has fewer key and value heads than query heads."""
+        return any(self.kv_heads(index) != self.num_heads for index in range(self.num_layers))
 
     @property
     def num_prefix_tokens(self):

@@ -30,6 +30,8 @@ FINAL_NORMS = ("tokens", "pooled", "none")
 # The MLP's activation: the original's tanh-approximate GELU, the exact one, OpenAI CLIP's
 # x * sigmoid(1.702 x), or SwiGLU's gated SiLU (a second input projection, the gate).
 ACTIVATIONS = ("gelu_tanh", "gelu", "quick_gelu", "swiglu")
+# The kind of every norm: LayerNorm (the original's) or RMSNorm (timm's RmsNorm: Sapiens2).
+NORM_LAYERS = ("layer_norm", "rms_norm")
 # How a hybrid's ResNet normalises: the original code's, or timm's ResNetV2
 # (keras_vit.layers.resnet).
 RESNET_NUMERICS = ("original", "timm")
@@ -306,16 +308,59 @@ def blocks_fields(r):
     for field in ("attention_dropout", "drop_path_rate"):
         r.check(field, lambda value, name=field: variants.check_rate(name, value))
     r.check_choice("activation", ACTIVATIONS)
+    r.check_choice("norm_layer", NORM_LAYERS)
     r.check("layer_norm_epsilon", _positive_float)
     r.check_bool("qkv_bias", "pre_norm", "mlp_inner_norm", "attention_inner_norm",
-                 "residual_post_norm")
+                 "residual_post_norm", "qk_norm")
+    r.check("num_kv_heads", _kv_heads)
     if r.fields.get("layer_scale_init") is None:
         r.values["layer_scale_init"] = None
     else:
         r.check("layer_scale_init", _positive_float)
 
 
+def _kv_heads(value):
+    """num_kv_heads: None, a positive int, or a tuple of them (one per block; a JSON list)."""
+    valid = "must be None, a positive integer or a sequence of them (one per block)"
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        heads = []
+        for index, item in enumerate(value):
+            if isinstance(item, bool) or not isinstance(item, numbers.Integral):
+                raise TypeError(f"{valid}; its entry {index} is {_describe(item)}")
+            if item < 1:
+                raise ValueError(f"{valid}; its entry {index} is {item!r}")
+            heads.append(int(item))
+        if not heads:
+            raise ValueError(f"{valid}; it is empty")
+        return tuple(heads)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(valid)
+    if value < 1:
+        raise ValueError(valid)
+    return int(value)
+
+
 def blocks_rules(r):
+    heads = r.values.get("num_kv_heads") if r.ok("num_kv_heads", "num_heads") else None
+    if isinstance(heads, tuple) and r.ok("num_layers") and len(heads) != r.values["num_layers"]:
+        r.add(("num_kv_heads", "num_layers"), f"give one number of key and value heads per "
+              f"block ({r.values['num_layers']}), or one int for every block")
+    elif heads is not None:
+        num_heads = r.values["num_heads"]
+        wrong = sorted({h for h in (heads if isinstance(heads, tuple) else (heads,))
+                        if num_heads % h})
+        if wrong:
+            divisors = [d for d in range(1, num_heads + 1) if num_heads % d == 0]
+            r.add(("num_kv_heads", "num_heads"), f"each key and value head serves an equal "
+                  f"group of query heads, so num_kv_heads must divide num_heads ({wrong} do "
+                  f"not): choose among {divisors}")
+        elif r.ok("rope") and r.values["rope"] == "mixed" and any(
+                h != num_heads for h in (heads if isinstance(heads, tuple) else (heads,))):
+            r.add(("num_kv_heads", "rope"), "rope 'mixed' learns frequencies for each query "
+                  "head, which grouped keys do not have: use rope 'axial' or "
+                  "'axial_normalized' with num_kv_heads, or num_kv_heads=None")
     if r.ok("residual_post_norm", "layer_scale_init") and (
             r.values["residual_post_norm"] and r.values["layer_scale_init"] is not None):
         r.add(("residual_post_norm", "layer_scale_init"), "post-norm blocks scale each branch "

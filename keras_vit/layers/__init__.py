@@ -7,7 +7,7 @@ One module per kind, in the model's reading order:
   rotary angles (`rope_angles`, `MixedRopeFrequencies`, `rotate`) and relative logits
   (`RelativePositionBias`, `RelativePositionMlp`);
 - `attention`: `MultiHeadSelfAttention`, explicit or through one fused kernel;
-- `normalization`: `LayerNorm`;
+- `normalization`: `LayerNorm`, `RMSNorm` (`make_norm`: `ViTConfig.norm_layer`'s kind);
 - `blocks`: the encoder block and its parts (`EncoderBlock`, `AxialEncoderBlock`, `MlpBlock`,
   `DropPath`, `LayerScale`);
 - `pooling`: the tokens to one vector for the head (`TokenPooling`, `AttentionPooling`);
@@ -25,7 +25,8 @@ from keras_vit.layers.attention import (MultiHeadSelfAttention, fused_by_default
                                         odd_lengths_refused)
 from keras_vit.layers.blocks import AXES, AxialEncoderBlock, DropPath, EncoderBlock, LayerScale
 from keras_vit.layers.blocks import MlpBlock
-from keras_vit.layers.normalization import FUSED_LAYER_NORM_BACKENDS, LayerNorm
+from keras_vit.layers.normalization import (FUSED_LAYER_NORM_BACKENDS, LayerNorm, RMSNorm,
+                                            make_norm)
 from keras_vit.layers.pooling import POOLINGS, AttentionPooling, TokenPooling
 from keras_vit.layers.position import (POSITION_EMBEDDINGS, RELATIVE_POSITIONS, AddPositionEmbs,
                                        MixedRopeFrequencies, RelativePositionBias,
@@ -38,8 +39,8 @@ __all__ = [
     "AXES", "AddPositionEmbs", "AttentionPooling", "AxialEncoderBlock", "ClassToken",
     "DistillationToken", "DropPath", "EncoderBlock", "FUSED_LAYER_NORM_BACKENDS", "LayerNorm",
     "LayerScale", "MixedRopeFrequencies", "MlpBlock", "MultiHeadSelfAttention", "POOLINGS",
-    "POSITION_EMBEDDINGS", "PadToMultiple", "PatchEmbed", "RELATIVE_POSITIONS",
+    "POSITION_EMBEDDINGS", "PadToMultiple", "PatchEmbed", "RELATIVE_POSITIONS", "RMSNorm",
     "RegisterTokens", "RelativePositionBias", "RelativePositionMlp", "TokenPooling",
-    "fused_by_default", "grid_sides", "odd_lengths_refused", "rope_angles", "rotate",
+    "fused_by_default", "grid_sides", "make_norm", "odd_lengths_refused", "rope_angles", "rotate",
     "sincos_2d",
 ]

@@ -11,7 +11,7 @@ from keras import ops
 
 from keras_vit.layers import resample
 from keras_vit.architecture.execution import ATTENTION_IMPLS
-from keras_vit.layers.normalization import LayerNorm
+from keras_vit.layers.normalization import make_norm
 from keras_vit.layers.position import (MixedRopeFrequencies, RelativePositionBias,
                                        RelativePositionMlp, _patch_coordinates, rope_angles,
                                        rotate)
@@ -147,6 +147,12 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             with `grid_size` and `num_prefix_tokens`.
         inner_norm_epsilon: None, or the epsilon of a LayerNorm (`inner_norm`) of the heads'
             concatenated outputs before the output projection (`ViTConfig.attention_inner_norm`).
+        num_kv_heads: None (num_heads), or fewer key and value heads, each shared by a group
+            of num_heads / num_kv_heads consecutive query heads (`ViTConfig.num_kv_heads`):
+            `key` and `value` are num_kv_heads * head_dim wide.
+        qk_norm_epsilon: None, or the epsilon of norms of each head's queries (`query_norm`)
+            and keys (`key_norm`) before rotary embeddings (`ViTConfig.qk_norm`).
+        norm_layer: the kind of the inner and qk norms (`ViTConfig.norm_layer`).
         attention_impl: "fused" (`keras.ops.dot_product_attention`, relative logits as its
             bias), "explicit" (logits, softmax, weighted sum) or "auto" (fused where that is
             faster: PyTorch, JAX's GPUs and TPUs); the weights, when returned, and dropout on
@@ -164,9 +170,20 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                  num_prefix_tokens=0, interpolation="bilinear", qkv_bias=True,
                  attention_impl="auto", rope=None, rope_temperature=None,
                  rope_reference_grid=None, rope_grid_offset=0.0, inner_norm_epsilon=None,
-                 relative_mlp_dim=None, **kwargs):
+                 relative_mlp_dim=None, num_kv_heads=None, qk_norm_epsilon=None,
+                 norm_layer="layer_norm", **kwargs):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
+        self.num_kv_heads = self.num_heads if num_kv_heads is None else int(num_kv_heads)
+        if self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads={num_kv_heads!r} must divide num_heads="
+                             f"{self.num_heads} (each key and value head serves an equal group "
+                             "of query heads).")
+        if rope == "mixed" and self.num_kv_heads != self.num_heads:
+            raise ValueError("rope 'mixed' learns frequencies for each query head, which "
+                             "grouped keys do not have: use num_kv_heads=None with it.")
+        self.qk_norm_epsilon = None if qk_norm_epsilon is None else float(qk_norm_epsilon)
+        self.norm_layer = norm_layer
         self.qkv_bias = bool(qkv_bias)
         self.dropout = float(dropout)
         self.attention_impl = _attention_impl(attention_impl)
@@ -201,20 +218,28 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         self.head_dim = hidden // self.num_heads
         kernel_init = _xavier_uniform_flat(hidden, hidden)
 
-        def dense(name, use_bias=True):
-            layer = keras.layers.Dense(hidden, kernel_initializer=kernel_init, name=name,
+        def dense(name, use_bias=True, width=hidden):
+            layer = keras.layers.Dense(width, kernel_initializer=kernel_init, name=name,
                                        use_bias=use_bias, dtype=self.dtype_policy)
             layer.build(input_shape)
             return layer
 
-        self.query, self.key, self.value = (
-            dense(n, self.qkv_bias) for n in ("query", "key", "value"))
+        self.query = dense("query", self.qkv_bias)
+        self.key, self.value = (dense(n, self.qkv_bias, self.num_kv_heads * self.head_dim)
+                                for n in ("key", "value"))
         self.out = dense("out")
         self.inner_norm = None
         if self.inner_norm_epsilon is not None:
-            self.inner_norm = LayerNorm(self.inner_norm_epsilon, name="inner_norm",
-                                        dtype=self.dtype_policy)
+            self.inner_norm = make_norm(self.norm_layer, self.inner_norm_epsilon,
+                                        name="inner_norm", dtype=self.dtype_policy)
             self.inner_norm.build(input_shape)
+        self.query_norm = self.key_norm = None
+        if self.qk_norm_epsilon is not None:  # over each head's channels
+            self.query_norm, self.key_norm = (
+                make_norm(self.norm_layer, self.qk_norm_epsilon, name=name,
+                          dtype=self.dtype_policy) for name in ("query_norm", "key_norm"))
+            for norm in (self.query_norm, self.key_norm):
+                norm.build((None, self.head_dim))
         self.attention_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
         self.rope_frequencies = None
         if self.rope == "mixed":
@@ -240,16 +265,21 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         batch, tokens, hidden = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
         heads, head_dim = self.num_heads, self.head_dim
         # One (D, 3D) matmul on 2-D rows instead of three, with the 1/sqrt(head_dim) scale of
-        # the queries folded into their kernel and bias: fewer passes over the activations.
+        # the queries folded into their kernel and bias: fewer passes over the activations
+        # (after their norm instead, with qk_norm, which would undo it).
         scale = 1.0 / math.sqrt(head_dim)
+        folded = scale if self.query_norm is None else 1.0
         kernel = ops.concatenate(
-            [self.query.kernel * scale, self.key.kernel, self.value.kernel], axis=1)
+            [self.query.kernel * folded, self.key.kernel, self.value.kernel], axis=1)
         qkv = ops.matmul(ops.reshape(x, (-1, hidden)), ops.cast(kernel, x.dtype))
         if self.qkv_bias:
-            bias = ops.concatenate([self.query.bias * scale, self.key.bias, self.value.bias],
+            bias = ops.concatenate([self.query.bias * folded, self.key.bias, self.value.bias],
                                    axis=0)
             qkv = ops.add(qkv, ops.cast(bias, x.dtype))  # ops.add: a BiasAdd that fuses on TF
-        qkv = ops.reshape(qkv, (batch, tokens, 3, heads, head_dim))
+        if self.num_kv_heads == heads and self.query_norm is None:
+            qkv = ops.reshape(qkv, (batch, tokens, 3, heads, head_dim))
+        else:
+            qkv = self._normed_and_grouped(qkv, batch, tokens, scale)
         if self.rope is not None:
             qkv = self._rotated(qkv, grid)
         mask = None if attention_mask is None else keys_mask(attention_mask)
@@ -281,6 +311,24 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         if return_attention_scores:
             return output, weights
         return output
+
+    def _normed_and_grouped(self, qkv, batch, tokens, scale):
+        """The projections `[batch * tokens, (heads + 2 kv_heads) head_dim]` as `[batch,
+        tokens, 3, heads, head_dim]`: queries and keys normed per head (qk_norm), then the
+        queries scaled; each key and value head repeated for its group of query heads, head h
+        reading kv head h // group (timm's AttentionRope: `repeat_interleave` on the heads,
+        after its norms and RoPE, which act on each head alike)."""
+        heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
+        query, key, value = ops.split(
+            qkv, [heads * head_dim, (heads + kv_heads) * head_dim], axis=-1)
+        query = ops.reshape(query, (batch, tokens, heads, head_dim))
+        key, value = (ops.reshape(t, (batch, tokens, kv_heads, head_dim)) for t in (key, value))
+        if self.query_norm is not None:
+            query = self.query_norm(query) * ops.cast(scale, query.dtype)
+            key = self.key_norm(key)
+        if kv_heads != heads:
+            key, value = (ops.repeat(t, heads // kv_heads, axis=2) for t in (key, value))
+        return ops.stack([query, key, value], axis=2)
 
     def _project(self, attended):
         """The heads' concatenated outputs `[batch * tokens, D]` through the output
@@ -342,4 +390,9 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                 "rope_reference_grid": self.rope_reference_grid,
                 "rope_grid_offset": self.rope_grid_offset,
                 "inner_norm_epsilon": self.inner_norm_epsilon,
-                "relative_mlp_dim": self.relative_mlp_dim}
+                "relative_mlp_dim": self.relative_mlp_dim,
+                **({} if self.num_kv_heads == self.num_heads else
+                   {"num_kv_heads": self.num_kv_heads}),  # files of other models unchanged
+                **({} if self.qk_norm_epsilon is None else
+                   {"qk_norm_epsilon": self.qk_norm_epsilon}),
+                **({} if self.norm_layer == "layer_norm" else {"norm_layer": self.norm_layer})}

@@ -8,7 +8,7 @@ from keras import ops
 from keras_vit.layers import resample
 from keras_vit.layers.attention import (MultiHeadSelfAttention, _attention_impl,
                                         _attention_output_spec)
-from keras_vit.layers.normalization import LayerNorm
+from keras_vit.layers.normalization import make_norm
 from keras_vit.layers.shapes import _check_rank, grid_sides
 from keras_vit.architecture.spec import ACTIVATIONS, LAYER_NORM_EPSILON
 
@@ -115,12 +115,14 @@ class MlpBlock(keras.layers.Layer):
             units before `Dense_1` (`ViTConfig.mlp_inner_norm`).
         approximate_gelu: what layers saved before `activation` have instead: True for
             "gelu_tanh", False for "gelu".
+        norm_layer: the inner norm's kind (`ViTConfig.norm_layer`).
         **kwargs: base `Layer` arguments.
     """
 
     def __init__(self, mlp_dim, dropout=0.0, activation="gelu_tanh", approximate_gelu=None,
-                 inner_norm_epsilon=None, **kwargs):
+                 inner_norm_epsilon=None, norm_layer="layer_norm", **kwargs):
         super().__init__(**kwargs)
+        self.norm_layer = norm_layer
         self.mlp_dim = int(mlp_dim)
         self.inner_norm_epsilon = (None if inner_norm_epsilon is None
                                    else float(inner_norm_epsilon))
@@ -147,8 +149,8 @@ class MlpBlock(keras.layers.Layer):
         self.dense_1.build(hidden_shape)
         self.inner_norm = None
         if self.inner_norm_epsilon is not None:
-            self.inner_norm = LayerNorm(self.inner_norm_epsilon, name="inner_norm",
-                                        dtype=self.dtype_policy)
+            self.inner_norm = make_norm(self.norm_layer, self.inner_norm_epsilon,
+                                        name="inner_norm", dtype=self.dtype_policy)
             self.inner_norm.build(hidden_shape)
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
@@ -192,6 +194,8 @@ class MlpBlock(keras.layers.Layer):
                   "activation": self.activation}
         if self.inner_norm_epsilon is not None:  # files of other models unchanged
             config["inner_norm_epsilon"] = self.inner_norm_epsilon
+        if self.norm_layer != "layer_norm":
+            config["norm_layer"] = self.norm_layer
         return config
 
 
@@ -230,6 +234,11 @@ class EncoderBlock(keras.layers.Layer):
         layer_scale_init: None (the original), or LayerScale's initial value: each residual
             branch is multiplied by a learned per-channel scale (`layer_scale_0` after the
             attention, `layer_scale_1` after the MLP).
+        norm_layer: the kind of every norm of the block ("layer_norm" or "rms_norm":
+            `ViTConfig.norm_layer`).
+        qk_norm: norms of each head's queries and keys (`ViTConfig.qk_norm`).
+        num_kv_heads: None, or the key and value heads of grouped-query attention
+            (`ViTConfig.num_kv_heads`, this block's).
         **kwargs: base `Layer` arguments.
 
     `call(x, training, return_attention_scores=False, grid=None, attention_mask=None)`: with
@@ -247,9 +256,13 @@ class EncoderBlock(keras.layers.Layer):
                  approximate_gelu=None, attention_impl="auto", remat=False, rope=None,
                  rope_temperature=None, rope_reference_grid=None, rope_grid_offset=0.0,
                  mlp_inner_norm=False, attention_inner_norm=False, relative_mlp_dim=None,
-                 residual_post_norm=False, **kwargs):
+                 residual_post_norm=False, norm_layer="layer_norm", qk_norm=False,
+                 num_kv_heads=None, **kwargs):
         super().__init__(**kwargs)
         self.residual_post_norm = bool(residual_post_norm)
+        self.norm_layer = norm_layer
+        self.qk_norm = bool(qk_norm)
+        self.num_kv_heads = None if num_kv_heads is None else int(num_kv_heads)
         self.relative_mlp_dim = None if relative_mlp_dim is None else int(relative_mlp_dim)
         self.rope_options = {"rope": rope, "rope_temperature": rope_temperature,
                              "rope_reference_grid": rope_reference_grid,
@@ -277,20 +290,23 @@ class EncoderBlock(keras.layers.Layer):
     def build(self, input_shape):
         _check_rank(self, input_shape, 3, "tokens [batch, tokens, hidden]")
         policy = self.dtype_policy
-        self.norm_0 = LayerNorm(self.layer_norm_epsilon, name="LayerNorm_0", dtype=policy)
+        self.norm_0 = make_norm(self.norm_layer, self.layer_norm_epsilon, name="LayerNorm_0",
+                                dtype=policy)
         self.attention = MultiHeadSelfAttention(
             self.num_heads, dropout=self.attention_dropout,
             relative_position=self.relative_position, grid_size=self.grid_size,
             num_prefix_tokens=self.num_prefix_tokens, interpolation=self.interpolation,
             qkv_bias=self.qkv_bias, attention_impl=self.attention_impl, **self.rope_options,
             inner_norm_epsilon=self.layer_norm_epsilon if self.attention_inner_norm else None,
-            relative_mlp_dim=self.relative_mlp_dim,
-            name="MultiHeadDotProductAttention_1", dtype=policy)
-        self.norm_2 = LayerNorm(self.layer_norm_epsilon, name="LayerNorm_2", dtype=policy)
+            relative_mlp_dim=self.relative_mlp_dim, num_kv_heads=self.num_kv_heads,
+            qk_norm_epsilon=self.layer_norm_epsilon if self.qk_norm else None,
+            norm_layer=self.norm_layer, name="MultiHeadDotProductAttention_1", dtype=policy)
+        self.norm_2 = make_norm(self.norm_layer, self.layer_norm_epsilon, name="LayerNorm_2",
+                                dtype=policy)
         self.mlp = MlpBlock(self.mlp_dim, dropout=self.dropout, activation=self.activation,
                             inner_norm_epsilon=(self.layer_norm_epsilon if self.mlp_inner_norm
                                                 else None),
-                            name="MlpBlock_3", dtype=policy)
+                            norm_layer=self.norm_layer, name="MlpBlock_3", dtype=policy)
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=policy)
         self.drop_path = DropPath(self.drop_path_rate, dtype=policy)
         self.layer_scales = [None, None]
@@ -387,7 +403,8 @@ class EncoderBlock(keras.layers.Layer):
                 "mlp_inner_norm": self.mlp_inner_norm,
                 "attention_inner_norm": self.attention_inner_norm,
                 "relative_mlp_dim": self.relative_mlp_dim,
-                "residual_post_norm": self.residual_post_norm}
+                "residual_post_norm": self.residual_post_norm, "norm_layer": self.norm_layer,
+                "qk_norm": self.qk_norm, "num_kv_heads": self.num_kv_heads}
 
 
 AXES = ("row", "column")

@@ -45,3 +45,41 @@ class LayerNorm(keras.layers.LayerNormalization):
         if self.center:
             outputs = ops.add(outputs, ops.cast(self.beta, dtype))
         return ops.cast(outputs, self.compute_dtype)
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class RMSNorm(LayerNorm):
+    """RMSNorm (Zhang and Sennrich, 2019) over the last axis: x / sqrt(mean(x^2) + epsilon)
+    times a learned per-channel scale (`gamma`, the `.npz`'s `scale`), with no centring and no
+    bias, in float32 whatever the policy, as timm's `RmsNorm` (timm/layers/fast_norm.py:
+    `rms_norm`). A `LayerNorm` without its bias, so the tools that treat norms alike (LoRA's
+    `train_norms`, FLOPs) take it too.
+
+    Args:
+        epsilon: added to the mean square (default 1e-6, timm's).
+        **kwargs: the other arguments of `keras.layers.LayerNormalization` (`center` is
+            always False).
+    """
+
+    def __init__(self, epsilon=LAYER_NORM_EPSILON, **kwargs):
+        kwargs.pop("center", None)
+        super().__init__(epsilon=epsilon, center=False, **kwargs)
+
+    def call(self, inputs):
+        dtype = keras.backend.result_type(inputs.dtype, "float32")
+        x = ops.cast(inputs, dtype)
+        scale = ops.rsqrt(ops.mean(ops.square(x), axis=-1, keepdims=True) + self.epsilon)
+        if self.scale:
+            scale = scale * ops.cast(self.gamma, dtype)
+        return ops.cast(x * scale, self.compute_dtype)
+
+
+# `ViTConfig.norm_layer`'s kinds.
+NORM_CLASSES = {"layer_norm": LayerNorm, "rms_norm": RMSNorm}
+
+
+def make_norm(kind, epsilon, **kwargs):
+    """The norm of `ViTConfig.norm_layer`'s `kind` ("layer_norm" or "rms_norm")."""
+    if kind not in NORM_CLASSES:
+        raise ValueError(f"norm_layer must be one of {tuple(NORM_CLASSES)}, got {kind!r}.")
+    return NORM_CLASSES[kind](epsilon, **kwargs)

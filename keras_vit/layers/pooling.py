@@ -9,7 +9,7 @@ from keras import ops
 from keras_vit.layers.attention import (_attention_impl, _fused, _xavier_uniform_flat,
                                         keys_mask, masked_logits)
 from keras_vit.layers.blocks import MlpBlock, _activation
-from keras_vit.layers.normalization import LayerNorm
+from keras_vit.layers.normalization import make_norm
 from keras_vit.layers.shapes import _check_rank
 from keras_vit.architecture.spec import CLASSIFIERS, LAYER_NORM_EPSILON
 
@@ -87,7 +87,7 @@ class AttentionPooling(keras.layers.Layer):
         num_heads: attention heads.
         mlp_dim: hidden size of the MLP.
         num_prefix_tokens: tokens before the patches (class, registers), not attended to.
-        layer_norm_epsilon, activation, attention_impl: as the encoder blocks'.
+        layer_norm_epsilon, activation, attention_impl, norm_layer: as the encoder blocks'.
 
     `[batch, tokens, D]` -> `[batch, D]`; `call(tokens, token_mask=None)`: the probe attends
     to no token where `token_mask` `[batch, tokens]` is False (padding); a `token_mask` `[batch,
@@ -98,8 +98,9 @@ class AttentionPooling(keras.layers.Layer):
 
     def __init__(self, num_heads, mlp_dim, num_prefix_tokens=0,
                  layer_norm_epsilon=LAYER_NORM_EPSILON, activation="gelu_tanh",
-                 attention_impl="auto", **kwargs):
+                 attention_impl="auto", norm_layer="layer_norm", **kwargs):
         super().__init__(**kwargs)
+        self.norm_layer = norm_layer
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
         self.num_prefix_tokens = int(num_prefix_tokens)
@@ -120,7 +121,8 @@ class AttentionPooling(keras.layers.Layer):
             for name in ("query", "key", "value", "out"))
         for layer in (self.query, self.key, self.value, self.out):
             layer.build(input_shape)
-        self.norm = LayerNorm(self.layer_norm_epsilon, name="LayerNorm_0", dtype=policy)
+        self.norm = make_norm(self.norm_layer, self.layer_norm_epsilon, name="LayerNorm_0",
+                              dtype=policy)
         self.mlp = MlpBlock(self.mlp_dim, activation=self.activation, name="MlpBlock_0",
                             dtype=policy)
         self.norm.build((None, 1, hidden))
@@ -166,4 +168,5 @@ class AttentionPooling(keras.layers.Layer):
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "mlp_dim": self.mlp_dim,
                 "num_prefix_tokens": self.num_prefix_tokens,
-                "layer_norm_epsilon": self.layer_norm_epsilon, "activation": self.activation}
+                "layer_norm_epsilon": self.layer_norm_epsilon, "activation": self.activation,
+                **({} if self.norm_layer == "layer_norm" else {"norm_layer": self.norm_layer})}

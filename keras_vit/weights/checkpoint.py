@@ -68,33 +68,36 @@ def checkpoint_key(variable_path):
     return "/".join(parts)
 
 
-def _checkpoint_shape(key, keras_shape, num_heads):
-    """The shape the original stores for a variable of `keras_shape`."""
+def _checkpoint_shape(key, keras_shape, head_dim):
+    """The shape the original stores for a variable of `keras_shape`: the attention's
+    projections per head of `head_dim` channels (grouped-query attention's keys and values
+    have fewer heads than its queries)."""
     parts = key.split("/")
     if "MultiHeadDotProductAttention_1" not in parts or parts[-2] not in _PROJECTIONS:
         return tuple(keras_shape)  # also the relative position tables, stored as they are
-    hidden = keras_shape[-1]
-    head_dim = hidden // num_heads
     if "/out/" in key:
-        return (num_heads, head_dim, hidden) if key.endswith("kernel") else (hidden,)
+        if key.endswith("kernel"):
+            return (keras_shape[0] // head_dim, head_dim, keras_shape[-1])
+        return tuple(keras_shape)
+    width = keras_shape[-1]
     if key.endswith("kernel"):
-        return (keras_shape[0], num_heads, head_dim)
-    return (num_heads, head_dim)
+        return (keras_shape[0], width // head_dim, head_dim)
+    return (width // head_dim, head_dim)
 
 
 def _model_variables(model):
     """Yields `(checkpoint key, variable, checkpoint shape)` for every weight of `model` (of a
     model adapted by keras_vit.lora: the base kernels, not the adapters)."""
-    heads = {}
+    head_dims = {}
     for layer in model.layers:
         if isinstance(layer, vit_layers.EncoderBlock):
-            heads[layer.name] = layer.num_heads
+            head_dims[layer.name] = layer.attention.head_dim
     for variable in model.weights:
         if lora.is_adapter(variable):
             continue
         key = checkpoint_key(variable.path)
-        num_heads = heads.get(variable.path.split("/")[0], 1)
-        yield key, variable, _checkpoint_shape(key, variable.shape, num_heads)
+        head_dim = head_dims.get(variable.path.split("/")[0])
+        yield key, variable, _checkpoint_shape(key, variable.shape, head_dim)
 
 
 def _unreachable(path, error):

@@ -307,6 +307,65 @@ def test_mixed_bfloat16_runs_with_float32_outputs():
     assert features.dtype == "float32"
 
 
+# Sapiens2's options: RMSNorms, normed queries and keys, grouped-query attention per block.
+SAPIENS2_LIKE = dict(norm_layer="rms_norm", qk_norm=True, num_kv_heads=(2, 1, 4), num_heads=4,
+                     hidden_size=32, mlp_dim=48,
+                     num_layers=3, rope="axial_normalized", num_register_tokens=2)
+
+
+def test_rms_qk_norm_and_grouped_attention_compile_with_xla_and_run_in_bfloat16():
+    tf = tensorflow_backend()
+    model = tiny(**SAPIENS2_LIKE)
+    randomise(model, scale=0.3)
+    x = images(batch=3)
+    expected = to_np(model(x, training=False))
+    assert np.abs(expected).max() > 1e-2
+    forward = tf.function(lambda t: model(t, training=False), jit_compile=True)
+    np.testing.assert_allclose(to_np(forward(tf.constant(x))), expected, rtol=1e-4, atol=1e-4)
+    assert "HloModule" in forward.experimental_get_compiler_ir(tf.constant(x))(stage="hlo")
+    mixed = tiny(dtype="mixed_bfloat16", **SAPIENS2_LIKE)
+    mixed.set_weights(model.get_weights())
+    out = mixed(x)
+    assert out.dtype == "float32"
+    scale = np.abs(expected).max()
+    np.testing.assert_allclose(to_np(out), expected, atol=0.05 * scale + 1e-3)
+
+
+def test_rms_qk_norm_and_grouped_attention_train_with_remat_to_the_same_gradients():
+    """Remat computes the blocks again in the backward pass: the same loss and gradients."""
+    x = images(batch=2)
+    grads = []
+    for remat in ("none", "blocks"):
+        model = tiny(remat=remat, **SAPIENS2_LIKE)
+        randomise(model, scale=0.3)
+        grads.append(_gradients(model, x))
+    for plain, rematerialised in zip(*grads):
+        np.testing.assert_allclose(rematerialised, plain, rtol=1e-4, atol=1e-5)
+
+
+def _gradients(model, x):
+    """The gradients of the logits' sum of squares on every backend."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(model(x, training=True)))
+        return [to_np(g) for g in tape.gradient(loss, model.trainable_variables)]
+    if backend == "jax":
+        import jax
+
+        def loss(trainable):
+            logits, _ = model.stateless_call(trainable, [v.value for v in
+                                                         model.non_trainable_variables],
+                                             x, training=True)
+            return (logits ** 2).sum()
+        return [np.asarray(g) for g in
+                jax.grad(loss)([v.value for v in model.trainable_variables])]
+    loss = (model(x, training=True) ** 2).sum()  # torch
+    loss.backward()
+    return [v.value.grad.cpu().numpy() for v in model.trainable_variables]
+
+
 # ---------------------------------------------------------------------------------------------
 # Attention maps
 

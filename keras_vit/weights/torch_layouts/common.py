@@ -17,18 +17,20 @@ class LayoutError(ValueError):
     """A config or a set of weights these layouts cannot map, with the reason and the fix."""
 
 
-def transforms(heads):
-    """kind -> (to the `.npz` layout, back to PyTorch's)."""
+def transforms(head_dim):
+    """kind -> (to the `.npz` layout, back to PyTorch's), attention split in heads of
+    `head_dim` channels (grouped-query attention's keys and values have fewer heads)."""
     return {
         "copy": (lambda v: v, lambda v: v),
         "linear": (lambda v: v.T, lambda v: v.T),
         "conv": (lambda v: v.transpose(2, 3, 1, 0), lambda v: v.transpose(3, 2, 0, 1)),
-        # q, k, v: Linear (D, D) -> kernel (D, heads, D / heads); bias (heads, D / heads).
-        "heads_in": (lambda v: v.T.reshape(v.shape[1], heads, -1),
+        # q, k, v: Linear (heads * head_dim, D) -> kernel (D, heads, head_dim); bias (heads,
+        # head_dim).
+        "heads_in": (lambda v: v.T.reshape(v.shape[1], -1, head_dim),
                      lambda v: v.reshape(v.shape[0], -1).T),
-        "heads_bias": (lambda v: v.reshape(heads, -1), lambda v: v.reshape(-1)),
+        "heads_bias": (lambda v: v.reshape(-1, head_dim), lambda v: v.reshape(-1)),
         # the output projection: Linear (D, D) -> kernel (heads, D / heads, D).
-        "heads_out": (lambda v: v.T.reshape(heads, -1, v.shape[0]),
+        "heads_out": (lambda v: v.T.reshape(-1, head_dim, v.shape[0]),
                       lambda v: v.reshape(-1, v.shape[-1]).T),
         # CLIP's class token (D,) and an nn.Embedding's position rows (tokens, D).
         "vector_token": (lambda v: v.reshape(1, 1, -1), lambda v: v.reshape(-1)),
@@ -47,8 +49,11 @@ def block_pairs(index, theirs, spec):
             pairs.append((attention + f"{name}/bias", theirs[name] + ".bias", "heads_bias"))
     pairs += [(attention + "out/kernel", theirs["out"] + ".weight", "heads_out"),
               (attention + "out/bias", theirs["out"] + ".bias", "copy")]
+    if spec.qk_norm:  # timm's Eva's attention: q_norm, k_norm
+        pairs += (norm_pairs(attention + "query_norm", theirs["query_norm"], spec)
+                  + norm_pairs(attention + "key_norm", theirs["key_norm"], spec))
     for ours_name, their_name in (("LayerNorm_0", "norm_0"), ("LayerNorm_2", "norm_2")):
-        pairs += norm_pairs(ours + ours_name, theirs[their_name])
+        pairs += norm_pairs(ours + ours_name, theirs[their_name], spec)
     mlp = (("Dense_0", "fc_0"), ("Dense_1", "fc_1"))
     if spec.activation == "swiglu":  # the gate: a second input projection
         mlp += (("Gate_0", "gate"),)
@@ -70,14 +75,17 @@ def block_pairs(index, theirs, spec):
                               "(attention_inner_norm, mlp_inner_norm: its scale_attn_inner, "
                               "scale_mlp); save this model with format='timm'.")
         if inner:
-            pairs += norm_pairs(ours_name, theirs[their_name])
+            pairs += norm_pairs(ours_name, theirs[their_name], spec)
     return pairs
 
 
-def norm_pairs(ours, theirs):
-    """A LayerNorm's (`.npz` key, their key, kind): scale and bias."""
-    return [(ours + "/scale", theirs + ".weight", "copy"),
-            (ours + "/bias", theirs + ".bias", "copy")]
+def norm_pairs(ours, theirs, spec=None):
+    """A norm's (`.npz` key, their key, kind): a LayerNorm's scale and bias, an RMSNorm's
+    (`spec.norm_layer`) scale alone."""
+    pairs = [(ours + "/scale", theirs + ".weight", "copy")]
+    if spec is None or spec.norm_layer == "layer_norm":
+        pairs.append((ours + "/bias", theirs + ".bias", "copy"))
+    return pairs
 
 
 def dense_pairs(ours, theirs):
@@ -86,7 +94,7 @@ def dense_pairs(ours, theirs):
             (ours + "/bias", theirs + ".bias", "copy")]
 
 
-def attention_pool_pairs(theirs, probe, attention, norm):
+def attention_pool_pairs(theirs, probe, attention, norm, spec=None):
     """The attention pooling (the original's MAPHead, timm's AttentionPoolLatent, SigLIP's
     head) under `theirs`: its `probe`, the `attention`'s query, key, value and output
     projections, its MLP (`mlp.fc1`, `mlp.fc2`) and LayerNorm (`norm`), as they name them."""
@@ -96,7 +104,7 @@ def attention_pool_pairs(theirs, probe, attention, norm):
         pairs += dense_pairs(ours + name, theirs + their_name)
     for index in range(2):
         pairs += dense_pairs(f"{ours}MlpBlock_0/Dense_{index}", f"{theirs}mlp.fc{index + 1}")
-    return pairs + norm_pairs(ours + "LayerNorm_0", theirs + norm)
+    return pairs + norm_pairs(ours + "LayerNorm_0", theirs + norm, spec)
 
 
 def encoder_pairs(spec, block, names):
@@ -113,7 +121,7 @@ def to_arrays(state, pairs, spec, layout):
     """Their state dict (name -> array) as the `.npz` layout through `pairs`. Every tensor must
     be used and every expected one present: a LayoutError names the rest. A model with a norm
     before the blocks (timm's, CLIP's) has no patch bias there: a zero one."""
-    state, kinds = dict(state), transforms(spec.num_heads)
+    state, kinds = dict(state), transforms(spec.hidden_size // spec.num_heads)
     arrays, missing = {}, []
     for ours, theirs, kind in pairs:
         if theirs not in state:
@@ -142,7 +150,7 @@ def from_arrays(arrays, pairs, spec, layout):
             f"The {layout} layout of this model has no place for {len(unwritten)} of its "
             f"weights: {', '.join(unwritten[:8])}. Nothing was written; keras_vit does not map "
             f"that option to {layout} yet.")
-    kinds = transforms(spec.num_heads)
+    kinds = transforms(spec.hidden_size // spec.num_heads)
     return {theirs: np.ascontiguousarray(kinds[kind][1](arrays[ours]))
             for ours, theirs, kind in pairs}
 
@@ -273,6 +281,13 @@ def check_plain(spec, target, swiglu=False, hybrid=False):
     """A LayoutError for what `target`, a library's plain ViT class, cannot write: RoPE, other
     position embeddings, a ResNet stem (unless `hybrid`), axial blocks, SwiGLU (unless
     `swiglu`)."""
+    sapiens2 = [what for bad, what in (
+        (spec.norm_layer != "layer_norm", f"norm_layer={spec.norm_layer!r}"),
+        (spec.qk_norm, "qk_norm=True"), (spec.grouped_query, "num_kv_heads"))
+        if bad]
+    if sapiens2:
+        raise LayoutError(f"{target} has no {', no '.join(sapiens2)}: save this model with "
+                          "format='timm' (its Eva, as Sapiens2).")
     if spec.rope:
         raise LayoutError(f"{target} has no rotary position embeddings (rope={spec.rope!r}); "
                           "save the model for timm (its Eva), or with rope 'axial_normalized' "

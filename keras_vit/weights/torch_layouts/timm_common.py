@@ -141,7 +141,8 @@ def architecture_entry(config):
 def timm_args(config, defaults):
     """(architecture, arguments): the arguments timm builds the checkpoint's model with (its
     class's `defaults`, its architecture's, then the config's `model_args`, as
-    `timm.create_model` does), a LayerNorm's epsilon as `layer_norm_epsilon`."""
+    `timm.create_model` does), a LayerNorm's or an RmsNorm's epsilon as `layer_norm_epsilon`
+    (with `rms_norm=True` for the second)."""
     architecture, entry = architecture_entry(config)
     pretrained = config.get("pretrained_cfg") or {}
     merged = {**defaults, "img_size": pretrained.get("input_size", [3, 224, 224])[1:],
@@ -151,6 +152,9 @@ def timm_args(config, defaults):
     norm = merged.pop("norm_layer")
     if isinstance(norm, dict) and "layer_norm" in norm:
         merged["layer_norm_epsilon"] = norm["layer_norm"]
+    elif isinstance(norm, dict) and "rms_norm" in norm:  # Eva's RmsNorm (Sapiens2)
+        merged["layer_norm_epsilon"] = norm["rms_norm"]
+        merged["rms_norm"] = True
     else:
         merged["norm_layer"] = norm
     return architecture, merged
@@ -183,14 +187,16 @@ def weight_pairs(spec, backbone=()):
     if spec.num_register_tokens:
         stem.append(("reg/registers", "reg_token", "copy"))
     if spec.pre_norm:
-        stem += common.norm_pairs("pre_norm", "norm_pre")
+        stem += common.norm_pairs("pre_norm", "norm_pre", spec)
     names = {"query": "attn.q", "key": "attn.k", "value": "attn.v", "out": "attn.proj",
              "norm_0": "norm1", "norm_2": "norm2", "fc_0": "mlp.fc1", "fc_1": "mlp.fc2",
              "scale_0": "ls1.gamma", "scale_1": "ls2.gamma",
              # Eva's NormFormer LayerNorms (scale_attn_inner, scale_mlp);
              # VisionTransformerRelPos's relative-position MLP
              "attention_norm": "attn.norm", "mlp_norm": "mlp.norm",
-             "relative_fc_0": "attn.rel_pos.mlp.fc1", "relative_fc_1": "attn.rel_pos.mlp.fc2"}
+             "relative_fc_0": "attn.rel_pos.mlp.fc1", "relative_fc_1": "attn.rel_pos.mlp.fc2",
+             # Eva's norms of each head's queries and keys (qk_norm)
+             "query_norm": "attn.q_norm", "key_norm": "attn.k_norm"}
     if spec.activation == "swiglu":  # GluMlp's packed fc1 unpacked (`to_arrays`)
         names.update(fc_0="mlp.fc1_x", gate="mlp.fc1_g")
     pairs = stem + list(backbone) + common.encoder_pairs(spec, "blocks.{}.", names)
@@ -198,12 +204,12 @@ def weight_pairs(spec, backbone=()):
         pairs += [(common.ATTENTION.format(index) + "rope/frequencies", f"rope.freqs.{index}",
                    "copy") for index in range(spec.num_layers)]
     if spec.final_norm == "tokens":
-        pairs += common.norm_pairs("Transformer/encoder_norm", "norm")
+        pairs += common.norm_pairs("Transformer/encoder_norm", "norm", spec)
     elif spec.final_norm == "pooled":
-        pairs += common.norm_pairs("fc_norm", "fc_norm")
+        pairs += common.norm_pairs("fc_norm", "fc_norm", spec)
     if spec.classifier == "map":  # AttentionPoolLatent (its kv split as qkv is)
         pairs += common.attention_pool_pairs("attn_pool.", "latent", ("q", "k", "v", "proj"),
-                                             "norm")
+                                             "norm", spec)
     if spec.include_top:
         pairs += common.dense_pairs("head", "head")
         if spec.distillation_token:

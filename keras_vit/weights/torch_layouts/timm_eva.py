@@ -46,24 +46,30 @@ WRITTEN_ROPE = {"axial": (True, False), "axial_normalized": (False, False),
 
 def is_eva(spec):
     """Whether timm's files of a model of `spec` are its Eva's: RoPE, NormFormer's inner
-    LayerNorms (scale_attn_inner, scale_mlp), which its VisionTransformer has not mapped, or
-    Eva's attention pooling (`common.eva_pooling`)."""
+    LayerNorms (scale_attn_inner, scale_mlp), which its VisionTransformer has not mapped,
+    Eva's attention pooling (`common.eva_pooling`), or Sapiens2's RmsNorm, qk_norm and
+    grouped-query attention."""
     return bool(spec.rope or spec.mlp_inner_norm or spec.attention_inner_norm
-                or common.eva_pooling(spec))
+                or common.eva_pooling(spec) or spec.norm_layer != "layer_norm"
+                or spec.qk_norm or spec.grouped_query)
+
+
+def _kv_heads(heads, num_heads, depth):
+    """timm's num_kv_heads (None, an int, or one per block) as `ViTConfig.num_kv_heads`: None
+    where every block has all its heads, an int where all blocks have the same."""
+    per_block = [num_heads if h is None else int(h)
+                 for h in (heads if isinstance(heads, (list, tuple)) else [heads] * depth)]
+    if set(per_block) == {num_heads}:
+        return None
+    return per_block[0] if len(set(per_block)) == 1 else tuple(per_block)
 
 
 def _missing(args):
     """What of timm's Eva `args` keras_vit has no option for, in timm's words, with why."""
-    heads = args["num_kv_heads"]
     problems = {
         "norm_layer": ("norm_layer" in args, f"norm_layer={args.get('norm_layer')!r} (keras_vit's "
-                                             "norms are LayerNorms; RmsNorm is not one)"),
-        "qk_norm": (args["qk_norm"], "qk_norm=True (norms of each head's queries and keys)"),
-        "num_kv_heads": (heads is not None and set(np.ravel(heads)) != {args["num_heads"]},
-                         "num_kv_heads (grouped-query attention: fewer key and value heads)"),
-        "attn_only_layer_scale": (args["attn_only_layer_scale"] and args["init_values"]
-                                  is not None, "attn_only_layer_scale=True (LayerScale on the "
-                                               "attention alone)"),
+                                             "norms are LayerNorms or RmsNorms of a set "
+                                             "epsilon)"),
         "attn_type": (args["attn_type"] not in ("eva", "rope"),
                       f"attn_type={args['attn_type']!r}"),
         "in_chans": (args["in_chans"] != 3, f"in_chans={args['in_chans']}"),
@@ -95,7 +101,7 @@ def _missing(args):
     missing = [why for bad, why in problems.values() if bad]
     return missing + [f"{name}={value!r}" for name, value in sorted(args.items())
                       if name not in DEFAULTS and name not in _IGNORED
-                      and name != "layer_norm_epsilon"]
+                      and name not in ("layer_norm_epsilon", "rms_norm")]
 
 
 def _norms(args):
@@ -134,7 +140,12 @@ def spec_from_config(config, state, timm_class):
     rope = _ROPES[args["rope_type"]] if args["use_rot_pos_emb"] else None
     reference = args["ref_feat_shape"] if rope == "axial" else None
     num_classes = config.get("num_classes", args["num_classes"])
+    # LayerScale on the attention alone (Sapiens2's attn_only_layer_scale) is LayerScale on
+    # both branches with the MLP's at 1 (`to_arrays` gives it those ones).
     return sized_spec(hidden, mlp, args["num_heads"], layers, patch,
+                      norm_layer="rms_norm" if args.get("rms_norm") else "layer_norm",
+                      qk_norm=bool(args["qk_norm"]),
+                      num_kv_heads=_kv_heads(args["num_kv_heads"], args["num_heads"], layers),
                       image_size=timm_common.whole_patches(args["img_size"], patch, architecture),
                       include_top=num_classes > 0, num_classes=max(num_classes, 1),
                       classifier={"token": "token", "map": "map"}.get(pool, "gap"),
@@ -185,6 +196,8 @@ def config_for(spec, preprocessing, arrays):
         (spec.pre_norm and spec.position_embedding == "none",
          "pre_norm without position embeddings (its patch embedding then has no bias, which "
          "keras_vit folds into the position embeddings)"),
+        (spec.residual_post_norm and (spec.qk_norm or spec.grouped_query),
+         "post-norm blocks with qk_norm or num_kv_heads (its EvaBlockPostNorm has neither)"),
         (spec.classifier == "token_gap", timm_common.TOKEN_GAP))  # last: it says the way round
     common.check_expressible(
         "A model with RoPE, inner LayerNorms or Eva's attention pooling is written as timm's "
@@ -192,6 +205,7 @@ def config_for(spec, preprocessing, arrays):
     height, width = spec.image_size
     interleaved, xy = WRITTEN_ROPE.get(spec.rope, (False, False))
     fc_norm = spec.final_norm == "pooled"
+    grouped = spec.grouped_query  # AttentionRope with q, k, v apart
     args = {name: value for name, value in DEFAULTS.items()
             if name not in ("norm_layer", "num_classes")}
     args.update({
@@ -199,6 +213,9 @@ def config_for(spec, preprocessing, arrays):
         "global_pool": {"token": "token", "map": "map"}.get(spec.classifier, "avg"),
         "embed_dim": spec.hidden_size, "depth": spec.num_layers, "num_heads": spec.num_heads,
         "qkv_bias": spec.qkv_bias, "attn_type": eva_attention(arrays, spec),
+        "qk_norm": spec.qk_norm, "qkv_fused": not grouped,
+        "num_kv_heads": ([spec.kv_heads(index) for index in range(spec.num_layers)]
+                         if grouped else None),
         "mlp_ratio": timm_common.mlp_ratio(spec), "swiglu_mlp": spec.activation == "swiglu",
         "init_values": spec.layer_scale_init, "class_token": spec.class_token,
         "num_reg_tokens": spec.num_register_tokens,
@@ -220,29 +237,34 @@ def config_for(spec, preprocessing, arrays):
                     attn_pool_mlp_ratio=timm_common.ratio(spec.hidden_size,
                                                           spec.map_mlp_dim or spec.mlp_dim))
     return timm_common.config_file(spec, preprocessing, args,
-                                   _architecture_of_epsilon(spec.layer_norm_epsilon))
+                                   _architecture_of_epsilon(spec.layer_norm_epsilon,
+                                                            spec.norm_layer))
 
 
-def _architecture_of_epsilon(epsilon):
-    """An Eva architecture of timm's whose LayerNorms have this epsilon, and every other
-    argument one `config_for` writes."""
+def _architecture_of_epsilon(epsilon, kind="layer_norm"):
+    """An Eva architecture of timm's whose norms are of `kind` ("layer_norm", or "rms_norm":
+    Sapiens2's) and this epsilon, and every other argument one `config_for` writes (or one
+    that changes nothing at inference)."""
     table = timm_common.timm_architectures()
 
     def fitting():  # the familiar names first: EVA-02 B/14 (epsilon 1e-6), DINOv3 B/16 (1e-5)
         for name in ["eva02_base_patch14_224", "vit_base_patch16_dinov3", *sorted(table)]:
             entry = table.get(name, {"args": {}})
             norm = entry["args"].get("norm_layer", DEFAULTS["norm_layer"])
-            if (entry.get("defaults") == "Eva" and isinstance(norm, dict)
-                    and "layer_norm" in norm and not set(entry["args"]) - set(DEFAULTS)):
-                yield name, norm["layer_norm"]
+            if (entry.get("defaults") == "Eva" and isinstance(norm, dict) and kind in norm
+                    and not set(entry["args"]) - set(DEFAULTS) - _IGNORED):
+                yield name, norm[kind]
 
-    return timm_common.architecture_of_epsilon(epsilon, fitting(), "timm's Eva architectures")
+    what = "timm's Eva architectures" + (" of RmsNorms" if kind == "rms_norm" else "")
+    return timm_common.architecture_of_epsilon(epsilon, fitting(), what)
 
 
 def eva_attention(arrays, spec):
     """timm's Eva attention for the model's weights: EvaAttention ("eva": query and value
-    biases, the key's zero), or AttentionRope ("rope": all three) for a non-zero key bias."""
-    return "rope" if common.key_bias(arrays, spec) else "eva"
+    biases, the key's zero), or AttentionRope ("rope": all three) for a non-zero key bias or
+    grouped-query attention (EvaAttention has neither)."""
+    grouped = spec.grouped_query
+    return "rope" if grouped or common.key_bias(arrays, spec) else "eva"
 
 
 def eva_state(state, spec, attention):
@@ -253,8 +275,11 @@ def eva_state(state, spec, attention):
         state = dict(state)
         state["rope.freqs"] = np.stack([state.pop(f"rope.freqs.{index}")
                                         for index in range(spec.num_layers)], axis=1)
+    grouped = spec.grouped_query  # AttentionRope's q_proj, k_proj, v_proj
     for key, value in state.items():
         key = re.sub(r"\.ls([12])\.gamma$", r".gamma_\1", key)
+        if grouped:
+            key = re.sub(r"\.attn\.([qkv])\.", r".attn.\1_proj.", key)
         if attention == "eva":  # EvaAttention: the key's bias is a zero buffer
             if key.endswith(".attn.k.bias"):
                 continue
@@ -301,7 +326,10 @@ def permuted_rope(arrays, spec, interleaved, xy, inverse=False):
     if inverse:
         order = np.argsort(order)
     for index in range(spec.num_layers):
-        for name in ("query/kernel", "query/bias", "key/kernel", "key/bias"):
+        # qk_norm's scales and biases [head_dim] go with their channels (its mean and
+        # variance over a head's channels are the same in any order).
+        for name in ("query/kernel", "query/bias", "key/kernel", "key/bias",
+                     "query_norm/scale", "query_norm/bias", "key_norm/scale", "key_norm/bias"):
             key = common.ATTENTION.format(index) + name
             if key in arrays:  # kernels [D, heads, head_dim], biases [heads, head_dim]
                 arrays[key] = arrays[key][..., order]
@@ -316,10 +344,22 @@ def _rope_layout(config):
     return not args.get("rope_rotate_half", True), args.get("rope_grid_indexing") == "xy"
 
 
+def _attention_only_layer_scale(config):
+    """Whether timm's Eva of `config` has LayerScale on its attention branch alone."""
+    args = timm_common.timm_args(config, DEFAULTS)[1]
+    return bool(args["attn_only_layer_scale"] and args["init_values"] is not None
+                and not args["use_post_norm"])
+
+
 def to_arrays(state, spec, config=None):
     """Eva's state dict as the `.npz` layout (`timm_common.to_arrays`), RoPE's channels in
     keras_vit's order from the layout `config`, the checkpoint's config.json, says (None: as
     keras_vit does)."""
+    if config is not None and _attention_only_layer_scale(config):
+        state = dict(state)  # the MLP's LayerScale at 1: the same outputs
+        for index in range(spec.num_layers):
+            gamma = state[f"blocks.{index}.gamma_1"]
+            state[f"blocks.{index}.gamma_2"] = np.ones_like(gamma)
     arrays = timm_common.to_arrays(state, spec, timm_common.weight_pairs(spec))
     if spec.rope:
         arrays = permuted_rope(arrays, spec, *_rope_layout(config))

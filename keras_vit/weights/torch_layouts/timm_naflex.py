@@ -292,6 +292,10 @@ def check_writable(spec, what="This model"):
         (spec.activation == "swiglu", "SwiGLU MLPs (activation='swiglu': NaFlexVit builds them "
                                       "as Eva's blocks, which keras_vit does not write yet)"),
         (spec.residual_post_norm, "post-norm blocks (residual_post_norm)"),
+        (spec.norm_layer != "layer_norm", f"norm_layer={spec.norm_layer!r} (its norms are "
+                                          "LayerNorms)"),
+        (spec.qk_norm or spec.grouped_query,
+         "qk_norm or grouped-query attention (num_kv_heads: keras_vit writes them as Eva's)"),
         (spec.layer_norm_epsilon != EPSILON,
          f"LayerNorms of epsilon {spec.layer_norm_epsilon} (NaFlexVit's are {EPSILON}, and "
          "its model_args cannot name another)"),

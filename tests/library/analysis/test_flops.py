@@ -61,6 +61,8 @@ def test_every_variant_matches_tensorflows_count(variant):
          num_register_tokens=1),
     dict(distillation_token=True),  # DeiT's two heads
     dict(activation="swiglu", classifier="map"),  # the gates, the pooling's too
+    # Sapiens2's: narrower key and value projections in the second block, RMS and qk norms
+    dict(num_kv_heads=(2, 1), qk_norm=True, norm_layer="rms_norm"),
 ], ids=str)
 def test_model_options_match_tensorflows_count(options):
     model = keras_vit.vit("Ti/16", image_size=(32, 48), **{**TINY, **options})
@@ -93,6 +95,19 @@ def test_small_vit_with_pre_logits_by_hand():
     macs = (patches * 16 * 16 * 3 * 16 + 2 * transformer_block_macs(patches + 1, 16, 24)
             + 16 * 12 + 12 * 5)
     assert flops.forward_flops(model) == 2 * macs
+
+
+def test_grouped_query_attention_projects_keys_and_values_to_fewer_heads_by_hand():
+    """num_kv_heads: the key and value projections are kv_heads * head_dim wide; every query
+    head still attends to every token (its group's keys and values)."""
+    fields = dict(TINY, num_heads=4, num_layers=1)
+    model = keras_vit.vit("Ti/16", image_size=(32, 64), num_kv_heads=1, **fields)
+    plain = keras_vit.vit("Ti/16", image_size=(32, 64), **fields)
+    tokens, head_dim = 2 * 4 + 1, 16 // 4
+    saved = 2 * tokens * 16 * (16 - head_dim)  # keys and values: 16 -> 4 outputs each
+    assert flops.forward_flops(plain) - flops.forward_flops(model) == 2 * saved
+    assert flops.forward_flops(plain) == 2 * ((tokens - 1) * 16 * 16 * 3 * 16
+                                              + transformer_block_macs(tokens, 16, 24) + 16 * 5)
 
 
 def test_hybrid_stem_by_hand():

@@ -240,10 +240,17 @@ def test_later_vit_options_are_checked_with_the_rest():
     # attention, LayerNorm and MLP, less the class token and its position row.
     ({"classifier": "map", "map_num_heads": 1, "map_mlp_dim": 8},
      16 + 4 * (16 * 16 + 16) + 2 * 16 + (16 * 8 + 8 + 8 * 16 + 16) - 2 * 16),
+    # RMSNorm: the scales of the blocks' two norms and the final norm, no biases.
+    ({"norm_layer": "rms_norm"}, -3 * 16),
+    ({"qk_norm": True}, 2 * 2 * 8),  # a LayerNorm of each head's 8 query and key channels
+    # One key and value head of 8 in place of two: half their kernels and biases.
+    ({"num_kv_heads": 1}, -2 * (16 * 8 + 8)),
+    ({"num_kv_heads": (2,)}, 0),
 ], ids=["no_qkv_bias", "layer_scale", "registers", "registers_no_prefix_embeddings",
         "pre_norm", "pooled_norm", "no_final_norm", "distillation_token", "swiglu", "gap",
         "gap_with_class_token", "mlp_inner_norm", "attention_inner_norm", "rope", "rope_mixed",
-        "token_gap", "relative_mlp", "residual_post_norm", "map_of_its_own_size"])
+        "token_gap", "relative_mlp", "residual_post_norm", "map_of_its_own_size", "rms_norm",
+        "qk_norm", "multi_query", "kv_heads_per_block"])
 def test_each_later_option_adds_exactly_its_weights(fields, extra):
     plain = keras_vit.vit("S/16", **TINY).count_params()
     model = keras_vit.vit("S/16", **TINY, **fields)
@@ -349,3 +356,43 @@ def test_every_field_is_described_once_and_the_docs_table_is_made_from_it():
         "between its markers")
     # vit() takes every field, and points at the spec rather than listing them again.
     assert "ViTConfig" in keras_vit.vit.__doc__
+
+
+@pytest.mark.parametrize("fields, error, message", [
+    ({"norm_layer": "rms"}, ValueError, r"norm_layer='rms': must be one of \('layer_norm', "
+                                        r"'rms_norm'\)"),
+    ({"norm_layer": None}, TypeError, "norm_layer=None.*: must be one of"),
+    ({"qk_norm": 1}, TypeError, r"qk_norm=1 \(int\): must be True or False"),
+    ({"num_kv_heads": 5}, ValueError, r"num_kv_heads=5, num_heads=6: .*must divide num_heads "
+                                      r"\(\[5\] do not\): choose among \[1, 2, 3, 6\]"),
+    ({"num_kv_heads": (6, 4, 3)}, ValueError, r"\[4\] do not"),
+    ({"num_kv_heads": (6, 3)}, ValueError, r"num_kv_heads=\(6, 3\), num_layers=3: give one "
+                                           "number of key and value heads per block \\(3\\)"),
+    ({"num_kv_heads": 0}, ValueError, "num_kv_heads=0: must be None, a positive integer"),
+    ({"num_kv_heads": (3, 0, 3)}, ValueError, "its entry 1 is 0"),
+    ({"num_kv_heads": 2.0}, TypeError, "num_kv_heads=.*must be None, a positive integer"),
+    ({"num_kv_heads": ()}, ValueError, "it is empty"),
+    ({"num_kv_heads": 3, "rope": "mixed"}, ValueError, "rope 'mixed' learns frequencies for "
+                                                       "each query head"),
+], ids=["unknown_norm", "norm_none", "qk_norm_int", "kv_not_dividing", "one_block_not_dividing",
+        "kv_per_block_count", "kv_zero", "kv_entry_zero", "kv_float", "kv_empty", "mixed_rope"])
+def test_norm_qk_norm_and_kv_heads_refuse_bad_values_naming_the_field_and_fix(fields, error,
+                                                                             message):
+    with pytest.raises(error, match=message):
+        ViTConfig.from_variant("S/16", hidden_size=24, num_heads=6, num_layers=3, **fields)
+
+
+def test_kv_heads_per_block_round_trip_and_build_each_block_its_own():
+    """num_kv_heads per block (Sapiens2: every head in the first and last blocks, fewer in
+    between), from a JSON list as from a tuple; each block's key and value are its width."""
+    spec = ViTConfig.from_variant("S/16", **{**TINY, "num_layers": 3},
+                                  num_kv_heads=[2, 1, 2], qk_norm=True, norm_layer="rms_norm")
+    assert spec.num_kv_heads == (2, 1, 2) and [spec.kv_heads(i) for i in range(3)] == [2, 1, 2]
+    assert ViTConfig.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    assert ViTConfig.from_variant("S/16").kv_heads(0) == 6
+    assert spec.grouped_query and not spec.replace(num_kv_heads=2).grouped_query
+    assert not ViTConfig.from_variant("S/16").grouped_query
+    model = keras_vit.vit(spec)
+    widths = [model.get_layer(f"encoderblock_{i}").attention.key.kernel.shape[1]
+              for i in range(3)]
+    assert widths == [16, 8, 16]

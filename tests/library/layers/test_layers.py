@@ -413,6 +413,87 @@ def test_inner_norms_normalise_the_hidden_units_and_the_heads():
         np.testing.assert_allclose(to_np(attention(x.astype("float32"))), expected, atol=1e-4)
 
 
+def test_rms_norm_scales_by_the_root_mean_square_without_centring_in_float32():
+    """RMSNorm (timm's RmsNorm): x / sqrt(mean(x^2) + eps) * gamma, no mean taken out and no
+    bias; a LayerNorm of the same input differs (the test can tell them apart)."""
+    x = np.random.default_rng(0).normal(1.5, 2.0, size=(2, 5, 8))
+    norm = L.RMSNorm(1e-5)
+    norm.build(x.shape)
+    randomise(norm, scale=1.0)
+    assert [v.path.split("/")[-1] for v in norm.weights] == ["gamma"]
+    gamma = to_np(norm.gamma).astype("float64")
+    expected = numpy_reference.rms_norm(x, gamma, eps=1e-5)
+    np.testing.assert_allclose(to_np(norm(x.astype("float32"))), expected, rtol=1e-5, atol=1e-5)
+    assert np.abs(numpy_reference.layer_norm(x, gamma, 0.0) - expected).max() > 0.1
+    half = L.make_norm("rms_norm", 1e-6, dtype="mixed_bfloat16")
+    half.build(x.shape)
+    out = half(x.astype("float32"))
+    assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
+    np.testing.assert_allclose(to_np(keras.ops.cast(out, "float32")),
+                               numpy_reference.rms_norm(x, 1.0, eps=1e-6), rtol=1e-2, atol=1e-2)
+    with pytest.raises(ValueError, match="norm_layer must be one of"):
+        L.make_norm("batch_norm", 1e-6)
+
+
+def _grouped_attention_reference(x, w, num_heads, num_kv_heads, qk_norm_eps):
+    """Grouped-query attention with per-head RMS norms of queries and keys, written out per
+    head: query head h reads key and value head h // (num_heads / num_kv_heads) (timm's
+    AttentionRope); the 1/sqrt(head_dim) scale after the norms."""
+    b, n, d = x.shape
+    head_dim = d // num_heads
+    group = num_heads // num_kv_heads
+
+    def project(name, heads):
+        y = numpy_reference.dense(x, w[f"a/{name}/kernel"], w[f"a/{name}/bias"])
+        return y.reshape(b, n, heads, head_dim)
+
+    q, k, v = project("query", num_heads), project("key", num_kv_heads), project("value",
+                                                                              num_kv_heads)
+    if qk_norm_eps is not None:
+        q = numpy_reference.rms_norm(q, w["a/query_norm/gamma"], qk_norm_eps)
+        k = numpy_reference.rms_norm(k, w["a/key_norm/gamma"], qk_norm_eps)
+    heads = []
+    for h in range(num_heads):
+        logits = q[:, :, h] @ k[:, :, h // group].transpose(0, 2, 1) / math.sqrt(head_dim)
+        heads.append(numpy_reference.softmax(logits) @ v[:, :, h // group])
+    return numpy_reference.dense(np.concatenate(heads, axis=-1), w["a/out/kernel"],
+                                 w["a/out/bias"])
+
+
+@pytest.mark.parametrize("num_kv_heads, qk_norm", [(2, True), (1, False), (4, True)],
+                         ids=["grouped_qk_norm", "multi_query", "qk_norm"])
+def test_grouped_query_attention_with_qk_norm_matches_a_per_head_reference(num_kv_heads,
+                                                                             qk_norm):
+    """Fewer key and value heads (narrower projections), each shared by a group of query
+    heads, and RMS norms of each head's queries and keys: explicit and fused alike."""
+    x = np.random.default_rng(2).normal(size=(2, 5, 16))
+    attention = L.MultiHeadSelfAttention(4, num_kv_heads=num_kv_heads, norm_layer="rms_norm",
+                                         qk_norm_epsilon=1e-6 if qk_norm else None)
+    attention.build(x.shape)
+    randomise(attention, scale=1.0)
+    assert tuple(attention.key.kernel.shape) == (16, num_kv_heads * 4)
+    w = {f"a/{v.path.split('/', 1)[1]}": to_np(v).astype("float64") for v in attention.weights}
+    expected = _grouped_attention_reference(x, w, 4, num_kv_heads, 1e-6 if qk_norm else None)
+    for impl in ("explicit", "fused"):
+        attention.attention_impl = impl
+        np.testing.assert_allclose(to_np(attention(x.astype("float32"))), expected,
+                                   rtol=1e-4, atol=1e-4)
+    # The groups matter: key heads in another order give other outputs.
+    if 1 < num_kv_heads < 4:
+        kernel = to_np(attention.key.kernel).reshape(16, num_kv_heads, 4)
+        attention.key.kernel.assign(kernel[:, ::-1].reshape(16, -1))
+        assert np.abs(to_np(attention(x.astype("float32"))) - expected).max() > 1e-3
+    _, weights = attention(x.astype("float32"), return_attention_scores=True)
+    assert tuple(weights.shape) == (2, 4, 5, 5)
+
+
+def test_grouped_attention_refuses_kv_heads_that_do_not_divide_the_heads():
+    with pytest.raises(ValueError, match="num_kv_heads=3 must divide num_heads=4"):
+        L.MultiHeadSelfAttention(4, num_kv_heads=3)
+    with pytest.raises(ValueError, match="rope 'mixed'"):
+        L.MultiHeadSelfAttention(4, num_kv_heads=2, rope="mixed", grid_size=(2, 2))
+
+
 def test_mlp_block_trains_its_gelu_in_float32_under_a_16_bit_policy():
     """Training: bfloat16 matmuls, GELU in float32 (faster on TensorFlow's CPU kernels, and more
     accurate). Inference: GELU in bfloat16, which TensorFlow fuses into the matmul before it."""

@@ -41,7 +41,7 @@ def assert_close(got, expected, what, tolerance=1e-5):
 
 def _runs_natively(fields):
     return naflex_model.unsupported(keras_vit.ViTConfig(
-        variant="Ti/16", image_size=SIZE, patch_size=PATCH,
+        variant="Ti/16", image_size=SIZE, patch_size=PATCH, **TINY_VIT,
         **{key: value for key, value in fields.items()
            if key not in ("remat", "attention_impl")})) is None
 

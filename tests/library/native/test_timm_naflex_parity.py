@@ -197,6 +197,9 @@ def test_a_timm_option_keras_vit_lacks_is_refused_by_name(architecture, options,
     (dict(position_embedding="sincos_2d"), "position_embedding='sincos_2d'"),
     (dict(activation="swiglu"), "SwiGLU MLPs"),
     (dict(layer_norm_epsilon=1e-5), "LayerNorms of epsilon 1e-05"),
+    (dict(norm_layer="rms_norm"), "norm_layer='rms_norm'"),
+    (dict(qk_norm=True), "qk_norm or grouped-query attention"),
+    (dict(num_kv_heads=1), "qk_norm or grouped-query attention"),
 ])
 def test_a_naflex_model_timm_cannot_express_is_refused_before_writing(fields, named, tmp_path):
     model = keras_vit.vit("Ti/16", image_size=32, patch_size=PATCH, num_classes=5,

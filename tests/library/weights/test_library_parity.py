@@ -708,6 +708,16 @@ EVA_FAMILIES = {
                 "patches, a head of num_classes (PE's projection) with a bias"),
     "pe_core_gigantic": ("vit_pe_core_gigantic_patch14_448", {},
                          "its gigantic: the same pooling without class token"),
+    "sapiens2": ("vit_base_patch16_sapiens2", {"num_kv_heads": (2, 1)},
+                 "Sapiens2 (5 tags): RmsNorm everywhere, qk_norm, grouped-query attention in "
+                 "some blocks (AttentionRope: q_proj, k_proj, v_proj with biases), LayerScale on "
+                 "the attention alone, DINOv3's RoPE, 8 registers, the class token"),
+    "sapiens2_features": ("vit_base_patch16_sapiens2", {"num_kv_heads": 1, "num_classes": 0},
+                          "its features: every block with one key and value head, no head"),
+    "qk_norm_layer_norm": ("vit_base_patch16_rope_reg1_gap_256", {"qk_norm": True},
+                           "qk_norm with LayerNorms (EvaAttention)"),
+    "gqa_rope": ("vit_base_patch16_rope_224", {"num_kv_heads": 1, "qkv_fused": False},
+                 "grouped-query attention with LayerNorms and RoPE at indices"),
 }
 
 
@@ -729,7 +739,7 @@ def test_timm_eva_both_ways(tmp_path, family):
     assert isinstance(theirs, Eva)
     ours = through_timm_files(theirs, tmp_path / "theirs", args)
     assert ours.spec.rope == ("axial_normalized" if "patch16_lingbot" in architecture
-                              or "dinov3" in architecture else "mixed" if "mixed" in architecture
+                              or "dinov3" in architecture or "sapiens2" in architecture else "mixed" if "mixed" in architecture
                               else "axial")
     assert ours.spec.rope_grid_offset == (theirs.rope.grid_offset if ours.spec.rope == "axial"
                                           else 0.0)
@@ -737,6 +747,11 @@ def test_timm_eva_both_ways(tmp_path, family):
     assert ours.spec.attention_inner_norm == hasattr(theirs.blocks[0].attn.norm, "weight")
     assert ours.spec.activation == ("gelu" if type(theirs.blocks[0].mlp).__name__ == "Mlp"
                                     else "swiglu")
+    assert ours.spec.norm_layer == ("rms_norm" if type(theirs.blocks[0].norm1).__name__
+                                    == "RmsNorm" else "layer_norm")
+    assert ours.spec.qk_norm == hasattr(theirs.blocks[0].attn.q_norm, "weight")
+    assert [ours.spec.kv_heads(i) for i in range(len(theirs.blocks))] == [
+        getattr(block.attn, "num_kv_heads", block.attn.num_heads) for block in theirs.blocks]
     pool = theirs.attn_pool
     assert (ours.spec.classifier == "map") == (pool is not None)
     if pool is not None:  # Eva's AttentionPoolLatent: over every token, its own shape
@@ -758,11 +773,6 @@ def test_timm_eva_both_ways(tmp_path, family):
      r"global_pool='map' with swiglu_mlp=True \(Eva's attention pooling has an exact-GELU MLP"),
     ("vit_base_patch16_dinov3", {"rope_grid_offset": 1.0},
      "rope_grid_offset=1.0 with rope_type='dinov3'"),
-    ("vit_base_patch16_rope_reg1_gap_256", {"qk_norm": True}, "qk_norm=True"),
-    ("vit_base_patch16_rope_224", {"num_kv_heads": 1, "qkv_fused": False}, "num_kv_heads"),
-    ("vit_base_patch16_rope_224", {"attn_only_layer_scale": True},
-     "attn_only_layer_scale=True"),
-    ("vit_base_patch16_sapiens2", {"num_kv_heads": 2}, "norm_layer=.*rms_norm"),
 ])
 def test_timm_eva_options_keras_vit_lacks_are_refused(tmp_path, architecture, options, reason):
     from timm.models import _hub
@@ -888,6 +898,36 @@ def test_inner_norms_are_timms_eva_and_refused_for_transformers(tmp_path):
     pixels = np.random.default_rng(2).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
     assert_close(model(keras_vit.preprocess_inputs(pixels)),
                  eva_pixels_and_logits(pixels)(back.eval()), 1e-5)
+
+
+def test_sapiens2s_options_from_scratch_are_timms_eva_and_refused_elsewhere(tmp_path):
+    """RMSNorm, qk_norm and grouped-query attention per block, without qkv biases (no key bias
+    to choose AttentionRope by: grouped attention alone does) and without RoPE, built here,
+    are timm's Eva with its logits; transformers' classes and post-norm blocks refuse them."""
+    from timm.models.eva import Eva
+    fields = dict(hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2, image_size=32,
+                  patch_size=8, num_classes=5, activation="gelu", norm_layer="rms_norm",
+                  qk_norm=True, num_kv_heads=(2, 1), qkv_bias=False, classifier="gap",
+                  final_norm="pooled")
+    model = keras_vit.vit("Ti/16", **fields)
+    with pytest.raises(LayoutError, match="has no norm_layer='rms_norm', no qk_norm=True, no "
+                                          "num_kv_heads: save this model with format='timm'"):
+        keras_vit.save_pretrained(model, tmp_path / "hf", format="transformers")
+    post_norm = keras_vit.vit("Ti/16", **{**fields, "residual_post_norm": True})
+    with pytest.raises(LayoutError, match="post-norm blocks with qk_norm or num_kv_heads"):
+        keras_vit.save_pretrained(post_norm, tmp_path / "post", format="timm")
+    keras_order_one(model)
+    back = back_in_timm(model, tmp_path / "ours")
+    assert isinstance(back, Eva) and back.rope is None
+    assert [block.attn.num_kv_heads for block in back.blocks] == [2, 1]
+    assert type(back.blocks[0].norm1).__name__ == "RmsNorm"
+    pixels = np.random.default_rng(2).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
+    expected = eva_pixels_and_logits(pixels)(back.eval())
+    assert_close(model(keras_vit.preprocess_inputs(pixels)), expected, 1e-5)
+    again = keras_vit.from_pretrained(str(tmp_path / "ours"))
+    assert again.spec == model.spec.replace(  # the name and resampling are timm's
+        variant="B/16", position_embedding_interpolation="bicubic")
+    assert_close(again(keras_vit.preprocess_inputs(pixels)), expected, 1e-5)
 
 
 @pytest.mark.parametrize("fields", [dict(rope="axial"), dict(mlp_inner_norm=True)],
