@@ -292,11 +292,89 @@ def onnx_model(model, preprocess=None, opset=OPSET, max_num_patches=None):
     logger.setLevel(logging.ERROR)  # its per-op INFO and WARNING lines say nothing to users
     try:
         proto, _ = tf2onnx.convert.from_function(function, input_signature=signature,
-                                                 opset=opset)
+                                                 opset=opset,
+                                                 custom_rewriter=[fuse_layer_norms])
     finally:
         logger.setLevel(level)
     _name_dimensions(proto)
     return proto
+
+
+def fuse_layer_norms(graph, ops):
+    """A tf2onnx rewriter: each `keras_vit.layers.LayerNorm` (the TensorFlow ops of its two-pass
+    form, `Mean`, `Sub`, `Square`, `Mean`, `AddV2` epsilon, `Rsqrt`, `Mul` scale, `Mul`, bias
+    `BiasAdd`) becomes one ONNX `LayerNormalization` (opset 17) over the last axis.
+
+    tf2onnx's own layer-norm rewriter matches none of them: it looks for `Add` where TensorFlow 2
+    writes `AddV2` and `BiasAdd`, and writes `InstanceNormalization`. Left as separate ops
+    (`GlobalAveragePool`, `Mul`, `Sqrt`, `Reciprocal`, ...), no runtime fuses them: ONNX Runtime's
+    and OpenVINO's layer-norm fusions look for other ops (`ReduceMean`, `Pow`, `Div`), and ONNX
+    Runtime's attention fusion starts from a `LayerNormalization`."""
+    for bias_add in list(ops):
+        match = _layer_norm(graph, bias_add)
+        if match is None:
+            continue
+        inputs, epsilon = match
+        output, name = bias_add.output[0], bias_add.name
+        shape, dtype = graph.get_shape(output), graph.get_dtype(output)
+        graph.remove_node(name)
+        graph.make_node("LayerNormalization", inputs, attr={"axis": -1, "epsilon": epsilon},
+                        outputs=[output], shapes=[shape], dtypes=[dtype], name=name)
+    return graph.get_nodes()
+
+
+def _layer_norm(graph, bias_add):
+    """([x, scale, bias], epsilon) when `bias_add` ends LayerNorm.call's ops, else None: one
+    pass's mean and the other's over the last axis only (keepdims), of the same `x`; scale,
+    bias and epsilon constants of one value per feature (one in all, for epsilon)."""
+    def op(name, *types):
+        node = graph.get_node_by_output(name)
+        return node if node is not None and node.type in types else None
+
+    def constant(name):
+        node = graph.get_node_by_output(name)
+        return node.get_tensor_value(as_list=False) if node is not None and node.is_const() \
+            else None
+
+    def last_axis_mean(node, x):  # Mean(x, axes) over x's last axis, keepdims
+        if node is None or node.type != "Mean" or node.input[0] != x:
+            return False
+        axes, rank = constant(node.input[1]), graph.get_rank(x)
+        return (axes is not None and rank is not None and axes.size == 1
+                and int(axes.reshape(-1)[0]) % rank == rank - 1
+                and bool(node.get_attr_value("keep_dims", 0)))
+
+    if bias_add.type not in ("BiasAdd", "Add", "AddV2"):
+        return None
+    for product_name, bias_name in (bias_add.input, bias_add.input[::-1]):
+        product, bias = op(product_name, "Mul"), constant(bias_name)
+        if product is None or bias is None or bias.ndim != 1:
+            continue
+        for centred_name, scaled_name in (product.input, product.input[::-1]):
+            centred, scaled = op(centred_name, "Sub"), op(scaled_name, "Mul")
+            if centred is None or scaled is None:
+                continue
+            x = centred.input[0]
+            features = (graph.get_shape(x) or [-1])[-1]
+            if (not last_axis_mean(op(centred.input[1], "Mean"), x)
+                    or bias.shape != (features,)):
+                continue
+            for root_name, scale_name in (scaled.input, scaled.input[::-1]):
+                root, scale = op(root_name, "Rsqrt"), constant(scale_name)
+                if root is None or scale is None or scale.shape != (features,):
+                    continue
+                shifted = op(root.input[0], "Add", "AddV2")
+                if shifted is None:
+                    continue
+                for variance_name, epsilon_name in (shifted.input, shifted.input[::-1]):
+                    variance, epsilon = op(variance_name, "Mean"), constant(epsilon_name)
+                    square = variance is not None and op(variance.input[0], "Square")
+                    if (epsilon is None or epsilon.size != 1 or not square
+                            or square.input[0] != centred.output[0]
+                            or not last_axis_mean(variance, square.output[0])):
+                        continue
+                    return [x, scale_name, bias_name], float(epsilon.reshape(-1)[0])
+    return None
 
 
 def int8_model(proto, samples):

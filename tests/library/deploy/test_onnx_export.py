@@ -155,6 +155,42 @@ def test_openvino_reads_the_file_with_the_keras_outputs(exported, name):
         assert_close(compiled(inputs)[compiled.output(0)], expected)
 
 
+def _nodes(graph):
+    """The graph's nodes and those of its subgraphs (a loop's or a branch's body)."""
+    import onnx
+
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from _nodes(attribute.g)
+
+
+@needs_onnx
+@pytest.mark.parametrize("name", EXPORTS)
+def test_each_layer_norm_is_one_onnx_op(exported, name):
+    """Every keras_vit LayerNorm of the model is one `LayerNormalization` (which ONNX Runtime
+    and OpenVINO run as one kernel), no op of its TensorFlow form left in the layer's scope (a
+    mean as `GlobalAveragePool`, `Sqrt`, `Reciprocal`, ...); the hybrid's GroupNorms, over other
+    axes, stay as they were (and correct: the outputs' tests)."""
+    import onnx
+
+    from keras_vit.layers.normalization import LayerNorm
+
+    path, _, model = exported(name)
+    nodes = list(_nodes(onnx.load(path).graph))
+    names = {layer.name for layer in model._flatten_layers() if isinstance(layer, LayerNorm)}
+    fused = [node for node in nodes if node.op_type == "LayerNormalization"]
+    # tf2onnx names a node by its TensorFlow scope, ".../LayerNorm_0_1/Mean" (the layer's call)
+    left = [f"{node.op_type} {node.name}" for node in nodes if node.op_type != "LayerNormalization"
+            and any(f"/{layer}_" in node.name for layer in names)]
+    assert len(fused) == sum(isinstance(layer, LayerNorm) for layer in model._flatten_layers())
+    assert len(fused) >= 3  # each block's two, and the encoder's or the pooled tokens' own
+    assert left == []
+    if name == "hybrid":  # its root's GroupNorm, as it was
+        assert [node.op_type for node in nodes].count("Sqrt") == 1
+
+
 @needs_onnx
 def test_inputs_outputs_and_metadata(exported):
     """A free batch dimension named `batch`; the spec, class names and input read back."""
