@@ -82,11 +82,19 @@ def test_export_latency_benchmark_times_a_variant_with_changed_fields():
             if line.startswith("| R+Ti/16 |")]
     onnx = [f"ONNX Runtime {kind}" for kind in ("float32", "int8")
             if importlib.util.find_spec("onnxruntime") and importlib.util.find_spec("tf2onnx")]
-    openvino = ["OpenVINO float32"] if onnx and importlib.util.find_spec("openvino") else []
-    assert [row[1] for row in rows] == ["SavedModel (TF)", "TFLite float32", "TFLite float16",
-                                        "TFLite dynamic", "TFLite int8", *onnx, *openvino]
+    openvino = ([f"OpenVINO {kind}" for kind in ("float32", "int8")]
+                if onnx and importlib.util.find_spec("openvino") else [])
+    assert [row[1] for row in rows] == [
+        "Keras (XLA-compiled call)", "SavedModel (TF)", "TFLite float32", "TFLite float16",
+        "TFLite dynamic", "TFLite int8", *onnx, *openvino]
     # Ti/16's own float32 file is 22 MB; this one holds about 12k weights (0.05 MB).
-    assert float(rows[1][2]) < 0.5, rows
+    assert float(rows[2][2]) < 0.5, rows
+    # Agreement with Keras: the float32 files give its logits (its own row, exactly).
+    differences = {row[1]: float(row[6].rstrip(" |")) for row in rows}
+    assert differences["Keras (XLA-compiled call)"] == 0
+    for name in ["SavedModel (TF)", "TFLite float32", *[n for n in onnx + openvino
+                                                       if n.endswith("float32")]]:
+        assert differences[name] < 1e-3, rows
 
 
 @pytest.mark.processes  # simulated hosts on two formats and two pipelines
