@@ -22,6 +22,12 @@ https://onnxruntime.ai/docs/api/python/auto_examples/plot_metadata.html) holds t
 `ViTConfig` (`SPEC_KEY`), the class names (`CLASS_NAMES_KEY`), what the input holds
 (`INPUT_KEY`) and the quantization (`QUANTIZATION_KEY`).
 
+The graph is tf2onnx's with two rewrites that make it run faster and change no output: each
+LayerNorm is one ONNX `LayerNormalization` (`fuse_layer_norms`), and the reshapes whose target is
+the batch and constants take it as a constant (`_static_reshapes`), without the `Shape`, `Cast`,
+`Slice` and `Concat` that computed it; ONNX Runtime fuses the rest at load (GELU as `FastGelu`,
+the dense layers' bias into `Gemm`). docs/serving.md has the before and after.
+
 "int8" is ONNX Runtime's static quantization (`onnxruntime.quantization.quantize_static`,
 https://onnxruntime.ai/docs/performance/model-optimizations/quantization.html) in its QDQ format,
 int8 weights per output channel and int8 activations, of the layers that hold the multiply-adds
@@ -296,6 +302,7 @@ def onnx_model(model, preprocess=None, opset=OPSET, max_num_patches=None):
                                                  custom_rewriter=[fuse_layer_norms])
     finally:
         logger.setLevel(level)
+    _static_reshapes(proto.graph)
     _name_dimensions(proto)
     return proto
 
@@ -375,6 +382,97 @@ def _layer_norm(graph, bias_add):
                         continue
                     return [x, scale_name, bias_name], float(epsilon.reshape(-1)[0])
     return None
+
+
+def _static_reshapes(graph):
+    """Gives each `Reshape` whose target shape is computed from one tensor's dimension and
+    constants (Keras' [batch, tokens, width] after a dense layer: `Shape`, `Cast`, `Slice`,
+    `Concat`, `Cast`) that shape as a constant, -1 in place of the dimension, and drops the ops
+    that computed it. The same reshape (-1 is the one size that keeps the element count, the
+    constants all positive), without 4 to 5 ops of each dense layer and attention that ONNX
+    Runtime runs one by one (and that hide the shapes from its fusions); top-level graph only."""
+    from onnx import numpy_helper
+
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    producers = {output: node for node in graph.node for output in node.output}
+
+    def value(name):
+        return numpy_helper.to_array(constants[name]) if name in constants else None
+
+    def producer(name):  # the op that computes `name`, through Casts
+        node = producers.get(name)
+        while node is not None and node.op_type == "Cast":
+            node = producers.get(node.input[0])
+        return node
+
+    def dimensions(name):  # a 1-D tensor of some of a tensor's dimensions
+        node = producer(name)
+        return node is not None and (node.op_type == "Shape" or (
+            node.op_type == "Gather" and dimensions(node.input[0])
+            and getattr(value(node.input[1]), "ndim", 0) == 1))
+
+    def one_dimension(name):  # [d]: Gather [i] or Slice [i:i + 1] of those
+        node = producer(name)
+        if node is None or not dimensions(node.input[0]):
+            return False
+        if node.op_type == "Gather":
+            return value(node.input[1]).shape == (1,)
+        bounds = [value(name) for name in node.input[1:]]
+        return (node.op_type == "Slice" and all(bound is not None and bound.size == 1
+                                                for bound in bounds)
+                and int(bounds[1].item()) - int(bounds[0].item()) == 1
+                and (len(bounds) < 4 or int(bounds[3].item()) == 1))
+
+    for node in graph.node:
+        if node.op_type != "Reshape" or len(node.input) != 2:
+            continue
+        concat = producer(node.input[1])
+        if concat is None or concat.op_type != "Concat":
+            continue
+        parts = [value(name) for name in concat.input]
+        computed = [index for index, part in enumerate(parts) if part is None]
+        if (len(computed) != 1 or not one_dimension(concat.input[computed[0]])
+                or any((part <= 0).any() for part in parts if part is not None)):
+            continue
+        parts[computed[0]] = np.array([-1])
+        shape = numpy_helper.from_array(
+            np.concatenate([np.asarray(part, np.int64).reshape(-1) for part in parts]),
+            f"{node.name}/static_shape")
+        graph.initializer.append(shape)
+        constants[shape.name] = shape
+        node.input[1] = shape.name
+    _drop_unused(graph)
+
+
+def _drop_unused(graph):
+    """Removes the nodes and initializers that no graph output depends on (names a subgraph
+    reads from the outer scope count as read)."""
+    def read(nodes):
+        for node in nodes:
+            yield from node.input
+            for attribute in node.attribute:
+                if attribute.g.node:
+                    yield from read(attribute.g.node)
+                for subgraph in attribute.graphs:
+                    yield from read(subgraph.node)
+
+    needed = {output.name for output in graph.output}
+    kept, grown = set(), True
+    while grown:  # whatever the nodes' order
+        grown = False
+        for index, node in enumerate(graph.node):
+            if index not in kept and any(output in needed for output in node.output):
+                kept.add(index)
+                needed.update(read([node]))
+                grown = True
+    if len(kept) < len(graph.node):
+        nodes = [type(node).FromString(node.SerializeToString())
+                 for index, node in enumerate(graph.node) if index in kept]
+        del graph.node[:]
+        graph.node.extend(nodes)
+    unused = [tensor for tensor in graph.initializer if tensor.name not in needed]
+    for tensor in unused:
+        graph.initializer.remove(tensor)
 
 
 def int8_model(proto, samples):

@@ -192,6 +192,32 @@ def test_each_layer_norm_is_one_onnx_op(exported, name):
 
 
 @needs_onnx
+@pytest.mark.parametrize("name", ["learned", "hybrid", "map_registers", "dynamic_image_size"])
+def test_reshapes_to_a_known_shape_take_it_as_a_constant(exported, name):
+    """A reshape whose target is one dimension of a tensor and constants gets that shape as a
+    constant, -1 for the dimension, without the Shape, Slice, Concat and Cast that computed
+    it: at a fixed size, every reshape of the blocks (the batch the one size computed). A
+    model of any image size keeps the ones whose token count is computed too."""
+    import onnx
+
+    path, _, model = exported(name)
+    graph = onnx.load(path).graph
+    constants = {tensor.name for tensor in graph.initializer}
+    reshapes = [node for node in graph.node if node.op_type == "Reshape"]
+    static = [node for node in reshapes if node.input[1] in constants]
+    if name == "dynamic_image_size":
+        assert len(static) < len(reshapes)
+    else:
+        assert len(static) >= 6 * model.spec.num_layers  # 2 per dense layer of each block
+        # (the patch embedding's reshape has its own -1, the tokens: left as it is)
+        assert [f"{node.op_type} {node.name}" for node in graph.node if "encoderblock" in
+                node.name and (node.op_type in ("Shape", "Cast") or node in reshapes
+                               and node not in static)] == []
+    assert not [tensor.name for tensor in graph.initializer  # nothing left unused
+                if not any(tensor.name in node.input for node in _nodes(graph))]
+
+
+@needs_onnx
 def test_inputs_outputs_and_metadata(exported):
     """A free batch dimension named `batch`; the spec, class names and input read back."""
     path, _, model = exported("learned")
