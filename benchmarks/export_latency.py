@@ -14,7 +14,10 @@ model you will deploy, e.g. the quickstart's architecture:
         --repeats=1000
 
 Batch-1 latency (median of `--repeats` rounds, each round timing every runtime once) and
-batch-32 throughput (the same); model sizes on disk. Weights are the initial ones plus
+batch-32 throughput (the same, `--batch_repeats` rounds); model sizes on disk. With
+`--tf2onnx_graph`, the float32 ONNX file as tf2onnx writes it too (`onnx_model(rewrite=False)`:
+each LayerNorm as separate ops, reshapes computed from shapes), timed in the same rounds, and
+both files' op counts. Weights are the initial ones plus
 N(0, 0.02) noise: latency does not depend on their values, but zero biases would be folded away
 by the converters (a lighter graph than a trained model's) and a zero head would make every
 logit equal. "Agreement with Keras" is on the batch's random images: top-1 agreement and the
@@ -25,6 +28,7 @@ either way, no resize.
 """
 
 import argparse
+import collections
 import os
 import tempfile
 
@@ -37,7 +41,7 @@ import keras_vit  # noqa: E402
 import machine  # noqa: E402
 import runtimes  # noqa: E402
 from litert_runner import tflite_runner  # noqa: E402
-from keras_vit.deploy import export  # noqa: E402
+from keras_vit.deploy import export, onnx_export  # noqa: E402
 from keras_vit.architecture.spec import TABLE_FIELDS, ViTConfig  # noqa: E402
 
 
@@ -55,9 +59,9 @@ def perturbed(model, seed=0, scale=0.02):
     return model
 
 
-def runners(model, image_size, batch, threads, workdir):
+def runners(model, image_size, batch, threads, workdir, notes, tf2onnx_graph=False):
     """{format: (size in bytes, runner for one image, runner for `batch`)}, every runner taking
-    float32 pixels in 0..255 and returning logits."""
+    float32 pixels in 0..255 and returning logits; lines to print after the table in `notes`."""
     rng = np.random.default_rng(1)
     calibration = rng.uniform(0, 255, (8, image_size, image_size, 3)).astype(np.float32)
     keras_run = runtimes.keras_runner(model)
@@ -84,6 +88,14 @@ def runners(model, image_size, batch, threads, workdir):
                            representative_data=calibration)
         run = runtimes.onnx_runtime_runner(path, threads)
         formats[f"ONNX Runtime {name}"] = (os.path.getsize(path), run, run)
+    if tf2onnx_graph:
+        paths["float32, tf2onnx's graph"] = path = os.path.join(workdir, "tf2onnx.onnx")
+        with open(path, "wb") as handle:
+            handle.write(onnx_export.onnx_model(model, rewrite=False).SerializeToString())
+        run = runtimes.onnx_runtime_runner(path, threads)
+        formats["ONNX Runtime float32, tf2onnx's graph"] = (os.path.getsize(path), run, run)
+        notes += op_counts({name: paths[name] for name in ("float32, tf2onnx's graph",
+                                                           "float32")})
     if runtimes.openvino_available():
         for name, path in paths.items():  # OpenVINO runs the int8 file's QDQ ops in int8
             run = runtimes.openvino_runner(path, threads)
@@ -91,23 +103,44 @@ def runners(model, image_size, batch, threads, workdir):
     return formats
 
 
-def measure(model, image_size, batch, threads, repeats, workdir):
+def op_counts(paths):
+    """Lines: the ops of each ONNX file, as written and as ONNX Runtime runs them after its
+    own fusions at load (its default level)."""
+    import onnx
+    import onnxruntime
+
+    lines = []
+    for name, path in paths.items():
+        options = onnxruntime.SessionOptions()
+        options.optimized_model_filepath = path + ".loaded.onnx"
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        for when, file in (("written", path), ("as ONNX Runtime runs it", path + ".loaded.onnx")):
+            counts = collections.Counter(node.op_type for node in onnx.load(file).graph.node)
+            lines.append(f"{name}, {when}: {sum(counts.values())} ops: " + ", ".join(
+                f"{op} {count}" for op, count in counts.most_common()))
+    return lines
+
+
+def measure(model, image_size, batch, threads, repeats, workdir, batch_repeats=None,
+            tf2onnx_graph=False):
     """[(format, size in bytes or None, batch-1 seconds, batch images/s, top-1 agreement with
-    Keras %, largest logit difference)]."""
+    Keras %, largest logit difference)], [lines to print after the table]."""
     rng = np.random.default_rng(0)
     one = rng.uniform(0, 255, (1, image_size, image_size, 3)).astype(np.float32)
     many = rng.uniform(0, 255, (batch, image_size, image_size, 3)).astype(np.float32)
-    formats = runners(model, image_size, batch, threads, workdir)
+    notes = []
+    formats = runners(model, image_size, batch, threads, workdir, notes, tf2onnx_graph)
     latency = runtimes.interleaved_medians(
         {name: run for name, (_, run, _) in formats.items()}, [one], repeats)
     seconds = runtimes.interleaved_medians(
-        {name: run for name, (_, _, run) in formats.items()}, [many], repeats)
+        {name: run for name, (_, _, run) in formats.items()}, [many], batch_repeats or repeats)
     reference = formats["Keras (XLA-compiled call)"][2](many)
     rows = []
     for name, (size, _, run) in formats.items():
         rows.append((name, size, latency[name], batch / seconds[name],
                      *runtimes.agreement(run(many), reference)))
-    return rows
+    return rows, notes
 
 
 def main():
@@ -116,12 +149,17 @@ def main():
     parser.add_argument("--image_size", type=int, default=224)
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="batch-1 rounds")
+    parser.add_argument("--batch_repeats", type=int, help="batch rounds (default --repeats)")
+    parser.add_argument("--tf2onnx_graph", action="store_true",
+                        help="also time the ONNX file without keras_vit's rewrites")
     parser.add_argument("--num_classes", type=int, default=1000)
     for field in TABLE_FIELDS:
         parser.add_argument(f"--{field}", type=int, help="instead of the variant's")
     args = parser.parse_args()
-    for name in ("batch_size", "threads", "repeats", "image_size", "num_classes"):
+    args.batch_repeats = args.batch_repeats or args.repeats
+    for name in ("batch_size", "threads", "repeats", "batch_repeats", "image_size",
+                 "num_classes"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     overrides = {field: getattr(args, field) for field in TABLE_FIELDS
@@ -129,22 +167,26 @@ def main():
     print(machine.describe())
     print(f"{args.image_size}px, {args.num_classes} classes, {overrides or 'no overrides'}, "
           f"{args.threads} threads, TF {tf.__version__}, {runtimes.versions()}, median of "
-          f"{args.repeats} interleaved rounds, load average {os.getloadavg()[0]:.1f} at the "
+          f"{args.repeats} (batch 1) and {args.batch_repeats} (batch {args.batch_size}) "
+          f"interleaved rounds, load average {os.getloadavg()[0]:.1f} at the "
           "start\n")
     print(f"| variant | format | size MB | batch-1 latency ms | batch-{args.batch_size} images/s "
           f"| top-1 agreement with Keras % | max logit difference |")
     print("|---|---|---|---|---|---|---|")
+    notes = []
     for variant in args.variant or ["Ti/16"]:
         model = perturbed(keras_vit.vit(ViTConfig.from_variant(
             variant, image_size=args.image_size, num_classes=args.num_classes, **overrides)))
         with tempfile.TemporaryDirectory() as workdir:
-            for name, size, latency, throughput, agree, difference in measure(
-                    model, args.image_size, args.batch_size, args.threads, args.repeats,
-                    workdir):
+            rows, variant_notes = measure(model, args.image_size, args.batch_size, args.threads,
+                                          args.repeats, workdir, args.batch_repeats,
+                                          args.tf2onnx_graph)
+            notes += [f"{variant}: {line}" for line in variant_notes]
+            for name, size, latency, throughput, agree, difference in rows:
                 size = "–" if size is None else f"{size / 2**20:.2f}"
                 print(f"| {variant} | {name} | {size} | {latency * 1000:.3f} | "
                       f"{throughput:.1f} | {agree:.1f} | {difference:.2g} |", flush=True)
-    print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
+    print("", *notes, f"load average {os.getloadavg()[0]:.1f} at the end", sep="\n")
 
 
 if __name__ == "__main__":

@@ -257,9 +257,10 @@ def _check_packages(opset):
     _check_opset(opset, max(tf2onnx.constants.OPSET_TO_IR_VERSION))
 
 
-def onnx_model(model, preprocess=None, opset=OPSET, max_num_patches=None):
+def onnx_model(model, preprocess=None, opset=OPSET, max_num_patches=None, rewrite=True):
     """The ONNX `ModelProto` of a keras_vit `model` (see `export_onnx`), without metadata;
-    arguments are not checked."""
+    arguments are not checked. rewrite=False: tf2onnx's graph as it writes it, without the
+    module docstring's two rewrites (benchmarks/export_latency.py --tf2onnx_graph times both)."""
     import tensorflow as tf
     import tf2onnx
 
@@ -299,10 +300,12 @@ def onnx_model(model, preprocess=None, opset=OPSET, max_num_patches=None):
     try:
         proto, _ = tf2onnx.convert.from_function(function, input_signature=signature,
                                                  opset=opset,
-                                                 custom_rewriter=[fuse_layer_norms])
+                                                 custom_rewriter=[fuse_layer_norms] if rewrite
+                                                 else None)
     finally:
         logger.setLevel(level)
-    _static_reshapes(proto.graph)
+    if rewrite:
+        _static_reshapes(proto.graph)
     _name_dimensions(proto)
     return proto
 
