@@ -14,7 +14,8 @@ model you will deploy, e.g. the quickstart's architecture:
         --repeats=1000
 
 Batch-1 latency (median of `--repeats` rounds, each round timing every runtime once) and
-batch-32 throughput (the same, `--batch_repeats` rounds); model sizes on disk. With
+batch-32 throughput (the same, `--batch_repeats` rounds; runtimes.interleaved_medians: each
+runtime runs twice a round, the second timed); model sizes on disk. With
 `--tf2onnx_graph`, the float32 ONNX file as tf2onnx writes it too (`onnx_model(rewrite=False)`:
 each LayerNorm as separate ops, reshapes computed from shapes), timed in the same rounds, and
 both files' op counts. Weights are the initial ones plus

@@ -80,13 +80,14 @@ def openvino_runner(path, threads):
 
 def interleaved_medians(runs, inputs, repeats):
     """{name: median seconds of a run} over `repeats` rounds, each round running every runner
-    once (so that a change in the machine's load hits all of them) on the round's input, the
-    next of the list `inputs` (cycled); one warm-up each."""
-    for run in runs.values():
-        run(inputs[0])
+    (so that a change in the machine's load hits all of them) on the round's input, the next of
+    the list `inputs` (cycled). Each runner runs twice in a row and the second run is timed: the
+    runtimes' thread pools spin a while after a run (ONNX Runtime's, OpenVINO's), and on a
+    machine of 2 shared cores that slowed whichever runner came next by up to 2x."""
     times = {name: [] for name in runs}
     for index in range(repeats):
         for name, run in runs.items():
+            run(inputs[index % len(inputs)])
             start = time.perf_counter()
             run(inputs[index % len(inputs)])
             times[name].append(time.perf_counter() - start)
