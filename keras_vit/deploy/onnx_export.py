@@ -316,10 +316,10 @@ def fuse_layer_norms(graph, ops):
     `BiasAdd`) becomes one ONNX `LayerNormalization` (opset 17) over the last axis.
 
     tf2onnx's own layer-norm rewriter matches none of them: it looks for `Add` where TensorFlow 2
-    writes `AddV2` and `BiasAdd`, and writes `InstanceNormalization`. Left as separate ops
-    (`GlobalAveragePool`, `Mul`, `Sqrt`, `Reciprocal`, ...), no runtime fuses them: ONNX Runtime's
-    and OpenVINO's layer-norm fusions look for other ops (`ReduceMean`, `Pow`, `Div`), and ONNX
-    Runtime's attention fusion starts from a `LayerNormalization`."""
+    writes `AddV2` and `BiasAdd`, and writes `InstanceNormalization`. Left as 10 separate ops
+    (`GlobalAveragePool` for each mean, `Sqrt`, `Reciprocal`, ...), ONNX Runtime runs them one by
+    one: its layer-norm fusion looks for `ReduceMean`, `Pow` and `Div`, and its graph after
+    loading keeps them all (docs/serving.md)."""
     for bias_add in list(ops):
         match = _layer_norm(graph, bias_add)
         if match is None:
@@ -392,8 +392,8 @@ def _static_reshapes(graph):
     constants (Keras' [batch, tokens, width] after a dense layer: `Shape`, `Cast`, `Slice`,
     `Concat`, `Cast`) that shape as a constant, -1 in place of the dimension, and drops the ops
     that computed it. The same reshape (-1 is the one size that keeps the element count, the
-    constants all positive), without 4 to 5 ops of each dense layer and attention that ONNX
-    Runtime runs one by one (and that hide the shapes from its fusions); top-level graph only."""
+    constants all positive), without the 4 to 5 small ops before each that ONNX Runtime runs one
+    by one (Ti/16: 144 of them); top-level graph only."""
     from onnx import numpy_helper
 
     constants = {tensor.name: tensor for tensor in graph.initializer}
