@@ -1,21 +1,22 @@
-"""Accuracy and speed of every TFLite kind of a trained model, and with the "onnx" extra of its
-ONNX files (float32, int8) in ONNX Runtime, on its whole evaluation split: top-1, top-1
-agreement with the Keras model, the largest logit difference, size, batch-1 latency and batched
-throughput in LiteRT (XNNPack) and ONNX Runtime.
+"""Accuracy and speed of a trained model in Keras, of every TFLite kind of it, and with the "onnx"
+extra of its ONNX files (float32, int8) in ONNX Runtime and OpenVINO, on its whole evaluation
+split: top-1, top-1 agreement with the Keras model (`model.predict`), the largest logit
+difference, size, batch-1 latency and batched throughput (Keras: its call compiled by XLA;
+LiteRT on XNNPack).
 
     python -m train.main --config=configs/quickstart.py --workdir=/tmp/vit_quickstart
     python benchmarks/export_accuracy.py --workdir=/tmp/vit_quickstart --threads=2
 
 The files are converted afresh from `<workdir>/export/model.keras` with keras_vit's exporter,
 int8 calibrated on the same training images as the driver's export. Latencies are the median
-of `--repeats` single-image runs, interleaved over the kinds.
+of `--repeats` single-image runs, interleaved over the kinds (runners shared with
+export_latency.py: benchmarks/runtimes.py).
 """
 
 import argparse
-import importlib.util
 import os
-import statistics
 import sys
+import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -26,10 +27,11 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import machine  # noqa: E402
+import runtimes  # noqa: E402
 from litert_runner import tflite_runner  # noqa: E402
 from keras_vit.deploy import export  # noqa: E402
 from keras_vit.preprocessing import scale_pixels  # noqa: E402
-from train.data import tf_pipeline
+from train.data import tf_pipeline  # noqa: E402
 from train.run import run_config, run_files  # noqa: E402
 from train.run import export as run_export  # noqa: E402  (a run's export; keras_vit's is `export`)
 
@@ -69,67 +71,52 @@ def main():
     reference = model.predict(scale_pixels(images), batch_size=1000, verbose=0)
     print(machine.describe())
     print(f"{config.model.variant} at {config.image_size}px, {len(images)} {config.eval_split} "
-          f"images, LiteRT threads {args.threads}, TF {tf.__version__}\n")
+          f"images, {args.threads} threads, TF {tf.__version__}, {runtimes.versions()}, "
+          f"load average {os.getloadavg()[0]:.1f} at the start\n")
     print("| format | size MB | top-1 % | agreement with Keras % | max logit difference | "
           f"batch-1 ms | batch-{args.batch_size} images/s |")
     print("|---|---|---|---|---|---|---|")
-    print(f"| Keras | – | {np.mean(reference.argmax(1) == labels) * 100:.2f} | – | – | – | – |")
-    # {format: (size in bytes, run on one image, logits of all the images)}
-    formats = {}
+    # {format: (size in bytes or None, run on one image, logits of all the images)}
+    keras_run = runtimes.keras_runner(model)
+    formats = {"Keras (XLA-compiled call)": (
+        None, keras_run, lambda: batched(keras_run, images, args.batch_size))}
     for kind, quantization in run_export.TFLITE_KINDS.items():
         content = export.tflite_bytes(model, quantization, calibration)
         formats[f"TFLite {kind}"] = (
             len(content), tflite_runner(content, 1, args.threads),
             lambda content=content: logits_of(content, images, args.batch_size, args.threads))
-    if importlib.util.find_spec("onnxruntime") and importlib.util.find_spec("tf2onnx"):
-        for kind, quantization in run_export.ONNX_KINDS.items():
-            formats[f"ONNX Runtime {kind}"] = onnx_runner(model, quantization, calibration,
-                                                          images, args)
-    latencies = {name: [] for name in formats}
-    for _, run, _ in formats.values():  # warm up
-        run(images[:1])
-    for index in range(args.repeats):  # interleaved: drifts in machine load hit every kind
-        for name, (_, run, _) in formats.items():
-            start = time.perf_counter()
-            run(images[index % len(images)][None])
-            latencies[name].append(time.perf_counter() - start)
+    if runtimes.onnx_available():
+        with tempfile.TemporaryDirectory() as folder:
+            for kind, quantization in run_export.ONNX_KINDS.items():
+                path = os.path.join(folder, f"model_{kind}.onnx")
+                export.export_onnx(model, path, quantization=quantization,
+                                   representative_data=calibration)
+                size = os.path.getsize(path)
+                runs = {"ONNX Runtime": runtimes.onnx_runtime_runner(path, args.threads)}
+                if runtimes.openvino_available():  # compiled here, while the file exists
+                    runs["OpenVINO"] = runtimes.openvino_runner(path, args.threads)
+                for runtime, run in runs.items():
+                    formats[f"{runtime} {kind}"] = (
+                        size, run, lambda run=run: batched(run, images, args.batch_size))
+    latencies = runtimes.interleaved_medians(  # a test image after another, each round
+        {name: run for name, (_, run, _) in formats.items()},
+        [image[None] for image in images[:args.repeats]], args.repeats)
     for name, (size, _, run_all) in formats.items():
         start = time.perf_counter()
         logits = run_all()
         throughput = len(images) / (time.perf_counter() - start)
-        predictions = logits.argmax(1)
-        print(f"| {name} | {size / 2**20:.2f} | "
-              f"{np.mean(predictions == labels) * 100:.2f} | "
-              f"{np.mean(predictions == reference.argmax(1)) * 100:.2f} | "
-              f"{np.abs(logits - reference).max():.3f} | "
-              f"{statistics.median(latencies[name]) * 1000:.3f} | {throughput:.0f} |", flush=True)
+        agree, difference = runtimes.agreement(logits, reference)
+        size = "–" if size is None else f"{size / 2**20:.2f}"
+        print(f"| {name} | {size} | {np.mean(logits.argmax(1) == labels) * 100:.2f} | "
+              f"{agree:.2f} | {difference:.3f} | {latencies[name] * 1000:.3f} | "
+              f"{throughput:.0f} |", flush=True)
+    print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
 
 
-def onnx_runner(model, quantization, calibration, images, args):
-    """(size, run on one image, logits of all `images`) of the model's ONNX file in ONNX
-    Runtime, on `args.threads` threads; the file takes the model's own input (no resize)."""
-    import tempfile
-
-    import onnxruntime
-
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "model.onnx")
-        export.export_onnx(model, path, quantization=quantization,
-                           representative_data=calibration)
-        with open(path, "rb") as handle:
-            content = handle.read()
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = args.threads, 1
-    session = onnxruntime.InferenceSession(content, options, providers=["CPUExecutionProvider"])
-
-    def run(batch):
-        return session.run(None, {"images": scale_pixels(batch)})[0]
-
-    def run_all():
-        return np.concatenate([run(images[start:start + args.batch_size])
-                               for start in range(0, len(images), args.batch_size)])
-
-    return len(content), run, run_all
+def batched(run, images, batch):
+    """run(...) on `images` in batches of `batch` (the last one smaller), concatenated."""
+    return np.concatenate([run(images[start:start + batch])
+                           for start in range(0, len(images), batch)])
 
 
 if __name__ == "__main__":

@@ -73,20 +73,32 @@ def test_export_latency_benchmark_times_a_variant_with_changed_fields():
     command = [sys.executable, "benchmarks/export_latency.py", "--variant=R+Ti/16",
                "--image_size=16", "--patch_size=2", "--hidden_size=8", "--mlp_dim=16",
                "--num_heads=2", "--num_layers=1", "--num_classes=3", "--batch_size=2",
-               "--repeats=1"]
+               "--repeats=1", "--tf2onnx_graph"]
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [line.split(" | ") for line in result.stdout.splitlines()
             if line.startswith("| R+Ti/16 |")]
-    onnx = [f"ONNX Runtime {kind}" for kind in ("float32", "int8")
+    kinds = ("float32", "int8", "float32, tf2onnx's graph")  # the last: --tf2onnx_graph
+    onnx = [f"ONNX Runtime {kind}" for kind in kinds
             if importlib.util.find_spec("onnxruntime") and importlib.util.find_spec("tf2onnx")]
-    openvino = ["OpenVINO float32"] if onnx and importlib.util.find_spec("openvino") else []
-    assert [row[1] for row in rows] == ["SavedModel (TF)", "TFLite float32", "TFLite float16",
-                                        "TFLite dynamic", "TFLite int8", *onnx, *openvino]
+    openvino = ([f"OpenVINO {kind}" for kind in kinds]
+                if onnx and importlib.util.find_spec("openvino") else [])
+    assert [row[1] for row in rows] == [
+        "Keras (XLA-compiled call)", "SavedModel (TF)", "TFLite float32", "TFLite float16",
+        "TFLite dynamic", "TFLite int8", *onnx, *openvino]
     # Ti/16's own float32 file is 22 MB; this one holds about 12k weights (0.05 MB).
-    assert float(rows[1][2]) < 0.5, rows
+    assert float(rows[2][2]) < 0.5, rows
+    # Agreement with Keras: the float32 files give its logits (its own row, exactly).
+    differences = {row[1]: float(row[6].rstrip(" |")) for row in rows}
+    assert differences["Keras (XLA-compiled call)"] == 0
+    for name in ["SavedModel (TF)", "TFLite float32", *[n for n in onnx + openvino
+                                                       if "float32" in n]]:
+        assert differences[name] < 1e-3, rows
+    if onnx:  # both files' ops, as written: the rewrites' LayerNormalization in one only
+        counts = [line for line in result.stdout.splitlines() if ", written: " in line]
+        assert [("LayerNormalization" in line) for line in counts] == [False, True], counts
 
 
 @pytest.mark.processes  # simulated hosts on two formats and two pipelines

@@ -22,6 +22,12 @@ https://onnxruntime.ai/docs/api/python/auto_examples/plot_metadata.html) holds t
 `ViTConfig` (`SPEC_KEY`), the class names (`CLASS_NAMES_KEY`), what the input holds
 (`INPUT_KEY`) and the quantization (`QUANTIZATION_KEY`).
 
+The graph is tf2onnx's with two rewrites that make it run faster and change no output: each
+LayerNorm is one ONNX `LayerNormalization` (`fuse_layer_norms`), and the reshapes whose target is
+the batch and constants take it as a constant (`_static_reshapes`), without the `Shape`, `Cast`,
+`Slice` and `Concat` that computed it; ONNX Runtime fuses the rest at load (GELU as `FastGelu`,
+the dense layers' bias into `Gemm`). docs/serving.md has the before and after.
+
 "int8" is ONNX Runtime's static quantization (`onnxruntime.quantization.quantize_static`,
 https://onnxruntime.ai/docs/performance/model-optimizations/quantization.html) in its QDQ format,
 int8 weights per output channel and int8 activations, of the layers that hold the multiply-adds
@@ -251,9 +257,10 @@ def _check_packages(opset):
     _check_opset(opset, max(tf2onnx.constants.OPSET_TO_IR_VERSION))
 
 
-def onnx_model(model, preprocess=None, opset=OPSET, max_num_patches=None):
+def onnx_model(model, preprocess=None, opset=OPSET, max_num_patches=None, rewrite=True):
     """The ONNX `ModelProto` of a keras_vit `model` (see `export_onnx`), without metadata;
-    arguments are not checked."""
+    arguments are not checked. rewrite=False: tf2onnx's graph as it writes it, without the
+    module docstring's two rewrites (benchmarks/export_latency.py --tf2onnx_graph times both)."""
     import tensorflow as tf
     import tf2onnx
 
@@ -292,11 +299,183 @@ def onnx_model(model, preprocess=None, opset=OPSET, max_num_patches=None):
     logger.setLevel(logging.ERROR)  # its per-op INFO and WARNING lines say nothing to users
     try:
         proto, _ = tf2onnx.convert.from_function(function, input_signature=signature,
-                                                 opset=opset)
+                                                 opset=opset,
+                                                 custom_rewriter=[fuse_layer_norms] if rewrite
+                                                 else None)
     finally:
         logger.setLevel(level)
+    if rewrite:
+        _static_reshapes(proto.graph)
     _name_dimensions(proto)
     return proto
+
+
+def fuse_layer_norms(graph, ops):
+    """A tf2onnx rewriter: each `keras_vit.layers.LayerNorm` (the TensorFlow ops of its two-pass
+    form, `Mean`, `Sub`, `Square`, `Mean`, `AddV2` epsilon, `Rsqrt`, `Mul` scale, `Mul`, bias
+    `BiasAdd`) becomes one ONNX `LayerNormalization` (opset 17) over the last axis.
+
+    tf2onnx's own layer-norm rewriter matches none of them: it looks for `Add` where TensorFlow 2
+    writes `AddV2` and `BiasAdd`, and writes `InstanceNormalization`. Left as 10 separate ops
+    (`GlobalAveragePool` for each mean, `Sqrt`, `Reciprocal`, ...), ONNX Runtime runs them one by
+    one: its layer-norm fusion looks for `ReduceMean`, `Pow` and `Div`, and its graph after
+    loading keeps them all (docs/serving.md)."""
+    for bias_add in list(ops):
+        match = _layer_norm(graph, bias_add)
+        if match is None:
+            continue
+        inputs, epsilon = match
+        output, name = bias_add.output[0], bias_add.name
+        shape, dtype = graph.get_shape(output), graph.get_dtype(output)
+        graph.remove_node(name)
+        graph.make_node("LayerNormalization", inputs, attr={"axis": -1, "epsilon": epsilon},
+                        outputs=[output], shapes=[shape], dtypes=[dtype], name=name)
+    return graph.get_nodes()
+
+
+def _layer_norm(graph, bias_add):
+    """([x, scale, bias], epsilon) when `bias_add` ends LayerNorm.call's ops, else None: one
+    pass's mean and the other's over the last axis only (keepdims), of the same `x`; scale,
+    bias and epsilon constants of one value per feature (one in all, for epsilon)."""
+    def op(name, *types):
+        node = graph.get_node_by_output(name)
+        return node if node is not None and node.type in types else None
+
+    def constant(name):
+        node = graph.get_node_by_output(name)
+        return node.get_tensor_value(as_list=False) if node is not None and node.is_const() \
+            else None
+
+    def last_axis_mean(node, x):  # Mean(x, axes) over x's last axis, keepdims
+        if node is None or node.type != "Mean" or node.input[0] != x:
+            return False
+        axes, rank = constant(node.input[1]), graph.get_rank(x)
+        return (axes is not None and rank is not None and axes.size == 1
+                and int(axes.reshape(-1)[0]) % rank == rank - 1
+                and bool(node.get_attr_value("keep_dims", 0)))
+
+    if bias_add.type not in ("BiasAdd", "Add", "AddV2"):
+        return None
+    for product_name, bias_name in (bias_add.input, bias_add.input[::-1]):
+        product, bias = op(product_name, "Mul"), constant(bias_name)
+        if product is None or bias is None or bias.ndim != 1:
+            continue
+        for centred_name, scaled_name in (product.input, product.input[::-1]):
+            centred, scaled = op(centred_name, "Sub"), op(scaled_name, "Mul")
+            if centred is None or scaled is None:
+                continue
+            x = centred.input[0]
+            features = (graph.get_shape(x) or [-1])[-1]
+            if (not last_axis_mean(op(centred.input[1], "Mean"), x)
+                    or bias.shape != (features,)):
+                continue
+            for root_name, scale_name in (scaled.input, scaled.input[::-1]):
+                root, scale = op(root_name, "Rsqrt"), constant(scale_name)
+                if root is None or scale is None or scale.shape != (features,):
+                    continue
+                shifted = op(root.input[0], "Add", "AddV2")
+                if shifted is None:
+                    continue
+                for variance_name, epsilon_name in (shifted.input, shifted.input[::-1]):
+                    variance, epsilon = op(variance_name, "Mean"), constant(epsilon_name)
+                    square = variance is not None and op(variance.input[0], "Square")
+                    if (epsilon is None or epsilon.size != 1 or not square
+                            or square.input[0] != centred.output[0]
+                            or not last_axis_mean(variance, square.output[0])):
+                        continue
+                    return [x, scale_name, bias_name], float(epsilon.reshape(-1)[0])
+    return None
+
+
+def _static_reshapes(graph):
+    """Gives each `Reshape` whose target shape is computed from one tensor's dimension and
+    constants (Keras' [batch, tokens, width] after a dense layer: `Shape`, `Cast`, `Slice`,
+    `Concat`, `Cast`) that shape as a constant, -1 in place of the dimension, and drops the ops
+    that computed it. The same reshape (-1 is the one size that keeps the element count, the
+    constants all positive), without the 4 to 5 small ops before each that ONNX Runtime runs one
+    by one (Ti/16: 144 of them); top-level graph only."""
+    from onnx import numpy_helper
+
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    producers = {output: node for node in graph.node for output in node.output}
+
+    def value(name):
+        return numpy_helper.to_array(constants[name]) if name in constants else None
+
+    def producer(name):  # the op that computes `name`, through Casts
+        node = producers.get(name)
+        while node is not None and node.op_type == "Cast":
+            node = producers.get(node.input[0])
+        return node
+
+    def dimensions(name):  # a 1-D tensor of some of a tensor's dimensions
+        node = producer(name)
+        return node is not None and (node.op_type == "Shape" or (
+            node.op_type == "Gather" and dimensions(node.input[0])
+            and getattr(value(node.input[1]), "ndim", 0) == 1))
+
+    def one_dimension(name):  # [d]: Gather [i] or Slice [i:i + 1] of those
+        node = producer(name)
+        if node is None or not dimensions(node.input[0]):
+            return False
+        if node.op_type == "Gather":
+            return value(node.input[1]).shape == (1,)
+        bounds = [value(name) for name in node.input[1:]]
+        return (node.op_type == "Slice" and all(bound is not None and bound.size == 1
+                                                for bound in bounds)
+                and int(bounds[1].item()) - int(bounds[0].item()) == 1
+                and (len(bounds) < 4 or int(bounds[3].item()) == 1))
+
+    for node in graph.node:
+        if node.op_type != "Reshape" or len(node.input) != 2:
+            continue
+        concat = producer(node.input[1])
+        if concat is None or concat.op_type != "Concat":
+            continue
+        parts = [value(name) for name in concat.input]
+        computed = [index for index, part in enumerate(parts) if part is None]
+        if (len(computed) != 1 or not one_dimension(concat.input[computed[0]])
+                or any((part <= 0).any() for part in parts if part is not None)):
+            continue
+        parts[computed[0]] = np.array([-1])
+        shape = numpy_helper.from_array(
+            np.concatenate([np.asarray(part, np.int64).reshape(-1) for part in parts]),
+            f"{node.name}/static_shape")
+        graph.initializer.append(shape)
+        constants[shape.name] = shape
+        node.input[1] = shape.name
+    _drop_unused(graph)
+
+
+def _drop_unused(graph):
+    """Removes the nodes and initializers that no graph output depends on (names a subgraph
+    reads from the outer scope count as read)."""
+    def read(nodes):
+        for node in nodes:
+            yield from node.input
+            for attribute in node.attribute:
+                if attribute.g.node:
+                    yield from read(attribute.g.node)
+                for subgraph in attribute.graphs:
+                    yield from read(subgraph.node)
+
+    needed = {output.name for output in graph.output}
+    kept, grown = set(), True
+    while grown:  # whatever the nodes' order
+        grown = False
+        for index, node in enumerate(graph.node):
+            if index not in kept and any(output in needed for output in node.output):
+                kept.add(index)
+                needed.update(read([node]))
+                grown = True
+    if len(kept) < len(graph.node):
+        nodes = [type(node).FromString(node.SerializeToString())
+                 for index, node in enumerate(graph.node) if index in kept]
+        del graph.node[:]
+        graph.node.extend(nodes)
+    unused = [tensor for tensor in graph.initializer if tensor.name not in needed]
+    for tensor in unused:
+        graph.initializer.remove(tensor)
 
 
 def int8_model(proto, samples):

@@ -155,6 +155,68 @@ def test_openvino_reads_the_file_with_the_keras_outputs(exported, name):
         assert_close(compiled(inputs)[compiled.output(0)], expected)
 
 
+def _nodes(graph):
+    """The graph's nodes and those of its subgraphs (a loop's or a branch's body)."""
+    import onnx
+
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from _nodes(attribute.g)
+
+
+@needs_onnx
+@pytest.mark.parametrize("name", EXPORTS)
+def test_each_layer_norm_is_one_onnx_op(exported, name):
+    """Every keras_vit LayerNorm of the model is one `LayerNormalization` (which ONNX Runtime
+    and OpenVINO run as one kernel), no op of its TensorFlow form left in the layer's scope (a
+    mean as `GlobalAveragePool`, `Sqrt`, `Reciprocal`, ...); the hybrid's GroupNorms, over other
+    axes, stay as they were (and correct: the outputs' tests)."""
+    import onnx
+
+    from keras_vit.layers.normalization import LayerNorm
+
+    path, _, model = exported(name)
+    nodes = list(_nodes(onnx.load(path).graph))
+    names = {layer.name for layer in model._flatten_layers() if isinstance(layer, LayerNorm)}
+    fused = [node for node in nodes if node.op_type == "LayerNormalization"]
+    # tf2onnx names a node by its TensorFlow scope, ".../LayerNorm_0_1/Mean" (the layer's call)
+    left = [f"{node.op_type} {node.name}" for node in nodes if node.op_type != "LayerNormalization"
+            and any(f"/{layer}_" in node.name for layer in names)]
+    assert len(fused) == sum(isinstance(layer, LayerNorm) for layer in model._flatten_layers())
+    assert len(fused) >= 3  # each block's two, and the encoder's or the pooled tokens' own
+    assert left == []
+    if name == "hybrid":  # its root's GroupNorm, as it was
+        assert [node.op_type for node in nodes].count("Sqrt") == 1
+
+
+@needs_onnx
+@pytest.mark.parametrize("name", ["learned", "hybrid", "map_registers", "dynamic_image_size"])
+def test_reshapes_to_a_known_shape_take_it_as_a_constant(exported, name):
+    """A reshape whose target is one dimension of a tensor and constants gets that shape as a
+    constant, -1 for the dimension, without the Shape, Slice, Concat and Cast that computed
+    it: at a fixed size, every reshape of the blocks (the batch the one size computed). A
+    model of any image size keeps the ones whose token count is computed too."""
+    import onnx
+
+    path, _, model = exported(name)
+    graph = onnx.load(path).graph
+    constants = {tensor.name for tensor in graph.initializer}
+    reshapes = [node for node in graph.node if node.op_type == "Reshape"]
+    static = [node for node in reshapes if node.input[1] in constants]
+    if name == "dynamic_image_size":
+        assert len(static) < len(reshapes)
+    else:
+        assert len(static) >= 6 * model.spec.num_layers  # 2 per dense layer of each block
+        # (the patch embedding's reshape has its own -1, the tokens: left as it is)
+        assert [f"{node.op_type} {node.name}" for node in graph.node if "encoderblock" in
+                node.name and (node.op_type in ("Shape", "Cast") or node in reshapes
+                               and node not in static)] == []
+    assert not [tensor.name for tensor in graph.initializer  # nothing left unused
+                if not any(tensor.name in node.input for node in _nodes(graph))]
+
+
 @needs_onnx
 def test_inputs_outputs_and_metadata(exported):
     """A free batch dimension named `batch`; the spec, class names and input read back."""
