@@ -22,9 +22,9 @@ from keras_vit.architecture import variants
 from keras_vit.architecture.execution import FIELDS as EXECUTION_FIELDS
 # What each field may be, and the rules between fields, by family of options.
 from keras_vit.architecture.spec_rules import (ACTIVATIONS, CLASSIFIERS, FINAL_NORMS,  # noqa: F401
-                                  INTERPOLATIONS, NORM_LAYERS, LEARNED_POSITION_EMBEDDINGS, PLACEMENTS,
-                                  POSITION_EMBEDDINGS, RESNET_NUMERICS, ROPE_TEMPERATURES,
-                                  TABLE_FIELDS, Problem, resolved)
+                                  INTERPOLATIONS, LEARNED_POSITION_EMBEDDINGS, NORM_LAYERS,
+                                  PLACEMENTS, POSITION_EMBEDDINGS, RESNET_NUMERICS,
+                                  ROPE_TEMPERATURES, TABLE_FIELDS, Problem, resolved)
 from keras_vit.architecture.variants import _describe
 
 LAYER_NORM_EPSILON = 1e-6  # the original's (Keras' default is 1e-3)

@@ -39,8 +39,8 @@ GLU_PACKED = ((r".*\.mlp", ".fc1.", ("fc1_g", "fc1_x")),)
 TOKEN_GAP = ("classifier='token_gap' (DINOv2's head on the class token beside the patch tokens' "
              "mean: timm's global_pool is 'token', 'avg', 'avgmax', 'max' or 'map'). Nothing was "
              "written. Save it with keras_vit.weights.checkpoint.save_npz or "
-             "model.save(...keras), or, for a model of learned position embeddings with LayerScale, with "
-             "format='transformers' (its Dinov2ForImageClassification)")
+             "model.save(...keras), or, for a model of learned position embeddings with "
+             "LayerScale, with format='transformers' (its Dinov2ForImageClassification)")
 
 
 @functools.cache

@@ -738,9 +738,9 @@ def test_timm_eva_both_ways(tmp_path, family):
     theirs = order_one(timm.create_model(architecture, pretrained=False, **args))
     assert isinstance(theirs, Eva)
     ours = through_timm_files(theirs, tmp_path / "theirs", args)
-    assert ours.spec.rope == ("axial_normalized" if "patch16_lingbot" in architecture
-                              or "dinov3" in architecture or "sapiens2" in architecture else "mixed" if "mixed" in architecture
-                              else "axial")
+    normalized = ("patch16_lingbot", "dinov3", "sapiens2")
+    assert ours.spec.rope == ("axial_normalized" if any(name in architecture for name in normalized)
+                              else "mixed" if "mixed" in architecture else "axial")
     assert ours.spec.rope_grid_offset == (theirs.rope.grid_offset if ours.spec.rope == "axial"
                                           else 0.0)
     assert ours.spec.mlp_inner_norm == hasattr(theirs.blocks[0].mlp.norm, "weight")
