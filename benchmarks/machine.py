@@ -1,5 +1,6 @@
 """What every benchmark prints first: the CPU it ran on and that CPU's measured matmul peak, so
-that numbers from different machines are never compared as if they were one."""
+that numbers from different machines are never compared as if they were one; and what the
+benchmarks that time compiled steps count beside them, XLA's compilations on JAX."""
 
 import os
 import statistics
@@ -57,3 +58,20 @@ def describe(dtypes=("float32",)):
     peaks = ", ".join(f"{dtype} {matmul_peak(dtype) / 1e9:.0f}" for dtype in dtypes)
     return (f"CPU: {cpu_name()}, {os.cpu_count()} cores; measured {PEAK_SIZE}^3 matmul peak "
             f"GFLOP/s: {peaks}")
+
+
+def jax_compile_counter():
+    """A list that gets an entry whenever XLA compiles for JAX (stays empty on other Keras
+    backends): a step that compiles again inside a timed run is not a steady state."""
+    compiles = []
+    import keras
+
+    if keras.config.backend() == "jax":
+        import jax
+
+        def listener(event, duration_secs, **kwargs):
+            if event == "/jax/core/compile/backend_compile_duration":
+                compiles.append(duration_secs)
+
+        jax.monitoring.register_event_duration_secs_listener(listener)
+    return compiles

@@ -229,22 +229,6 @@ class TFLayout:
         return {"traces": self.engine.train_loop.experimental_get_tracing_count()}
 
 
-def compile_counter():
-    """A list that gets an entry whenever XLA compiles for JAX (empty on TensorFlow)."""
-    compiles = []
-    import keras
-
-    if keras.config.backend() == "jax":
-        import jax
-
-        def listener(event, duration_secs, **kwargs):
-            if event == "/jax/core/compile/backend_compile_duration":
-                compiles.append(duration_secs)
-
-        jax.monitoring.register_event_duration_secs_listener(listener)
-    return compiles
-
-
 # --with_input: steps of each run left untimed. A pipeline keeps making batches while the other
 # layouts run (its buffers: some 3 batches); timed at once, a run would count its predecessor's
 # input work and not its own.
@@ -258,7 +242,7 @@ def step_figures(step_batches, repeats, extra, with_input=False):
     import keras
 
     kind = JaxLayout if keras.config.backend() == "jax" else TFLayout
-    compiles = compile_counter()
+    compiles = machine.jax_compile_counter()
     layouts, results = {}, {}
 
     def run(mode, steps=step_batches):  # counts the compilations of each layout's own runs

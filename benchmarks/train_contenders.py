@@ -237,7 +237,7 @@ def timed_run(name, run, steps, compiles):
     """Seconds of one run of `steps` steps, and the CPU seconds this process spent in it (all
     its threads: below cores x seconds when other work takes cores). Every run returns its loss
     as a float, which waits for the device to finish them. On JAX a run that compiles is an
-    error (not the steady state); `compiles` is `jax_compile_counter()`'s list."""
+    error (not the steady state); `compiles` is `machine.jax_compile_counter()`'s list."""
     compiled = len(compiles)
     start, cpu_start = time.perf_counter(), time.process_time()
     run(steps)
@@ -250,7 +250,7 @@ def timed_run(name, run, steps, compiles):
 def interleaved_rates(runs, steps, batch_size, repeats):
     """Images/s of each contender: the median of `repeats` interleaved timed runs (each repeat
     times every contender once), after `warm_up`."""
-    compiles = jax_compile_counter()
+    compiles = machine.jax_compile_counter()
     warm_up(runs, steps)
     times = {name: [] for name in runs}
     for _ in range(repeats):
@@ -258,20 +258,6 @@ def interleaved_rates(runs, steps, batch_size, repeats):
             times[name].append(timed_run(name, run, steps, compiles)[0])
     return {name: steps * batch_size / statistics.median(seconds)
             for name, seconds in times.items()}
-
-
-def jax_compile_counter():
-    """A list that gets an entry whenever XLA compiles for JAX (stays empty on TensorFlow)."""
-    compiles = []
-    if keras.config.backend() == "jax":
-        import jax
-
-        def listener(event, duration_secs, **kwargs):
-            if event == "/jax/core/compile/backend_compile_duration":
-                compiles.append(duration_secs)
-
-        jax.monitoring.register_event_duration_secs_listener(listener)
-    return compiles
 
 
 def versions():
@@ -295,7 +281,7 @@ def serve(requests, reply):
         time {name, steps}         -> seconds of one run of that contender, and its CPU seconds
     """
     backend = keras.config.backend()
-    compiles = jax_compile_counter()
+    compiles = machine.jax_compile_counter()
     runs = {}
     with tempfile.TemporaryDirectory() as workdir:
         for number, request in enumerate(requests):
