@@ -78,6 +78,7 @@ def main():
     print("|---|---|---|---|---|---|---|")
     # {format: (size in bytes or None, run on one image, logits of all the images)}
     keras_run = runtimes.keras_runner(model)
+    notes = []  # what could not be timed
     formats = {"Keras (XLA-compiled call)": (
         None, keras_run, lambda: batched(keras_run, images, args.batch_size))}
     for kind, quantization in run_export.TFLITE_KINDS.items():
@@ -94,7 +95,11 @@ def main():
                 size = os.path.getsize(path)
                 runs = {"ONNX Runtime": runtimes.onnx_runtime_runner(path, args.threads)}
                 if runtimes.openvino_available():  # compiled here, while the file exists
-                    runs["OpenVINO"] = runtimes.openvino_runner(path, args.threads)
+                    run, why = runtimes.openvino_runner_or_why(path, args.threads)
+                    if run is None:
+                        notes.append(f"OpenVINO {kind}: {why}")
+                    else:
+                        runs["OpenVINO"] = run
                 for runtime, run in runs.items():
                     formats[f"{runtime} {kind}"] = (
                         size, run, lambda run=run: batched(run, images, args.batch_size))
@@ -110,6 +115,8 @@ def main():
         print(f"| {name} | {size} | {np.mean(logits.argmax(1) == labels) * 100:.2f} | "
               f"{agree:.2f} | {difference:.3f} | {latencies[name] * 1000:.3f} | "
               f"{throughput:.0f} |", flush=True)
+    for note in notes:
+        print(f"\n{note}")
     print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
 
 

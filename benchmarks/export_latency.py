@@ -99,11 +99,9 @@ def runners(model, image_size, batch, threads, workdir, notes, tf2onnx_graph=Fal
                                                            "float32")})
     if runtimes.openvino_available():
         for name, path in paths.items():  # OpenVINO runs the int8 file's QDQ ops in int8
-            try:
-                run = runtimes.openvino_runner(path, threads)
-            except RuntimeError as error:  # a file it cannot compile: said, not timed
-                reason = [line for line in str(error).splitlines() if line.strip()]
-                notes.append(f"OpenVINO {name}: compile_model failed: {reason[-1][:200]}")
+            run, why = runtimes.openvino_runner_or_why(path, threads)
+            if run is None:  # a file it cannot compile: said, not timed
+                notes.append(f"OpenVINO {name}: {why}")
                 continue
             formats[f"OpenVINO {name}"] = (os.path.getsize(path), run, run)
     return formats

@@ -78,6 +78,17 @@ def openvino_runner(path, threads):
     return run
 
 
+def openvino_runner_or_why(path, threads):
+    """(`openvino_runner`, None), or (None, why) for a file OpenVINO cannot compile (2026.4's
+    low-precision ReshapeTransformation fails on some int8 QDQ files, e.g. Ti/16's): the
+    benchmarks say so under their table instead of stopping."""
+    try:
+        return openvino_runner(path, threads), None
+    except RuntimeError as error:
+        reason = [line for line in str(error).splitlines() if line.strip()]
+        return None, f"compile_model failed: {reason[-1][:200]}"
+
+
 def interleaved_medians(runs, inputs, repeats):
     """{name: median seconds of a run} over `repeats` rounds, each round running every runner
     (so that a change in the machine's load hits all of them) on the round's input, the next of

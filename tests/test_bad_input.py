@@ -35,7 +35,7 @@ SAMPLE = {
     "class_token": True, "rope": "axial", "rope_temperature": 100.0,
     "rope_reference_grid": (14, 14), "rope_grid_offset": 1.0, "relative_mlp_dim": 32,
     "map_num_heads": 4, "map_mlp_dim": 64, "resnet_numerics": "timm", "image_size": (224, 160),
-    "variant": "S/16",
+    "variant": "S/16", "num_kv_heads": 4,
 }
 # Fields whose numbers may be zero or negative (every other number must be positive).
 SIGNED = {"rope_grid_offset"}

@@ -172,19 +172,25 @@ def test_each_layer_norm_is_one_onnx_op(exported, name):
     """Every keras_vit LayerNorm of the model is one `LayerNormalization` (which ONNX Runtime
     and OpenVINO run as one kernel), no op of its TensorFlow form left in the layer's scope (a
     mean as `GlobalAveragePool`, `Sqrt`, `Reciprocal`, ...); the hybrid's GroupNorms, over other
-    axes, stay as they were (and correct: the outputs' tests)."""
+    axes, and RMSNorms (opset 17 has no RMSNormalization; its ops match no LayerNorm's), stay as
+    they were (and correct: the outputs' tests)."""
     import onnx
 
     from keras_vit.layers.normalization import LayerNorm
 
     path, _, model = exported(name)
     nodes = list(_nodes(onnx.load(path).graph))
-    names = {layer.name for layer in model._flatten_layers() if isinstance(layer, LayerNorm)}
+    # Exactly LayerNorm: RMSNorm is its subclass.
+    layer_norms = [layer for layer in model._flatten_layers() if type(layer) is LayerNorm]
+    if model.spec.norm_layer == "rms_norm":
+        assert layer_norms == []
+        pytest.skip("every norm is an RMSNorm")
+    names = {layer.name for layer in layer_norms}  # each block's have the same names
     fused = [node for node in nodes if node.op_type == "LayerNormalization"]
     # tf2onnx names a node by its TensorFlow scope, ".../LayerNorm_0_1/Mean" (the layer's call)
     left = [f"{node.op_type} {node.name}" for node in nodes if node.op_type != "LayerNormalization"
             and any(f"/{layer}_" in node.name for layer in names)]
-    assert len(fused) == sum(isinstance(layer, LayerNorm) for layer in model._flatten_layers())
+    assert len(fused) == len(layer_norms)
     assert len(fused) >= 3  # each block's two, and the encoder's or the pooled tokens' own
     assert left == []
     if name == "hybrid":  # its root's GroupNorm, as it was
