@@ -281,12 +281,12 @@ def check_plain(spec, target, swiglu=False, hybrid=False):
     """A LayoutError for what `target`, a library's plain ViT class, cannot write: RoPE, other
     position embeddings, a ResNet stem (unless `hybrid`), axial blocks, SwiGLU (unless
     `swiglu`)."""
-    sapiens2 = [what for bad, what in (
+    eva_only = [what for bad, what in (
         (spec.norm_layer != "layer_norm", f"norm_layer={spec.norm_layer!r}"),
         (spec.qk_norm, "qk_norm=True"), (spec.grouped_query, "num_kv_heads"))
         if bad]
-    if sapiens2:
-        raise LayoutError(f"{target} has no {', no '.join(sapiens2)}: save this model with "
+    if eva_only:
+        raise LayoutError(f"{target} has no {', no '.join(eva_only)}: save this model with "
                           "format='timm' (its Eva, as Sapiens2).")
     if spec.rope:
         raise LayoutError(f"{target} has no rotary position embeddings (rope={spec.rope!r}); "

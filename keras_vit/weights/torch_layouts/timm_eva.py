@@ -263,8 +263,7 @@ def eva_attention(arrays, spec):
     """timm's Eva attention for the model's weights: EvaAttention ("eva": query and value
     biases, the key's zero), or AttentionRope ("rope": all three) for a non-zero key bias or
     grouped-query attention (EvaAttention has neither)."""
-    grouped = spec.grouped_query
-    return "rope" if grouped or common.key_bias(arrays, spec) else "eva"
+    return "rope" if spec.grouped_query or common.key_bias(arrays, spec) else "eva"
 
 
 def eva_state(state, spec, attention):
