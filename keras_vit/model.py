@@ -322,13 +322,17 @@ def _stem(spec, images, policy):
     dynamic = spec.dynamic_image_size
     x = vit_layers.PatchEmbed(spec.patch_size, spec.hidden_size, flatten=not dynamic,
                               name="embedding", dtype=policy)(x)
-    if not dynamic:
-        return x, None
-    # A model of any image size keeps the patch grid beside the tokens: the layers that need
-    # the grid's size (position embeddings, relative and rotary positions, Axial-ViT) read it
-    # from there when they run.
-    return keras.layers.Reshape((-1, spec.hidden_size), name="patch_tokens",
-                                dtype=policy)(x), x
+    grid = None
+    if dynamic:
+        # A model of any image size keeps the patch grid beside the tokens: the layers that
+        # need the grid's size (position embeddings, relative and rotary positions, Axial-ViT)
+        # read it from there when they run.
+        grid = x
+        x = keras.layers.Reshape((-1, spec.hidden_size), name="patch_tokens", dtype=policy)(x)
+    if spec.patch_norm:  # before the position embeddings (AIMv2's)
+        x = vit_layers.make_norm(spec.norm_layer, spec.layer_norm_epsilon, name="patch_norm",
+                                 dtype=policy)(x)
+    return x, grid
 
 
 def _encoder(spec, x, patch_grid, policy):
@@ -387,7 +391,7 @@ def _blocks(spec, index, relative, policy):
                    residual_post_norm=spec.residual_post_norm, norm_layer=spec.norm_layer,
                    qk_norm=spec.qk_norm,
                    num_kv_heads=(None if spec.num_kv_heads is None else spec.kv_heads(index)),
-                   dtype=policy)
+                   proj_bias=spec.proj_bias, dtype=policy)
     if spec.axial:
         return [vit_layers.AxialEncoderBlock(axis, spec.grid_size,
                                              name=f"encoderblock_{index}_{axis}", **options)
@@ -406,7 +410,8 @@ def _top(spec, x, policy):
     head_dtype = _head_dtype(policy)
     if spec.classifier == "map":  # big_vision's name for it
         x = vit_layers.AttentionPooling(
-            spec.map_num_heads or spec.num_heads, spec.map_mlp_dim or spec.mlp_dim,
+            spec.map_num_heads or spec.num_heads,
+            spec.mlp_dim if spec.map_mlp_dim is None else spec.map_mlp_dim,  # 0: no MLP
             num_prefix_tokens=0 if spec.map_include_prefix else spec.num_prefix_tokens,
             layer_norm_epsilon=spec.layer_norm_epsilon, activation=spec.activation,
             norm_layer=spec.norm_layer, name="MAPHead_0", dtype=policy)(x)

@@ -40,6 +40,10 @@ OPTION_FAMILIES = {
     "rms_everywhere_map": {"norm_layer": "rms_norm", "pre_norm": True, "mlp_inner_norm": True,
                            "attention_inner_norm": True, "classifier": "map",
                            "final_norm": "pooled", "qk_norm": True, "num_kv_heads": 1},
+    # AIMv2's: a norm of the patch tokens, no biases but the patch embedding's and the
+    # pooling's, SiLU-gated MLPs, attention pooling without its LayerNorm and MLP.
+    "aimv2": {"norm_layer": "rms_norm", "activation": "swiglu", "patch_norm": True,
+              "qkv_bias": False, "proj_bias": False, "classifier": "map", "map_mlp_dim": 0},
 }
 
 

@@ -40,7 +40,7 @@ SAMPLE = {
 # Fields whose numbers may be zero or negative (every other number must be positive).
 SIGNED = {"rope_grid_offset"}
 RATES = {"dropout", "attention_dropout", "drop_path_rate"}  # in [0, 1)
-AT_LEAST_ZERO = {"num_register_tokens"}
+AT_LEAST_ZERO = {"num_register_tokens", "map_mlp_dim"}  # map_mlp_dim 0: no MLP
 FIELDS = {field.name: field for field in dataclasses.fields(ViTConfig)}
 
 

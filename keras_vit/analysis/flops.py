@@ -134,7 +134,7 @@ def _attention_pooling(pool, input_shape):
     projections = (_dense(pool.query, 1) + _dense(pool.key, tokens) + _dense(pool.value, tokens)
                    + _dense(pool.out, 1))
     matmuls = 2 * (2 * tokens * input_shape[-1])  # query x keys, weights x values
-    return projections + matmuls + _mlp(pool.mlp, 1)
+    return projections + matmuls + (0 if pool.mlp is None else _mlp(pool.mlp, 1))
 
 
 def _top_dense(dense, input_shape):

@@ -153,7 +153,10 @@ class ViTConfig:
             `LayerNorm_2`). Not with layer_scale_init.
         map_num_heads, map_mlp_dim: the heads and MLP width of classifier "map"'s attention
             pooling; None takes num_heads and mlp_dim (Perception Encoder's pooling has 8 heads
-            and 4 x hidden_size whatever the model's).
+            and 4 x hidden_size whatever the model's). map_mlp_dim 0: no LayerNorm and MLP
+            after the attention, whose output is the pooling's (AIMv2's
+            `Aimv2AttentionPoolingHead`; Fini et al., "Multimodal Autoregressive Pre-training
+            of Large Vision Encoders", 2024).
         map_include_prefix: True for classifier "map"'s pooling to attend to the class and
             register tokens too (timm's Eva), not the patches alone (big_vision, timm's
             VisionTransformer).
@@ -186,6 +189,11 @@ class ViTConfig:
             projections are num_kv_heads * head_dim wide. An int for every block, or one per
             block (Sapiens2 keeps all heads in its first and last 8 blocks). Each must divide
             num_heads. Not with rope "mixed" (its learned frequencies are per query head).
+        patch_norm: a norm (`norm_layer`'s kind, weights `patch_norm`) of the patch tokens
+            right after the patch embedding, before the position embeddings are added (timm's
+            `embed_norm_layer`; AIMv2's `embeddings.rms_norm`).
+        proj_bias: False for attention output projections and MLP layers without biases
+            (timm's `proj_bias`; AIMv2's, whose Linear layers have none).
     """
 
     variant: str = "B/16"
@@ -232,6 +240,8 @@ class ViTConfig:
     norm_layer: str = "layer_norm"
     qk_norm: bool = False
     num_kv_heads: int = None
+    patch_norm: bool = False
+    proj_bias: bool = True
 
     def __post_init__(self):
         values, problems = resolved(dataclasses.asdict(self), DEFAULTS)

@@ -203,8 +203,11 @@ def head_fields(r):
     r.check_choice("final_norm", FINAL_NORMS)
     _class_token(r)
     r.check_bool("map_include_prefix")
-    for field in ("map_num_heads", "map_mlp_dim"):
-        r.check(field, lambda value, name=field: variants.check_int(name, value, allow_none=True))
+    r.check("map_num_heads", lambda value: variants.check_int("map_num_heads", value,
+                                                              allow_none=True))
+    # 0: no LayerNorm and MLP after the pooling's attention (AIMv2's head)
+    r.check("map_mlp_dim", lambda value: variants.check_int("map_mlp_dim", value, minimum=0,
+                                                            allow_none=True))
 
 
 def _class_token(r):
@@ -227,7 +230,7 @@ def _class_token(r):
 def head_rules(r):
     values = r.values
     map_fields = [name for name in ("map_num_heads", "map_mlp_dim", "map_include_prefix")
-                  if r.ok(name) and values[name] not in (None, False)]
+                  if r.ok(name) and values[name] is not None and values[name] is not False]
     if map_fields and r.ok("classifier") and values["classifier"] != "map":
         r.add(("classifier", *map_fields), "these shape the attention pooling of classifier "
               "'map': set classifier='map', or leave them None (False)")
@@ -311,7 +314,7 @@ def blocks_fields(r):
     r.check_choice("norm_layer", NORM_LAYERS)
     r.check("layer_norm_epsilon", _positive_float)
     r.check_bool("qkv_bias", "pre_norm", "mlp_inner_norm", "attention_inner_norm",
-                 "residual_post_norm", "qk_norm")
+                 "residual_post_norm", "qk_norm", "patch_norm", "proj_bias")
     r.check("num_kv_heads", _kv_heads)
     if r.fields.get("layer_scale_init") is None:
         r.values["layer_scale_init"] = None

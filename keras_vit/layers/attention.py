@@ -153,6 +153,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         qk_norm_epsilon: None, or the epsilon of norms of each head's queries (`query_norm`)
             and keys (`key_norm`) before rotary embeddings (`ViTConfig.qk_norm`).
         norm_layer: the kind of the inner and qk norms (`ViTConfig.norm_layer`).
+        proj_bias: a bias in the output projection (`ViTConfig.proj_bias`).
         attention_impl: "fused" (`keras.ops.dot_product_attention`, relative logits as its
             bias), "explicit" (logits, softmax, weighted sum) or "auto" (fused where that is
             faster: PyTorch, JAX's GPUs and TPUs); the weights, when returned, and dropout on
@@ -171,8 +172,9 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                  attention_impl="auto", rope=None, rope_temperature=None,
                  rope_reference_grid=None, rope_grid_offset=0.0, inner_norm_epsilon=None,
                  relative_mlp_dim=None, num_kv_heads=None, qk_norm_epsilon=None,
-                 norm_layer="layer_norm", **kwargs):
+                 norm_layer="layer_norm", proj_bias=True, **kwargs):
         super().__init__(**kwargs)
+        self.proj_bias = bool(proj_bias)
         self.num_heads = int(num_heads)
         self.num_kv_heads = self.num_heads if num_kv_heads is None else int(num_kv_heads)
         if self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads:
@@ -227,7 +229,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         self.query = dense("query", self.qkv_bias)
         self.key, self.value = (dense(n, self.qkv_bias, self.num_kv_heads * self.head_dim)
                                 for n in ("key", "value"))
-        self.out = dense("out")
+        self.out = dense("out", self.proj_bias)
         self.inner_norm = None
         if self.inner_norm_epsilon is not None:
             self.inner_norm = make_norm(self.norm_layer, self.inner_norm_epsilon,
@@ -395,4 +397,5 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                    {"num_kv_heads": self.num_kv_heads}),  # files of other models unchanged
                 **({} if self.qk_norm_epsilon is None else
                    {"qk_norm_epsilon": self.qk_norm_epsilon}),
-                **({} if self.norm_layer == "layer_norm" else {"norm_layer": self.norm_layer})}
+                **({} if self.norm_layer == "layer_norm" else {"norm_layer": self.norm_layer}),
+                **({} if self.proj_bias else {"proj_bias": False})}

@@ -116,12 +116,14 @@ class MlpBlock(keras.layers.Layer):
         approximate_gelu: what layers saved before `activation` have instead: True for
             "gelu_tanh", False for "gelu".
         norm_layer: the inner norm's kind (`ViTConfig.norm_layer`).
+        use_bias: biases in the dense layers (`ViTConfig.proj_bias`).
         **kwargs: base `Layer` arguments.
     """
 
     def __init__(self, mlp_dim, dropout=0.0, activation="gelu_tanh", approximate_gelu=None,
-                 inner_norm_epsilon=None, norm_layer="layer_norm", **kwargs):
+                 inner_norm_epsilon=None, norm_layer="layer_norm", use_bias=True, **kwargs):
         super().__init__(**kwargs)
+        self.use_bias = bool(use_bias)
         self.norm_layer = norm_layer
         self.mlp_dim = int(mlp_dim)
         self.inner_norm_epsilon = (None if inner_norm_epsilon is None
@@ -134,16 +136,16 @@ class MlpBlock(keras.layers.Layer):
         bias_init = keras.initializers.RandomNormal(stddev=1e-6)
         self.dense_0 = keras.layers.Dense(
             self.mlp_dim, kernel_initializer="glorot_uniform", bias_initializer=bias_init,
-            name="Dense_0", dtype=self.dtype_policy)
+            use_bias=self.use_bias, name="Dense_0", dtype=self.dtype_policy)
         self.dense_1 = keras.layers.Dense(
             hidden, kernel_initializer="glorot_uniform", bias_initializer=bias_init,
-            name="Dense_1", dtype=self.dtype_policy)
+            use_bias=self.use_bias, name="Dense_1", dtype=self.dtype_policy)
         self.dense_0.build(input_shape)
         self.gate = None
         if self.activation == "swiglu":  # apart from Dense_0, so that both shard alike
             self.gate = keras.layers.Dense(
                 self.mlp_dim, kernel_initializer="glorot_uniform", bias_initializer=bias_init,
-                name="Gate_0", dtype=self.dtype_policy)
+                use_bias=self.use_bias, name="Gate_0", dtype=self.dtype_policy)
             self.gate.build(input_shape)
         hidden_shape = tuple(input_shape[:-1]) + (self.mlp_dim,)
         self.dense_1.build(hidden_shape)
@@ -196,6 +198,8 @@ class MlpBlock(keras.layers.Layer):
             config["inner_norm_epsilon"] = self.inner_norm_epsilon
         if self.norm_layer != "layer_norm":
             config["norm_layer"] = self.norm_layer
+        if not self.use_bias:
+            config["use_bias"] = False
         return config
 
 
@@ -239,6 +243,8 @@ class EncoderBlock(keras.layers.Layer):
         qk_norm: norms of each head's queries and keys (`ViTConfig.qk_norm`).
         num_kv_heads: None, or the key and value heads of grouped-query attention
             (`ViTConfig.num_kv_heads`, this block's).
+        proj_bias: biases in the attention's output projection and the MLP
+            (`ViTConfig.proj_bias`).
         **kwargs: base `Layer` arguments.
 
     `call(x, training, return_attention_scores=False, grid=None, attention_mask=None)`: with
@@ -257,8 +263,9 @@ class EncoderBlock(keras.layers.Layer):
                  rope_temperature=None, rope_reference_grid=None, rope_grid_offset=0.0,
                  mlp_inner_norm=False, attention_inner_norm=False, relative_mlp_dim=None,
                  residual_post_norm=False, norm_layer="layer_norm", qk_norm=False,
-                 num_kv_heads=None, **kwargs):
+                 num_kv_heads=None, proj_bias=True, **kwargs):
         super().__init__(**kwargs)
+        self.proj_bias = bool(proj_bias)
         self.residual_post_norm = bool(residual_post_norm)
         self.norm_layer = norm_layer
         self.qk_norm = bool(qk_norm)
@@ -300,13 +307,15 @@ class EncoderBlock(keras.layers.Layer):
             inner_norm_epsilon=self.layer_norm_epsilon if self.attention_inner_norm else None,
             relative_mlp_dim=self.relative_mlp_dim, num_kv_heads=self.num_kv_heads,
             qk_norm_epsilon=self.layer_norm_epsilon if self.qk_norm else None,
-            norm_layer=self.norm_layer, name="MultiHeadDotProductAttention_1", dtype=policy)
+            norm_layer=self.norm_layer, proj_bias=self.proj_bias,
+            name="MultiHeadDotProductAttention_1", dtype=policy)
         self.norm_2 = make_norm(self.norm_layer, self.layer_norm_epsilon, name="LayerNorm_2",
                                 dtype=policy)
         self.mlp = MlpBlock(self.mlp_dim, dropout=self.dropout, activation=self.activation,
                             inner_norm_epsilon=(self.layer_norm_epsilon if self.mlp_inner_norm
                                                 else None),
-                            norm_layer=self.norm_layer, name="MlpBlock_3", dtype=policy)
+                            norm_layer=self.norm_layer, use_bias=self.proj_bias,
+                            name="MlpBlock_3", dtype=policy)
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=policy)
         self.drop_path = DropPath(self.drop_path_rate, dtype=policy)
         self.layer_scales = [None, None]
@@ -404,7 +413,8 @@ class EncoderBlock(keras.layers.Layer):
                 "attention_inner_norm": self.attention_inner_norm,
                 "relative_mlp_dim": self.relative_mlp_dim,
                 "residual_post_norm": self.residual_post_norm, "norm_layer": self.norm_layer,
-                "qk_norm": self.qk_norm, "num_kv_heads": self.num_kv_heads}
+                "qk_norm": self.qk_norm, "num_kv_heads": self.num_kv_heads,
+                **({} if self.proj_bias else {"proj_bias": False})}
 
 
 AXES = ("row", "column")

@@ -81,11 +81,12 @@ class TokenPooling(keras.layers.Layer):
 class AttentionPooling(keras.layers.Layer):
     """Multihead attention pooling, "map" (Zhai et al., "Scaling Vision Transformers", 2022;
     big_vision's `MAPHead`, timm's `AttentionPoolLatent`): a learned query, `probe`, attends to
-    the patch tokens; a LayerNorm and an MLP follow, with a residual connection.
+    the patch tokens; a LayerNorm and an MLP follow, with a residual connection (none with
+    `mlp_dim` 0: AIMv2's `Aimv2AttentionPoolingHead`, the attention's output alone).
 
     Args:
         num_heads: attention heads.
-        mlp_dim: hidden size of the MLP.
+        mlp_dim: hidden size of the MLP; 0 for no LayerNorm and MLP.
         num_prefix_tokens: tokens before the patches (class, registers), not attended to.
         layer_norm_epsilon, activation, attention_impl, norm_layer: as the encoder blocks'.
 
@@ -121,12 +122,14 @@ class AttentionPooling(keras.layers.Layer):
             for name in ("query", "key", "value", "out"))
         for layer in (self.query, self.key, self.value, self.out):
             layer.build(input_shape)
-        self.norm = make_norm(self.norm_layer, self.layer_norm_epsilon, name="LayerNorm_0",
-                              dtype=policy)
-        self.mlp = MlpBlock(self.mlp_dim, activation=self.activation, name="MlpBlock_0",
-                            dtype=policy)
-        self.norm.build((None, 1, hidden))
-        self.mlp.build((None, 1, hidden))
+        self.norm = self.mlp = None
+        if self.mlp_dim:
+            self.norm = make_norm(self.norm_layer, self.layer_norm_epsilon, name="LayerNorm_0",
+                                  dtype=policy)
+            self.mlp = MlpBlock(self.mlp_dim, activation=self.activation, name="MlpBlock_0",
+                                dtype=policy)
+            self.norm.build((None, 1, hidden))
+            self.mlp.build((None, 1, hidden))
 
     def call(self, tokens, token_mask=None):
         tokens = tokens[:, self.num_prefix_tokens:]
@@ -159,7 +162,8 @@ class AttentionPooling(keras.layers.Layer):
             pooled = ops.transpose(ops.matmul(weights, values), (0, 2, 1, 3))
         # pooled: [b, slots, heads, d]
         pooled = self.out(ops.reshape(pooled, (batch, slots, hidden)))
-        pooled = pooled + self.mlp(self.norm(pooled))
+        if self.mlp is not None:
+            pooled = pooled + self.mlp(self.norm(pooled))
         return pooled if per_slot else pooled[:, 0]
 
     def compute_output_shape(self, input_shape):

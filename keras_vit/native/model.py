@@ -195,6 +195,8 @@ class NaFlexViT(keras.Model):
         kernel = ops.reshape(embedding.kernel, (-1, spec.hidden_size))
         x = ops.matmul(ops.cast(pixels, dtype), ops.cast(kernel, dtype))
         x = ops.add(x, ops.cast(embedding.bias, dtype))
+        if self._layer("patch_norm") is not None:  # before the positions, as the classic model
+            x = self._layer("patch_norm")(x)
         position = self.vit.get_layer("posembed_input")
         if spec.position_embedding == "learned":
             prefix = position.num_embedded_prefix

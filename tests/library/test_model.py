@@ -311,11 +311,17 @@ def test_mixed_bfloat16_runs_with_float32_outputs():
 SAPIENS2_LIKE = dict(norm_layer="rms_norm", qk_norm=True, num_kv_heads=(2, 1, 4), num_heads=4,
                      hidden_size=32, mlp_dim=48,
                      num_layers=3, rope="axial_normalized", num_register_tokens=2)
+# AIMv2's: a norm of the patch tokens, no biases in the blocks, attention pooling without MLP.
+AIMV2_LIKE = dict(norm_layer="rms_norm", activation="swiglu", patch_norm=True, qkv_bias=False,
+                  proj_bias=False, classifier="map", map_mlp_dim=0, hidden_size=32, mlp_dim=48,
+                  num_heads=4, num_layers=2)
+LATER_OPTIONS = {"sapiens2": SAPIENS2_LIKE, "aimv2": AIMV2_LIKE}
 
 
-def test_rms_qk_norm_and_grouped_attention_compile_with_xla_and_run_in_bfloat16():
+@pytest.mark.parametrize("options", LATER_OPTIONS)
+def test_sapiens2s_and_aimv2s_options_compile_with_xla_and_run_in_bfloat16(options):
     tf = tensorflow_backend()
-    model = tiny(**SAPIENS2_LIKE)
+    model = tiny(**LATER_OPTIONS[options])
     randomise(model, scale=0.3)
     x = images(batch=3)
     expected = to_np(model(x, training=False))
@@ -323,7 +329,7 @@ def test_rms_qk_norm_and_grouped_attention_compile_with_xla_and_run_in_bfloat16(
     forward = tf.function(lambda t: model(t, training=False), jit_compile=True)
     np.testing.assert_allclose(to_np(forward(tf.constant(x))), expected, rtol=1e-4, atol=1e-4)
     assert "HloModule" in forward.experimental_get_compiler_ir(tf.constant(x))(stage="hlo")
-    mixed = tiny(dtype="mixed_bfloat16", **SAPIENS2_LIKE)
+    mixed = tiny(dtype="mixed_bfloat16", **LATER_OPTIONS[options])
     mixed.set_weights(model.get_weights())
     out = mixed(x)
     assert out.dtype == "float32"
@@ -331,12 +337,13 @@ def test_rms_qk_norm_and_grouped_attention_compile_with_xla_and_run_in_bfloat16(
     np.testing.assert_allclose(to_np(out), expected, atol=0.05 * scale + 1e-3)
 
 
-def test_rms_qk_norm_and_grouped_attention_train_with_remat_to_the_same_gradients():
+@pytest.mark.parametrize("options", LATER_OPTIONS)
+def test_sapiens2s_and_aimv2s_options_train_with_remat_to_the_same_gradients(options):
     """Remat computes the blocks again in the backward pass: the same loss and gradients."""
     x = images(batch=2)
     grads = []
     for remat in ("none", "blocks"):
-        model = tiny(remat=remat, **SAPIENS2_LIKE)
+        model = tiny(remat=remat, **LATER_OPTIONS[options])
         randomise(model, scale=0.3)
         grads.append(_gradients(model, x))
     for plain, rematerialised in zip(*grads):

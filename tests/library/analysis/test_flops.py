@@ -63,6 +63,9 @@ def test_every_variant_matches_tensorflows_count(variant):
     dict(activation="swiglu", classifier="map"),  # the gates, the pooling's too
     # Sapiens2's: narrower key and value projections in the second block, RMS and qk norms
     dict(num_kv_heads=(2, 1), qk_norm=True, norm_layer="rms_norm"),
+    # AIMv2's: the patch tokens' norm, no biases, attention pooling without its MLP
+    dict(patch_norm=True, proj_bias=False, qkv_bias=False, classifier="map", map_mlp_dim=0,
+         activation="swiglu", norm_layer="rms_norm"),
 ], ids=str)
 def test_model_options_match_tensorflows_count(options):
     model = keras_vit.vit("Ti/16", image_size=(32, 48), **{**TINY, **options})

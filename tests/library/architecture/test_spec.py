@@ -246,11 +246,18 @@ def test_later_vit_options_are_checked_with_the_rest():
     # One key and value head of 8 in place of two: half their kernels and biases.
     ({"num_kv_heads": 1}, -2 * (16 * 8 + 8)),
     ({"num_kv_heads": (2,)}, 0),
+    # AIMv2's: a LayerNorm of the patch tokens; no biases in the attention's output (16) and
+    # the MLP's two layers (32 + 16); attention pooling without its LayerNorm and MLP (the
+    # probe and the four projections, less the class token and its position row).
+    ({"patch_norm": True}, 2 * 16),
+    ({"proj_bias": False}, -(16 + 32 + 16)),
+    ({"classifier": "map", "map_mlp_dim": 0}, 16 + 4 * (16 * 16 + 16) - 2 * 16),
 ], ids=["no_qkv_bias", "layer_scale", "registers", "registers_no_prefix_embeddings",
         "pre_norm", "pooled_norm", "no_final_norm", "distillation_token", "swiglu", "gap",
         "gap_with_class_token", "mlp_inner_norm", "attention_inner_norm", "rope", "rope_mixed",
         "token_gap", "relative_mlp", "residual_post_norm", "map_of_its_own_size", "rms_norm",
-        "qk_norm", "multi_query", "kv_heads_per_block"])
+        "qk_norm", "multi_query", "kv_heads_per_block", "patch_norm", "no_proj_bias",
+        "map_without_mlp"])
 def test_each_later_option_adds_exactly_its_weights(fields, extra):
     plain = keras_vit.vit("S/16", **TINY).count_params()
     model = keras_vit.vit("S/16", **TINY, **fields)
@@ -374,8 +381,14 @@ def test_every_field_is_described_once_and_the_docs_table_is_made_from_it():
     ({"num_kv_heads": ()}, ValueError, "it is empty"),
     ({"num_kv_heads": 3, "rope": "mixed"}, ValueError, "rope 'mixed' learns frequencies for "
                                                        "each query head"),
+    ({"patch_norm": 1}, TypeError, r"patch_norm=1 \(int\): must be True or False"),
+    ({"proj_bias": "no"}, TypeError, r"proj_bias='no' \(str\): must be True or False"),
+    ({"map_mlp_dim": -1, "classifier": "map"}, ValueError, "map_mlp_dim=-1: .*>= 0"),
+    ({"map_mlp_dim": 0}, ValueError, "map_mlp_dim=0: these shape the attention pooling of "
+                                     "classifier 'map': set classifier='map'"),
 ], ids=["unknown_norm", "norm_none", "qk_norm_int", "kv_not_dividing", "one_block_not_dividing",
-        "kv_per_block_count", "kv_zero", "kv_entry_zero", "kv_float", "kv_empty", "mixed_rope"])
+        "kv_per_block_count", "kv_zero", "kv_entry_zero", "kv_float", "kv_empty", "mixed_rope",
+        "patch_norm_int", "proj_bias_str", "map_mlp_dim_negative", "map_mlp_dim_without_map"])
 def test_norm_qk_norm_and_kv_heads_refuse_bad_values_naming_the_field_and_fix(fields, error,
                                                                              message):
     with pytest.raises(error, match=message):

@@ -55,6 +55,9 @@ LAYER_CASES = [
     ("EncoderBlock_later_options", lambda: L.EncoderBlock(2, 16, qkv_bias=False,
                                                           layer_scale_init=0.1), (7, 8), (7, 8)),
     ("AttentionPooling", lambda: L.AttentionPooling(2, 16, num_prefix_tokens=1), (7, 8), (8,)),
+    ("AttentionPooling_without_mlp", lambda: L.AttentionPooling(2, 0), (7, 8), (8,)),
+    ("EncoderBlock_without_proj_bias", lambda: L.EncoderBlock(
+        2, 16, qkv_bias=False, proj_bias=False, activation="swiglu"), (7, 8), (7, 8)),
     ("EncoderBlock", lambda: L.EncoderBlock(2, 16, dropout=0.1, attention_dropout=0.1,
                                             drop_path_rate=0.2), (7, 8), (7, 8)),
     ("RelativePositionBias_1d", lambda: L.RelativePositionBias((2, 3), 2, 1, kind="1d"),
@@ -348,6 +351,33 @@ def test_rope_rules_name_the_fix():
     spec = keras_vit.ViTConfig(rope="axial_normalized")
     assert spec.rope_temperature == 100.0  # the kind's default, recorded
     assert keras_vit.ViTConfig.from_dict(spec.to_dict()) == spec
+
+
+def test_attention_pooling_without_mlp_is_the_attentions_output_alone():
+    """mlp_dim 0 (AIMv2's head): softmax(q k^T / sqrt(d)) v per head, through `out`; no
+    LayerNorm or MLP weights. Explicit and fused alike."""
+    x = np.random.default_rng(0).normal(size=(2, 5, 8))
+    pool = L.AttentionPooling(2, 0)
+    pool.build(x.shape)
+    randomise(pool, scale=1.0)
+    assert sorted(v.path.split("/", 1)[1] for v in pool.weights) == sorted(
+        [f"{name}/{kind}" for name in ("query", "key", "value", "out")
+         for kind in ("kernel", "bias")] + ["probe"])
+    w = {v.path.split("/", 1)[1]: to_np(v).astype("float64") for v in pool.weights}
+
+    def project(t, name):
+        return numpy_reference.dense(t, w[f"{name}/kernel"], w[f"{name}/bias"]).reshape(
+            t.shape[0], -1, 2, 4)
+
+    q, k, v = project(w["probe"], "query"), project(x, "key"), project(x, "value")
+    heads = [numpy_reference.softmax(q[:, :, h] @ k[:, :, h].transpose(0, 2, 1) / 2.0)
+             @ v[:, :, h] for h in range(2)]
+    expected = numpy_reference.dense(np.concatenate(heads, -1), w["out/kernel"],
+                                     w["out/bias"])[:, 0]
+    for impl in ("explicit", "fused"):
+        pool.attention_impl = impl
+        np.testing.assert_allclose(to_np(pool(x.astype("float32"))), expected, rtol=1e-5,
+                                   atol=1e-5)
 
 
 def test_token_pooling():
