@@ -28,7 +28,8 @@ from keras_vit import fileio
 
 from keras_vit.native import NaFlexViT
 from keras_vit.weights import checkpoint, npz_architecture, torch_layouts
-from keras_vit.weights.torch_layouts import timm_naflex, transformers_siglip, transformers_siglip2
+from keras_vit.weights.torch_layouts import (timm_naflex, transformers_aimv2, transformers_siglip,
+                                             transformers_siglip2)
 from keras_vit.model import build
 from keras_vit.preprocessing import EvalPreprocessing
 
@@ -137,7 +138,9 @@ def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, preprocess
     `CLIPVisionModel`, `MetaClip2VisionModel` and `SiglipVisionModel` (and the vision tower of
     `CLIPModel`, `MetaClip2Model` and `SiglipModel`, the rest left out with a log line) their
     `pooler_output`; `IJepaModel` the mean of its `last_hidden_state` (classifier "gap"
-    without a class token), its `IJepaForImageClassification` its logits.
+    without a class token), its `IJepaForImageClassification` its logits; `Aimv2VisionModel`
+    (and `Aimv2Model`'s vision tower) its `pooler_output` (without `use_head`, the mean of
+    its `last_hidden_state`).
     DeiT's distilled models (timm's `VisionTransformerDistilled`, transformers'
     `DeiTForImageClassificationWithTeacher`) give the mean of their two heads' logits, as both
     libraries evaluate them;
@@ -351,7 +354,8 @@ def _preprocessor_config(spec, preprocessing, architecture):
                 "Dinov2ForImageClassification": "BitImageProcessor",
                 "Dinov2WithRegistersForImageClassification": "BitImageProcessor",
                 "CLIPVisionModel": "CLIPImageProcessor",
-                "CLIPVisionModelWithProjection": "CLIPImageProcessor"}
+                "CLIPVisionModelWithProjection": "CLIPImageProcessor",
+                "Aimv2VisionModel": "CLIPImageProcessor"}  # as AIMv2's own files
     straight = {"SiglipVisionModel": "SiglipImageProcessor",  # else ViT's; none crops
                 "DINOv3ViTModel": "DINOv3ViTImageProcessor"}
     if architecture in cropping:  # `architecture`: the config.json's transformers class
@@ -400,6 +404,7 @@ def _check_native_writable(model, format):
     if format == "timm":
         timm_naflex.check_writable(spec, f"Model {model.name!r}")
         return
+    transformers_aimv2.refuse_options(spec, "transformers' Siglip2VisionModel")
     if not transformers_siglip.writes(spec) or spec.include_top:
         raise torch_layouts.LayoutError(
             f"Model {model.name!r} cannot be written as transformers' Siglip2VisionModel: that "
@@ -424,7 +429,8 @@ def save_pretrained(model, directory, format="transformers"):
     CLIP's options (pre_norm, the pooled class token normed) as `CLIPVisionModel`, with a head
     of zero bias as `CLIPVisionModelWithProjection`; one of SigLIP's
     (attention pooling of normed tokens, no head) as `SiglipVisionModel`; one of GAP without a
-    class token as `IJepaModel` (with a head, `IJepaForImageClassification`). A
+    class token as `IJepaModel` (with a head, `IJepaForImageClassification`); one with AIMv2's
+    norm of the patch tokens (`patch_norm`) as `Aimv2VisionModel`. A
     `keras_vit.native.NaFlexViT` is written as transformers' `Siglip2VisionModel` or timm's
     `NaFlexVit`. The
     model's `preprocessing` goes into timm's `pretrained_cfg` (interpolation, crop_pct,

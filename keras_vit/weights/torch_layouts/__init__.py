@@ -10,7 +10,7 @@ family. What families share is in `common` (and `transformers_common`, `timm_com
 
 from keras_vit.weights.torch_layouts import (common, timm_common, timm_eva, timm_hybrid,
                                              timm_naflex, timm_relpos, timm_vit,
-                                             transformers_clip,
+                                             transformers_aimv2, transformers_clip,
                                              transformers_deit, transformers_dinov2,
                                              transformers_dinov3, transformers_ijepa,
                                              transformers_mae, transformers_metaclip2,
@@ -34,7 +34,7 @@ FAMILIES = {
                      transformers_siglip.FAMILY, transformers_msn.FAMILY,
                      transformers_mae.FAMILY, transformers_dinov3.FAMILY,
                      transformers_siglip2.FAMILY, transformers_ijepa.FAMILY,
-                     transformers_metaclip2.FAMILY),
+                     transformers_metaclip2.FAMILY, transformers_aimv2.FAMILY),
     "timm": (timm_vit.FAMILY, timm_hybrid.FAMILY, timm_relpos.FAMILY, timm_eva.FAMILY,
              timm_naflex.FAMILY),
 }
@@ -147,8 +147,11 @@ def _writer(spec, layout, native=False):
             raise LayoutError(f"No {layout} family writes NaFlex models itself (transformers' "
                               "SigLIP 2 is written as SigLIP, then renamed: "
                               "keras_vit.save_pretrained does both).")
-        return family
-    return _claiming(FAMILIES[layout], lambda family: family.writes(spec))
+    else:
+        family = _claiming(FAMILIES[layout], lambda family: family.writes(spec))
+    if family is not transformers_aimv2.FAMILY:  # AIMv2's options are its alone
+        transformers_aimv2.refuse_options(spec, f"{layout}'s {family.name}")
+    return family
 
 
 def transformers_config(spec, arrays=None):

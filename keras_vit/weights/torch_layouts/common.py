@@ -205,7 +205,7 @@ def eva_pooling(spec):
     return spec.classifier == "map" and bool(
         (spec.map_include_prefix and spec.num_prefix_tokens)
         or spec.map_num_heads not in (None, spec.num_heads)
-        or spec.map_mlp_dim not in (None, spec.mlp_dim))
+        or spec.map_mlp_dim not in (None, 0, spec.mlp_dim))  # 0: AIMv2's, no MLP
 
 
 def fold_patch_bias(arrays, spec):

@@ -814,6 +814,63 @@ def test_what_transformers_ijepa_cannot_express_is_refused(tmp_path):
     assert not os.path.exists(tmp_path / "never")
 
 
+# AIMv2 (Fini et al. 2024): transformers' Aimv2VisionModel, for models of its options (patch_norm,
+# RMSNorms, SiLU-gated MLPs, its attention pooling: classifier "map" of map_mlp_dim 0, or
+# without one "gap"); against transformers itself: tests/library/weights/test_library_parity.py.
+AIMV2 = dict(include_top=False, norm_layer="rms_norm", activation="swiglu", patch_norm=True,
+             layer_norm_epsilon=1e-5)
+
+
+@pytest.mark.parametrize("fields", [
+    {"classifier": "map", "map_mlp_dim": 0, "qkv_bias": False, "proj_bias": False},
+    {"classifier": "map", "map_mlp_dim": 0},  # biases everywhere: written as qkv_bias, mlp_bias
+    {"classifier": "gap", "qkv_bias": False, "proj_bias": False},  # use_head=False
+], ids=["head", "biases", "no_head"])
+def test_aimv2s_options_go_through_transformers_aimv2_and_back(tmp_path, fields):
+    from safetensors.numpy import load_file
+    model = tiny(**AIMV2, **fields)
+    save_pretrained(model, tmp_path / "saved", format="transformers")
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert (config["model_type"], config["architectures"]) == (
+        "aimv2_vision_model", ["Aimv2VisionModel"])
+    assert (config["use_head"], config["qkv_bias"], config["mlp_bias"]) == (
+        fields["classifier"] == "map", model.spec.proj_bias, model.spec.proj_bias)
+    state = load_file(tmp_path / "saved" / "model.safetensors")
+    assert state["embeddings.position_embedding.weight"].shape == (16, 24)  # patches only
+    assert ("head.k_proj.bias" in state) is model.spec.proj_bias
+    loaded = from_pretrained(str(tmp_path / "saved"))
+    assert loaded.spec == model.spec.replace(variant=loaded.spec.variant, num_classes=1)
+    np.testing.assert_allclose(to_np(loaded(pixels())), to_np(model(pixels())), rtol=1e-5,
+                               atol=1e-5)
+    tokens = [keras_vit.features(m, layers=-1, norm=True)(pixels()) for m in (loaded, model)]
+    np.testing.assert_allclose(to_np(tokens[0]), to_np(tokens[1]), rtol=1e-5, atol=1e-5)
+
+
+def test_what_transformers_aimv2_cannot_express_is_refused(tmp_path):
+    aimv2 = {**AIMV2, "classifier": "map", "map_mlp_dim": 0}
+    for fields, message in (
+            ({"norm_layer": "layer_norm"}, "norm_layer='layer_norm'"),
+            ({"activation": "gelu"}, "activation='gelu'"),
+            ({"classifier": "token", "map_mlp_dim": None}, "classifier=.token.*class, distil"),
+            ({"include_top": True}, "head: save a model with include_top=False"),
+            ({"num_register_tokens": 1}, "register tokens"),
+            ({"final_norm": "none"}, "final_norm='none'"),
+            ({"qk_norm": True}, "qk_norm=True"),
+            ({"position_embedding": "sincos_2d"}, "position_embedding='sincos_2d'")):
+        with pytest.raises(torch_layouts.LayoutError,
+                           match="transformers' Aimv2VisionModel.*" + message):
+            save_pretrained(tiny(**{**aimv2, **fields}), tmp_path / "never",
+                            format="transformers")
+    # NaFlex models: neither SigLIP 2's nor timm's NaFlexVit has AIMv2's options
+    naflex = keras_vit.native.NaFlexViT(tiny(include_top=False, classifier="map",
+                                             patch_norm=True))
+    for layout, target in (("transformers", "Siglip2VisionModel"), ("timm", "NaFlexVit")):
+        with pytest.raises(torch_layouts.LayoutError,
+                           match=target + ".*norm of the patch tokens"):
+            save_pretrained(naflex, tmp_path / "never", format=layout)
+    assert not os.path.exists(tmp_path / "never")
+
+
 # ViT-MSN (Assran et al. 2022) and ViT-MAE (He et al. 2022): ViT's layout without the pooler,
 # written here from a keras_vit model's ViT files; against transformers itself:
 # tests/library/weights/test_library_parity.py.

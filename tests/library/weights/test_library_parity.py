@@ -650,6 +650,96 @@ def test_transformers_ijepa_both_ways(tmp_path, head):
     assert type(processor).__name__.startswith("ViTImageProcessor")
 
 
+# AIMv2 (Fini et al. 2024): RMSNorms (one on the patch tokens before the position embeddings),
+# SiLU-gated MLPs, biases only with qkv_bias (the attention's four projections) and mlp_bias
+# (the MLP's three), and its own attention pooling (the cls_token as the query itself, key and
+# value projections, output_proj; no norm or MLP): keras_vit's patch_norm, proj_bias and
+# classifier "map" with map_mlp_dim=0; without use_head, "gap" without a class token.
+AIMV2_CASES = {"head": {}, "no_head": {"use_head": False},
+               "qkv_bias": {"qkv_bias": True}, "mlp_bias": {"mlp_bias": True}, "full_model": {}}
+
+
+@pytest.mark.parametrize("case", AIMV2_CASES)
+def test_transformers_aimv2_both_ways(tmp_path, case):
+    sizes = {**TOWER_SIZES, **AIMV2_CASES[case]}
+    if case == "full_model":
+        theirs = order_one(transformers.Aimv2Model(transformers.Aimv2Config(
+            vision_config=sizes, text_config=TEXT_SIZES, projection_dim=16)))
+    else:
+        theirs = order_one(transformers.Aimv2VisionModel(transformers.Aimv2VisionConfig(
+            **sizes)))
+    vision = getattr(theirs, "vision_model", theirs)
+    theirs.save_pretrained(tmp_path / "theirs")
+    transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={
+        "height": 32, "width": 32}).save_pretrained(tmp_path / "theirs")
+    ours = keras_vit.from_pretrained(str(tmp_path / "theirs"))
+    head = sizes.get("use_head", True)
+    assert (ours.spec.norm_layer, ours.spec.activation, ours.spec.patch_norm) == (
+        "rms_norm", "swiglu", True)
+    assert (ours.spec.classifier, ours.spec.map_mlp_dim, ours.spec.class_token) == (
+        ("map", 0, False) if head else ("gap", None, False))
+    assert (ours.spec.qkv_bias, ours.spec.proj_bias) == (
+        "qkv_bias" in sizes, "qkv_bias" in sizes or "mlp_bias" in sizes)
+    normalised = ((IMAGES + 1) / 2 - CLIP_MEAN) / CLIP_STD
+    expected = tower_outputs(vision, normalised)
+    tokens = expected.last_hidden_state.numpy()
+    pooled = expected.pooler_output.numpy() if head else tokens.mean(1)
+    assert_close(keras_vit.features(ours, layers=-1, norm=True)(IMAGES), tokens, 1e-5)
+    assert_close(ours(IMAGES), pooled, 1e-5)
+    keras_vit.save_pretrained(ours, tmp_path / "ours", format="transformers")
+    back = transformers.AutoModel.from_pretrained(tmp_path / "ours").eval()
+    assert type(back) is transformers.Aimv2VisionModel
+    outputs = tower_outputs(back, IMAGES)  # the normalisation is in the weights
+    assert_close(outputs.last_hidden_state.numpy(), tokens, 1e-5)
+    if head:
+        assert_close(outputs.pooler_output.numpy(), pooled, 1e-5)
+    else:
+        assert outputs.pooler_output is None
+    written = transformers.AutoImageProcessor.from_pretrained(tmp_path / "ours")
+    assert type(written).__name__.startswith("CLIPImageProcessor")
+
+
+@pytest.mark.parametrize("qkv_bias", [False, True])
+def test_an_aimv2_pooling_of_any_weights_is_written_exactly(tmp_path, qkv_bias):
+    """A keras_vit model of AIMv2's options, every weight random (the pooling's query
+    projection and its biases too, which AIMv2's head lacks: folded into cls_token and
+    output_proj), gives transformers' Aimv2VisionModel the same pooler_output."""
+    ours = keras_vit.vit("Ti/16", hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2,
+                         image_size=32, patch_size=8, include_top=False, norm_layer="rms_norm",
+                         activation="swiglu", patch_norm=True, qkv_bias=qkv_bias,
+                         proj_bias=False, classifier="map", map_mlp_dim=0,
+                         layer_norm_epsilon=1e-5)
+    keras_order_one(ours)
+    keras_vit.save_pretrained(ours, tmp_path / "ours", format="transformers")
+    back = transformers.AutoModel.from_pretrained(tmp_path / "ours").eval()
+    assert (back.config.qkv_bias, back.config.mlp_bias) == (qkv_bias, False)
+    assert_close(ours(IMAGES), tower_outputs(back, IMAGES).pooler_output.numpy(), 1e-5)
+
+
+def test_aimv2_options_it_lacks_are_refused(tmp_path):
+    transformers.Aimv2VisionModel(transformers.Aimv2VisionConfig(
+        **TOWER_SIZES, is_native=True)).save_pretrained(tmp_path / "native")
+    with pytest.raises(LayoutError, match="is_native=True"):
+        keras_vit.from_pretrained(str(tmp_path / "native"))
+    transformers.Aimv2Model(transformers.Aimv2Config(
+        vision_config=TOWER_SIZES, text_config=TEXT_SIZES)).save_pretrained(tmp_path / "full")
+    with pytest.raises(LayoutError, match="visual_projection"):
+        keras_vit.from_pretrained(str(tmp_path / "full"), include_top=True)
+    aimv2 = dict(hidden_size=32, mlp_dim=64, num_heads=4, num_layers=1, image_size=32,
+                 patch_size=8, include_top=False, activation="swiglu", patch_norm=True,
+                 classifier="map", map_mlp_dim=0)
+    with pytest.raises(LayoutError, match="norm_layer='layer_norm'"):
+        keras_vit.save_pretrained(keras_vit.vit("Ti/16", **aimv2), tmp_path / "a")
+    # AIMv2's options elsewhere: no other class has them
+    for fields, name in (({"proj_bias": False}, "proj_bias=False"),
+                         ({"classifier": "map", "map_mlp_dim": 0}, "map_mlp_dim=0")):
+        model = keras_vit.vit("Ti/16", hidden_size=32, mlp_dim=64, num_heads=4, num_layers=1,
+                              image_size=32, patch_size=8, **fields)
+        for layout in ("transformers", "timm"):
+            with pytest.raises(LayoutError, match=name):
+                keras_vit.save_pretrained(model, tmp_path / layout, format=layout)
+
+
 # timm's Eva class (EVA-02, and its RoPE ViTs: naver's, the sbb GAP ones, DINOv3's...), built
 # small (width 32, 2 heads of 16 channels, 2 blocks, 32px): RoPE in its interleaved and 'xy'
 # layouts as keras_vit's (a permutation of each head's query and key channels), EvaAttention's
