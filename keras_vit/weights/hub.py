@@ -125,8 +125,8 @@ def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, preprocess
         **fields: `ViTConfig` fields to change: `num_classes` (a new zero-initialised head
             where it differs), `image_size` (position embeddings resampled, bicubic for timm's
             weights as timm does it), `dynamic_image_size`, dropout rates...; for a
-            `CLIPModel`, `include_top=True` keeps its `visual_projection` as the head (its
-            `image_embeds`; the tower alone otherwise).
+            `CLIPModel` (`MetaClip2Model`, `Aimv2Model`), `include_top=True` keeps its
+            `visual_projection` as the head (its `image_embeds`; the tower alone otherwise).
 
     Every tensor is loaded strictly: a missing, extra or mis-shaped one is an error that
     names it, and nothing is loaded. The config says which GELU and which LayerNorm epsilon
@@ -140,7 +140,7 @@ def from_pretrained(source, *, dtype=None, name=None, cache_dir=None, preprocess
     `pooler_output`; `IJepaModel` the mean of its `last_hidden_state` (classifier "gap"
     without a class token), its `IJepaForImageClassification` its logits; `Aimv2VisionModel`
     (and `Aimv2Model`'s vision tower) its `pooler_output` (without `use_head`, the mean of
-    its `last_hidden_state`).
+    its `last_hidden_state`); with `include_top=True`, `Aimv2Model`'s `get_image_features`.
     DeiT's distilled models (timm's `VisionTransformerDistilled`, transformers'
     `DeiTForImageClassificationWithTeacher`) give the mean of their two heads' logits, as both
     libraries evaluate them;

@@ -1,5 +1,5 @@
 """transformers' AIMv2 vision encoder: `Aimv2VisionModel` and the `vision_model.` of a whole
-`Aimv2Model` (`vision_tower`).
+`Aimv2Model` (`vision_tower`; with `include_top=True`, its `visual_projection` as the head).
 
 AIMv2 (Fini et al., "Multimodal Autoregressive Pre-training of Large Vision Encoders", 2024)
 pre-trains a ViT without a class token. transformers' `models/aimv2/modeling_aimv2.py`:
@@ -24,14 +24,19 @@ from keras_vit.weights.torch_layouts import common, transformers_common
 from keras_vit.weights.torch_layouts.common import LayoutError, tensor
 from keras_vit.weights.torch_layouts.family import Family
 
-CLASSES = {"Aimv2VisionModel": ""}
+# Its classes -> the prefix of their encoder's weights (Aimv2Model's: its image encoder and
+# visual_projection, `vision_tower`'s with a projection).
+CLASSES = {"Aimv2VisionModel": "", "Aimv2Model": "vision_model."}
 _POOL = "MAPHead_0/"
 _BLOCK = "Transformer/encoderblock_{}/"
 
 
 def spec_from_config(config, state, architecture):
     """The `ViTConfig` of AIMv2's vision `config.json`: no head, the output its
-    `pooler_output` (without `use_head`, the mean of its `last_hidden_state`)."""
+    `pooler_output` (without `use_head`, the mean of its `last_hidden_state`); Aimv2Model's
+    image encoder with its visual_projection as the head (of projection_dim classes, a zero
+    bias), the output its `get_image_features`."""
+    prefix = CLASSES[architecture]
     if config.get("hidden_act", "silu") != "silu":
         raise LayoutError(f"hidden_act {config['hidden_act']!r}: keras_vit's gated MLP is "
                           "SiLU's (activation 'swiglu'), AIMv2's 'silu'.")
@@ -44,20 +49,28 @@ def spec_from_config(config, state, architecture):
             "learned position embeddings (is_native=False).")
     patch = config.get("patch_size", 14)
     image_size = config.get("image_size", 224)
-    kernel = tensor(state, "embeddings.patch_embed.weight", "transformers")
+    kernel = tensor(state, prefix + "embeddings.patch_embed.weight", "transformers")
     if tuple(kernel.shape[-2:]) != (patch, patch):
         raise LayoutError(f"config.json says patch_size {patch}, but model.safetensors holds "
                           f"{kernel.shape[-2]}x{kernel.shape[-1]} patch kernels: use the "
                           "config.json written with these weights.")
-    positions = tensor(state, "embeddings.position_embedding.weight", "transformers")
+    positions = tensor(state, prefix + "embeddings.position_embedding.weight", "transformers")
     common.check_grid(positions[None], image_size, patch, 0, "image_size")
     qkv_bias, mlp_bias = config.get("qkv_bias", False), config.get("mlp_bias", False)
     pooling = (dict(classifier="map", map_mlp_dim=0) if config.get("use_head", True)
                else dict(classifier="gap"))
+    top = dict(include_top=False, num_classes=1)
+    if prefix:
+        if pooling["classifier"] != "map":
+            raise LayoutError("Aimv2Model's vision_config has use_head=False: its image "
+                              "features project a pooler_output that this tower has not; "
+                              "load the tower alone (include_top left out).")
+        top = dict(include_top=True, num_classes=int(
+            tensor(state, "visual_projection.weight", "transformers").shape[0]))
     return common.sized_spec(
         config.get("hidden_size", 1024), config.get("intermediate_size", 2816),
         config.get("num_attention_heads", 8), config.get("num_hidden_layers", 24), patch,
-        image_size=image_size, include_top=False, num_classes=1, **pooling,
+        image_size=image_size, **top, **pooling,
         final_norm="tokens", norm_layer="rms_norm", activation="swiglu", patch_norm=True,
         qkv_bias=qkv_bias, proj_bias=qkv_bias or mlp_bias, dropout=0.0,
         layer_norm_epsilon=config.get("rms_norm_eps", 1e-5),
@@ -65,14 +78,14 @@ def spec_from_config(config, state, architecture):
 
 
 def vision_tower(config, state, projection):
-    """A whole Aimv2Model's image encoder (`transformers_common.vision_model`); its
-    visual_projection keras_vit does not read."""
+    """A whole Aimv2Model's image encoder (`transformers_common.vision_model`); with
+    `projection`, with its visual_projection, under their names (`CLASSES`' Aimv2Model)."""
     if config.get("model_type") != "aimv2":
         return None
-    if projection:
-        raise LayoutError("include_top=True asks for Aimv2Model's visual_projection, which "
-                          "keras_vit does not read yet: load its vision tower with "
-                          "include_top left out (the output its pooler_output).")
+    if projection:  # no class of its own: the whole model's name, the rest left out
+        vision_config, state = transformers_common.vision_model(
+            config, state, "Aimv2Model", projection=True)
+        return {**vision_config, "architectures": ["Aimv2Model"]}, state
     return transformers_common.vision_model(config, state, "Aimv2VisionModel")
 
 
@@ -146,9 +159,10 @@ def config_for(spec, preprocessing=None, arrays=None):
             "mlp_bias": mlp_bias, "use_head": spec.classifier == "map", "is_native": False}
 
 
-def _pairs(spec, qkv_bias, mlp_bias):
-    """Every (`.npz` key, their key, kind) of AIMv2's files with these biases; the pooling's
-    query, which they lack, apart."""
+def _pairs(spec, qkv_bias, mlp_bias, prefix=""):
+    """Every (`.npz` key, their key, kind) of AIMv2's files with these biases, the encoder's
+    under `prefix` (with Aimv2Model's visual_projection as the head); the pooling's query,
+    which they lack, apart."""
     pairs = [("embedding/kernel", "embeddings.patch_embed.weight", "conv"),
              ("embedding/bias", "embeddings.patch_embed.bias", "copy"),
              ("patch_norm/scale", "embeddings.rms_norm.weight", "copy"),
@@ -177,6 +191,9 @@ def _pairs(spec, qkv_bias, mlp_bias):
             dense = common.dense_pairs(_POOL + name, "head." + their)
             pairs += dense if qkv_bias else dense[:1]
         pairs += common.dense_pairs(_POOL + "out", "head.output_proj")
+    pairs = [(ours, prefix + theirs, kind) for ours, theirs, kind in pairs]
+    if prefix:
+        pairs.append(("head/kernel", "visual_projection.weight", "linear"))
     return pairs
 
 
@@ -208,10 +225,14 @@ def _zero_biases(arrays, spec, qkv_bias, mlp_bias):
 def to_arrays(state, spec, config=None):
     """AIMv2's state dict as the `.npz` layout: biases the files lack as zeros, the pooling's
     query projection the identity."""
-    qkv_bias = "encoder.layers.0.attention.q_proj.bias" in state
-    mlp_bias = "encoder.layers.0.ffn.up_proj.bias" in state
-    arrays = common.to_arrays(state, _pairs(spec, qkv_bias, mlp_bias), spec, "transformers")
+    prefix = "vision_model." if spec.include_top else ""  # Aimv2Model's, with its projection
+    qkv_bias = prefix + "encoder.layers.0.attention.q_proj.bias" in state
+    mlp_bias = prefix + "encoder.layers.0.ffn.up_proj.bias" in state
+    arrays = common.to_arrays(state, _pairs(spec, qkv_bias, mlp_bias, prefix), spec,
+                              "transformers")
     arrays = _zero_biases(arrays, spec, qkv_bias, mlp_bias)
+    if spec.include_top:  # visual_projection has no bias
+        arrays["head/bias"] = np.zeros(spec.num_classes, arrays["head/kernel"].dtype)
     if spec.classifier == "map":
         dtype = arrays[_POOL + "probe"].dtype
         arrays[_POOL + "query/kernel"] = np.eye(spec.hidden_size, dtype=dtype)

@@ -699,6 +699,24 @@ def test_transformers_aimv2_both_ways(tmp_path, case):
     assert type(written).__name__.startswith("CLIPImageProcessor")
 
 
+def test_a_whole_aimv2_model_with_include_top_keeps_its_projection(tmp_path):
+    """Aimv2Model's image features: its visual_projection (no bias) of the tower's
+    pooler_output, as the head."""
+    theirs = order_one(transformers.Aimv2Model(transformers.Aimv2Config(
+        vision_config=TOWER_SIZES, text_config=TEXT_SIZES, projection_dim=16)))
+    theirs.save_pretrained(tmp_path)
+    ours = keras_vit.from_pretrained(str(tmp_path), include_top=True)
+    assert (ours.spec.include_top, ours.spec.num_classes) == (True, 16)
+    assert not np.any(keras.ops.convert_to_numpy(ours.get_layer("head").bias))
+    with torch.no_grad():
+        features = theirs.get_image_features(
+            pixel_values=torch.tensor(IMAGES.transpose(0, 3, 1, 2))).pooler_output
+    assert_close(ours(IMAGES), features.numpy(), 1e-5)
+    with pytest.raises(LayoutError, match="Aimv2VisionModel.*head: save a model with "
+                                          "include_top=False"):
+        keras_vit.save_pretrained(ours, tmp_path / "ours", format="transformers")
+
+
 @pytest.mark.parametrize("qkv_bias", [False, True])
 def test_an_aimv2_pooling_of_any_weights_is_written_exactly(tmp_path, qkv_bias):
     """A keras_vit model of AIMv2's options, every weight random (the pooling's query
@@ -722,8 +740,9 @@ def test_aimv2_options_it_lacks_are_refused(tmp_path):
     with pytest.raises(LayoutError, match="is_native=True"):
         keras_vit.from_pretrained(str(tmp_path / "native"))
     transformers.Aimv2Model(transformers.Aimv2Config(
-        vision_config=TOWER_SIZES, text_config=TEXT_SIZES)).save_pretrained(tmp_path / "full")
-    with pytest.raises(LayoutError, match="visual_projection"):
+        vision_config={**TOWER_SIZES, "use_head": False},
+        text_config=TEXT_SIZES)).save_pretrained(tmp_path / "full")
+    with pytest.raises(LayoutError, match="use_head=False: its image features project"):
         keras_vit.from_pretrained(str(tmp_path / "full"), include_top=True)
     aimv2 = dict(hidden_size=32, mlp_dim=64, num_heads=4, num_layers=1, image_size=32,
                  patch_size=8, include_top=False, activation="swiglu", patch_norm=True,
