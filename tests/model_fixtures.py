@@ -1,7 +1,16 @@
-"""Shared by the model tests: the tiny ViT's size, `randomise`, `random_tiny_vit`, and the
-option families that every tool is tried on (`OPTION_FAMILIES`)."""
+"""Shared by the model tests: the tiny ViT's size, `randomise`, `random_tiny_vit`, the option
+families that every tool is tried on (`OPTION_FAMILIES`), and the weights and forward pass of
+the parity tests against NumPy references (`assign_reference_weights`, `keras_forward`)."""
 
+import keras
 import numpy as np
+
+if keras.backend.backend() == "tensorflow":
+    # On Ampere+ GPUs TensorFlow runs float32 matmuls and convolutions in TF32 (10-bit
+    # mantissa) by default, far outside a 1e-5 parity; make float32 mean float32.
+    import tensorflow as tf
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+
 
 # Width 24 (3 heads of 8), MLP 48, 2 blocks: small enough for fast tests, with several heads
 # and blocks. Tests add image_size, patch_size and num_classes, or override num_layers.
@@ -78,3 +87,34 @@ def order_one(model):
             parameter.copy_(torch.randn_like(parameter) * (0.1 if norm else 0.3)
                             + float(norm and name.endswith("weight")))
     return model.eval()
+
+
+def random_value(path, shape, rng):
+    """A random value for the variable at `path` that keeps activations O(1)."""
+    name = path.rsplit("/", 1)[-1]
+    if name == "gamma":  # LayerNorm / GroupNorm scale
+        return 1.0 + 0.2 * rng.standard_normal(shape)
+    if name in ("beta", "bias"):
+        return 0.2 * rng.standard_normal(shape)
+    if name in ("cls", "pos_embedding"):
+        return 0.5 * rng.standard_normal(shape)
+    if name == "kernel":
+        fan_in = int(np.prod(shape[:-1]))
+        return rng.standard_normal(shape) / np.sqrt(fan_in)
+    raise AssertionError(f"no randomisation rule for variable {path!r} {shape}")
+
+
+def assign_reference_weights(model, rng):
+    """Assigns random values to every variable; returns them as a float64 numpy dict."""
+    weights = {}
+    for variable in model.weights:
+        value = random_value(variable.path, tuple(variable.shape), rng)
+        variable.assign(value.astype(np.float32))
+        # The reference gets exactly the float32 values the model holds.
+        weights[variable.path] = value.astype(np.float32).astype(np.float64)
+    assert len(weights) == len(model.weights), "duplicate variable paths"
+    return weights
+
+
+def keras_forward(model, images):
+    return np.asarray(keras.ops.convert_to_numpy(model(images, training=False)), np.float64)

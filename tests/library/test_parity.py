@@ -16,19 +16,9 @@ import functools
 import numpy as np
 import pytest
 
-
-import keras  # noqa: E402
-
-import keras_vit  # noqa: E402
-import numpy_reference  # noqa: E402
-from model_fixtures import TINY_VIT  # noqa: E402
-
-if keras.backend.backend() == "tensorflow":
-    # On Ampere+ GPUs TensorFlow runs float32 matmuls and convolutions in TF32 (10-bit
-    # mantissa) by default, far outside a 1e-5 parity; make float32 mean float32.
-    import tensorflow as tf
-
-    tf.config.experimental.enable_tensor_float_32_execution(False)
+import keras_vit
+import numpy_reference
+from model_fixtures import TINY_VIT, assign_reference_weights, keras_forward
 
 SEED = 1
 BATCH = 2
@@ -54,48 +44,17 @@ CASES = {
 }
 
 
-def random_value(path, shape, rng):
-    """A random value for the variable at `path` that keeps activations O(1)."""
-    name = path.rsplit("/", 1)[-1]
-    if name == "gamma":  # LayerNorm / GroupNorm scale
-        return 1.0 + 0.2 * rng.standard_normal(shape)
-    if name in ("beta", "bias"):
-        return 0.2 * rng.standard_normal(shape)
-    if name in ("cls", "pos_embedding"):
-        return 0.5 * rng.standard_normal(shape)
-    if name == "kernel":
-        fan_in = int(np.prod(shape[:-1]))
-        return rng.standard_normal(shape) / np.sqrt(fan_in)
-    raise AssertionError(f"no randomisation rule for variable {path!r} {shape}")
-
-
-def randomize(model, rng):
-    """Assigns random values to every variable; returns them as a float64 numpy dict."""
-    weights = {}
-    for variable in model.weights:
-        value = random_value(variable.path, tuple(variable.shape), rng)
-        variable.assign(value.astype(np.float32))
-        # The reference gets exactly the float32 values the model holds.
-        weights[variable.path] = value.astype(np.float32).astype(np.float64)
-    assert len(weights) == len(model.weights), "duplicate variable paths"
-    return weights
-
-
 @functools.lru_cache(maxsize=None)
 def built(case):
     """(model, weights, images, kwargs) for a case, built once per session."""
     variant, kwargs = CASES[case]
     rng = np.random.default_rng([SEED, list(CASES).index(case)])
     model = keras_vit.vit(variant, **kwargs)
-    weights = randomize(model, rng)
+    weights = assign_reference_weights(model, rng)
     size = kwargs["image_size"]
     height, width = (size, size) if isinstance(size, int) else size
     images = rng.uniform(-1.0, 1.0, (BATCH, height, width, 3)).astype(np.float32)
     return model, weights, images, kwargs
-
-
-def keras_forward(model, images):
-    return np.asarray(keras.ops.convert_to_numpy(model(images, training=False)), np.float64)
 
 
 def reference_forward(weights, images, kwargs):

@@ -26,10 +26,9 @@ import keras_vit  # noqa: E402
 import numpy_reference  # noqa: E402
 from keras_vit.weights import checkpoint, pretrained  # noqa: E402
 from keras_vit.weights.checkpoint import CheckpointError, load_npz, save_npz  # noqa: E402
-# Importing test_parity also turns TF32 off on Ampere+ GPUs (float32 must mean float32).
-from model_fixtures import TINY_VIT  # noqa: E402
+# Importing model_fixtures also turns TF32 off on Ampere+ GPUs (float32 must mean float32).
+from model_fixtures import TINY_VIT, assign_reference_weights, keras_forward  # noqa: E402
 from train_fixtures import REPO  # noqa: E402
-from test_parity import keras_forward, randomize  # noqa: E402
 
 ATOL = 1e-5
 POS_KEY = "Transformer/posembed_input/pos_embedding"
@@ -178,14 +177,14 @@ ROUND_TRIP_CASES = {
 def test_round_trip_gives_identical_outputs(case, tmp_path):
     build, kwargs, size = ROUND_TRIP_CASES[case]
     source = build(**kwargs)
-    weights = randomize(source, np.random.default_rng(1))
+    weights = assign_reference_weights(source, np.random.default_rng(1))
     images = images_for(size)
     want = keras_forward(source, images)
     path = tmp_path / "model.npz"
     assert save_npz(source, path) == str(path)
 
     target = build(**kwargs)
-    randomize(target, np.random.default_rng(2))
+    assign_reference_weights(target, np.random.default_rng(2))
     assert np.max(np.abs(keras_forward(target, images) - want)) > 1e-3  # the load must matter
     report = load_npz(target, path)
 
@@ -214,7 +213,7 @@ def linen_named(arrays, blocks=("encoderblock_0", "encoderblock_1")):
 
 def test_file_of_the_current_vit_jax_code_loads_identically(tmp_path):
     source = small_vit()
-    weights = randomize(source, np.random.default_rng(3))
+    weights = assign_reference_weights(source, np.random.default_rng(3))
     images = images_for(32)
     want = keras_forward(source, images)
     released = checkpoint.read_npz(save_npz(source, tmp_path / "released.npz"))
@@ -224,7 +223,7 @@ def test_file_of_the_current_vit_jax_code_loads_identically(tmp_path):
     np.savez(tmp_path / "linen.npz", **linen)
 
     target = small_vit()
-    randomize(target, np.random.default_rng(4))
+    assign_reference_weights(target, np.random.default_rng(4))
     report = load_npz(target, tmp_path / "linen.npz")
     assert report["missing"] == report["unexpected"] == report["mismatched"] == []
     assert_same_weights(target, weights)
@@ -372,7 +371,7 @@ def test_saved_r50_vit_b16_has_the_original_keys_and_shapes(tmp_path):
 
 def test_original_layout_file_matches_numpy_reference_vit(tmp_path):
     template = small_vit()
-    weights = randomize(template, np.random.default_rng(11))
+    weights = assign_reference_weights(template, np.random.default_rng(11))
     arrays = original_layout(weights, num_heads=3)
     # The layout the test writes is the released files' one: q/k/v kernels (D, heads, D/heads).
     attention = "Transformer/encoderblock_1/MultiHeadDotProductAttention_1"
@@ -385,7 +384,7 @@ def test_original_layout_file_matches_numpy_reference_vit(tmp_path):
     path = write_npz(tmp_path / "original.npz", arrays)
 
     model = small_vit()
-    randomize(model, np.random.default_rng(12))
+    assign_reference_weights(model, np.random.default_rng(12))
     images = images_for(32, seed=13)
     want = numpy_reference.vit_forward(weights, images, num_heads=3)
     assert np.std(want) > 0.1
@@ -400,13 +399,13 @@ def hybrid_original(tmp_path_factory):
     """(weights, path of the original-layout file, model loaded from it, images, reference)."""
     directory = tmp_path_factory.mktemp("hybrid")
     template = small_hybrid()
-    weights = randomize(template, np.random.default_rng(21))
+    weights = assign_reference_weights(template, np.random.default_rng(21))
     arrays = original_layout(weights, num_heads=3)
     assert arrays["gn_root/scale"].shape == (64,)
     assert arrays["block3/unit1/gn_proj/bias"].shape == (1024,)
     path = write_npz(directory / "hybrid.npz", arrays)
     model = small_hybrid()
-    randomize(model, np.random.default_rng(22))
+    assign_reference_weights(model, np.random.default_rng(22))
     images = images_for(64, seed=23)
     want = numpy_reference.vit_forward(weights, images, num_heads=3)
     assert np.max(np.abs(keras_forward(model, images) - want)) > 1e-2
@@ -433,7 +432,7 @@ def test_old_hybrid_file_with_4d_group_norm_loads_identically(hybrid_original, t
     path = write_npz(tmp_path / "old_hybrid.npz", arrays)
 
     model = small_hybrid()
-    randomize(model, np.random.default_rng(24))
+    assign_reference_weights(model, np.random.default_rng(24))
     load_npz(model, path)
     expected = snapshot(loaded)
     got = snapshot(model)
@@ -538,12 +537,12 @@ def bilinear_align_corners(grid, rows, columns):
 def test_loading_224_checkpoint_into_384_model_resizes_position_embeddings(tmp_path):
     config = dict(TINY_VIT, num_layers=1)
     source = keras_vit.vit("B/16", image_size=224, **config)
-    weights = randomize(source, np.random.default_rng(31))
+    weights = assign_reference_weights(source, np.random.default_rng(31))
     path = tmp_path / "b16_224.npz"
     save_npz(source, path)
 
     model = keras_vit.vit("B/16", image_size=384, **config)
-    randomize(model, np.random.default_rng(32))
+    assign_reference_weights(model, np.random.default_rng(32))
     report = load_npz(model, path)
     assert report["resized"] == [POS_KEY]
 
@@ -566,7 +565,7 @@ def test_loading_224_checkpoint_into_384_model_resizes_position_embeddings(tmp_p
 
 def test_loading_into_non_square_model_resizes_to_its_grid(tmp_path):
     source = small_vit()  # 4x4 grid
-    weights = randomize(source, np.random.default_rng(33))
+    weights = assign_reference_weights(source, np.random.default_rng(33))
     path = tmp_path / "square.npz"
     save_npz(source, path)
     model = small_vit(image_size=(32, 64))  # 4x8 grid
@@ -586,7 +585,7 @@ def test_loading_into_non_square_model_resizes_to_its_grid(tmp_path):
 def token_file(tmp_path_factory):
     """(weights, path): a small 5-class class-token ViT with random weights."""
     source = small_vit()
-    weights = randomize(source, np.random.default_rng(41))
+    weights = assign_reference_weights(source, np.random.default_rng(41))
     path = tmp_path_factory.mktemp("token") / "token.npz"
     save_npz(source, path)
     return weights, path
@@ -595,7 +594,7 @@ def token_file(tmp_path_factory):
 def test_different_num_classes_starts_a_zero_head(token_file):
     weights, path = token_file
     model = small_vit(num_classes=7)
-    randomize(model, np.random.default_rng(42))
+    assign_reference_weights(model, np.random.default_rng(42))
     report = load_npz(model, path)
     assert sorted(report["new_head"]) == sorted(HEAD_KEYS)
     np.testing.assert_array_equal(value_of(model, "head/kernel"), np.zeros((24, 7)))
@@ -606,7 +605,7 @@ def test_different_num_classes_starts_a_zero_head(token_file):
 def test_new_head_zeros_the_head_even_when_it_fits(token_file):
     weights, path = token_file
     model = small_vit()
-    randomize(model, np.random.default_rng(43))
+    assign_reference_weights(model, np.random.default_rng(43))
     load_npz(model, path, new_head=True)
     np.testing.assert_array_equal(value_of(model, "head/kernel"), np.zeros((24, 5)))
     np.testing.assert_array_equal(value_of(model, "head/bias"), np.zeros(5))
@@ -618,13 +617,13 @@ def test_new_head_zeros_the_head_even_when_it_fits(token_file):
 
 def test_pre_logits_file_into_model_with_representation(tmp_path):
     source = small_vit(representation_size=16)
-    weights = randomize(source, np.random.default_rng(44))
+    weights = assign_reference_weights(source, np.random.default_rng(44))
     path = tmp_path / "pre_logits.npz"
     save_npz(source, path)
     assert npz_shapes(path)["pre_logits/kernel"][0] == (24, 16)
 
     model = small_vit(representation_size=16)
-    randomize(model, np.random.default_rng(45))
+    assign_reference_weights(model, np.random.default_rng(45))
     load_npz(model, path)
     assert_same_weights(model, weights)  # pre_logits and head included
     images = images_for(32)
@@ -635,12 +634,12 @@ def test_pre_logits_file_into_model_with_representation(tmp_path):
 
 def test_pre_logits_file_into_model_without_representation_is_dropped(tmp_path):
     source = small_vit(representation_size=16)
-    weights = randomize(source, np.random.default_rng(46))
+    weights = assign_reference_weights(source, np.random.default_rng(46))
     path = tmp_path / "pre_logits.npz"
     save_npz(source, path)
 
     model = small_vit()
-    randomize(model, np.random.default_rng(47))
+    assign_reference_weights(model, np.random.default_rng(47))
     report = load_npz(model, path)  # strict: pre_logits is not an error
     assert report["unexpected"] == [] and report["missing"] == []
     assert not any("pre_logits" in v.path for v in model.weights)
@@ -656,12 +655,12 @@ def test_dropping_pre_logits_also_drops_a_head_of_matching_shape(tmp_path):
     the file's head has the model's shape, but it was trained on tanh(pre_logits(x)), not on
     x: once pre_logits is dropped the head must start from zeros, not be reused."""
     source = small_vit(representation_size=24)
-    weights = randomize(source, np.random.default_rng(48))
+    weights = assign_reference_weights(source, np.random.default_rng(48))
     path = tmp_path / "pre_logits_24.npz"
     save_npz(source, path)
 
     model = small_vit()
-    randomize(model, np.random.default_rng(49))
+    assign_reference_weights(model, np.random.default_rng(49))
     load_npz(model, path)
     np.testing.assert_array_equal(value_of(model, "head/kernel"), np.zeros((24, 5)))
     np.testing.assert_array_equal(value_of(model, "head/bias"), np.zeros(5))
@@ -671,7 +670,7 @@ def test_dropping_pre_logits_also_drops_a_head_of_matching_shape(tmp_path):
 
 def test_file_with_zero_head_like_imagenet21k_loads(tmp_path):
     source = small_vit(representation_size=24, num_classes=11)
-    weights = randomize(source, np.random.default_rng(50))
+    weights = assign_reference_weights(source, np.random.default_rng(50))
     for variable in source.weights:
         if variable.path in HEAD_KEYS:
             variable.assign(np.zeros(variable.shape, np.float32))
@@ -682,7 +681,7 @@ def test_file_with_zero_head_like_imagenet21k_loads(tmp_path):
 
     for num_classes in (11, 5):
         model = small_vit(representation_size=24, num_classes=num_classes)
-        randomize(model, np.random.default_rng(51))
+        assign_reference_weights(model, np.random.default_rng(51))
         report = load_npz(model, path)
         assert report["missing"] == report["unexpected"] == report["mismatched"] == []
         np.testing.assert_array_equal(value_of(model, "head/kernel"),
@@ -694,7 +693,7 @@ def test_file_with_zero_head_like_imagenet21k_loads(tmp_path):
 def test_include_top_false_loads_a_file_with_a_head(token_file):
     weights, path = token_file
     model = small_vit(include_top=False)
-    randomize(model, np.random.default_rng(52))
+    assign_reference_weights(model, np.random.default_rng(52))
     report = load_npz(model, path)
     assert report["missing"] == report["unexpected"] == report["mismatched"] == []
     assert_same_weights(model, weights, skip=HEAD_KEYS)
@@ -707,12 +706,12 @@ def test_include_top_false_loads_a_file_with_a_head(token_file):
 
 def test_file_without_a_head_gives_a_zero_head(tmp_path):
     source = small_vit(include_top=False)
-    weights = randomize(source, np.random.default_rng(53))
+    weights = assign_reference_weights(source, np.random.default_rng(53))
     path = tmp_path / "no_head.npz"
     save_npz(source, path)
     assert not any(key.startswith("head/") for key in npz_shapes(path))
     model = small_vit()
-    randomize(model, np.random.default_rng(54))
+    assign_reference_weights(model, np.random.default_rng(54))
     load_npz(model, path)
     np.testing.assert_array_equal(value_of(model, "head/kernel"), np.zeros((24, 5)))
     assert_same_weights(model, weights)
@@ -725,7 +724,7 @@ def test_file_without_a_head_gives_a_zero_head(tmp_path):
 @pytest.fixture(scope="module")
 def gap_file(tmp_path_factory):
     source = small_vit(classifier="gap")
-    weights = randomize(source, np.random.default_rng(61))
+    weights = assign_reference_weights(source, np.random.default_rng(61))
     path = tmp_path_factory.mktemp("gap") / "gap.npz"
     save_npz(source, path)
     return weights, path
@@ -737,7 +736,7 @@ def test_gap_file_has_no_class_token_and_loads_into_gap_model(gap_file):
     assert "cls" not in shapes
     assert shapes[POS_KEY][0] == (1, 16, 24)  # no class-token row
     model = small_vit(classifier="gap")
-    randomize(model, np.random.default_rng(62))
+    assign_reference_weights(model, np.random.default_rng(62))
     load_npz(model, path)
     assert_same_weights(model, weights)
     images = images_for(32)
@@ -797,7 +796,7 @@ def broken_file(token_file, tmp_path):
 def test_strict_load_reports_all_problems_together_and_changes_nothing(broken_file):
     _, path = broken_file
     model = small_vit()
-    randomize(model, np.random.default_rng(71))
+    assign_reference_weights(model, np.random.default_rng(71))
     before = snapshot(model)
     with pytest.raises(CheckpointError) as raised:
         load_npz(model, path)
@@ -812,7 +811,7 @@ def test_strict_load_reports_all_problems_together_and_changes_nothing(broken_fi
 def test_non_strict_load_loads_what_fits_and_logs_the_rest(broken_file, caplog):
     arrays, path = broken_file
     model = small_vit()
-    randomize(model, np.random.default_rng(72))
+    assign_reference_weights(model, np.random.default_rng(72))
     before = snapshot(model)
     with caplog.at_level(logging.WARNING, logger="keras_vit.weights.checkpoint"):
         report = load_npz(model, path, strict=False)
@@ -1077,12 +1076,12 @@ def _fail_in_third_array(monkeypatch):
 def test_failed_save_leaves_previous_file_and_no_partial_file(failure, previous, tmp_path,
                                                               monkeypatch):
     model = small_vit(num_layers=1)
-    randomize(model, np.random.default_rng(81))
+    assign_reference_weights(model, np.random.default_rng(81))
     path = tmp_path / "model.npz"
     if previous:
         save_npz(model, path)
         old = path.read_bytes()
-        randomize(model, np.random.default_rng(82))  # the next save would differ
+        assign_reference_weights(model, np.random.default_rng(82))  # the next save would differ
     with monkeypatch.context() as patch:
         failure(patch)
         with pytest.raises(_SimulatedFailure):
@@ -1124,7 +1123,7 @@ def test_save_failing_while_writing_the_file_keeps_the_previous_file(tmp_path):
     import subprocess
 
     model = small_vit(num_layers=1)
-    randomize(model, np.random.default_rng(83))
+    assign_reference_weights(model, np.random.default_rng(83))
     path = tmp_path / "model.npz"
     save_npz(model, path)
     old = path.read_bytes()
