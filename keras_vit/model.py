@@ -5,7 +5,8 @@ The model is a plain chain of named layers, in the order of the original:
 [hybrid ResNet] -> embedding -> cls -> posembed_input -> dropout -> encoderblock_{i} ->
 encoder_norm -> pool -> [pre_logits] -> head. The paper's variants change only the middle:
 `posembed_{i}` before block i (or `posembed_input` again) with the every-layer placements,
-relative position logits inside each block's attention, and `encoderblock_{i}_row`,
+relative position logits inside each block's attention (or from one MLP before the blocks,
+`relative_position`, that every block adds), and `encoderblock_{i}_row`,
 `encoderblock_{i}_column` for Axial-ViT. Later ViTs' options (timm's names) add `reg` (register
 tokens, before `cls`), `pre_norm` before the blocks, LayerScale inside them, and `fc_norm`
 after `pool` in place of `encoder_norm`.
@@ -364,6 +365,13 @@ def _encoder(spec, x, patch_grid, policy):
     if spec.pre_norm:
         x = vit_layers.make_norm(spec.norm_layer, spec.layer_norm_epsilon, name="pre_norm",
                                  dtype=policy)(x)
+    shared = {}
+    if spec.relative_mlp_shared:  # one MLP's logits for every block (timm's shared_rel_pos)
+        relative_mlp = vit_layers.RelativePositionMlp(
+            grid, spec.num_heads, prefix, hidden_dim=spec.relative_mlp_dim,
+            name="relative_position", dtype=policy)
+        shared = {"relative_bias": relative_mlp(x, **grid_input)}
+        relative = None  # the blocks have no MLP of their own
     # Only the blocks that need the grid's size get it.
     block_grid = grid_input if relative or spec.rope or spec.axial else {}
     placement = spec.position_embedding_placement
@@ -373,7 +381,7 @@ def _encoder(spec, x, patch_grid, policy):
         elif index and placement == "every_layer_shared":
             x = stem_position(x, **grid_input)
         for block in _blocks(spec, index, relative, policy):
-            x = block(x, **block_grid)
+            x = block(x, **block_grid, **shared)
     return x
 
 

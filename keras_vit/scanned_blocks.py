@@ -48,6 +48,7 @@ class ScannedBlocks:
         otherwise."""
         spec = getattr(model, "spec", None)
         if (spec is None or not isinstance(model, ViTModel) or spec.dynamic_image_size
+                or spec.relative_mlp_shared  # the blocks take the shared logits as an input
                 or execution_of(model).remat != "blocks"):
             return None
         chain = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]

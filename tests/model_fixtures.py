@@ -53,6 +53,11 @@ OPTION_FAMILIES = {
     # pooling's, SiLU-gated MLPs, attention pooling without its LayerNorm and MLP.
     "aimv2": {"norm_layer": "rms_norm", "activation": "swiglu", "patch_norm": True,
               "qkv_bias": False, "proj_bias": False, "classifier": "map", "map_mlp_dim": 0},
+    # timm's vit_srelpos_*: one relative-position MLP whose logits every block adds (here with
+    # a class token, whose pairs get none).
+    "relative_mlp_shared": {"position_embedding": "relative_mlp", "relative_mlp_shared": True,
+                            "relative_mlp_dim": 16, "classifier": "gap", "class_token": True,
+                            "final_norm": "pooled"},
 }
 
 

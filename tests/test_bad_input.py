@@ -21,6 +21,7 @@ CONTEXT = {
     "rope_reference_grid": dict(rope="axial"),
     "rope_grid_offset": dict(rope="axial"),
     "relative_mlp_dim": dict(position_embedding="relative_mlp"),
+    "relative_mlp_shared": dict(position_embedding="relative_mlp"),
     "map_num_heads": dict(classifier="map"),
     "map_mlp_dim": dict(classifier="map"),
     "map_include_prefix": dict(classifier="map"),

@@ -24,6 +24,8 @@ def position_embedding_similarity(model):
     if embeddings is None:
         relative = next((layer.relative_position for layer in model.layers
                          if getattr(layer, "relative_position", None)), None)
+        if getattr(getattr(model, "spec", None), "relative_mlp_shared", False):
+            relative = "mlp"  # one MLP of the model's, none in the blocks
         if relative:  # the blocks' attention holds them: logits of offsets, not vectors
             kind = {"1d": "relative", "2d": "relative_2d",
                     "mlp": "relative_mlp"}.get(relative, relative)

@@ -148,6 +148,8 @@ _COUNTERS = (
     (vit_layers.PatchEmbed, _patch_embed),
     (vit_layers.EncoderBlock, _encoder_block),
     (vit_layers.AttentionPooling, _attention_pooling),
+    # the blocks' shared relative-position MLP (relative_mlp_shared): once, not per block
+    (vit_layers.RelativePositionMlp, lambda mlp, input_shape: _relative_position(mlp, None)),
     (keras.layers.Dense, _top_dense),
 )
 
@@ -163,7 +165,8 @@ def _layer_flops(model, layer):
             f"forward_flops counts models built by keras_vit.vit(); layer {layer.name!r} of "
             f"model {model.name!r} is a {type(layer).__name__}, which it does not know.")
     try:
-        input_shape = tuple(layer.input.shape)
+        inputs = layer.input  # the tokens first (blocks may take a shared relative bias too)
+        input_shape = tuple((inputs[0] if isinstance(inputs, (list, tuple)) else inputs).shape)
     except (AttributeError, ValueError) as error:  # a subclassed model, or a shared layer
         raise ValueError(
             f"forward_flops needs the functional model that keras_vit.vit() returns; the input "

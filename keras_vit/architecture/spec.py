@@ -167,6 +167,9 @@ class ViTConfig:
             logits only so).
         relative_mlp_dim: the hidden units of position_embedding "relative_mlp"'s MLP; None
             takes timm's 128.
+        relative_mlp_shared: True for one relative-position MLP (weights `relative_position`)
+            whose logits every block adds, in place of one per block (timm's
+            `shared_rel_pos`, its `vit_srelpos_*`). Needs position_embedding "relative_mlp".
         rope_grid_offset: added to the patch indices of "axial" rope before any scaling
             (timm's `rope_grid_offset`: 1 in Perception Encoder's models).
         mlp_inner_norm: a LayerNorm (`inner_norm`) on each MLP's hidden units before its second
@@ -230,6 +233,7 @@ class ViTConfig:
     rope_reference_grid: tuple = None
     rope_grid_offset: float = 0.0
     relative_mlp_dim: int = None
+    relative_mlp_shared: bool = False
     resnet_numerics: str = "original"
     residual_post_norm: bool = False
     map_num_heads: int = None

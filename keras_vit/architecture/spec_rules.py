@@ -251,7 +251,8 @@ def positions_fields(r):
     r.check_choice("position_embedding", POSITION_EMBEDDINGS)
     r.check_choice("position_embedding_placement", PLACEMENTS)
     r.check_choice("position_embedding_interpolation", INTERPOLATIONS)
-    r.check_bool("dynamic_image_size", "dynamic_image_pad", "prefix_position_embeddings")
+    r.check_bool("dynamic_image_size", "dynamic_image_pad", "prefix_position_embeddings",
+                 "relative_mlp_shared")
     _relative_mlp(r)
 
 
@@ -273,6 +274,11 @@ def _relative_mlp(r):
 
 def positions_rules(r):
     values = r.values
+    if r.ok("relative_mlp_shared", "position_embedding") and (
+            values["relative_mlp_shared"] and values["position_embedding"] != "relative_mlp"):
+        r.add(("relative_mlp_shared", "position_embedding"),
+              "shares the MLP of position_embedding 'relative_mlp' between the blocks: set "
+              "position_embedding='relative_mlp' too, or leave relative_mlp_shared False")
     if r.ok("dynamic_image_size", "dynamic_image_pad") and (
             values["dynamic_image_pad"] and not values["dynamic_image_size"]):
         r.add(("dynamic_image_pad", "dynamic_image_size"),

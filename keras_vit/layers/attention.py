@@ -161,10 +161,13 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             computes: left out of its config (`keras_vit.architecture.execution`).
         **kwargs: base `Layer` arguments.
 
-    `call(x, training, return_attention_scores=False, grid=None, attention_mask=None)` returns
-    `[batch, tokens, D]`, and with `return_attention_scores=True` also the weights `[batch,
-    heads, tokens, tokens]`; `grid` (the patch grid of these tokens) tells relative and rotary
-    positions the grid at call time; `attention_mask` (`keys_mask`) the keys each query sees.
+    `call(x, training, return_attention_scores=False, grid=None, attention_mask=None,
+    relative_bias=None)` returns `[batch, tokens, D]`, and with `return_attention_scores=True`
+    also the weights `[batch, heads, tokens, tokens]`; `grid` (the patch grid of these tokens)
+    tells relative and rotary positions the grid at call time; `attention_mask` (`keys_mask`)
+    the keys each query sees; `relative_bias` `[1, heads, tokens, tokens]`, logits added as
+    the layer's own relative positions would be (one MLP's for every block:
+    `ViTConfig.relative_mlp_shared`).
     """
 
     def __init__(self, num_heads, dropout=0.0, relative_position=None, grid_size=None,
@@ -263,7 +266,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             self.relative.build((input_shape[0], self.num_heads, input_shape[1], self.head_dim))
 
     def call(self, x, training=False, return_attention_scores=False, grid=None,
-             attention_mask=None):
+             attention_mask=None, relative_bias=None):
         batch, tokens, hidden = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
         heads, head_dim = self.num_heads, self.head_dim
         # One (D, 3D) matmul on 2-D rows instead of three, with the 1/sqrt(head_dim) scale of
@@ -286,7 +289,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             qkv = self._rotated(qkv, grid)
         mask = None if attention_mask is None else keys_mask(attention_mask)
         if _fused(self.attention_impl, self.dropout, training, return_attention_scores):
-            attended = self._fused_attention(qkv, grid, training, mask)
+            attended = self._fused_attention(qkv, grid, training, mask, relative_bias)
             return ops.reshape(self._project(attended), (batch, tokens, hidden))
         qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # [3, batch, heads, tokens, head_dim]
         # Unstacked, not indexed: each slice's gradient would be a zero-filled copy of all of
@@ -295,6 +298,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         logits = ops.matmul(query, ops.transpose(key, (0, 1, 3, 2)))
         if self.relative is not None:  # the (scaled) queries against the offset embeddings
             logits = logits + self.relative(query, grid=grid)
+        if relative_bias is not None:
+            logits = logits + ops.cast(relative_bias, logits.dtype)
         if mask is not None:
             logits = masked_logits(logits, mask)
         # float32 only: under mixed precision the softmax keeps its bfloat16 rounding (the
@@ -357,7 +362,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         query, key, value = ops.unstack(qkv, 3, axis=2)
         return ops.stack([rotate(query, cos, sin), rotate(key, cos, sin), value], axis=2)
 
-    def _fused_attention(self, qkv, grid, training, mask=None):
+    def _fused_attention(self, qkv, grid, training, mask=None, relative_bias=None):
         """`[batch * tokens, D]` attended values of `qkv` `[batch, tokens, 3, heads,
         head_dim]` (queries scaled) by `keras.ops.dot_product_attention`, which never returns
         the score matrix (and on GPUs and TPUs, on JAX, never forms it whole); `mask` as
@@ -366,6 +371,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         bias = None
         if self.relative is not None:  # the relative logits, [batch, heads, tokens, tokens]
             bias = self.relative(ops.transpose(query, (0, 2, 1, 3)), grid=grid)
+        elif relative_bias is not None:
+            bias = ops.cast(relative_bias, query.dtype)
         tokens = query.shape[1]
         plain = bias is None and mask is None
         if plain and training and tokens and tokens % 2 and odd_lengths_refused():
@@ -379,7 +386,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         return ops.reshape(attended, (-1, qkv.shape[-1] * self.num_heads))
 
     def compute_output_spec(self, x, training=False, return_attention_scores=False, grid=None,
-                            attention_mask=None):
+                            attention_mask=None, relative_bias=None):
         return _attention_output_spec(self, x, return_attention_scores)
 
     def get_config(self):

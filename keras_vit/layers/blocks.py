@@ -247,12 +247,13 @@ class EncoderBlock(keras.layers.Layer):
             (`ViTConfig.proj_bias`).
         **kwargs: base `Layer` arguments.
 
-    `call(x, training, return_attention_scores=False, grid=None, attention_mask=None)`: with
-    `return_attention_scores=True` returns `(x, attention_weights)` with weights
-    `[batch, heads, tokens, tokens]`. `grid`, the patch grid `[batch, rows, columns, D]` of the
-    tokens, gives relative positions (and Axial-ViT) the grid at call time; `attention_mask`
-    the keys each token attends to (`keras_vit.layers.attention.keys_mask`): padding and
-    packed images (native resolution).
+    `call(x, training, return_attention_scores=False, grid=None, attention_mask=None,
+    relative_bias=None)`: with `return_attention_scores=True` returns `(x, attention_weights)`
+    with weights `[batch, heads, tokens, tokens]`. `grid`, the patch grid `[batch, rows,
+    columns, D]` of the tokens, gives relative positions (and Axial-ViT) the grid at call time;
+    `attention_mask` the keys each token attends to (`keras_vit.layers.attention.keys_mask`):
+    padding and packed images (native resolution); `relative_bias` the logits of a
+    relative-position MLP that the blocks share (`ViTConfig.relative_mlp_shared`).
     """
 
     def __init__(self, num_heads, mlp_dim, dropout=0.0, attention_dropout=0.0,
@@ -332,22 +333,24 @@ class EncoderBlock(keras.layers.Layer):
         """The shape the attention sees (the token sequence here; rows or columns in axial)."""
         return input_shape
 
-    def attend(self, x, training, return_attention_scores, grid, attention_mask=None):
+    def attend(self, x, training, return_attention_scores, grid, attention_mask=None,
+               relative_bias=None):
         """Self-attention over the (normalised) tokens `x` of the patch grid `grid`."""
         return self.attention(x, training=training,
                               return_attention_scores=return_attention_scores, grid=grid,
-                              attention_mask=attention_mask)
+                              attention_mask=attention_mask, relative_bias=relative_bias)
 
     def call(self, x, training=False, return_attention_scores=False, grid=None,
-             attention_mask=None):
+             attention_mask=None, relative_bias=None):
         # Remat serves a backward pass, so only training: an inference graph (an export's
         # SavedModel or TFLite file) must not carry its custom gradient.
         if (self.remat and training and not return_attention_scores
                 and self.attention_recorder is None):
-            return self._rematerialized(x, training, grid, attention_mask)
-        return self._forward(x, training, return_attention_scores, grid, attention_mask)
+            return self._rematerialized(x, training, grid, attention_mask, relative_bias)
+        return self._forward(x, training, return_attention_scores, grid, attention_mask,
+                             relative_bias)
 
-    def _rematerialized(self, x, training, grid, attention_mask=None):
+    def _rematerialized(self, x, training, grid, attention_mask=None, relative_bias=None):
         """The block through `keras.remat`, so that the backward pass computes its activations
         again instead of keeping them. Keras' own `RematScope` cannot do this here: the block's
         random layers would update their seed generators inside the recomputed function (on
@@ -359,22 +362,26 @@ class EncoderBlock(keras.layers.Layer):
                   if training and getattr(layer, "seed_generator", None) is not None]
         seed = random[0].seed_generator.next() if random else None
 
-        def forward(tokens):
+        def forward(tokens, *bias):
             for stream, layer in enumerate(random, 1):  # (an attribute of the generator, not
                 layer.seed_generator.next = _SeedStream(seed, stream).next  # of the layer)
             try:
-                return self._forward(tokens, training, False, grid, attention_mask)
+                return self._forward(tokens, training, False, grid, attention_mask, *bias)
             finally:
                 for layer in random:
                     del layer.seed_generator.next
 
-        return keras.remat(forward)(x)
+        # A shared relative bias goes in as an input, not a closure: its MLP's gradient must
+        # flow back through the recomputation.
+        return keras.remat(forward)(x, *([] if relative_bias is None else [relative_bias]))
 
-    def _forward(self, x, training, return_attention_scores, grid, attention_mask=None):
+    def _forward(self, x, training, return_attention_scores, grid, attention_mask=None,
+                 relative_bias=None):
         record = self.attention_recorder is not None
         post_norm = self.residual_post_norm  # x + LN(branch(x)), not x + branch(LN(x))
         attended = self.attend(x if post_norm else self.norm_0(x), training,
-                               return_attention_scores or record, grid, attention_mask)
+                               return_attention_scores or record, grid, attention_mask,
+                               relative_bias)
         if return_attention_scores or record:
             attended, weights = attended
             if record:
@@ -397,7 +404,7 @@ class EncoderBlock(keras.layers.Layer):
         return x if layer is None else layer(x)
 
     def compute_output_spec(self, x, training=False, return_attention_scores=False, grid=None,
-                            attention_mask=None):
+                            attention_mask=None, relative_bias=None):
         return _attention_output_spec(self, x, return_attention_scores)
 
     def get_config(self):
@@ -457,7 +464,8 @@ class AxialEncoderBlock(EncoderBlock):
         batch = None if input_shape[0] is None else input_shape[0] * lines
         return (batch, length, input_shape[-1])
 
-    def attend(self, x, training, return_attention_scores, grid, attention_mask=None):
+    def attend(self, x, training, return_attention_scores, grid, attention_mask=None,
+               relative_bias=None):  # (never given: the spec has no relative Axial-ViT)
         if attention_mask is not None:
             raise ValueError(f"AxialEncoderBlock '{self.name}' takes no attention_mask: an "
                              "Axial-ViT attends within whole rows and columns of one image.")

@@ -287,9 +287,10 @@ class RelativePositionMlp(keras.layers.Layer):
     query and key is their offset's output, 0 for pairs with a prefix token. No dropout in its
     hidden layer (timm drops 12.5% there in training). Float32 inside, any image size.
 
-    `call(queries, grid=None)`: queries `[batch, heads, tokens, head_dim]` (their dtype only),
-    `grid` as in `RelativePositionBias`; returns logits `[1, heads, tokens, tokens]`. Weights:
-    `fc1`, `fc2` (kernel and bias each).
+    `call(queries, grid=None)`: queries `[batch, heads, tokens, head_dim]`, or the tokens
+    `[batch, tokens, D]` of a model whose blocks share one MLP (`ViTConfig.relative_mlp_shared`)
+    (their dtype only), `grid` as in `RelativePositionBias`; returns logits `[1, heads, tokens,
+    tokens]`. Weights: `fc1`, `fc2` (kernel and bias each).
     """
 
     def __init__(self, grid_size, num_heads, num_prefix_tokens=0, hidden_dim=128, **kwargs):
@@ -340,7 +341,7 @@ class RelativePositionMlp(keras.layers.Layer):
         return ops.cast(bias[None], queries.dtype)
 
     def compute_output_shape(self, queries_shape, grid_shape=None):
-        return (1, self.num_heads, queries_shape[2], queries_shape[2])
+        return (1, self.num_heads, queries_shape[-2], queries_shape[-2])
 
     def get_config(self):
         return {**super().get_config(), "grid_size": self.grid_size,

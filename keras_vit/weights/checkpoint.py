@@ -31,7 +31,8 @@ from keras_vit.layers.resample import resize_position_embeddings  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
-_TRANSFORMER_LAYERS = ("posembed_", "encoderblock_", "encoder_norm")
+# (relative_position: the encoder's relative-position MLP that every block shares.)
+_TRANSFORMER_LAYERS = ("posembed_", "encoderblock_", "encoder_norm", "relative_position")
 _HEAD_KEYS = ("head/kernel", "head/bias", "head_dist/kernel", "head_dist/bias")
 _PRE_LOGITS_KEYS = ("pre_logits/kernel", "pre_logits/bias")
 _PROJECTIONS = ("query", "key", "value", "out")  # stored per head: (D, heads, D / heads)

@@ -315,7 +315,10 @@ SAPIENS2_LIKE = dict(norm_layer="rms_norm", qk_norm=True, num_kv_heads=(2, 1, 4)
 AIMV2_LIKE = dict(norm_layer="rms_norm", activation="swiglu", patch_norm=True, qkv_bias=False,
                   proj_bias=False, classifier="map", map_mlp_dim=0, hidden_size=32, mlp_dim=48,
                   num_heads=4, num_layers=2)
-LATER_OPTIONS = {"sapiens2": SAPIENS2_LIKE, "aimv2": AIMV2_LIKE}
+# timm's vit_srelpos_*: one relative-position MLP whose logits every block adds.
+SRELPOS_LIKE = dict(position_embedding="relative_mlp", relative_mlp_shared=True,
+                    relative_mlp_dim=16, classifier="gap", layer_scale_init=0.1, qkv_bias=False)
+LATER_OPTIONS = {"sapiens2": SAPIENS2_LIKE, "aimv2": AIMV2_LIKE, "srelpos": SRELPOS_LIKE}
 
 
 @pytest.mark.parametrize("options", LATER_OPTIONS)

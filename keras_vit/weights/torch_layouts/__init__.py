@@ -151,6 +151,10 @@ def _writer(spec, layout, native=False):
         family = _claiming(FAMILIES[layout], lambda family: family.writes(spec))
     if family is not transformers_aimv2.FAMILY:  # AIMv2's options are its alone
         transformers_aimv2.refuse_options(spec, f"{layout}'s {family.name}")
+    if spec.relative_mlp_shared and family is not timm_relpos.FAMILY:
+        raise LayoutError(f"{layout}'s {family.name} has no relative-position MLP shared by "
+                          "every block (relative_mlp_shared): timm's VisionTransformerRelPos "
+                          "alone has it (shared_rel_pos); save this model with format='timm'.")
     return family
 
 

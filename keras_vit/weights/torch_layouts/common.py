@@ -59,7 +59,8 @@ def block_pairs(index, theirs, spec):
         mlp += (("Gate_0", "gate"),)
     for ours_name, their_name in mlp:
         pairs += dense_pairs(ours + "MlpBlock_3/" + ours_name, theirs[their_name])
-    if spec.position_embedding == "relative_mlp" and "relative_fc_0" in theirs:
+    if (spec.position_embedding == "relative_mlp" and not spec.relative_mlp_shared
+            and "relative_fc_0" in theirs):
         # timm's VisionTransformerRelPos: RelPosMlp's fc1 (2 -> hidden), fc2 (hidden -> heads)
         for index in range(2):
             pairs += dense_pairs(attention + f"relative_position/fc{index + 1}",

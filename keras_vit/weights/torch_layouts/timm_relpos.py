@@ -1,7 +1,9 @@
 """timm's `VisionTransformerRelPos` (its `vit_relpos_*`): no position embeddings, a
 relative-position MLP in every block (`blocks.N.attn.rel_pos.mlp.fc1`, `fc2`: keras_vit's
-position_embedding "relative_mlp"), LayerScale (or post-norm blocks), GAP (with or without a
-class token) or the class token; VisionTransformer's names otherwise (`timm_common`)."""
+position_embedding "relative_mlp"), or one that every block shares (`shared_rel_pos.mlp.fc1`,
+`fc2`, its `vit_srelpos_*`: relative_mlp_shared), LayerScale (or post-norm blocks), GAP (with or
+without a class token) or the class token; VisionTransformer's names otherwise
+(`timm_common`)."""
 
 from keras_vit.weights.torch_layouts import common, timm_common
 from keras_vit.weights.torch_layouts.common import sized_spec, tensor
@@ -20,6 +22,7 @@ _DEFAULTS = {
 _IGNORED = {"drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate",
             "weight_init", "fix_init"}
 _HIDDEN = 128  # RelPosMlp's hidden_dim where rel_pos_dim is None
+_SHARED_MLP = "shared_rel_pos.mlp."  # the RelPosMlp every block shares (shared_rel_pos=True)
 # Its blocks -> an architecture of them (model_args cannot name a block class): pre-norm with
 # LayerScale, or post-norm (`_rpn`, residual_post_norm; its init_values only start the norms).
 _BLOCKS = {"<RelPosBlock>": "vit_relpos_base_patch16_224",
@@ -30,9 +33,6 @@ def _missing(args):
     """What of timm's VisionTransformerRelPos `args` keras_vit has no option for, with why."""
     pool = args["global_pool"]
     problems = [why for bad, why in (
-        (args.get("shared_rel_pos"), "shared_rel_pos=True (one relative-position MLP shared by "
-                                     "all blocks, vit_srelpos_*, where keras_vit's blocks have "
-                                     "one each)"),
         (args["block_fn"] not in _BLOCKS, f"block_fn={args['block_fn']!r}"),
         (args["rel_pos_type"] != "mlp",
          f"rel_pos_type={args['rel_pos_type']!r} (keras_vit's relative_mlp is RelPosMlp in its "
@@ -56,7 +56,9 @@ def spec_from_config(config, state, timm_class):
     timm_common.check_missing(architecture, _missing(args), "VisionTransformerRelPos")
     hidden, patch, layers = timm_common.sizes(state)
     mlp = tensor(state, "blocks.0.mlp.fc1.weight", "timm").shape[0]
-    relative = tensor(state, "blocks.0.attn.rel_pos.mlp.fc1.weight", "timm").shape[0]
+    shared = bool(args["shared_rel_pos"])  # one RelPosMlp of the model, not one per block
+    relative = tensor(state, _SHARED_MLP + "fc1.weight" if shared
+                      else "blocks.0.attn.rel_pos.mlp.fc1.weight", "timm").shape[0]
     num_classes = config.get("num_classes", args["num_classes"])
     post_norm = args["block_fn"] == "<ResPostRelPosBlock>"
     return sized_spec(hidden, mlp, args["num_heads"], layers, patch,
@@ -68,12 +70,14 @@ def spec_from_config(config, state, timm_class):
                       layer_scale_init=None if post_norm else args["init_values"] or None,
                       residual_post_norm=post_norm,
                       position_embedding="relative_mlp", relative_mlp_dim=int(relative),
+                      relative_mlp_shared=shared,
                       final_norm="pooled" if args["fc_norm"] else "tokens")
 
 
 def config_for(spec, preprocessing, arrays=None):
     """timm's VisionTransformerRelPos `config.json` for a model of position_embedding
-    "relative_mlp" (its RelPosMlp in every block): every argument in `model_args`."""
+    "relative_mlp" (its RelPosMlp in every block, or one shared: `shared_rel_pos`): every
+    argument in `model_args`."""
     lacking = (
         (spec.is_hybrid or spec.axial, f"ResNet stem or axial blocks ({spec.variant})"),
         (spec.position_embedding_placement != "stem",
@@ -104,12 +108,24 @@ def config_for(spec, preprocessing, arrays=None):
             "class_token": spec.class_token,
             "global_pool": "token" if spec.classifier == "token" else "avg",
             "fc_norm": spec.final_norm == "pooled", "rel_pos_type": "mlp",
-            "rel_pos_dim": spec.relative_mlp_dim or _HIDDEN, "shared_rel_pos": False}
+            "rel_pos_dim": spec.relative_mlp_dim or _HIDDEN,
+            "shared_rel_pos": spec.relative_mlp_shared}
     block = "<ResPostRelPosBlock>" if spec.residual_post_norm else "<RelPosBlock>"
     return timm_common.config_file(spec, preprocessing, args, _BLOCKS[block])
+
+
+def weight_pairs(spec):
+    """VisionTransformer's pairs (`timm_common.weight_pairs`: a RelPosMlp in every block), and
+    the shared RelPosMlp's."""
+    pairs = timm_common.weight_pairs(spec)
+    if spec.relative_mlp_shared:
+        for index in (1, 2):
+            pairs += common.dense_pairs(f"Transformer/relative_position/fc{index}",
+                                        f"{_SHARED_MLP}fc{index}")
+    return pairs
 
 
 FAMILY = Family(name="VisionTransformerRelPos", library="timm",
                 classes={"VisionTransformerRelPos": False}, spec_from_config=spec_from_config,
                 writes=lambda spec: spec.position_embedding == "relative_mlp",
-                config_for=config_for, weight_pairs=timm_common.weight_pairs)
+                config_for=config_for, weight_pairs=weight_pairs)

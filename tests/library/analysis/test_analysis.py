@@ -211,9 +211,10 @@ def test_position_similarity_without_embeddings():
     with pytest.raises(ValueError, match="no position embeddings"):
         analysis.position_embedding_similarity(small_vit(position_embedding="none"))
     # Relative ones are logits inside the attention: the message says so, with their kind.
-    for kind in ("relative", "relative_2d"):
+    for kind, shared in (("relative", False), ("relative_2d", False), ("relative_mlp", True)):
         with pytest.raises(ValueError) as error:
-            analysis.position_embedding_similarity(small_vit(position_embedding=kind))
+            analysis.position_embedding_similarity(small_vit(
+                position_embedding=kind, **({"relative_mlp_shared": True} if shared else {})))
         message = str(error.value)
         assert f"has relative position embeddings (position_embedding='{kind}')" in message
         assert "'none'" not in message and "position_embedding='learned'" in message

@@ -66,6 +66,8 @@ def test_every_variant_matches_tensorflows_count(variant):
     # AIMv2's: the patch tokens' norm, no biases, attention pooling without its MLP
     dict(patch_norm=True, proj_bias=False, qkv_bias=False, classifier="map", map_mlp_dim=0,
          activation="swiglu", norm_layer="rms_norm"),
+    # timm's vit_srelpos_*: one relative-position MLP for every block, counted once
+    dict(position_embedding="relative_mlp", relative_mlp_dim=8, relative_mlp_shared=True),
 ], ids=str)
 def test_model_options_match_tensorflows_count(options):
     model = keras_vit.vit("Ti/16", image_size=(32, 48), **{**TINY, **options})
@@ -175,3 +177,13 @@ def test_an_unknown_layer_is_named():
     model = keras.Model(images, keras.layers.BatchNormalization(name="bn_tokens")(tokens))
     with pytest.raises(ValueError, match="'bn_tokens'.*BatchNormalization"):
         flops.forward_flops(model)
+
+
+def test_a_shared_relative_mlp_is_counted_once():
+    """The MLP on each of the (2 rows - 1)(2 columns - 1) offsets, 2 -> 8 -> 2 heads: once for a
+    model whose blocks share it, once per block otherwise."""
+    fields = dict(TINY, image_size=(32, 48), position_embedding="relative_mlp",
+                  relative_mlp_dim=8, num_layers=3)
+    each = flops.forward_flops(keras_vit.vit("Ti/16", **fields))
+    shared = flops.forward_flops(keras_vit.vit("Ti/16", relative_mlp_shared=True, **fields))
+    assert each - shared == 2 * (3 * 5) * 2 * (2 * 8 + 8 * 2)

@@ -386,13 +386,35 @@ def test_every_field_is_described_once_and_the_docs_table_is_made_from_it():
     ({"map_mlp_dim": -1, "classifier": "map"}, ValueError, "map_mlp_dim=-1: .*>= 0"),
     ({"map_mlp_dim": 0}, ValueError, "map_mlp_dim=0: these shape the attention pooling of "
                                      "classifier 'map': set classifier='map'"),
+    ({"relative_mlp_shared": 1, "position_embedding": "relative_mlp"}, TypeError,
+     r"relative_mlp_shared=1 \(int\): must be True or False"),
+    ({"relative_mlp_shared": True}, ValueError,
+     "relative_mlp_shared=True, position_embedding='learned': shares the MLP of "
+     "position_embedding 'relative_mlp' between the blocks: set "
+     "position_embedding='relative_mlp' too"),
+    ({"relative_mlp_shared": True, "position_embedding": "relative"}, ValueError,
+     "position_embedding='relative': shares the MLP"),
 ], ids=["unknown_norm", "norm_none", "qk_norm_int", "kv_not_dividing", "one_block_not_dividing",
         "kv_per_block_count", "kv_zero", "kv_entry_zero", "kv_float", "kv_empty", "mixed_rope",
-        "patch_norm_int", "proj_bias_str", "map_mlp_dim_negative", "map_mlp_dim_without_map"])
+        "patch_norm_int", "proj_bias_str", "map_mlp_dim_negative", "map_mlp_dim_without_map",
+        "relative_mlp_shared_int", "relative_mlp_shared_without_mlp",
+        "relative_mlp_shared_with_tables"])
 def test_norm_qk_norm_and_kv_heads_refuse_bad_values_naming_the_field_and_fix(fields, error,
                                                                              message):
     with pytest.raises(error, match=message):
         ViTConfig.from_variant("S/16", hidden_size=24, num_heads=6, num_layers=3, **fields)
+
+
+def test_relative_mlp_shared_is_one_mlp_for_every_block():
+    """timm's shared_rel_pos: one MLP (2 -> 8 -> 2 heads) of the model's, none in the blocks,
+    where a model without it has one per block; the spec round-trips."""
+    fields = dict(TINY, num_layers=3, position_embedding="relative_mlp", relative_mlp_dim=8)
+    each = keras_vit.vit("S/16", **fields)
+    shared = keras_vit.vit("S/16", relative_mlp_shared=True, **fields)
+    assert each.count_params() - shared.count_params() == 2 * ((2 * 8 + 8) + (8 * 2 + 2))
+    assert sorted(v.path for v in shared.weights if "relative" in v.path) == [
+        f"relative_position/fc{index}/{kind}" for index in (1, 2) for kind in ("bias", "kernel")]
+    assert ViTConfig.from_dict(shared.spec.to_dict()) == shared.spec
 
 
 def test_kv_heads_per_block_round_trip_and_build_each_block_its_own():

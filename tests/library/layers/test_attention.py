@@ -23,6 +23,8 @@ ARCHITECTURES = {
     "rope_normalized_registers": dict(rope="axial_normalized", num_register_tokens=2),
     "rope_mixed": dict(rope="mixed", position_embedding="none"),
     "relative_mlp": dict(position_embedding="relative_mlp", relative_mlp_dim=16),
+    "relative_mlp_shared": dict(position_embedding="relative_mlp", relative_mlp_dim=16,
+                                relative_mlp_shared=True),
     "inner_norms_rope_offset": dict(mlp_inner_norm=True, attention_inner_norm=True,
                                     rope="axial", rope_grid_offset=1.0),
     "relative": dict(position_embedding="relative"),

@@ -36,6 +36,8 @@ CASES = {
     "rope_mixed": dict(variant="Ti/16", rope="mixed", num_register_tokens=1),
     "relative_mlp": dict(variant="Ti/16", position_embedding="relative_mlp",
                          relative_mlp_dim=8),
+    "relative_mlp_shared": dict(variant="Ti/16", position_embedding="relative_mlp",
+                                relative_mlp_dim=8, relative_mlp_shared=True),
 }
 
 
@@ -305,6 +307,8 @@ SERVED_CASES = {
                                   position_embedding_interpolation="bicubic"),
     # Angles and offsets computed in the graph for sides known only when it runs.
     "relative_mlp": dict(position_embedding="relative_mlp", relative_mlp_dim=8),
+    "relative_mlp_shared": dict(position_embedding="relative_mlp", relative_mlp_dim=8,
+                                relative_mlp_shared=True),
     "rope_axial": dict(rope="axial", rope_reference_grid=(3, 3), rope_grid_offset=1.0),
     "rope_mixed": dict(rope="mixed", num_register_tokens=1),
 }

@@ -73,8 +73,11 @@ def loss_and_gradients(model, x, weights=None, state=None):
 
 @pytest.mark.parametrize("fields", [{}, {"variant": "Axial-Ti/16"},
                                     {"position_embedding": "relative", "layer_scale_init": 0.1},
-                                    {"rope": "mixed"}],
-                         ids=["vit", "axial", "relative_layerscale", "rope"])
+                                    {"rope": "mixed"},
+                                    {"position_embedding": "relative_mlp",
+                                     "relative_mlp_shared": True}],
+                         ids=["vit", "axial", "relative_layerscale", "rope",
+                              "shared_relative_mlp"])
 def test_remat_gives_the_same_gradients(fields):
     plain, remat = pair(**fields)
     x = images()
@@ -85,6 +88,16 @@ def test_remat_gives_the_same_gradients(fields):
     for a, b, variable in zip(got, expected, plain.trainable_variables):
         assert np.max(np.abs(a - b)) <= 1e-6 * max(np.max(np.abs(b)), 1e-2 * scale), \
             variable.path
+
+
+def test_blocks_that_take_a_shared_relative_bias_are_not_scanned():
+    """JAX's scanned remat loops over blocks of one input; blocks that also take the shared
+    relative-position logits (relative_mlp_shared) run unrolled, each through keras.remat."""
+    pytest.importorskip("jax")
+    from keras_vit.scanned_blocks import ScannedBlocks
+    for shared, scanned in ((False, True), (True, False)):
+        _, remat = pair(position_embedding="relative_mlp", relative_mlp_shared=shared)
+        assert (ScannedBlocks.chain_of(remat) is not None) == scanned
 
 
 def test_with_dropout_the_gradient_is_the_derivative_of_the_forward_loss():

@@ -173,8 +173,6 @@ def test_directories_that_are_not_models_are_clear_errors(tmp_path):
     for architecture, message in (
             ("vit_small_patch16_18x2_224", "needs block_fn='<ParallelThingsBlock>', which "
                                            "keras_vit has no option for yet"),
-            ("vit_srelpos_small_patch16_224", r"\(timm's VisionTransformerRelPos\) needs "
-                                              "shared_rel_pos=True"),
             ("vit_relpos_base_patch16_224", "model.safetensors has no "
                                             "'blocks.0.attn.rel_pos.mlp.fc1.weight'"),
             ("vit_made_up", "not one keras_vit knows")):

@@ -278,13 +278,19 @@ def test_the_architecture_table_is_the_installed_timms():
     assert coverage_benchmark().architecture_table(timm) == torch_layouts.timm_architectures()
 
 
-def test_the_coverage_benchmark_checks_an_architecture_each_way(tmp_path):
+def test_the_coverage_benchmark_checks_an_architecture_each_way(tmp_path, monkeypatch):
+    from keras_vit.weights import torch_layouts
     check = coverage_benchmark().check
     for architecture in ("vit_xsmall_patch16_clip_224", "deit_tiny_distilled_patch16_224"):
         status, detail = check(architecture, 1, 1e-4, str(tmp_path))
         assert status == "covered", (architecture, detail)
-    status, detail = check("vit_srelpos_small_patch16_224", 1, 1e-4, str(tmp_path))
-    assert status == "missing" and "shared_rel_pos=True" in detail
+    # An architecture whose table entry names an option keras_vit lacks (RelPosBias tables).
+    table = torch_layouts.timm_architectures()
+    architecture = "vit_relpos_small_patch16_rpn_224"
+    monkeypatch.setitem(table, architecture, {
+        **table[architecture], "args": {**table[architecture]["args"], "rel_pos_type": "bias"}})
+    status, detail = check(architecture, 1, 1e-4, str(tmp_path))
+    assert status == "missing" and "rel_pos_type='bias'" in detail
 
 
 @pytest.mark.parametrize("crop_mode", ["center", "squash"])
@@ -1122,13 +1128,14 @@ def test_timm_hybrids_keras_vit_lacks_are_refused(tmp_path, change, reason):
 # timm's VisionTransformerRelPos (vision_transformer_relpos.py): no position embeddings, a
 # relative-position MLP in every block (RelPosMlp, "cr" mode: keras_vit's "relative_mlp"),
 # LayerScale, no query, key and value biases. architecture -> what it adds.
-RELPOS_SMALL = dict(img_size=48, patch_size=8, embed_dim=48, depth=1, num_heads=3,
+RELPOS_SMALL = dict(img_size=48, patch_size=8, embed_dim=48, depth=2, num_heads=3,
                     mlp_ratio=2.0, num_classes=5)
 TIMM_RELPOS = {
     "vit_relpos_small_patch16_224": "GAP normed after pooling (fc_norm)",
     "vit_relpos_medium_patch16_cls_224": "the class token (token pooling), 256 hidden units",
     "vit_relpos_base_patch16_clsgap_224": "a class token beside GAP of the patches, fc_norm",
     "vit_relpos_medium_patch16_rpn_224": "post-norm blocks (ResPostRelPosBlock), no LayerScale",
+    "vit_srelpos_small_patch16_224": "one RelPosMlp that every block shares (shared_rel_pos)",
 }
 
 
@@ -1142,7 +1149,10 @@ def test_timm_relpos_both_ways(tmp_path, architecture):
     assert (spec.position_embedding, spec.qkv_bias, spec.layer_scale_init,
             spec.residual_post_norm) == ("relative_mlp", False, None if post_norm else 1e-6,
                                          post_norm)
-    assert spec.relative_mlp_dim == theirs.blocks[0].attn.rel_pos.mlp.fc1.out_features
+    shared = theirs.shared_rel_pos is not None
+    assert spec.relative_mlp_shared == shared
+    relative = theirs.shared_rel_pos if shared else theirs.blocks[0].attn.rel_pos
+    assert spec.relative_mlp_dim == relative.mlp.fc1.out_features
     assert (spec.classifier, spec.class_token, spec.final_norm) == (
         "token" if theirs.global_pool == "token" else "gap", theirs.cls_token is not None,
         "pooled" if hasattr(theirs.fc_norm, "weight") else "tokens")
@@ -1153,12 +1163,13 @@ def test_timm_relpos_both_ways(tmp_path, architecture):
     back = back_in_timm(ours, tmp_path / "ours")
     assert type(back).__name__ == "VisionTransformerRelPos"
     assert type(back.blocks[0]) is type(theirs.blocks[0])
+    assert (back.shared_rel_pos is None) == (not shared)
     assert_close(logits(back.eval()), expected, 1e-5)
 
 
 @pytest.mark.parametrize("architecture, options, reason", [
-    ("vit_srelpos_small_patch16_224", {}, "shared_rel_pos=True"),
     ("vit_relpos_small_patch16_224", {"rel_pos_type": "bias"}, "rel_pos_type='bias'"),
+    ("vit_srelpos_small_patch16_224", {"rel_pos_type": "bias"}, "rel_pos_type='bias'"),
 ])
 def test_timm_relpos_options_keras_vit_lacks_are_refused(tmp_path, architecture, options,
                                                          reason):
@@ -1169,6 +1180,17 @@ def test_timm_relpos_options_keras_vit_lacks_are_refused(tmp_path, architecture,
     with pytest.raises(LayoutError, match=f"^timm architecture '{architecture}' \\(timm's "
                                           f"VisionTransformerRelPos\\) needs .*{reason}"):
         keras_vit.from_pretrained(str(tmp_path))
+
+
+def test_a_shared_relative_mlp_is_timms_alone_when_saving(tmp_path):
+    model = keras_vit.vit("Ti/16", hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2,
+                          image_size=32, patch_size=8, position_embedding="relative_mlp",
+                          relative_mlp_shared=True)
+    with pytest.raises(LayoutError, match=r"transformers's ViT has no relative-position MLP "
+                                          r"shared by every block \(relative_mlp_shared\).*"
+                                          "format='timm'"):
+        keras_vit.save_pretrained(model, tmp_path / "ours", format="transformers")
+    assert not (tmp_path / "ours").exists()
 
 
 def test_relative_mlp_models_timm_lacks_are_refused_when_saving(tmp_path):
