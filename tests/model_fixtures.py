@@ -44,15 +44,21 @@ OPTION_FAMILIES = {
     # pooling's, SiLU-gated MLPs, attention pooling without its LayerNorm and MLP.
     "aimv2": {"norm_layer": "rms_norm", "activation": "swiglu", "patch_norm": True,
               "qkv_bias": False, "proj_bias": False, "classifier": "map", "map_mlp_dim": 0},
+    # MobileCLIP's: convolutions with BatchNorm and GELU before the patch embedding.
+    "conv_stem": {"conv_stem": True, "prefix_position_embeddings": False},
 }
 
 
 def randomise(layer, seed=1, scale=0.3):
-    """Gives every weight of `layer` (or model) N(0, scale) values, so that zero initialisations
-    (head, class token, the last GroupNorm of a unit) cannot hide bugs."""
+    """Gives every weight of `layer` (or model) N(0, scale) values (BatchNorm's moving variances
+    1 + |N(0, scale)|), so that zero initialisations (head, class token, the last GroupNorm of a
+    unit) cannot hide bugs."""
     rng = np.random.default_rng(seed)
     for variable in layer.weights:
-        variable.assign(rng.normal(0.0, scale, size=tuple(variable.shape)).astype(variable.dtype))
+        values = rng.normal(0.0, scale, size=tuple(variable.shape))
+        if variable.path.endswith("moving_variance"):  # BatchNorm's: positive
+            values = 1.0 + np.abs(values)
+        variable.assign(values.astype(variable.dtype))
 
 
 def random_tiny_vit(**fields):

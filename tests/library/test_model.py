@@ -315,7 +315,11 @@ SAPIENS2_LIKE = dict(norm_layer="rms_norm", qk_norm=True, num_kv_heads=(2, 1, 4)
 AIMV2_LIKE = dict(norm_layer="rms_norm", activation="swiglu", patch_norm=True, qkv_bias=False,
                   proj_bias=False, classifier="map", map_mlp_dim=0, hidden_size=32, mlp_dim=48,
                   num_heads=4, num_layers=2)
-LATER_OPTIONS = {"sapiens2": SAPIENS2_LIKE, "aimv2": AIMV2_LIKE}
+# MobileCLIP's: convolutions with BatchNorm (in training, the batch's statistics) and GELU
+# before the patch embedding.
+MOBILECLIP_LIKE = dict(conv_stem=True, prefix_position_embeddings=False, hidden_size=32,
+                       mlp_dim=48, num_heads=4, num_layers=2)
+LATER_OPTIONS = {"sapiens2": SAPIENS2_LIKE, "aimv2": AIMV2_LIKE, "mobileclip": MOBILECLIP_LIKE}
 
 
 @pytest.mark.parametrize("options", LATER_OPTIONS)

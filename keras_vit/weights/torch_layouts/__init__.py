@@ -151,6 +151,10 @@ def _writer(spec, layout, native=False):
         family = _claiming(FAMILIES[layout], lambda family: family.writes(spec))
     if family is not transformers_aimv2.FAMILY:  # AIMv2's options are its alone
         transformers_aimv2.refuse_options(spec, f"{layout}'s {family.name}")
+    if spec.conv_stem and family is not timm_hybrid.FAMILY:  # as is MobileCLIP's stem timm's
+        raise LayoutError(f"{layout}'s {family.name} has no convolutional stem (conv_stem, "
+                          "MobileCLIP's): save this model with format='timm' (its "
+                          f"{timm_hybrid.MCI_ARCHITECTURE}).")
     return family
 
 

@@ -252,12 +252,16 @@ def test_later_vit_options_are_checked_with_the_rest():
     ({"patch_norm": True}, 2 * 16),
     ({"proj_bias": False}, -(16 + 32 + 16)),
     ({"classifier": "map", "map_mlp_dim": 0}, 16 + 4 * (16 * 16 + 16) - 2 * 16),
+    # MobileCLIP's stem (4 channels): a 4x4 and a 2x2 convolution, each with a BatchNorm's
+    # scale, bias, moving mean and variance, then a 2x2 patch embedding for the 16x16 one.
+    ({"conv_stem": True}, 4 * 4 * 3 * 4 + 4 * 4 + 2 * 2 * 4 * 4 + 4 * 4
+     + 2 * 2 * 4 * 16 - 16 * 16 * 3 * 16),
 ], ids=["no_qkv_bias", "layer_scale", "registers", "registers_no_prefix_embeddings",
         "pre_norm", "pooled_norm", "no_final_norm", "distillation_token", "swiglu", "gap",
         "gap_with_class_token", "mlp_inner_norm", "attention_inner_norm", "rope", "rope_mixed",
         "token_gap", "relative_mlp", "residual_post_norm", "map_of_its_own_size", "rms_norm",
         "qk_norm", "multi_query", "kv_heads_per_block", "patch_norm", "no_proj_bias",
-        "map_without_mlp"])
+        "map_without_mlp", "conv_stem"])
 def test_each_later_option_adds_exactly_its_weights(fields, extra):
     plain = keras_vit.vit("S/16", **TINY).count_params()
     model = keras_vit.vit("S/16", **TINY, **fields)
@@ -386,13 +390,27 @@ def test_every_field_is_described_once_and_the_docs_table_is_made_from_it():
     ({"map_mlp_dim": -1, "classifier": "map"}, ValueError, "map_mlp_dim=-1: .*>= 0"),
     ({"map_mlp_dim": 0}, ValueError, "map_mlp_dim=0: these shape the attention pooling of "
                                      "classifier 'map': set classifier='map'"),
+    ({"conv_stem": "yes"}, TypeError, r"conv_stem='yes' \(str\): must be True or False"),
+    ({"conv_stem": True, "patch_size": 14}, ValueError, r"patch_size=14, conv_stem=True: its "
+     r"first convolution steps patch_size / 4 pixels, then two of 2, so patch_size must be a "
+     r"multiple of 4 with conv_stem: use 12, or conv_stem=False"),
 ], ids=["unknown_norm", "norm_none", "qk_norm_int", "kv_not_dividing", "one_block_not_dividing",
         "kv_per_block_count", "kv_zero", "kv_entry_zero", "kv_float", "kv_empty", "mixed_rope",
-        "patch_norm_int", "proj_bias_str", "map_mlp_dim_negative", "map_mlp_dim_without_map"])
+        "patch_norm_int", "proj_bias_str", "map_mlp_dim_negative", "map_mlp_dim_without_map",
+        "conv_stem_str", "conv_stem_patch"])
 def test_norm_qk_norm_and_kv_heads_refuse_bad_values_naming_the_field_and_fix(fields, error,
                                                                              message):
     with pytest.raises(error, match=message):
         ViTConfig.from_variant("S/16", hidden_size=24, num_heads=6, num_layers=3, **fields)
+
+
+def test_a_conv_stem_needs_a_width_that_4_divides_and_no_resnet():
+    with pytest.raises(ValueError, match=r"hidden_size=18, conv_stem=True: its convolutions "
+                       r"have hidden_size / 4 channels, .* use 16, or conv_stem=False"):
+        ViTConfig.from_variant("S/16", hidden_size=18, num_heads=6, conv_stem=True)
+    with pytest.raises(ValueError, match=r"variant='R50\+B/16', conv_stem=True: a hybrid's "
+                       r"ResNet already makes the patches' map: use a plain ViT variant"):
+        ViTConfig.from_variant("R50+B/16", conv_stem=True)
 
 
 def test_kv_heads_per_block_round_trip_and_build_each_block_its_own():
