@@ -117,8 +117,19 @@ def _backbone(module):
     decides its weights and numerics: for timm's ResNetV2 (or its stem alone, a Sequential of
     `conv`, `norm`, `pool`), the units of each stage, its block, and the classes and epsilons
     of its convolutions (StdConv2dSame: "same" padding; StdConv2d: padding_same=False), norms
-    and pooling; any other backbone (MobileCLIP's ConvStem) by its class."""
+    and pooling; MobileCLIP's ConvStem as its convolutions' kernels, strides, paddings and
+    channels, its norm (class, epsilon) and activation; any other backbone by its class."""
     name = type(module).__name__
+    if name == "ConvStem":
+        layers = list(module)
+        norm = layers[0].bn
+        return {"class": name, "channels": [layer.conv.out_channels for layer in layers],
+                "kernel_size": [layer.conv.kernel_size[0] for layer in layers],
+                "stride": [layer.conv.stride[0] for layer in layers],
+                "padding": [layer.conv.padding[0] for layer in layers],
+                "norm": type(norm).__name__, "norm_eps": norm.eps,
+                "act": type(norm.act).__name__,
+                "act_approximate": getattr(norm.act, "approximate", None)}
     stem = getattr(module, "stem", module)
     if name not in ("ResNetV2", "Sequential") or not all(
             hasattr(stem, part) for part in ("conv", "norm", "pool")):
@@ -214,7 +225,8 @@ def _same(value, default):
 def order_one(torch, model):
     """Random weights that keep activations of order 1 at any width, so that a wrong
     activation, epsilon or scale shows: kernels N(0, 1 / fan_in), biases and tokens N(0, 0.3),
-    norm and LayerScale scales 1 + N(0, 0.1)."""
+    norm and LayerScale scales 1 + N(0, 0.1); BatchNorm's running means N(0, 0.3) and
+    variances 1 + U(-0.5, 0.5) (MobileCLIP's ConvStem), so that neither is a no-op."""
     torch.manual_seed(0)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -222,6 +234,11 @@ def order_one(torch, model):
             kernel = parameter.dim() >= 2 and not name.endswith(_TOKENS)
             std = (parameter[0].numel() ** -0.5 if kernel else 0.1 if unit else 0.3)
             parameter.copy_(torch.randn_like(parameter) * std + float(unit))
+        for name, buffer in model.named_buffers():
+            if name.endswith("running_mean"):
+                buffer.copy_(torch.randn_like(buffer) * 0.3)
+            elif name.endswith("running_var"):
+                buffer.copy_(torch.rand_like(buffer) + 0.5)
     return model.eval()
 
 

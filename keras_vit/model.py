@@ -320,8 +320,12 @@ def _stem(spec, images, policy):
             x = resnet.ResNetStage(units, 64 * 2**index, first_stride=1 if index == 0 else 2,
                                    numerics=numerics, name=f"block{index + 1}",
                                    dtype=policy)(x)
+    patch = spec.patch_size
+    if spec.conv_stem:  # MobileCLIP's: the patch embedding then steps 2 pixels of its map
+        x = vit_layers.ConvStem(patch, spec.hidden_size // 4, name="conv_stem", dtype=policy)(x)
+        patch = 2
     dynamic = spec.dynamic_image_size
-    x = vit_layers.PatchEmbed(spec.patch_size, spec.hidden_size, flatten=not dynamic,
+    x = vit_layers.PatchEmbed(patch, spec.hidden_size, flatten=not dynamic,
                               name="embedding", dtype=policy)(x)
     grid = None
     if dynamic:

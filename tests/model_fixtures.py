@@ -58,15 +58,21 @@ OPTION_FAMILIES = {
     "relative_mlp_shared": {"position_embedding": "relative_mlp", "relative_mlp_shared": True,
                             "relative_mlp_dim": 16, "classifier": "gap", "class_token": True,
                             "final_norm": "pooled"},
+    # MobileCLIP's: convolutions with BatchNorm and GELU before the patch embedding.
+    "conv_stem": {"conv_stem": True, "prefix_position_embeddings": False},
 }
 
 
 def randomise(layer, seed=1, scale=0.3):
-    """Gives every weight of `layer` (or model) N(0, scale) values, so that zero initialisations
-    (head, class token, the last GroupNorm of a unit) cannot hide bugs."""
+    """Gives every weight of `layer` (or model) N(0, scale) values (BatchNorm's moving variances
+    1 + |N(0, scale)|), so that zero initialisations (head, class token, the last GroupNorm of a
+    unit) cannot hide bugs."""
     rng = np.random.default_rng(seed)
     for variable in layer.weights:
-        variable.assign(rng.normal(0.0, scale, size=tuple(variable.shape)).astype(variable.dtype))
+        values = rng.normal(0.0, scale, size=tuple(variable.shape))
+        if variable.path.endswith("moving_variance"):  # BatchNorm's: positive
+            values = 1.0 + np.abs(values)
+        variable.assign(values.astype(variable.dtype))
 
 
 def random_tiny_vit(**fields):

@@ -64,7 +64,10 @@ def test_every_tool_gives_the_models_own_logits(name, tmp_path):
     executed = model_of(fields, remat="blocks", attention_impl="fused")
     executed.set_weights(model.get_weights())
     assert_same(logits(executed, x), expected, "remat and fused attention")
-    assert_same(logits(executed, x, training=True), logits(model, x, training=True),
+    # A copy trains (BatchNorm's moving statistics change in training; conv_stem's).
+    trained = model_of(fields)
+    trained.set_weights(model.get_weights())
+    assert_same(logits(executed, x, training=True), logits(trained, x, training=True),
                 "remat and fused attention in training")
 
     any_size = model_of(fields, dynamic_image_size=True)

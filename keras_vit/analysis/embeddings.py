@@ -69,9 +69,12 @@ def position_similarity_summary(similarity):
 
 def first_layer_filters(model):
     """The filters that look at pixels, `[kh, kw, 3, filters]`: the patch embedding of a plain
-    ViT, or the (weight-standardised, as applied) 7x7 root convolution of a hybrid."""
+    ViT, the (weight-standardised, as applied) 7x7 root convolution of a hybrid, or the first
+    convolution of a conv_stem (MobileCLIP's)."""
     model = classic_model(model)
     for layer in model.layers:
+        if isinstance(layer, vit_layers.ConvStem):
+            return np.asarray(keras.ops.convert_to_numpy(layer.convs[0].kernel), np.float64)
         if isinstance(layer, resnet.ResNetStem):
             kernel = np.asarray(keras.ops.convert_to_numpy(layer.conv_root.kernel), np.float64)
             centred = kernel - kernel.mean(axis=(0, 1, 2), keepdims=True)

@@ -7,7 +7,8 @@ Convention: a multiply-add is 2 FLOPs, as in TensorFlow's profiler. Tables made 
 (DeiT, timm, many papers) count multiply-adds and call them FLOPs: their "17.6 GFLOPs" for
 ViT-B/16 at 224 is 17.6 G multiply-adds, 35.1 GFLOPs here.
 
-What is counted: the convolutions (patch embedding, the hybrids' ResNet), the dense layers
+What is counted: the convolutions (patch embedding, the hybrids' ResNet, MobileCLIP's
+conv_stem), the dense layers
 (attention projections, MLP, pre_logits, head) and the attention matmuls (queries x keys,
 weights x values, and queries x offset embeddings with relative positions). Elementwise ops
 (rotary embeddings' rotations among them: 3 FLOPs per channel of each query and key, 0.03% of
@@ -73,6 +74,14 @@ def _resnet_stage(stage, input_shape):
     for unit in stage.units:
         flops += _bottleneck(unit, shape)
         shape = unit.compute_output_shape(shape)
+    return flops
+
+
+def _conv_stem(stem, input_shape):
+    flops, shape = 0, input_shape  # its BatchNorms and GELUs are element-wise
+    for conv in stem.convs:
+        conv_flops, shape = _conv(conv, shape)
+        flops += conv_flops
     return flops
 
 
@@ -145,6 +154,7 @@ def _top_dense(dense, input_shape):
 _COUNTERS = (
     (resnet.ResNetStem, _resnet_stem),
     (resnet.ResNetStage, _resnet_stage),
+    (vit_layers.ConvStem, _conv_stem),
     (vit_layers.PatchEmbed, _patch_embed),
     (vit_layers.EncoderBlock, _encoder_block),
     (vit_layers.AttentionPooling, _attention_pooling),

@@ -197,6 +197,15 @@ class ViTConfig:
             `embed_norm_layer`; AIMv2's `embeddings.rms_norm`).
         proj_bias: False for attention output projections and MLP layers without biases
             (timm's `proj_bias`; AIMv2's, whose Linear layers have none).
+        conv_stem: True for MobileCLIP's convolutional stem in place of the patch embedding's
+            one convolution (Vasu et al., "MobileCLIP", 2024; timm's `ConvStem`,
+            `vit_base_mci_224`): convolutions of kernel = stride patch_size / 4, then 2, each
+            to hidden_size / 4 channels with BatchNorm (epsilon 1e-5, momentum 0.9 as
+            PyTorch's 0.1) and exact GELU (weights `conv_stem`), then the patch embedding as a
+            2x2 convolution with bias (`embedding`). Each token still sees its own patch
+            alone. BatchNorm uses its moving statistics at inference and the batch's in
+            training (updating them), as PyTorch's. Needs patch_size and hidden_size
+            multiples of 4; not with a ResNet stem.
     """
 
     variant: str = "B/16"
@@ -246,6 +255,7 @@ class ViTConfig:
     num_kv_heads: int = None
     patch_norm: bool = False
     proj_bias: bool = True
+    conv_stem: bool = False
 
     def __post_init__(self):
         values, problems = resolved(dataclasses.asdict(self), DEFAULTS)

@@ -472,10 +472,11 @@ def axial_rules(r):
               "rotary embeddings are for plain ViT blocks: use rope=None")
 
 
-# The hybrids' ResNet stem.
+# The stems before the patch embedding: the hybrids' ResNet, MobileCLIP's convolutions.
 
 def hybrid_fields(r):
     r.check_choice("resnet_numerics", RESNET_NUMERICS)
+    r.check_bool("conv_stem")
 
 
 def hybrid_rules(r):
@@ -483,6 +484,19 @@ def hybrid_rules(r):
             r.row and r.row["resnet_units"] is not None):
         r.add(("variant", "resnet_numerics"), "only a hybrid (R50+B/16, ...) has a ResNet: "
               "leave resnet_numerics 'original'")
+    if not (r.ok("conv_stem") and r.values["conv_stem"]):
+        return
+    if r.ok("variant") and r.row["resnet_units"] is not None:
+        r.add(("variant", "conv_stem"), "a hybrid's ResNet already makes the patches' map: use "
+              "a plain ViT variant ('B/16', ...) with conv_stem, or conv_stem=False")
+        return
+    for field, why in (("patch_size", "its first convolution steps patch_size / 4 pixels, "
+                        "then two of 2"), ("hidden_size", "its convolutions have hidden_size / "
+                                           "4 channels")):
+        if r.ok(field, "conv_stem") and r.values[field] % 4:
+            size = r.values[field]
+            r.add((field, "conv_stem"), f"{why}, so {field} must be a multiple of 4 with "
+                  f"conv_stem: use {max(4, size // 4 * 4)}, or conv_stem=False")
 
 
 FIELD_CHECKS = (sizes_fields, head_fields, positions_fields, blocks_fields, tokens_fields,

@@ -1,8 +1,8 @@
 """The Vision Transformer's layers, written with `keras.ops` so they run on any Keras backend.
 One module per kind, in the model's reading order:
 
-- `tokens`: images to patch tokens (`PatchEmbed`, `PadToMultiple`) and the learned tokens put
-  before them (`ClassToken`, `DistillationToken`, `RegisterTokens`);
+- `tokens`: images to patch tokens (`PatchEmbed`, `ConvStem`, `PadToMultiple`) and the learned
+  tokens put before them (`ClassToken`, `DistillationToken`, `RegisterTokens`);
 - `position`: where each token is: absolute embeddings (`AddPositionEmbs`, `sincos_2d`),
   rotary angles (`rope_angles`, `MixedRopeFrequencies`, `rotate`) and relative logits
   (`RelativePositionBias`, `RelativePositionMlp`);
@@ -32,11 +32,11 @@ from keras_vit.layers.position import (POSITION_EMBEDDINGS, RELATIVE_POSITIONS, 
                                        MixedRopeFrequencies, RelativePositionBias,
                                        RelativePositionMlp, rope_angles, rotate, sincos_2d)
 from keras_vit.layers.shapes import grid_sides
-from keras_vit.layers.tokens import (ClassToken, DistillationToken, PadToMultiple, PatchEmbed,
-                                     RegisterTokens)
+from keras_vit.layers.tokens import (ClassToken, ConvStem, DistillationToken, PadToMultiple,
+                                     PatchEmbed, RegisterTokens)
 
 __all__ = [
-    "AXES", "AddPositionEmbs", "AttentionPooling", "AxialEncoderBlock", "ClassToken",
+    "AXES", "AddPositionEmbs", "AttentionPooling", "AxialEncoderBlock", "ClassToken", "ConvStem",
     "DistillationToken", "DropPath", "EncoderBlock", "FUSED_LAYER_NORM_BACKENDS", "LayerNorm",
     "LayerScale", "MixedRopeFrequencies", "MlpBlock", "MultiHeadSelfAttention", "POOLINGS",
     "POSITION_EMBEDDINGS", "PadToMultiple", "PatchEmbed", "RELATIVE_POSITIONS", "RMSNorm",

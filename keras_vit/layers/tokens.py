@@ -1,5 +1,6 @@
 """Images to tokens and the learned tokens put before them: the patches' projection
-(`PatchEmbed`, with `PadToMultiple` for sizes the patches do not divide), then the class,
+(`PatchEmbed`, after MobileCLIP's `ConvStem` where the model has one, with `PadToMultiple` for
+sizes the patches do not divide), then the class,
 distillation and register tokens."""
 
 import keras
@@ -84,6 +85,63 @@ class PatchEmbed(keras.layers.Layer):
     def get_config(self):
         return {**super().get_config(), "patch_size": self.patch_size,
                 "hidden_size": self.hidden_size, "flatten": self.flatten}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class ConvStem(keras.layers.Layer):
+    """MobileCLIP's convolutional stem before the patch embedding (Vasu et al., "MobileCLIP",
+    2024; timm's `ConvStem` in `vit_base_mci_224`): a convolution of kernel = stride
+    `patch_size // 4`, then one of 2, each without bias, to `channels` channels, each followed
+    by BatchNorm (`bn_0`, `bn_1`) and exact GELU. A `PatchEmbed` of 2x2 patches makes the
+    tokens of its output, so a token sees its own `patch_size` pixels alone.
+
+    BatchNorm as PyTorch's (epsilon 1e-5, momentum 0.1 there, 0.9 in Keras' terms): moving
+    statistics at inference, the batch's in training (updating the moving ones).
+
+    Args:
+        patch_size: pixels per token along each side, a multiple of 4.
+        channels: of both convolutions (MobileCLIP's: hidden_size / 4).
+    """
+
+    def __init__(self, patch_size, channels, **kwargs):
+        super().__init__(**kwargs)
+        self.patch_size = int(patch_size)
+        self.channels = int(channels)
+        if self.patch_size % 4 or self.patch_size < 4:
+            raise ValueError(f"ConvStem's patch_size must be a multiple of 4, got {patch_size}.")
+
+    def build(self, input_shape):
+        _check_rank(self, input_shape, 4, "images [batch, height, width, channels]")
+        self.convs, self.norms = [], []
+        shape = tuple(input_shape)
+        for index, step in enumerate((self.patch_size // 4, 2)):
+            conv = keras.layers.Conv2D(self.channels, step, strides=step, use_bias=False,
+                                       name=f"conv_{index}", dtype=self.dtype_policy)
+            norm = keras.layers.BatchNormalization(epsilon=1e-5, momentum=0.9,
+                                                   name=f"bn_{index}", dtype=self.dtype_policy)
+            conv.build(shape)
+            shape = conv.compute_output_shape(shape)
+            norm.build(shape)
+            self.convs.append(conv)
+            self.norms.append(norm)
+
+    def call(self, images, training=None):
+        x = images
+        for conv, norm in zip(self.convs, self.norms):
+            x = norm(conv(x), training=training)
+            # Exact GELU through erf: TensorFlow's own form uses Erfc, which ONNX has not.
+            x = 0.5 * x * (1.0 + ops.erf(x * 0.7071067811865476))
+        return x
+
+    def compute_output_shape(self, input_shape):
+        batch, height, width, _ = input_shape
+        step = self.patch_size // 2
+        return (batch, *(None if side is None else side // step for side in (height, width)),
+                self.channels)
+
+    def get_config(self):
+        return {**super().get_config(), "patch_size": self.patch_size,
+                "channels": self.channels}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")

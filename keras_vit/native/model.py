@@ -119,6 +119,8 @@ def unsupported(spec):
     """What of `spec` a NaFlex model cannot run, in words, or None."""
     if spec.is_hybrid:
         return "a ResNet stem (a hybrid sees whole images, not patches)"
+    if spec.conv_stem:  # NaFlex embeds a patch by one projection; BatchNorm would see padding
+        return "MobileCLIP's convolutional stem (conv_stem)"
     if spec.axial:
         return "Axial-ViT's row and column blocks"
     if spec.position_embedding not in ("learned", "sincos_2d", "none"):

@@ -328,13 +328,17 @@ def _fold_normalization(arrays, mean, std):
             f"{list(std)}, which fold into a patch embedding but not into a hybrid's ResNet "
             "(its weight-standardised convolution and GroupNorm are not linear in them): "
             "keras_vit's hybrids take preprocess_inputs' [-1, 1] (mean and std 0.5) only.")
-    kernel = arrays["embedding/kernel"].astype(np.float64)  # [p, p, 3, D]
+    # The first convolution: the patch embedding's, or MobileCLIP's stem's (no bias, unpadded:
+    # the shift is a constant per channel, which its BatchNorm subtracts as a moving mean).
+    first, bias, sign = "embedding/kernel", "embedding/bias", 1.0
+    if "conv_stem/conv_0/kernel" in arrays:
+        first, bias, sign = "conv_stem/conv_0/kernel", "conv_stem/bn_0/moving_mean", -1.0
+    kernel = arrays[first].astype(np.float64)  # [p, p, 3, D]
     # x = pixels / 127.5 - 1 gives pixels / 255 = (x + 1) / 2, so their input is
     # x / (2 std) + (0.5 - mean) / std.
-    arrays["embedding/bias"] = (arrays["embedding/bias"] + np.einsum(
-        "hwcd,c->d", kernel, (0.5 - mean) / std)).astype(arrays["embedding/bias"].dtype)
-    arrays["embedding/kernel"] = (kernel / (2.0 * std)[:, None]).astype(
-        arrays["embedding/kernel"].dtype)
+    arrays[bias] = (arrays[bias] + sign * np.einsum(
+        "hwcd,c->d", kernel, (0.5 - mean) / std)).astype(arrays[bias].dtype)
+    arrays[first] = (kernel / (2.0 * std)[:, None]).astype(arrays[first].dtype)
 
 
 def _preprocessor_config(spec, preprocessing, architecture):

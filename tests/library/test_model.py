@@ -318,7 +318,12 @@ AIMV2_LIKE = dict(norm_layer="rms_norm", activation="swiglu", patch_norm=True, q
 # timm's vit_srelpos_*: one relative-position MLP whose logits every block adds.
 SRELPOS_LIKE = dict(position_embedding="relative_mlp", relative_mlp_shared=True,
                     relative_mlp_dim=16, classifier="gap", layer_scale_init=0.1, qkv_bias=False)
-LATER_OPTIONS = {"sapiens2": SAPIENS2_LIKE, "aimv2": AIMV2_LIKE, "srelpos": SRELPOS_LIKE}
+# MobileCLIP's: convolutions with BatchNorm (in training, the batch's statistics) and GELU
+# before the patch embedding.
+MOBILECLIP_LIKE = dict(conv_stem=True, prefix_position_embeddings=False, hidden_size=32,
+                       mlp_dim=48, num_heads=4, num_layers=2)
+LATER_OPTIONS = {"sapiens2": SAPIENS2_LIKE, "aimv2": AIMV2_LIKE, "srelpos": SRELPOS_LIKE,
+                 "mobileclip": MOBILECLIP_LIKE}
 
 
 @pytest.mark.parametrize("options", LATER_OPTIONS)

@@ -155,6 +155,10 @@ def _writer(spec, layout, native=False):
         raise LayoutError(f"{layout}'s {family.name} has no relative-position MLP shared by "
                           "every block (relative_mlp_shared): timm's VisionTransformerRelPos "
                           "alone has it (shared_rel_pos); save this model with format='timm'.")
+    if spec.conv_stem and family is not timm_hybrid.FAMILY:  # as is MobileCLIP's stem timm's
+        raise LayoutError(f"{layout}'s {family.name} has no convolutional stem (conv_stem, "
+                          "MobileCLIP's): save this model with format='timm' (its "
+                          f"{timm_hybrid.MCI_ARCHITECTURE}).")
     return family
 
 

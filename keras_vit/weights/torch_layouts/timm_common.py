@@ -56,11 +56,23 @@ def timm_architectures():
         return json.load(handle)["architectures"]
 
 
+# MobileCLIP's ConvStem (timm_hybrid): its last convolution is the patch embedding.
+CONV_STEM_PROJECTION = "patch_embed.backbone.2.conv"
+
+
 def sizes(state):
-    """(width, patch size, blocks) of a timm ViT's weights: its patch kernel and block names."""
-    kernel = tensor(state, "patch_embed.proj.weight", "timm")
+    """(width, patch size, blocks) of a timm ViT's weights: its patch kernel and block names;
+    with MobileCLIP's ConvStem, its last kernel's width and the product of its kernels' sides
+    (each its stride)."""
+    if "patch_embed.proj.weight" not in state and CONV_STEM_PROJECTION + ".weight" in state:
+        kernel = state[CONV_STEM_PROJECTION + ".weight"]
+        patch = math.prod(state[f"patch_embed.backbone.{index}.conv.weight"].shape[-1]
+                          for index in range(3))
+    else:
+        kernel = tensor(state, "patch_embed.proj.weight", "timm")
+        patch = kernel.shape[-1]
     layers = len({key.split(".")[1] for key in state if key.startswith("blocks.")})
-    return kernel.shape[0], kernel.shape[-1], layers
+    return kernel.shape[0], patch, layers
 
 
 def whole_patches(image_size, patch, architecture):
@@ -175,11 +187,12 @@ def check_missing(architecture, missing, timm_class=None):
 def weight_pairs(spec, backbone=()):
     """Every (`.npz` key, their key, kind) of a model of `spec` in timm's class for it, with a
     hybrid's `backbone` pairs, its Eva's names as its VisionTransformer's (`eva_names`)."""
-    stem = [("embedding/kernel", "patch_embed.proj.weight", "conv")]
+    projection = CONV_STEM_PROJECTION if spec.conv_stem else "patch_embed.proj"
+    stem = [("embedding/kernel", projection + ".weight", "conv")]
     if spec.position_embedding == "learned":  # Eva's RoPE models may have none
         stem.append((common.POSITIONS, "pos_embed", "copy"))
     if not spec.pre_norm:  # timm's patch embedding has no bias before a pre-norm
-        stem.append(("embedding/bias", "patch_embed.proj.bias", "copy"))
+        stem.append(("embedding/bias", projection + ".bias", "copy"))
     if spec.class_token:  # Eva's GAP models may have one too
         stem.append(("cls", "cls_token", "copy"))
     if spec.distillation_token:

@@ -267,6 +267,14 @@ def test_hybrid_filters_are_the_standardised_root_convolution():
     assert analysis.embedding_filters(model, n=28).shape == (28, 7, 7, 3)
 
 
+def test_conv_stem_filters_are_its_first_convolution():
+    model = keras_vit.vit("Ti/16", image_size=32, conv_stem=True, **SMALL)
+    filters = analysis.first_layer_filters(model)
+    stem = model.get_layer("conv_stem").convs[0].kernel
+    np.testing.assert_array_equal(filters, np.asarray(stem))
+    assert filters.shape == (4, 4, 3, SMALL["hidden_size"] // 4)
+
+
 # --- few-shot -----------------------------------------------------------------------------------
 
 def separable(count_per_class, noise_seed, classes=4, dims=6):

@@ -68,6 +68,7 @@ def test_every_variant_matches_tensorflows_count(variant):
          activation="swiglu", norm_layer="rms_norm"),
     # timm's vit_srelpos_*: one relative-position MLP for every block, counted once
     dict(position_embedding="relative_mlp", relative_mlp_dim=8, relative_mlp_shared=True),
+    dict(conv_stem=True),  # MobileCLIP's convolutions (their BatchNorms are element-wise)
 ], ids=str)
 def test_model_options_match_tensorflows_count(options):
     model = keras_vit.vit("Ti/16", image_size=(32, 48), **{**TINY, **options})
@@ -122,6 +123,16 @@ def test_hybrid_stem_by_hand():
     root = 32 * 48 * 7 * 7 * 3 * 64
     embed = 6 * 8 * 8 * 64 * 16
     macs = root + embed + 2 * transformer_block_macs(7, 16, 24) + 16 * 5
+    assert flops.forward_flops(model) == 2 * macs
+
+
+def test_conv_stem_by_hand():
+    # MobileCLIP's stem at width 16: a 4x4/4 convolution to 4 channels (an 8x12 map of a
+    # 32x48 image), a 2x2/2 one (4x6), then 2x2 patches of that map to 16 (a 2x3 grid).
+    model = keras_vit.vit("Ti/16", image_size=(32, 48), conv_stem=True, **TINY)
+    stem = 8 * 12 * 4 * 4 * 3 * 4 + 4 * 6 * 2 * 2 * 4 * 4
+    embed = 6 * 2 * 2 * 4 * 16
+    macs = stem + embed + 2 * transformer_block_macs(7, 16, 24) + 16 * 5
     assert flops.forward_flops(model) == 2 * macs
 
 

@@ -252,12 +252,16 @@ def test_later_vit_options_are_checked_with_the_rest():
     ({"patch_norm": True}, 2 * 16),
     ({"proj_bias": False}, -(16 + 32 + 16)),
     ({"classifier": "map", "map_mlp_dim": 0}, 16 + 4 * (16 * 16 + 16) - 2 * 16),
+    # MobileCLIP's stem (4 channels): a 4x4 and a 2x2 convolution, each with a BatchNorm's
+    # scale, bias, moving mean and variance, then a 2x2 patch embedding for the 16x16 one.
+    ({"conv_stem": True}, 4 * 4 * 3 * 4 + 4 * 4 + 2 * 2 * 4 * 4 + 4 * 4
+     + 2 * 2 * 4 * 16 - 16 * 16 * 3 * 16),
 ], ids=["no_qkv_bias", "layer_scale", "registers", "registers_no_prefix_embeddings",
         "pre_norm", "pooled_norm", "no_final_norm", "distillation_token", "swiglu", "gap",
         "gap_with_class_token", "mlp_inner_norm", "attention_inner_norm", "rope", "rope_mixed",
         "token_gap", "relative_mlp", "residual_post_norm", "map_of_its_own_size", "rms_norm",
         "qk_norm", "multi_query", "kv_heads_per_block", "patch_norm", "no_proj_bias",
-        "map_without_mlp"])
+        "map_without_mlp", "conv_stem"])
 def test_each_later_option_adds_exactly_its_weights(fields, extra):
     plain = keras_vit.vit("S/16", **TINY).count_params()
     model = keras_vit.vit("S/16", **TINY, **fields)
@@ -394,11 +398,16 @@ def test_every_field_is_described_once_and_the_docs_table_is_made_from_it():
      "position_embedding='relative_mlp' too"),
     ({"relative_mlp_shared": True, "position_embedding": "relative"}, ValueError,
      "position_embedding='relative': shares the MLP"),
+    ({"conv_stem": "yes"}, TypeError, r"conv_stem='yes' \(str\): must be True or False"),
+    ({"conv_stem": True, "patch_size": 14}, ValueError, r"patch_size=14, conv_stem=True: its "
+     r"first convolution steps patch_size / 4 pixels, then two of 2, so patch_size must be a "
+     r"multiple of 4 with conv_stem: use 12, or conv_stem=False"),
 ], ids=["unknown_norm", "norm_none", "qk_norm_int", "kv_not_dividing", "one_block_not_dividing",
         "kv_per_block_count", "kv_zero", "kv_entry_zero", "kv_float", "kv_empty", "mixed_rope",
         "patch_norm_int", "proj_bias_str", "map_mlp_dim_negative", "map_mlp_dim_without_map",
         "relative_mlp_shared_int", "relative_mlp_shared_without_mlp",
-        "relative_mlp_shared_with_tables"])
+        "relative_mlp_shared_with_tables",
+        "conv_stem_str", "conv_stem_patch"])
 def test_norm_qk_norm_and_kv_heads_refuse_bad_values_naming_the_field_and_fix(fields, error,
                                                                              message):
     with pytest.raises(error, match=message):
@@ -415,6 +424,15 @@ def test_relative_mlp_shared_is_one_mlp_for_every_block():
     assert sorted(v.path for v in shared.weights if "relative" in v.path) == [
         f"relative_position/fc{index}/{kind}" for index in (1, 2) for kind in ("bias", "kernel")]
     assert ViTConfig.from_dict(shared.spec.to_dict()) == shared.spec
+
+
+def test_a_conv_stem_needs_a_width_that_4_divides_and_no_resnet():
+    with pytest.raises(ValueError, match=r"hidden_size=18, conv_stem=True: its convolutions "
+                       r"have hidden_size / 4 channels, .* use 16, or conv_stem=False"):
+        ViTConfig.from_variant("S/16", hidden_size=18, num_heads=6, conv_stem=True)
+    with pytest.raises(ValueError, match=r"variant='R50\+B/16', conv_stem=True: a hybrid's "
+                       r"ResNet already makes the patches' map: use a plain ViT variant"):
+        ViTConfig.from_variant("R50+B/16", conv_stem=True)
 
 
 def test_kv_heads_per_block_round_trip_and_build_each_block_its_own():
