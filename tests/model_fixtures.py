@@ -40,6 +40,12 @@ OPTION_FAMILIES = {
     "rms_everywhere_map": {"norm_layer": "rms_norm", "pre_norm": True, "mlp_inner_norm": True,
                            "attention_inner_norm": True, "classifier": "map",
                            "final_norm": "pooled", "qk_norm": True, "num_kv_heads": 1},
+    # timm's DiffParallelScalingBlock: differential attention (normed queries and keys of half
+    # a head) beside the MLP, one norm and one LayerScale a block; registers and GAP as its
+    # sbb models'.
+    "differential_parallel": {"attention_layer": "differential", "parallel_blocks": True,
+                              "qk_norm": True, "layer_scale_init": 0.1, "classifier": "gap",
+                              "num_register_tokens": 1},
 }
 
 

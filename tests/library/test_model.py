@@ -313,9 +313,21 @@ SAPIENS2_LIKE = dict(norm_layer="rms_norm", qk_norm=True, num_kv_heads=(2, 1, 4)
                      num_layers=3, rope="axial_normalized", num_register_tokens=2)
 
 
-def test_rms_qk_norm_and_grouped_attention_compile_with_xla_and_run_in_bfloat16():
+# timm's DiffParallelScalingBlock (its vit_dpwee's): differential attention with normed
+# queries and keys beside the MLP, LayerScale; and differential attention in plain blocks.
+LATER_BLOCKS = {"sapiens2": SAPIENS2_LIKE,
+                "differential_parallel": dict(attention_layer="differential",
+                                              parallel_blocks=True, qk_norm=True,
+                                              layer_scale_init=0.5, hidden_size=32, num_heads=4,
+                                              num_layers=3, num_register_tokens=1),
+                "differential": dict(attention_layer="differential", hidden_size=32,
+                                     num_heads=2)}
+
+
+@pytest.mark.parametrize("options", LATER_BLOCKS.values(), ids=LATER_BLOCKS.keys())
+def test_later_block_options_compile_with_xla_and_run_in_bfloat16(options):
     tf = tensorflow_backend()
-    model = tiny(**SAPIENS2_LIKE)
+    model = tiny(**options)
     randomise(model, scale=0.3)
     x = images(batch=3)
     expected = to_np(model(x, training=False))
@@ -323,7 +335,7 @@ def test_rms_qk_norm_and_grouped_attention_compile_with_xla_and_run_in_bfloat16(
     forward = tf.function(lambda t: model(t, training=False), jit_compile=True)
     np.testing.assert_allclose(to_np(forward(tf.constant(x))), expected, rtol=1e-4, atol=1e-4)
     assert "HloModule" in forward.experimental_get_compiler_ir(tf.constant(x))(stage="hlo")
-    mixed = tiny(dtype="mixed_bfloat16", **SAPIENS2_LIKE)
+    mixed = tiny(dtype="mixed_bfloat16", **options)
     mixed.set_weights(model.get_weights())
     out = mixed(x)
     assert out.dtype == "float32"
@@ -331,12 +343,13 @@ def test_rms_qk_norm_and_grouped_attention_compile_with_xla_and_run_in_bfloat16(
     np.testing.assert_allclose(to_np(out), expected, atol=0.05 * scale + 1e-3)
 
 
-def test_rms_qk_norm_and_grouped_attention_train_with_remat_to_the_same_gradients():
+@pytest.mark.parametrize("options", LATER_BLOCKS.values(), ids=LATER_BLOCKS.keys())
+def test_later_block_options_train_with_remat_to_the_same_gradients(options):
     """Remat computes the blocks again in the backward pass: the same loss and gradients."""
     x = images(batch=2)
     grads = []
     for remat in ("none", "blocks"):
-        model = tiny(remat=remat, **SAPIENS2_LIKE)
+        model = tiny(remat=remat, **options)
         randomise(model, scale=0.3)
         grads.append(_gradients(model, x))
     for plain, rematerialised in zip(*grads):

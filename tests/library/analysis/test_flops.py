@@ -63,6 +63,10 @@ def test_every_variant_matches_tensorflows_count(variant):
     dict(activation="swiglu", classifier="map"),  # the gates, the pooling's too
     # Sapiens2's: narrower key and value projections in the second block, RMS and qk norms
     dict(num_kv_heads=(2, 1), qk_norm=True, norm_layer="rms_norm"),
+    # Differential attention: twice the heads of half the channels (the same matmuls), the
+    # difference of the maps before one weighted sum; parallel blocks: the same layers.
+    dict(attention_layer="differential", qk_norm=True),
+    dict(attention_layer="differential", parallel_blocks=True, layer_scale_init=0.1),
 ], ids=str)
 def test_model_options_match_tensorflows_count(options):
     model = keras_vit.vit("Ti/16", image_size=(32, 48), **{**TINY, **options})
