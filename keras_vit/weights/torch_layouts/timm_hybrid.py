@@ -77,9 +77,9 @@ def config_for(spec, preprocessing, arrays=None):
 def _check(spec):
     """A LayoutError for a hybrid timm cannot build: its ResNetV2 hard-codes timm's numerics,
     and it has no distilled hybrid."""
-    if spec.residual_post_norm or spec.activation == "swiglu":
+    if spec.residual_post_norm or spec.parallel_blocks or spec.activation == "swiglu":
         raise LayoutError("timm's hybrids have pre-norm blocks and GELU MLPs: save a hybrid "
-                          "without residual_post_norm or SwiGLU.")
+                          "without residual_post_norm, parallel_blocks or SwiGLU.")
     if spec.resnet_numerics != "timm":
         raise LayoutError(
             f"timm's ResNetV2 hard-codes its numerics (weights standardised by sqrt(var + "
