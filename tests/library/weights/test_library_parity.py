@@ -1062,6 +1062,25 @@ def test_timm_hybrids_both_ways(tmp_path, architecture):
                      tolerance)
 
 
+def test_a_timm_hybrid_of_differential_attention_both_ways(tmp_path):
+    """timm's hybrids are VisionTransformers: attn_layer='diff' in their model_args gives
+    DiffAttention blocks, read and written back as attention_layer 'differential'."""
+    args = dict(depth=1, img_size=64, num_classes=10, attn_layer="diff")
+    theirs = coverage_benchmark().order_one(torch, timm.create_model("vit_tiny_r_s16_p8_224",
+                                                                      **args))
+    ours = through_timm_files(theirs, tmp_path / "theirs", args)
+    assert (ours.spec.variant, ours.spec.attention_layer) == ("R+Ti/16", "differential")
+    images = np.random.default_rng(0).uniform(-1, 1, (2, 64, 64, 3)).astype("float32")
+    with torch.no_grad():
+        expected = theirs(torch.tensor(images.transpose(0, 3, 1, 2))).numpy()
+    assert_close(ours(images), expected, 1e-5)
+    back = back_in_timm(ours, tmp_path / "ours")
+    assert type(back.blocks[0].attn).__name__ == "DiffAttention"
+    with torch.no_grad():
+        assert_close(back.eval()(torch.tensor(images.transpose(0, 3, 1, 2))).numpy(), expected,
+                     1e-5)
+
+
 def test_a_hybrid_of_the_originals_numerics_is_refused_for_timm(tmp_path):
     model = keras_vit.vit("R26+S/32", num_layers=1, image_size=64)
     with pytest.raises(LayoutError, match="timm's ResNetV2 hard-codes its numerics"):
