@@ -323,12 +323,13 @@ class EncoderBlock(keras.layers.Layer):
         self.drop_path = DropPath(self.drop_path_rate, dtype=policy)
         self.layer_scales = [None, None]
         if self.layer_scale_init is not None:
+            # A parallel block scales the sum of its branches: one LayerScale.
             self.layer_scales = [LayerScale(self.layer_scale_init, name=f"layer_scale_{index}",
-                                            dtype=policy) for index in range(2)]
-            if self.parallel:  # one for the sum of the branches
-                self.layer_scales[1] = None
-            for layer in self.layer_scales[:1 if self.parallel else 2]:
-                layer.build(input_shape)
+                                            dtype=policy) if index == 0 or not self.parallel
+                                 else None for index in range(2)]
+            for layer in self.layer_scales:
+                if layer is not None:
+                    layer.build(input_shape)
         for layer in (self.norm_0, self.norm_2, self.mlp):
             if layer is not None:
                 layer.build(input_shape)
