@@ -12,6 +12,7 @@ tokens, before `cls`), `pre_norm` before the blocks, LayerScale inside them, and
 after `pool` in place of `encoder_norm`.
 """
 
+import math
 import re
 
 import keras
@@ -403,7 +404,10 @@ def _blocks(spec, index, relative, policy):
                    residual_post_norm=spec.residual_post_norm, norm_layer=spec.norm_layer,
                    qk_norm=spec.qk_norm,
                    num_kv_heads=(None if spec.num_kv_heads is None else spec.kv_heads(index)),
-                   proj_bias=spec.proj_bias, dtype=policy)
+                   proj_bias=spec.proj_bias,
+                   differential_lambda_init=differential_lambda_init(index) if spec.differential
+                   else None,
+                   parallel=spec.parallel_blocks, dtype=policy)
     if spec.axial:
         return [vit_layers.AxialEncoderBlock(axis, spec.grid_size,
                                              name=f"encoderblock_{index}_{axis}", **options)
@@ -414,6 +418,13 @@ def _blocks(spec, index, relative, policy):
         rope_temperature=spec.rope_temperature, rope_reference_grid=spec.rope_reference_grid,
         rope_grid_offset=spec.rope_grid_offset, relative_mlp_dim=spec.relative_mlp_dim,
         name=f"encoderblock_{index}", **options)]
+
+
+def differential_lambda_init(index):
+    """Differential attention's lambda_init in block `index` (from 0): 0.8 - 0.6 exp(-0.3 l)
+    of layer l (Ye et al., "Differential Transformer", 2024, section 2.1; timm's
+    `DiffAttention.set_lambda_init(depth)` with the block's index)."""
+    return 0.8 - 0.6 * math.exp(-0.3 * index)
 
 
 def _top(spec, x, policy):

@@ -60,6 +60,12 @@ OPTION_FAMILIES = {
                             "final_norm": "pooled"},
     # MobileCLIP's: convolutions with BatchNorm and GELU before the patch embedding.
     "conv_stem": {"conv_stem": True, "prefix_position_embeddings": False},
+    # timm's DiffParallelScalingBlock: differential attention (normed queries and keys of half
+    # a head) beside the MLP, one norm and one LayerScale a block; registers and GAP as its
+    # sbb models'.
+    "differential_parallel": {"attention_layer": "differential", "parallel_blocks": True,
+                              "qk_norm": True, "layer_scale_init": 0.1, "classifier": "gap",
+                              "num_register_tokens": 1},
 }
 
 

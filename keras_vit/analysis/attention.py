@@ -143,6 +143,7 @@ def attention_rollout(model, images, batch_size=8):
     a NaFlexViT, `images` is its input dict and the result a list, one `[rows, columns]` map
     per image at its own grid (see `attention_maps` for their order), padding left out.
     """
+    _check_softmax(model, "Attention rollout")
     if isinstance(model, NaFlexViT):
         return [rollout_from_attention(image.weights, image.grid, image.num_prefix_tokens,
                                        image.class_token)[0]
@@ -155,9 +156,21 @@ def attention_rollout(model, images, batch_size=8):
     return np.concatenate(maps, axis=0)
 
 
+def _check_softmax(model, what):
+    """A ValueError for a model of differential attention, whose weights `what` cannot read."""
+    spec = getattr(model, "spec", None)
+    if spec is not None and spec.attention_layer != "softmax":
+        raise ValueError(
+            f"{what} reads softmax weights (rows >= 0 summing to 1); model {model.name!r} has "
+            f"attention_layer={spec.attention_layer!r}, whose weights are the difference of "
+            "two softmax maps (signed, rows summing to 1 - lambda). attention_maps(model, "
+            "images) gives them.")
+
+
 def attention_maps(model, images, batch_size=8):
     """Each image's attention weights at its own grid: a list of `ImageAttention`, one per
-    image, its `weights` in the classic model's token order.
+    image, its `weights` in the classic model's token order. With differential attention
+    (`ViTConfig.attention_layer`), each head's difference of its two softmax maps.
 
     `images` is what `model` takes: `[N, height, width, 3]` images in [-1, 1], or a NaFlexViT's
     input dict. A NaFlex image's tokens are its prefix tokens and its patches, reordered row by
@@ -379,6 +392,7 @@ def mean_attention_distance(model, images, batch_size=8):
     of its own image, from their rows and columns, in pixels of the image as the model sees it
     (resized to whole patches: patches `patch_size` pixels apart); the average is over every
     query patch of every image, as the classic model's over every query of every image."""
+    _check_softmax(model, "The mean attention distance")
     if isinstance(model, NaFlexViT):
         return _naflex_distance(model, images, batch_size)
     images = check_images(model, images)

@@ -21,10 +21,12 @@ import re
 from keras_vit.architecture import variants
 from keras_vit.architecture.execution import FIELDS as EXECUTION_FIELDS
 # What each field may be, and the rules between fields, by family of options.
-from keras_vit.architecture.spec_rules import (ACTIVATIONS, CLASSIFIERS, FINAL_NORMS,  # noqa: F401
-                                  INTERPOLATIONS, LEARNED_POSITION_EMBEDDINGS, NORM_LAYERS,
-                                  PLACEMENTS, POSITION_EMBEDDINGS, RESNET_NUMERICS,
-                                  ROPE_TEMPERATURES, TABLE_FIELDS, Problem, resolved)
+from keras_vit.architecture.spec_rules import (ACTIVATIONS, ATTENTION_LAYERS,  # noqa: F401
+                                               CLASSIFIERS, FINAL_NORMS, INTERPOLATIONS,
+                                               LEARNED_POSITION_EMBEDDINGS, NORM_LAYERS,
+                                               PLACEMENTS, POSITION_EMBEDDINGS, RESNET_NUMERICS,
+                                               ROPE_TEMPERATURES, TABLE_FIELDS, Problem,
+                                               resolved)
 from keras_vit.architecture.variants import _describe
 
 LAYER_NORM_EPSILON = 1e-6  # the original's (Keras' default is 1e-3)
@@ -206,6 +208,22 @@ class ViTConfig:
             alone. BatchNorm uses its moving statistics at inference and the batch's in
             training (updating them), as PyTorch's. Needs patch_size and hidden_size
             multiples of 4; not with a ResNet stem.
+        attention_layer: the kind of every block's attention: "softmax" (the original's) or
+            "differential" (Ye et al., "Differential Transformer", 2024; timm's
+            `DiffAttention`, `attn_layer='diff'`): each head's queries and keys are two halves
+            of head_dim / 2 channels, whose two softmax maps, the second times a learned
+            lambda (weights `lambda_q1`, `lambda_k1`, `lambda_q2`, `lambda_k2`: lambda =
+            exp(q1.k1) - exp(q2.k2) + lambda_init), are subtracted before they weigh the
+            head's values; each head's output is then RMS-normed (`sub_norm`, epsilon 1e-5)
+            and scaled by 1 - lambda_init, with lambda_init = 0.8 - 0.6 exp(-0.3 i) in block
+            i. Needs an even head_dim; not with rope, relative position embeddings,
+            num_kv_heads or Axial-ViT.
+        parallel_blocks: True for blocks whose attention and MLP read one norm of the tokens
+            side by side, x + attention(LN(x)) + MLP(LN(x)) (Dehghani et al., "Scaling Vision
+            Transformers to 22 Billion Parameters", 2023; timm's `ParallelScalingBlock`, and
+            `DiffParallelScalingBlock` with attention_layer "differential"): one norm
+            (`LayerNorm_0`) and one LayerScale (`layer_scale_0`) a block. Not with
+            residual_post_norm or Axial-ViT.
     """
 
     variant: str = "B/16"
@@ -256,6 +274,8 @@ class ViTConfig:
     patch_norm: bool = False
     proj_bias: bool = True
     conv_stem: bool = False
+    attention_layer: str = "softmax"
+    parallel_blocks: bool = False
 
     def __post_init__(self):
         values, problems = resolved(dataclasses.asdict(self), DEFAULTS)
@@ -359,6 +379,11 @@ class ViTConfig:
     def grouped_query(self):
         """Whether any block has fewer key and value heads than query heads."""
         return any(self.kv_heads(index) != self.num_heads for index in range(self.num_layers))
+
+    @property
+    def differential(self):
+        """Whether the blocks' attention is differential (`attention_layer`)."""
+        return self.attention_layer == "differential"
 
     @property
     def num_prefix_tokens(self):

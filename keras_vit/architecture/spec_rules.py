@@ -32,6 +32,9 @@ FINAL_NORMS = ("tokens", "pooled", "none")
 ACTIVATIONS = ("gelu_tanh", "gelu", "quick_gelu", "swiglu")
 # The kind of every norm: LayerNorm (the original's) or RMSNorm (timm's RmsNorm: Sapiens2).
 NORM_LAYERS = ("layer_norm", "rms_norm")
+# The blocks' attention: softmax (the original's), or differential (two softmax maps of half
+# the channels, subtracted: timm's DiffAttention).
+ATTENTION_LAYERS = ("softmax", "differential")
 # How a hybrid's ResNet normalises: the original code's, or timm's ResNetV2
 # (keras_vit.layers.resnet).
 RESNET_NUMERICS = ("original", "timm")
@@ -318,9 +321,11 @@ def blocks_fields(r):
         r.check(field, lambda value, name=field: variants.check_rate(name, value))
     r.check_choice("activation", ACTIVATIONS)
     r.check_choice("norm_layer", NORM_LAYERS)
+    r.check_choice("attention_layer", ATTENTION_LAYERS)
     r.check("layer_norm_epsilon", _positive_float)
     r.check_bool("qkv_bias", "pre_norm", "mlp_inner_norm", "attention_inner_norm",
-                 "residual_post_norm", "qk_norm", "patch_norm", "proj_bias")
+                 "residual_post_norm", "qk_norm", "patch_norm", "proj_bias",
+                 "parallel_blocks")
     r.check("num_kv_heads", _kv_heads)
     if r.fields.get("layer_scale_init") is None:
         r.values["layer_scale_init"] = None
@@ -370,11 +375,40 @@ def blocks_rules(r):
             r.add(("num_kv_heads", "rope"), "rope 'mixed' learns frequencies for each query "
                   "head, which grouped keys do not have: use rope 'axial' or "
                   "'axial_normalized' with num_kv_heads, or num_kv_heads=None")
+    _differential_rules(r)
+    if r.ok("residual_post_norm", "parallel_blocks") and (
+            r.values["residual_post_norm"] and r.values["parallel_blocks"]):
+        r.add(("residual_post_norm", "parallel_blocks"), "a parallel block norms its input "
+              "once for both branches: use residual_post_norm=False with parallel_blocks")
     if r.ok("residual_post_norm", "layer_scale_init") and (
             r.values["residual_post_norm"] and r.values["layer_scale_init"] is not None):
         r.add(("residual_post_norm", "layer_scale_init"), "post-norm blocks scale each branch "
               "by its norm's own weights (timm's ResPostBlock starts them at init_values): use "
               "layer_scale_init=None with residual_post_norm")
+
+
+def _differential_rules(r):
+    """Differential attention: two halves of each head's channels, and none of the other
+    attentions' positions or grouping (timm's DiffAttention has none of them)."""
+    if not (r.ok("attention_layer") and r.values["attention_layer"] == "differential"):
+        return
+    if r.ok("hidden_size", "num_heads") and (r.values["hidden_size"]
+                                             // r.values["num_heads"]) % 2:
+        r.add(("hidden_size", "num_heads", "attention_layer"), "differential attention splits "
+              "each head's queries and keys into two halves, so each head's width "
+              "(hidden_size / num_heads) must be even")
+    heads = r.values.get("num_kv_heads") if r.ok("num_kv_heads", "num_heads") else None
+    if heads is not None and any(h != r.values["num_heads"] for h in
+                                 (heads if isinstance(heads, tuple) else (heads,))):
+        r.add(("num_kv_heads", "attention_layer"), "differential attention has a key and value "
+              "head for each query head: use num_kv_heads=None with it")
+    if r.ok("rope") and r.values["rope"]:
+        r.add(("rope", "attention_layer"), "keras_vit's differential attention has no rotary "
+              "embeddings (nor has timm's DiffAttention): use rope=None with it")
+    if r.ok("position_embedding") and r.values["position_embedding"].startswith("relative"):
+        r.add(("position_embedding", "attention_layer"), "keras_vit's differential attention "
+              "takes no relative position logits (nor does timm's DiffAttention): use "
+              "position_embedding 'learned', 'sincos_2d' or 'none' with it")
 
 
 # The prefix tokens beside the class token: registers and DeiT's distillation token.
@@ -470,6 +504,14 @@ def axial_rules(r):
     if r.ok("rope") and values["rope"]:
         r.add(("variant", "rope"), "Axial-ViT's attention runs along rows and columns; "
               "rotary embeddings are for plain ViT blocks: use rope=None")
+    if r.ok("attention_layer") and values["attention_layer"] != "softmax":
+        r.add(("variant", "attention_layer"), "Axial-ViT's row and column blocks have softmax "
+              "attention; differential attention is for plain ViT blocks: use "
+              "attention_layer='softmax'")
+    if r.ok("parallel_blocks") and values["parallel_blocks"]:
+        r.add(("variant", "parallel_blocks"), "Axial-ViT's row and column blocks each run their "
+              "attention before their MLP; parallel blocks are for plain ViT blocks: use "
+              "parallel_blocks=False")
 
 
 # The stems before the patch embedding: the hybrids' ResNet, MobileCLIP's convolutions.

@@ -11,7 +11,7 @@ from keras import ops
 
 from keras_vit.layers import resample
 from keras_vit.architecture.execution import ATTENTION_IMPLS
-from keras_vit.layers.normalization import make_norm
+from keras_vit.layers.normalization import RMSNorm, make_norm
 from keras_vit.layers.position import (MixedRopeFrequencies, RelativePositionBias,
                                        RelativePositionMlp, _patch_coordinates, rope_angles,
                                        rotate)
@@ -154,6 +154,12 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             and keys (`key_norm`) before rotary embeddings (`ViTConfig.qk_norm`).
         norm_layer: the kind of the inner and qk norms (`ViTConfig.norm_layer`).
         proj_bias: a bias in the output projection (`ViTConfig.proj_bias`).
+        differential_lambda_init: None (softmax attention), or differential attention's
+            lambda_init (`ViTConfig.attention_layer`, 0.8 - 0.6 exp(-0.3 i) in block i): the
+            queries and keys of each head in two halves, whose softmax maps are subtracted,
+            the second times lambda (weights `lambda_q1`, `lambda_k1`, `lambda_q2`,
+            `lambda_k2`), then each head's output RMS-normed (`sub_norm`) and scaled by
+            1 - lambda_init, as timm's `DiffAttention`.
         attention_impl: "fused" (`keras.ops.dot_product_attention`, relative logits as its
             bias), "explicit" (logits, softmax, weighted sum) or "auto" (fused where that is
             faster: PyTorch, JAX's GPUs and TPUs); the weights, when returned, and dropout on
@@ -175,9 +181,17 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                  attention_impl="auto", rope=None, rope_temperature=None,
                  rope_reference_grid=None, rope_grid_offset=0.0, inner_norm_epsilon=None,
                  relative_mlp_dim=None, num_kv_heads=None, qk_norm_epsilon=None,
-                 norm_layer="layer_norm", proj_bias=True, **kwargs):
+                 norm_layer="layer_norm", proj_bias=True, differential_lambda_init=None,
+                 **kwargs):
         super().__init__(**kwargs)
         self.proj_bias = bool(proj_bias)
+        self.differential_lambda_init = (None if differential_lambda_init is None
+                                         else float(differential_lambda_init))
+        if self.differential_lambda_init is not None and (
+                rope is not None or relative_position is not None
+                or num_kv_heads not in (None, num_heads)):
+            raise ValueError("Differential attention takes no rope, relative_position or "
+                             "num_kv_heads (timm's DiffAttention has none of them).")
         self.num_heads = int(num_heads)
         self.num_kv_heads = self.num_heads if num_kv_heads is None else int(num_kv_heads)
         if self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads:
@@ -221,6 +235,13 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                 f"choose num_heads among the divisors of {hidden}."
             )
         self.head_dim = hidden // self.num_heads
+        differential = self.differential_lambda_init is not None
+        if differential and self.head_dim % 2:
+            raise ValueError(f"Differential attention splits each head's queries and keys in "
+                             f"two halves; its heads of {self.head_dim} channels (hidden "
+                             f"{hidden} / {self.num_heads} heads) must be even.")
+        # Differential attention's queries and keys: twice the heads, each half as wide.
+        self.qk_head_dim = self.head_dim // 2 if differential else self.head_dim
         kernel_init = _xavier_uniform_flat(hidden, hidden)
 
         def dense(name, use_bias=True, width=hidden):
@@ -244,7 +265,15 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                 make_norm(self.norm_layer, self.qk_norm_epsilon, name=name,
                           dtype=self.dtype_policy) for name in ("query_norm", "key_norm"))
             for norm in (self.query_norm, self.key_norm):
-                norm.build((None, self.head_dim))
+                norm.build((None, self.qk_head_dim))
+        self.sub_norm = None
+        if differential:  # timm's: lambda's vectors N(0, 0.1), an RmsNorm of epsilon 1e-5
+            self.lambdas = [self.add_weight(
+                name=name, shape=(self.qk_head_dim,),
+                initializer=keras.initializers.RandomNormal(stddev=0.1))
+                for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")]
+            self.sub_norm = RMSNorm(1e-5, name="sub_norm", dtype=self.dtype_policy)
+            self.sub_norm.build((None, self.head_dim))
         self.attention_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
         self.rope_frequencies = None
         if self.rope == "mixed":
@@ -272,7 +301,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         # One (D, 3D) matmul on 2-D rows instead of three, with the 1/sqrt(head_dim) scale of
         # the queries folded into their kernel and bias: fewer passes over the activations
         # (after their norm instead, with qk_norm, which would undo it).
-        scale = 1.0 / math.sqrt(head_dim)
+        scale = 1.0 / math.sqrt(self.qk_head_dim)
         folded = scale if self.query_norm is None else 1.0
         kernel = ops.concatenate(
             [self.query.kernel * folded, self.key.kernel, self.value.kernel], axis=1)
@@ -281,13 +310,16 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             bias = ops.concatenate([self.query.bias * folded, self.key.bias, self.value.bias],
                                    axis=0)
             qkv = ops.add(qkv, ops.cast(bias, x.dtype))  # ops.add: a BiasAdd that fuses on TF
+        mask = None if attention_mask is None else keys_mask(attention_mask)
+        if self.sub_norm is not None:
+            return self._differential(qkv, batch, tokens, scale, training,
+                                      return_attention_scores, mask)
         if self.num_kv_heads == heads and self.query_norm is None:
             qkv = ops.reshape(qkv, (batch, tokens, 3, heads, head_dim))
         else:
             qkv = self._normed_and_grouped(qkv, batch, tokens, scale)
         if self.rope is not None:
             qkv = self._rotated(qkv, grid)
-        mask = None if attention_mask is None else keys_mask(attention_mask)
         if _fused(self.attention_impl, self.dropout, training, return_attention_scores):
             attended = self._fused_attention(qkv, grid, training, mask, relative_bias)
             return ops.reshape(self._project(attended), (batch, tokens, hidden))
@@ -373,17 +405,63 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             bias = self.relative(ops.transpose(query, (0, 2, 1, 3)), grid=grid)
         elif relative_bias is not None:
             bias = ops.cast(relative_bias, query.dtype)
-        tokens = query.shape[1]
-        plain = bias is None and mask is None
-        if plain and training and tokens and tokens % 2 and odd_lengths_refused():
-            attended = _padded_to_even(query, key, value)
-        else:  # with a bias, XLA's kernel: Keras' TPU kernel (splash attention) takes none
-            if mask is not None:  # as a bias: one kernel form on every backend
-                bias = masked_logits(ops.zeros((), query.dtype) if bias is None else bias, mask)
-            attended = ops.dot_product_attention(
-                query, key, value, bias=bias, scale=1.0,
-                flash_attention=False if bias is not None else None)
+        attended = _fused_kernel(query, key, value, bias, mask, training)
         return ops.reshape(attended, (-1, qkv.shape[-1] * self.num_heads))
+
+    def _differential(self, qkv, batch, tokens, scale, training, return_attention_scores,
+                      mask):
+        """Differential attention (timm's `DiffAttention`) of the projections `[batch *
+        tokens, 3 D]` (queries scaled unless qk_norm): the output `[batch, tokens, D]`, and
+        with `return_attention_scores` each head's weights, the difference of its two maps
+        `[batch, heads, tokens, tokens]`. Sub-heads 2h and 2h + 1 of the queries and keys
+        (each head_dim / 2 wide) are head h's two halves, as timm pairs them."""
+        heads, half, hidden = self.num_heads, self.qk_head_dim, self.head_dim * self.num_heads
+        query, key, value = ops.split(qkv, 3, axis=-1)
+        query, key = (ops.reshape(t, (batch, tokens, 2 * heads, half)) for t in (query, key))
+        if self.query_norm is not None:
+            query = self.query_norm(query) * ops.cast(scale, query.dtype)
+            key = self.key_norm(key)
+        value = ops.reshape(value, (batch, tokens, heads, self.head_dim))
+        lam = self._lambda(query.dtype)
+        if _fused(self.attention_impl, self.dropout, training, return_attention_scores):
+            # Each half's map through the fused kernel, then the difference of the outputs.
+            # The kernels take values as wide as the keys (JAX's, cuDNN's): each head's values
+            # as two heads of half its channels, its queries and keys repeated for both.
+            (q1, q2), (k1, k2) = (ops.unstack(ops.reshape(t, (batch, tokens, heads, 2, half)),
+                                              2, axis=3) for t in (query, key))
+            halves = ops.reshape(value, (batch, tokens, 2 * heads, half))
+
+            def attend(q, k):
+                return _fused_kernel(ops.repeat(q, 2, axis=2), ops.repeat(k, 2, axis=2),
+                                     halves, None, mask, training)
+
+            attended = ops.reshape(attend(q1, k1) - lam * attend(q2, k2),
+                                   (batch, tokens, heads, self.head_dim))
+            weights = None
+        else:
+            logits = ops.matmul(ops.transpose(query, (0, 2, 1, 3)),
+                                ops.transpose(key, (0, 2, 3, 1)))  # [batch, 2 heads, q, k]
+            if mask is not None:
+                logits = masked_logits(logits, mask)
+            maps = self.attention_dropout(ops.softmax(logits, axis=-1), training=training)
+            first, second = ops.unstack(ops.reshape(maps, (batch, heads, 2, tokens, tokens)),
+                                        2, axis=2)
+            weights = first - lam * second
+            attended = ops.transpose(ops.matmul(weights, ops.transpose(value, (0, 2, 1, 3))),
+                                     (0, 2, 1, 3))  # [batch, tokens, heads, head_dim]
+        attended = self.sub_norm(attended) * ops.cast(1.0 - self.differential_lambda_init,
+                                                      attended.dtype)
+        output = ops.reshape(self._project(ops.reshape(attended, (-1, hidden))),
+                             (batch, tokens, hidden))
+        return (output, weights) if return_attention_scores else output
+
+    def _lambda(self, dtype):
+        """lambda = exp(lambda_q1 . lambda_k1) - exp(lambda_q2 . lambda_k2) + lambda_init, in
+        float32 (as timm), then in `dtype`."""
+        q1, k1, q2, k2 = (ops.cast(weight, "float32") for weight in self.lambdas)
+        lam = (ops.exp(ops.sum(q1 * k1)) - ops.exp(ops.sum(q2 * k2))
+               + self.differential_lambda_init)
+        return ops.cast(lam, dtype)
 
     def compute_output_spec(self, x, training=False, return_attention_scores=False, grid=None,
                             attention_mask=None, relative_bias=None):
@@ -405,4 +483,21 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                 **({} if self.qk_norm_epsilon is None else
                    {"qk_norm_epsilon": self.qk_norm_epsilon}),
                 **({} if self.norm_layer == "layer_norm" else {"norm_layer": self.norm_layer}),
-                **({} if self.proj_bias else {"proj_bias": False})}
+                **({} if self.proj_bias else {"proj_bias": False}),
+                **({} if self.differential_lambda_init is None else
+                   {"differential_lambda_init": self.differential_lambda_init})}
+
+
+def _fused_kernel(query, key, value, bias, mask, training):
+    """`keras.ops.dot_product_attention` of `[batch, tokens, heads, head_dim]` queries (scaled),
+    keys and values, with `bias` (relative logits) and `mask` (`keys_mask`): `[batch, tokens,
+    heads, head_dim]`."""
+    tokens = query.shape[1]
+    plain = bias is None and mask is None
+    if plain and training and tokens and tokens % 2 and odd_lengths_refused():
+        return _padded_to_even(query, key, value)
+    # With a bias, XLA's kernel: Keras' TPU kernel (splash attention) takes none.
+    if mask is not None:  # as a bias: one kernel form on every backend
+        bias = masked_logits(ops.zeros((), query.dtype) if bias is None else bias, mask)
+    return ops.dot_product_attention(query, key, value, bias=bias, scale=1.0,
+                                     flash_attention=False if bias is not None else None)

@@ -245,6 +245,11 @@ class EncoderBlock(keras.layers.Layer):
             (`ViTConfig.num_kv_heads`, this block's).
         proj_bias: biases in the attention's output projection and the MLP
             (`ViTConfig.proj_bias`).
+        differential_lambda_init: None, or differential attention's lambda_init in this block
+            (`ViTConfig.attention_layer`, see `MultiHeadSelfAttention`).
+        parallel: True for a parallel block (`ViTConfig.parallel_blocks`): the attention and
+            the MLP side by side on one norm, `x + DropPath(LayerScale(MSA(LN(x)) +
+            MLP(LN(x))))`, without `LayerNorm_2` and `layer_scale_1`.
         **kwargs: base `Layer` arguments.
 
     `call(x, training, return_attention_scores=False, grid=None, attention_mask=None,
@@ -264,9 +269,16 @@ class EncoderBlock(keras.layers.Layer):
                  rope_temperature=None, rope_reference_grid=None, rope_grid_offset=0.0,
                  mlp_inner_norm=False, attention_inner_norm=False, relative_mlp_dim=None,
                  residual_post_norm=False, norm_layer="layer_norm", qk_norm=False,
-                 num_kv_heads=None, proj_bias=True, **kwargs):
+                 num_kv_heads=None, proj_bias=True, differential_lambda_init=None,
+                 parallel=False, **kwargs):
         super().__init__(**kwargs)
         self.proj_bias = bool(proj_bias)
+        self.differential_lambda_init = (None if differential_lambda_init is None
+                                         else float(differential_lambda_init))
+        self.parallel = bool(parallel)
+        if self.parallel and residual_post_norm:
+            raise ValueError("A parallel block norms its input once for both branches: it "
+                             "takes no residual_post_norm.")
         self.residual_post_norm = bool(residual_post_norm)
         self.norm_layer = norm_layer
         self.qk_norm = bool(qk_norm)
@@ -309,9 +321,10 @@ class EncoderBlock(keras.layers.Layer):
             relative_mlp_dim=self.relative_mlp_dim, num_kv_heads=self.num_kv_heads,
             qk_norm_epsilon=self.layer_norm_epsilon if self.qk_norm else None,
             norm_layer=self.norm_layer, proj_bias=self.proj_bias,
+            differential_lambda_init=self.differential_lambda_init,
             name="MultiHeadDotProductAttention_1", dtype=policy)
-        self.norm_2 = make_norm(self.norm_layer, self.layer_norm_epsilon, name="LayerNorm_2",
-                                dtype=policy)
+        self.norm_2 = None if self.parallel else make_norm(
+            self.norm_layer, self.layer_norm_epsilon, name="LayerNorm_2", dtype=policy)
         self.mlp = MlpBlock(self.mlp_dim, dropout=self.dropout, activation=self.activation,
                             inner_norm_epsilon=(self.layer_norm_epsilon if self.mlp_inner_norm
                                                 else None),
@@ -321,12 +334,16 @@ class EncoderBlock(keras.layers.Layer):
         self.drop_path = DropPath(self.drop_path_rate, dtype=policy)
         self.layer_scales = [None, None]
         if self.layer_scale_init is not None:
+            # A parallel block scales the sum of its branches: one LayerScale.
             self.layer_scales = [LayerScale(self.layer_scale_init, name=f"layer_scale_{index}",
-                                            dtype=policy) for index in range(2)]
+                                            dtype=policy) if index == 0 or not self.parallel
+                                 else None for index in range(2)]
             for layer in self.layer_scales:
-                layer.build(input_shape)
+                if layer is not None:
+                    layer.build(input_shape)
         for layer in (self.norm_0, self.norm_2, self.mlp):
-            layer.build(input_shape)
+            if layer is not None:
+                layer.build(input_shape)
         self.attention.build(self.attention_input_shape(input_shape))
 
     def attention_input_shape(self, input_shape):
@@ -379,14 +396,18 @@ class EncoderBlock(keras.layers.Layer):
                  relative_bias=None):
         record = self.attention_recorder is not None
         post_norm = self.residual_post_norm  # x + LN(branch(x)), not x + branch(LN(x))
-        attended = self.attend(x if post_norm else self.norm_0(x), training,
-                               return_attention_scores or record, grid, attention_mask,
-                               relative_bias)
+        normed = x if post_norm else self.norm_0(x)
+        attended = self.attend(normed, training, return_attention_scores or record, grid,
+                               attention_mask, relative_bias)
         if return_attention_scores or record:
             attended, weights = attended
             if record:
                 self.attention_recorder(weights)
         attended = self.dropout_layer(attended, training=training)
+        if self.parallel:  # both branches from the one norm, one residual sum
+            branches = attended + self.mlp(normed, training=training)
+            x = x + self.drop_path(self._scaled(0, branches), training=training)
+            return (x, weights) if return_attention_scores else x
         if post_norm:
             attended = self.norm_0(attended)
         x = x + self.drop_path(self._scaled(0, attended), training=training)
@@ -421,6 +442,8 @@ class EncoderBlock(keras.layers.Layer):
                 "relative_mlp_dim": self.relative_mlp_dim,
                 "residual_post_norm": self.residual_post_norm, "norm_layer": self.norm_layer,
                 "qk_norm": self.qk_norm, "num_kv_heads": self.num_kv_heads,
+                "differential_lambda_init": self.differential_lambda_init,
+                "parallel": self.parallel,
                 **({} if self.proj_bias else {"proj_bias": False})}
 
 

@@ -322,14 +322,22 @@ SRELPOS_LIKE = dict(position_embedding="relative_mlp", relative_mlp_shared=True,
 # before the patch embedding.
 MOBILECLIP_LIKE = dict(conv_stem=True, prefix_position_embeddings=False, hidden_size=32,
                        mlp_dim=48, num_heads=4, num_layers=2)
+# timm's DiffParallelScalingBlock (its vit_dpwee's): differential attention with normed
+# queries and keys beside the MLP, LayerScale.
+DIFFERENTIAL_PARALLEL_LIKE = dict(attention_layer="differential", parallel_blocks=True,
+                                  qk_norm=True, layer_scale_init=0.5, hidden_size=32, num_heads=4,
+                                  num_register_tokens=1)
 LATER_OPTIONS = {"sapiens2": SAPIENS2_LIKE, "aimv2": AIMV2_LIKE, "srelpos": SRELPOS_LIKE,
-                 "mobileclip": MOBILECLIP_LIKE}
+                 "mobileclip": MOBILECLIP_LIKE, "differential_parallel": DIFFERENTIAL_PARALLEL_LIKE}
+# In training also differential attention in plain blocks.
+TRAINED_OPTIONS = {**LATER_OPTIONS, "differential": dict(attention_layer="differential",
+                                                         hidden_size=32, num_heads=2)}
 
 
-@pytest.mark.parametrize("options", LATER_OPTIONS)
-def test_sapiens2s_and_aimv2s_options_compile_with_xla_and_run_in_bfloat16(options):
+@pytest.mark.parametrize("options", LATER_OPTIONS.values(), ids=LATER_OPTIONS.keys())
+def test_later_options_compile_with_xla_and_run_in_bfloat16(options):
     tf = tensorflow_backend()
-    model = tiny(**LATER_OPTIONS[options])
+    model = tiny(**options)
     randomise(model, scale=0.3)
     x = images(batch=3)
     expected = to_np(model(x, training=False))
@@ -337,7 +345,7 @@ def test_sapiens2s_and_aimv2s_options_compile_with_xla_and_run_in_bfloat16(optio
     forward = tf.function(lambda t: model(t, training=False), jit_compile=True)
     np.testing.assert_allclose(to_np(forward(tf.constant(x))), expected, rtol=1e-4, atol=1e-4)
     assert "HloModule" in forward.experimental_get_compiler_ir(tf.constant(x))(stage="hlo")
-    mixed = tiny(dtype="mixed_bfloat16", **LATER_OPTIONS[options])
+    mixed = tiny(dtype="mixed_bfloat16", **options)
     mixed.set_weights(model.get_weights())
     out = mixed(x)
     assert out.dtype == "float32"
@@ -345,13 +353,13 @@ def test_sapiens2s_and_aimv2s_options_compile_with_xla_and_run_in_bfloat16(optio
     np.testing.assert_allclose(to_np(out), expected, atol=0.05 * scale + 1e-3)
 
 
-@pytest.mark.parametrize("options", LATER_OPTIONS)
-def test_sapiens2s_and_aimv2s_options_train_with_remat_to_the_same_gradients(options):
+@pytest.mark.parametrize("options", TRAINED_OPTIONS.values(), ids=TRAINED_OPTIONS.keys())
+def test_later_options_train_with_remat_to_the_same_gradients(options):
     """Remat computes the blocks again in the backward pass: the same loss and gradients."""
     x = images(batch=2)
     grads = []
     for remat in ("none", "blocks"):
-        model = tiny(remat=remat, **LATER_OPTIONS[options])
+        model = tiny(remat=remat, **options)
         randomise(model, scale=0.3)
         grads.append(_gradients(model, x))
     for plain, rematerialised in zip(*grads):

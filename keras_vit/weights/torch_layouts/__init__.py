@@ -173,7 +173,11 @@ def transformers_config(spec, arrays=None):
         (spec.residual_post_norm, "post-norm blocks (residual_post_norm, timm's ResPostBlock)"),
         (common.eva_pooling(spec), "an attention pooling of its own heads or MLP width, or "
                                    "over the class and register tokens (map_num_heads, "
-                                   "map_mlp_dim, map_include_prefix: timm's Eva)")) if bad]
+                                   "map_mlp_dim, map_include_prefix: timm's Eva)"),
+        (spec.differential, "differential attention (attention_layer='differential': timm's "
+                            "DiffAttention)"),
+        (spec.parallel_blocks, "parallel blocks (parallel_blocks: timm's "
+                               "ParallelScalingBlock)")) if bad]
     if timms:  # none of transformers' classes has them
         raise LayoutError(f"transformers' ViT classes have no {'; no '.join(timms)}: save this "
                           "model with format='timm'.")

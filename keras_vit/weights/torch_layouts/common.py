@@ -52,7 +52,17 @@ def block_pairs(index, theirs, spec):
     if spec.qk_norm:  # timm's Eva's attention: q_norm, k_norm
         pairs += (norm_pairs(attention + "query_norm", theirs["query_norm"], spec)
                   + norm_pairs(attention + "key_norm", theirs["key_norm"], spec))
-    for ours_name, their_name in (("LayerNorm_0", "norm_0"), ("LayerNorm_2", "norm_2")):
+    if (spec.differential or spec.parallel_blocks) and "sub_norm" not in theirs:
+        raise LayoutError("Only timm's VisionTransformer has differential attention and "
+                          "parallel blocks (attention_layer='differential', parallel_blocks: "
+                          "its DiffAttention, ParallelScalingBlock, DiffParallelScalingBlock); "
+                          "save this model with format='timm'.")
+    if spec.differential:  # lambda's four vectors, each head's RMSNorm (no bias)
+        pairs += [(attention + name, theirs[name], "copy") for name in LAMBDAS]
+        pairs.append((attention + "sub_norm/scale", theirs["sub_norm"] + ".weight", "copy"))
+    norms = (("LayerNorm_0", "norm_0"),) + ((("LayerNorm_2", "norm_2"),)
+                                            if not spec.parallel_blocks else ())
+    for ours_name, their_name in norms:
         pairs += norm_pairs(ours + ours_name, theirs[their_name], spec)
     mlp = (("Dense_0", "fc_0"), ("Dense_1", "fc_1"))
     if spec.activation == "swiglu":  # the gate: a second input projection
@@ -67,7 +77,7 @@ def block_pairs(index, theirs, spec):
                                  theirs[f"relative_fc_{index}"])
     if spec.layer_scale_init is not None:  # timm's and DINOv2's LayerScale (not ViT's)
         pairs += [(ours + f"layer_scale_{branch}/scale", theirs[f"scale_{branch}"], "copy")
-                  for branch in range(2)]
+                  for branch in range(1 if spec.parallel_blocks else 2)]
     for inner, ours_name, their_name in (
             (spec.attention_inner_norm, attention + "inner_norm", "attention_norm"),
             (spec.mlp_inner_norm, ours + "MlpBlock_3/inner_norm", "mlp_norm")):
@@ -78,6 +88,10 @@ def block_pairs(index, theirs, spec):
         if inner:
             pairs += norm_pairs(ours_name, theirs[their_name], spec)
     return pairs
+
+
+# Differential attention's weights of lambda (timm's names, and keras_vit's).
+LAMBDAS = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
 
 
 def norm_pairs(ours, theirs, spec=None):

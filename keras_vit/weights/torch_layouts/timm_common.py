@@ -209,7 +209,9 @@ def weight_pairs(spec, backbone=()):
              "attention_norm": "attn.norm", "mlp_norm": "mlp.norm",
              "relative_fc_0": "attn.rel_pos.mlp.fc1", "relative_fc_1": "attn.rel_pos.mlp.fc2",
              # Eva's norms of each head's queries and keys (qk_norm)
-             "query_norm": "attn.q_norm", "key_norm": "attn.k_norm"}
+             "query_norm": "attn.q_norm", "key_norm": "attn.k_norm",
+             # DiffAttention's (and the parallel blocks', as `parallel_names` reads them)
+             "sub_norm": "attn.sub_norm", **{name: "attn." + name for name in common.LAMBDAS}}
     if spec.activation == "swiglu":  # GluMlp's packed fc1 unpacked (`to_arrays`)
         names.update(fc_0="mlp.fc1_x", gate="mlp.fc1_g")
     pairs = stem + list(backbone) + common.encoder_pairs(spec, "blocks.{}.", names)
@@ -254,14 +256,93 @@ def eva_names(state, spec):
     return renamed
 
 
+# A parallel block's names (ParallelScalingBlock, DiffParallelScalingBlock) -> its Block's.
+_PARALLEL_NAMES = {"in_norm": "norm1", "q_norm": "attn.q_norm", "k_norm": "attn.k_norm",
+                   "sub_norm": "attn.sub_norm", "attn_out_proj": "attn.proj",
+                   "mlp_out_proj": "mlp.fc2", "ls.gamma": "ls1.gamma",
+                   **{name: "attn." + name for name in common.LAMBDAS}}
+
+
+def _renamed(state, index, names):
+    """`state` with block `index`'s keys `blocks.{index}.{old}...` as `...{new}...`."""
+    block, renamed = f"blocks.{index}.", {}
+    for key, value in state.items():
+        rest = key[len(block):] if key.startswith(block) else None
+        for old, new in names.items():
+            if rest is not None and (rest == old or rest.startswith(old + ".")):
+                key = block + new + rest[len(old):]
+                break
+        renamed[key] = value
+    return renamed
+
+
+def parallel_names(state, spec):
+    """timm's parallel blocks' weights as its Block's names: `in_norm` as `norm1`; the fused
+    input projection `in_proj` [mlp + 3 D, D] as the MLP's `mlp.fc1` (its rows first, its bias
+    the `mlp_bias` beside a bias-free in_proj) and the attention's packed `attn.qkv`; the
+    output projections `attn_out_proj`, `mlp_out_proj` as `attn.proj`, `mlp.fc2`, or
+    DiffParallelScalingBlock's one `out_proj` [D, D + mlp] over both branches, concatenated,
+    as its columns of each (its bias the attention's, the MLP's zero: the same sum); one
+    LayerScale `ls` as `ls1`; the attention's norms and lambdas under `attn.`."""
+    if not spec.parallel_blocks:
+        return state
+    state = dict(state)
+    for index in range(spec.num_layers):
+        block = f"blocks.{index}."
+        for kind in ("weight", "bias"):
+            packed = state.pop(f"{block}in_proj.{kind}", None)
+            if packed is not None:
+                state[f"{block}mlp.fc1.{kind}"], state[f"{block}attn.qkv.{kind}"] = np.split(
+                    packed, [packed.shape[0] - 3 * spec.hidden_size])
+        if block + "mlp_bias" in state:
+            state[block + "mlp.fc1.bias"] = state.pop(block + "mlp_bias")
+        if block + "out_proj.weight" in state:
+            weight = state.pop(block + "out_proj.weight")
+            state[block + "attn.proj.weight"], state[block + "mlp.fc2.weight"] = np.split(
+                weight, [spec.hidden_size], axis=1)
+            bias = state.pop(block + "out_proj.bias")
+            state[block + "attn.proj.bias"], state[block + "mlp.fc2.bias"] = (
+                bias, np.zeros_like(bias))
+        state = _renamed(state, index, _PARALLEL_NAMES)
+    return state
+
+
+def parallel_state(state, spec):
+    """The inverse of `parallel_names` (after the attention's q, k, v are packed as qkv):
+    DiffParallelScalingBlock's out_proj with the two biases summed."""
+    if not spec.parallel_blocks:
+        return state
+    names = {new: old for old, new in _PARALLEL_NAMES.items()
+             if not (spec.differential and old.endswith("out_proj"))}
+    state = dict(state)
+    for index in range(spec.num_layers):
+        block = f"blocks.{index}."
+        state[block + "in_proj.weight"] = np.concatenate(
+            [state.pop(block + "mlp.fc1.weight"), state.pop(block + "attn.qkv.weight")])
+        bias = state.pop(block + "mlp.fc1.bias")
+        if block + "attn.qkv.bias" in state:
+            state[block + "in_proj.bias"] = np.concatenate([bias,
+                                                            state.pop(block + "attn.qkv.bias")])
+        else:  # timm's mlp_bias, beside an in_proj without bias
+            state[block + "mlp_bias"] = bias
+        if spec.differential:
+            state[block + "out_proj.weight"] = np.concatenate(
+                [state.pop(block + "attn.proj.weight"), state.pop(block + "mlp.fc2.weight")],
+                axis=1)
+            state[block + "out_proj.bias"] = (state.pop(block + "attn.proj.bias")
+                                              + state.pop(block + "mlp.fc2.bias"))
+        state = _renamed(state, index, names)
+    return state
+
+
 def to_arrays(state, spec, pairs):
     """timm's state dict (name -> array) as the `.npz` layout through `pairs`
-    (`common.to_arrays`): its packed tensors split, and Eva's names read as
-    VisionTransformer's whatever the class (an Eva without RoPE, inner norms or Eva's pooling is
-    written as a VisionTransformer)."""
+    (`common.to_arrays`): parallel blocks' weights as its Block's (`parallel_names`), its
+    packed tensors split, and Eva's names read as VisionTransformer's whatever the class (an
+    Eva without RoPE, inner norms or Eva's pooling is written as a VisionTransformer)."""
     packings = _PACKED + (GLU_PACKED if spec.activation == "swiglu" else ())
-    return common.to_arrays(eva_names(common.unpacked(state, packings), spec), pairs, spec,
-                            "timm")
+    state = common.unpacked(parallel_names(state, spec), packings)
+    return common.to_arrays(eva_names(state, spec), pairs, spec, "timm")
 
 
 def from_arrays(arrays, spec, pairs, renamed=None):
@@ -275,7 +356,7 @@ def from_arrays(arrays, spec, pairs, renamed=None):
         state = renamed(state)
     elif spec.activation == "swiglu":
         state = common.packed(state, GLU_PACKED)
-    return common.packed(state, _PACKED)
+    return parallel_state(common.packed(state, _PACKED), spec)
 
 
 # VisionTransformer's arguments (its plain ViTs' and its hybrids') ------------------------------
@@ -290,10 +371,16 @@ VIT_DEFAULTS = {
     "dynamic_img_size": False, "dynamic_img_pad": False, "act_layer": "gelu",
     "norm_layer": {"layer_norm": 1e-6}, "drop_rate": 0.0, "pos_drop_rate": 0.0,
     "proj_drop_rate": 0.0, "attn_drop_rate": 0.0, "drop_path_rate": 0.0,
-    "block_fn": None, "mlp_layer": None}  # None: timm's Block and Mlp
+    "block_fn": None, "mlp_layer": None,  # None: timm's Block and Mlp
+    "attn_layer": "attn"}  # timm's Attention ("diff": DiffAttention)
 # timm's block_fn keras_vit maps, as timm_architectures.json records it: ResPostBlock
-# (x + LN(branch(x)): residual_post_norm). Its mlp_layer: DINOv2 giant's SwiGLUPacked (`is_glu`).
+# (x + LN(branch(x)): residual_post_norm), the parallel blocks (parallel_blocks) -> whether
+# their attention is differential. Its mlp_layer: DINOv2 giant's SwiGLUPacked (`is_glu`).
 RES_POST_BLOCK = "<ResPostBlock>"
+PARALLEL_BLOCKS = {"<ParallelScalingBlock>": False, "<DiffParallelScalingBlock>": True}
+# attn_layer's values (timm's ATTN_LAYERS) -> keras_vit's attention_layer, in the blocks that
+# take one (Block, ResPostBlock; the parallel blocks' own attention ignores it).
+_ATTENTION_LAYERS = {"": "softmax", "attn": "softmax", "diff": "differential"}
 _SILU = ("<SiLU>", "silu", "swish")  # act_layer as a class, or get_act_layer's names
 # norm_layer is read as layer_norm_epsilon where it is a LayerNorm; any other is missing.
 _OPTIONS = set(VIT_DEFAULTS) - {"norm_layer"} | {"layer_norm_epsilon"}
@@ -304,9 +391,15 @@ def missing(args, distilled=False):
     """What of VisionTransformer's `args` keras_vit has no option for, in timm's words."""
     missing = [f"{name}={value!r}" for name, value in sorted(args.items())
                if name not in _OPTIONS]
-    if args["block_fn"] not in (None, RES_POST_BLOCK):
+    if args["block_fn"] not in (None, RES_POST_BLOCK, *PARALLEL_BLOCKS):
         missing.append(f"block_fn={args['block_fn']!r}")
+    if args["attn_layer"] not in _ATTENTION_LAYERS:
+        missing.append(f"attn_layer={args['attn_layer']!r}")
     glu = is_glu(args["mlp_layer"])
+    if args["block_fn"] in PARALLEL_BLOCKS and (args["mlp_layer"] is not None
+                                                or args["act_layer"] == "swiglu"):
+        missing.append(f"block_fn={args['block_fn']!r} with mlp_layer={args['mlp_layer']!r} "
+                       "(a parallel block's MLP is its fused projection and act_layer)")
     if args["mlp_layer"] is not None and not glu:
         missing.append(f"mlp_layer={args['mlp_layer']!r}")
     if glu and args["act_layer"] not in _SILU:
@@ -358,7 +451,13 @@ def spec_from_vision_transformer(architecture, args, config, state, distilled, s
     hidden, patch, layers = sizes(state)
     pixels = patch * stride
     glu = is_glu(args["mlp_layer"])  # GluMlp's fc1: the gate's rows and the value's
-    mlp = tensor(state, "blocks.0.mlp.fc1.weight", "timm").shape[0] // (2 if glu else 1)
+    parallel = args["block_fn"] in PARALLEL_BLOCKS
+    if parallel:  # in_proj: the MLP's rows, then the query's, key's and value's
+        mlp = tensor(state, "blocks.0.in_proj.weight", "timm").shape[0] - 3 * hidden
+    else:
+        mlp = tensor(state, "blocks.0.mlp.fc1.weight", "timm").shape[0] // (2 if glu else 1)
+    differential = (PARALLEL_BLOCKS[args["block_fn"]] if parallel
+                    else _ATTENTION_LAYERS[args["attn_layer"]] == "differential")
     post_norm = args["block_fn"] == RES_POST_BLOCK  # its init_values only start its norms
     prefix_tokens = int(bool(args["class_token"])) + int(distilled) + args["reg_tokens"]
     check_grid(tensor(state, "pos_embed", "timm"), args["img_size"], pixels,
@@ -376,7 +475,8 @@ def spec_from_vision_transformer(architecture, args, config, state, distilled, s
                       layer_norm_epsilon=args["layer_norm_epsilon"],
                       qkv_bias=args["qkv_bias"],
                       layer_scale_init=None if post_norm else args["init_values"],
-                      residual_post_norm=post_norm,
+                      residual_post_norm=post_norm, parallel_blocks=parallel,
+                      attention_layer="differential" if differential else "softmax",
                       num_register_tokens=args["reg_tokens"],
                       prefix_position_embeddings=not args["no_embed_class"],
                       pre_norm=args["pre_norm"], final_norm=final_norm,
@@ -431,7 +531,11 @@ def vision_transformer_config(spec, preprocessing, architecture_of, check=None):
              "init_values": spec.layer_scale_init, "reg_tokens": spec.num_register_tokens,
              "no_embed_class": not spec.prefix_position_embeddings, "pre_norm": spec.pre_norm,
              "dynamic_img_size": spec.dynamic_image_size,
-             "dynamic_img_pad": spec.dynamic_image_pad}
+             "dynamic_img_pad": spec.dynamic_image_pad,
+             # Block's attention (a parallel block's is its class's: block_fn)
+             "attn_layer": ("diff" if spec.differential and not spec.parallel_blocks
+                            else "attn")}
     architecture, chosen = architecture_of(spec)
+    chosen = {**chosen, "attn_layer": "diff" if chosen["attn_layer"] == "diff" else "attn"}
     args.update({name: value for name, value in later.items() if value != chosen[name]})
     return config_file(spec, preprocessing, args, architecture)

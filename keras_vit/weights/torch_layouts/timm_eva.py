@@ -198,6 +198,10 @@ def config_for(spec, preprocessing, arrays):
          "keras_vit folds into the position embeddings)"),
         (spec.residual_post_norm and (spec.qk_norm or spec.grouped_query),
          "post-norm blocks with qk_norm or num_kv_heads (its EvaBlockPostNorm has neither)"),
+        (spec.differential or spec.parallel_blocks,
+         "differential attention or parallel blocks (timm's VisionTransformer has them: "
+         "DiffAttention, ParallelScalingBlock, DiffParallelScalingBlock; keras_vit writes "
+         "them there with LayerNorms, without qk_norm, num_kv_heads, RoPE or inner norms)"),
         (spec.classifier == "token_gap", timm_common.TOKEN_GAP))  # last: it says the way round
     common.check_expressible(
         "A model with RoPE, inner LayerNorms or Eva's attention pooling is written as timm's "

@@ -124,9 +124,9 @@ def _check(spec):
             f"{MCI_SIZES[1]}-pixel patches whatever its model_args say, and this model has "
             f"hidden_size {spec.hidden_size}, patch_size {spec.patch_size}: save it with "
             "keras_vit.weights.checkpoint.save_npz or model.save(...keras).")
-    if spec.residual_post_norm or spec.activation == "swiglu":
+    if spec.residual_post_norm or spec.parallel_blocks or spec.activation == "swiglu":
         raise LayoutError("timm's hybrids have pre-norm blocks and GELU MLPs: save a hybrid "
-                          "without residual_post_norm or SwiGLU.")
+                          "without residual_post_norm, parallel_blocks or SwiGLU.")
     if spec.is_hybrid and spec.resnet_numerics != "timm":
         raise LayoutError(
             f"timm's ResNetV2 hard-codes its numerics (weights standardised by sqrt(var + "

@@ -296,6 +296,9 @@ def check_writable(spec, what="This model"):
                                           "LayerNorms)"),
         (spec.qk_norm or spec.grouped_query,
          "qk_norm or grouped-query attention (num_kv_heads: keras_vit writes them as Eva's)"),
+        (spec.differential or spec.parallel_blocks,
+         "differential attention or parallel blocks (its blocks are timm's Block of "
+         "Attention; keras_vit writes them as its VisionTransformer)"),
         (spec.layer_norm_epsilon != EPSILON,
          f"LayerNorms of epsilon {spec.layer_norm_epsilon} (NaFlexVit's are {EPSILON}, and "
          "its model_args cannot name another)"),

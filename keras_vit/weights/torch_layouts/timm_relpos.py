@@ -92,6 +92,8 @@ def config_for(spec, preprocessing, arrays=None):
         (spec.representation_size is not None, "pre_logits layer (representation_size)"),
         (spec.rope or spec.mlp_inner_norm or spec.attention_inner_norm,
          "RoPE or inner LayerNorms"),
+        (spec.parallel_blocks, "parallel blocks (parallel_blocks: its blocks are "
+                               "RelPosBlock or ResPostRelPosBlock)"),
         (spec.dynamic_image_size or spec.dynamic_image_pad,
          "dynamic image size (its relative positions are made for one grid)"),
         (spec.layer_norm_epsilon != _DEFAULTS["norm_layer"]["layer_norm"],

@@ -32,8 +32,15 @@ def config_for(spec, preprocessing, arrays=None):
     return timm_common.vision_transformer_config(spec, preprocessing, lambda spec: (
         _architecture_of_epsilon(
             spec.layer_norm_epsilon, timm_common.vision_transformer_class(spec),
-            block_fn=timm_common.RES_POST_BLOCK if spec.residual_post_norm else None,
-            glu=spec.activation == "swiglu")))
+            block_fn=_block_fn(spec), glu=spec.activation == "swiglu")))
+
+
+def _block_fn(spec):
+    """timm's block class of the model's blocks, as the table records it (None: its Block)."""
+    if spec.parallel_blocks:  # ParallelScalingBlock, or DiffParallelScalingBlock
+        return next(name for name, differential in timm_common.PARALLEL_BLOCKS.items()
+                    if differential == spec.differential)
+    return timm_common.RES_POST_BLOCK if spec.residual_post_norm else None
 
 
 def _architecture_of_epsilon(epsilon, timm_class="VisionTransformer", block_fn=None,
@@ -66,6 +73,7 @@ def _architecture_of_epsilon(epsilon, timm_class="VisionTransformer", block_fn=N
 
     kind = " and ".join(what for what, wanted in (
         ("ResPostBlock blocks (residual_post_norm)", block_fn == timm_common.RES_POST_BLOCK),
+        (f"{block_fn} blocks (parallel_blocks)", block_fn in timm_common.PARALLEL_BLOCKS),
         ("SwiGLU MLPs (SwiGLUPacked)", glu)) if wanted)
     name = timm_common.architecture_of_epsilon(
         epsilon, fitting(), f"timm's {timm_class} architectures{' of ' + kind if kind else ''}",

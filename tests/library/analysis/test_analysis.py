@@ -239,6 +239,24 @@ def test_rollout_and_attention_distance_of_a_rope_model():
     assert np.isfinite(distances).all()
 
 
+def test_differential_attention_maps_are_given_and_rollout_and_distance_refused():
+    """Differential attention's weights (each head's difference of two softmax maps, rows
+    summing to 1 - lambda) come out of attention_maps; rollout and the mean attention distance,
+    which read softmax weights, refuse the model naming why."""
+    model = small_vit(image_size=32, attention_layer="differential", parallel_blocks=True)
+    randomise(model)
+    images = model_images(model, count=2)
+    maps = analysis.attention_maps(model, images)
+    assert len(maps) == 2 and maps[0].weights.shape == (2, 2, 5, 5)
+    sums = maps[0].weights.sum(axis=-1)
+    np.testing.assert_allclose(sums, sums[..., :1] * np.ones_like(sums), atol=1e-5)
+    assert np.abs(sums - 1).max() > 1e-3  # not softmax rows
+    for tool in (analysis.attention_rollout, analysis.mean_attention_distance):
+        with pytest.raises(ValueError, match="attention_layer='differential', whose weights "
+                                             "are the difference of two softmax maps"):
+            tool(model, images)
+
+
 def test_embedding_filters_find_the_planted_direction():
     model = small_vit(image_size=32, hidden_size=64)  # 64 filters of 16x16x3
     rng = np.random.default_rng(0)

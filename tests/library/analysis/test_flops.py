@@ -69,6 +69,10 @@ def test_every_variant_matches_tensorflows_count(variant):
     # timm's vit_srelpos_*: one relative-position MLP for every block, counted once
     dict(position_embedding="relative_mlp", relative_mlp_dim=8, relative_mlp_shared=True),
     dict(conv_stem=True),  # MobileCLIP's convolutions (their BatchNorms are element-wise)
+    # Differential attention: twice the heads of half the channels (the same matmuls), the
+    # difference of the maps before one weighted sum; parallel blocks: the same layers.
+    dict(attention_layer="differential", qk_norm=True),
+    dict(attention_layer="differential", parallel_blocks=True, layer_scale_init=0.1),
 ], ids=str)
 def test_model_options_match_tensorflows_count(options):
     model = keras_vit.vit("Ti/16", image_size=(32, 48), **{**TINY, **options})

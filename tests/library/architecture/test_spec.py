@@ -256,12 +256,18 @@ def test_later_vit_options_are_checked_with_the_rest():
     # scale, bias, moving mean and variance, then a 2x2 patch embedding for the 16x16 one.
     ({"conv_stem": True}, 4 * 4 * 3 * 4 + 4 * 4 + 2 * 2 * 4 * 4 + 4 * 4
      + 2 * 2 * 4 * 16 - 16 * 16 * 3 * 16),
+    # Differential attention: lambda's four vectors of half a head (4) and each head's RMSNorm.
+    ({"attention_layer": "differential"}, 4 * 4 + 8),
+    ({"attention_layer": "differential", "qk_norm": True}, 4 * 4 + 8 + 2 * 2 * 4),
+    ({"parallel_blocks": True}, -2 * 16),  # one norm a block: no LayerNorm_2
+    ({"parallel_blocks": True, "layer_scale_init": 0.1}, -2 * 16 + 16),  # one LayerScale
 ], ids=["no_qkv_bias", "layer_scale", "registers", "registers_no_prefix_embeddings",
         "pre_norm", "pooled_norm", "no_final_norm", "distillation_token", "swiglu", "gap",
         "gap_with_class_token", "mlp_inner_norm", "attention_inner_norm", "rope", "rope_mixed",
         "token_gap", "relative_mlp", "residual_post_norm", "map_of_its_own_size", "rms_norm",
         "qk_norm", "multi_query", "kv_heads_per_block", "patch_norm", "no_proj_bias",
-        "map_without_mlp", "conv_stem"])
+        "map_without_mlp", "conv_stem", "differential", "differential_qk_norm", "parallel",
+        "parallel_layer_scale"])
 def test_each_later_option_adds_exactly_its_weights(fields, extra):
     plain = keras_vit.vit("S/16", **TINY).count_params()
     model = keras_vit.vit("S/16", **TINY, **fields)
@@ -449,3 +455,41 @@ def test_kv_heads_per_block_round_trip_and_build_each_block_its_own():
     widths = [model.get_layer(f"encoderblock_{i}").attention.key.kernel.shape[1]
               for i in range(3)]
     assert widths == [16, 8, 16]
+
+
+@pytest.mark.parametrize("fields, error, message", [
+    ({"attention_layer": "diff"}, ValueError, r"attention_layer='diff': must be one of "
+                                              r"\('softmax', 'differential'\)"),
+    ({"attention_layer": None}, TypeError, "attention_layer=None.*: must be one of"),
+    ({"parallel_blocks": "yes"}, TypeError, r"parallel_blocks='yes' \(str\): must be True or "
+                                            "False"),
+    ({"attention_layer": "differential", "num_heads": 8}, ValueError,
+     r"hidden_size=24, num_heads=8, attention_layer='differential': .*each head's width "
+     r"\(hidden_size / num_heads\) must be even"),
+    ({"attention_layer": "differential", "num_kv_heads": 2}, ValueError,
+     "num_kv_heads=2, attention_layer='differential': .*use num_kv_heads=None"),
+    ({"attention_layer": "differential", "rope": "axial"}, ValueError,
+     "rope='axial', attention_layer='differential': .*use rope=None"),
+    ({"attention_layer": "differential", "position_embedding": "relative"}, ValueError,
+     "position_embedding='relative', attention_layer='differential': .*'learned'"),
+    ({"parallel_blocks": True, "residual_post_norm": True}, ValueError,
+     "residual_post_norm=True, parallel_blocks=True: .*use residual_post_norm=False"),
+    ({"variant": "Axial-S/16", "parallel_blocks": True}, ValueError,
+     "variant='Axial-S/16', parallel_blocks=True: .*use parallel_blocks=False"),
+    ({"variant": "Axial-S/16", "attention_layer": "differential"}, ValueError,
+     "variant='Axial-S/16', attention_layer='differential': .*use attention_layer='softmax'"),
+], ids=["unknown_attention", "attention_none", "parallel_str", "odd_head_width", "kv_heads",
+        "rope", "relative", "post_norm", "axial_parallel", "axial_differential"])
+def test_differential_and_parallel_refuse_bad_values_naming_the_field_and_fix(fields, error,
+                                                                               message):
+    fields = {"variant": "S/16", "hidden_size": 24, "num_heads": 6, "num_layers": 3, **fields}
+    with pytest.raises(error, match=message):
+        ViTConfig(**fields)
+
+
+def test_differential_lambda_init_rises_with_depth_as_the_paper_says():
+    """lambda_init = 0.8 - 0.6 exp(-0.3 (l - 1)) of layer l = 1..L (Ye et al. 2024, 2.1)."""
+    model = keras_vit.vit("S/16", **{**TINY, "num_layers": 3}, attention_layer="differential")
+    got = [model.get_layer(f"encoderblock_{i}").attention.differential_lambda_init
+           for i in range(3)]
+    np.testing.assert_allclose(got, [0.2, 0.8 - 0.6 * np.exp(-0.3), 0.8 - 0.6 * np.exp(-0.6)])

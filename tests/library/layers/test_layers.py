@@ -524,6 +524,80 @@ def test_grouped_attention_refuses_kv_heads_that_do_not_divide_the_heads():
         L.MultiHeadSelfAttention(4, num_kv_heads=2, rope="mixed", grid_size=(2, 2))
 
 
+def _differential_attention_reference(x, w, num_heads, lambda_init, mask=None):
+    """Differential attention written out per head (Ye et al. 2024, equation 1 and section
+    2.1): head h's query and key halves [:half], [half:] give two softmax maps of scale
+    1/sqrt(half); their difference, the second times lambda, weighs the head's values; each
+    head's output RMS-normed (epsilon 1e-5) and times 1 - lambda_init."""
+    b, n, d = x.shape
+    head_dim = d // num_heads
+    half = head_dim // 2
+    q, k, v = (numpy_reference.dense(x, w[f"a/{name}/kernel"], w[f"a/{name}/bias"]).reshape(
+        b, n, num_heads, head_dim) for name in ("query", "key", "value"))
+    lam = (np.exp(np.sum(w["a/lambda_q1"] * w["a/lambda_k1"]))
+           - np.exp(np.sum(w["a/lambda_q2"] * w["a/lambda_k2"])) + lambda_init)
+    heads = []
+    for h in range(num_heads):
+        maps = []
+        for part in (slice(0, half), slice(half, head_dim)):
+            logits = q[:, :, h, part] @ k[:, :, h, part].transpose(0, 2, 1) / math.sqrt(half)
+            if mask is not None:
+                logits = np.where(mask[:, None, :], logits, -1e9)
+            maps.append(numpy_reference.softmax(logits))
+        out = (maps[0] - lam * maps[1]) @ v[:, :, h]
+        heads.append(numpy_reference.rms_norm(out, w["a/sub_norm/gamma"], 1e-5)
+                     * (1 - lambda_init))
+    return numpy_reference.dense(np.concatenate(heads, axis=-1), w["a/out/kernel"],
+                                 w["a/out/bias"])
+
+
+def test_differential_attention_matches_a_per_head_reference():
+    """Explicit and fused alike, with and without a mask of the keys; the weights returned are
+    each head's difference of maps (rows summing to 1 - lambda)."""
+    x = np.random.default_rng(2).normal(size=(2, 5, 16))
+    attention = L.MultiHeadSelfAttention(2, differential_lambda_init=0.3)
+    attention.build(x.shape)
+    randomise(attention, scale=0.5)
+    assert [tuple(v.shape) for v in attention.lambdas] == [(4,)] * 4
+    w = {f"a/{v.path.split('/', 1)[1]}": to_np(v).astype("float64") for v in attention.weights}
+    mask = np.array([[1, 1, 1, 0, 1], [1, 1, 1, 1, 1]], bool)
+    for keys in (None, mask):
+        expected = _differential_attention_reference(x, w, 2, 0.3, keys)
+        for impl in ("explicit", "fused"):
+            attention.attention_impl = impl
+            got = attention(x.astype("float32"), attention_mask=keys)
+            np.testing.assert_allclose(to_np(got), expected, rtol=1e-4, atol=1e-4,
+                                       err_msg=f"{impl}, mask {keys is not None}")
+    # Softmax attention of the same weights differs: the test can tell them apart.
+    plain = _grouped_attention_reference(x, w, 2, 2, None)
+    assert np.abs(plain - expected).max() > 1e-2
+    _, weights = attention(x.astype("float32"), return_attention_scores=True)
+    lam = float(np.exp(np.sum(w["a/lambda_q1"] * w["a/lambda_k1"]))
+                - np.exp(np.sum(w["a/lambda_q2"] * w["a/lambda_k2"])) + 0.3)
+    np.testing.assert_allclose(to_np(weights).sum(-1), 1 - lam, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="heads of 5 channels .* must be even"):
+        L.MultiHeadSelfAttention(2, differential_lambda_init=0.3).build((1, 3, 10))
+    with pytest.raises(ValueError, match="takes no rope, relative_position or num_kv_heads"):
+        L.MultiHeadSelfAttention(2, num_kv_heads=1, differential_lambda_init=0.3)
+
+
+def test_a_parallel_block_adds_attention_and_mlp_of_one_norm():
+    """x + LayerScale(MSA(LN(x)) + MLP(LN(x))) (ViT-22B's parallel block), against the block's
+    own layers composed by hand; one norm and one LayerScale."""
+    x = np.random.default_rng(3).normal(size=(2, 5, 16)).astype("float32")
+    block = L.EncoderBlock(2, 24, activation="gelu", layer_scale_init=0.5, parallel=True)
+    block.build(x.shape)
+    randomise(block, scale=0.5)
+    assert block.norm_2 is None and block.layer_scales[1] is None
+    normed = block.norm_0(x)
+    expected = x + to_np(block.layer_scales[0](block.attention(normed) + block.mlp(normed)))
+    np.testing.assert_allclose(to_np(block(x)), expected, rtol=1e-5, atol=1e-5)
+    sequential = x + to_np(block.layer_scales[0](block.attention(normed)))
+    assert np.abs(to_np(block(x)) - sequential).max() > 1e-2
+    with pytest.raises(ValueError, match="takes no residual_post_norm"):
+        L.EncoderBlock(2, 24, parallel=True, residual_post_norm=True)
+
+
 def test_mlp_block_trains_its_gelu_in_float32_under_a_16_bit_policy():
     """Training: bfloat16 matmuls, GELU in float32 (faster on TensorFlow's CPU kernels, and more
     accurate). Inference: GELU in bfloat16, which TensorFlow fuses into the matmul before it."""

@@ -200,6 +200,8 @@ def test_a_timm_option_keras_vit_lacks_is_refused_by_name(architecture, options,
     (dict(norm_layer="rms_norm"), "norm_layer='rms_norm'"),
     (dict(qk_norm=True), "qk_norm or grouped-query attention"),
     (dict(num_kv_heads=1), "qk_norm or grouped-query attention"),
+    (dict(attention_layer="differential"), "differential attention or parallel blocks"),
+    (dict(parallel_blocks=True), "differential attention or parallel blocks"),
 ])
 def test_a_naflex_model_timm_cannot_express_is_refused_before_writing(fields, named, tmp_path):
     model = keras_vit.vit("Ti/16", image_size=32, patch_size=PATCH, num_classes=5,

@@ -941,6 +941,88 @@ def test_timm_post_norm_and_swiglu_blocks_both_ways(tmp_path, architecture):
     assert_close(logits(back.eval()), expected, 1e-5)
 
 
+# The 6 pretrained tags of timm's VisionTransformer with other attention or blocks (the sbb
+# "wee" and "little" models): architecture -> (its options here, keras_vit's fields it loads
+# as, timm's block and attention classes, what it shows). Each keeps its heads and mlp_ratio,
+# 8 channels a head.
+DIFF_AND_PARALLEL = {
+    "vit_dwee_patch16_reg1_gap_256": (
+        {}, dict(attention_layer="differential", parallel_blocks=False, mlp_dim=160),
+        "Block", "DiffAttention", "2 tags: differential attention, 4 heads, a register, GAP"),
+    "vit_dlittle_patch16_reg1_gap_256": (
+        {}, dict(attention_layer="differential", mlp_dim=224), "Block", "DiffAttention",
+        "1 tag: differential attention, 5 heads, mlp_ratio 5.6 (int(40 * 5.6) = 224 units)"),
+    "vit_pwee_patch16_reg1_gap_256": (
+        {}, dict(parallel_blocks=True, attention_layer="softmax", layer_scale_init=1e-5),
+        "ParallelScalingBlock", None, "1 tag: in_proj of the MLP, q, k, v; two out projections"),
+    "vit_pwee_no_qkv_bias": (
+        {"qkv_bias": False}, dict(parallel_blocks=True, qkv_bias=False),
+        "ParallelScalingBlock", None, "the MLP's bias apart (mlp_bias) beside a bias-free in_proj"),
+    "vit_dpwee_patch16_reg1_gap_256": (
+        {}, dict(parallel_blocks=True, attention_layer="differential"),
+        "DiffParallelScalingBlock", None, "2 tags: differential, one out_proj over both branches"),
+    "vit_dpwee_no_qkv_bias": (
+        {"qkv_bias": False}, dict(parallel_blocks=True, attention_layer="differential",
+                                  qkv_bias=False),
+        "DiffParallelScalingBlock", None, "the same with mlp_bias"),
+}
+
+
+@pytest.mark.parametrize("case", DIFF_AND_PARALLEL)
+def test_timm_differential_attention_and_parallel_blocks_both_ways(tmp_path, case):
+    from timm.models.vision_transformer import VisionTransformer
+    options, fields, block, attention, _ = DIFF_AND_PARALLEL[case]
+    architecture = case.replace("_no_qkv_bias", "_patch16_reg1_gap_256")
+    heads = 5 if "little" in architecture else 4
+    args = {**dict(img_size=32, patch_size=8, embed_dim=8 * heads, depth=2, num_heads=heads,
+                   num_classes=5), **options}
+    theirs = order_one(timm.create_model(architecture, pretrained=False, **args))
+    ours = through_timm_files(theirs, tmp_path / "theirs", args)
+    assert {name: getattr(ours.spec, name) for name in fields} == fields
+    pixels = np.random.default_rng(2).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
+    logits = eva_pixels_and_logits(pixels)
+    expected = logits(theirs)
+    assert_close(ours(keras_vit.preprocess_inputs(pixels)), expected, 1e-5)
+    back = back_in_timm(ours, tmp_path / "ours")
+    assert isinstance(back, VisionTransformer) and type(back.blocks[1]).__name__ == block
+    if attention:
+        assert type(back.blocks[1].attn).__name__ == attention
+    assert_close(logits(back.eval()), expected, 1e-5)
+
+
+def test_differential_parallel_blocks_from_scratch_are_timms_and_refused_elsewhere(tmp_path):
+    """Differential attention in parallel blocks, with a class token and no LayerScale (model
+    args override DiffParallelScalingBlock's architecture, vit_dpwee's GAP, register and
+    LayerScale), built here, are timm's VisionTransformer with its logits, and load back as
+    the same spec; transformers' classes, timm's Eva (qk_norm) and another epsilon refuse."""
+    fields = dict(hidden_size=32, mlp_dim=48, num_heads=2, num_layers=2, image_size=32,
+                  patch_size=8, num_classes=5, activation="gelu",
+                  attention_layer="differential", parallel_blocks=True)
+    model = keras_vit.vit("Ti/16", **fields)
+    with pytest.raises(LayoutError, match="no differential attention .*; no parallel blocks "
+                                          r".*save this model with format='timm'"):
+        keras_vit.save_pretrained(model, tmp_path / "hf", format="transformers")
+    for other, named in ((dict(qk_norm=True), "Eva, which has no differential attention or "
+                                              "parallel blocks"),
+                         (dict(layer_norm_epsilon=1e-5), "DiffParallelScalingBlock> blocks "
+                                                         r"\(parallel_blocks\) have LayerNorms "
+                                                         "of epsilon 1e-06")):
+        with pytest.raises(LayoutError, match=named):
+            keras_vit.save_pretrained(keras_vit.vit("Ti/16", **{**fields, **other}),
+                                      tmp_path / "refused", format="timm")
+    keras_order_one(model)
+    back = back_in_timm(model, tmp_path / "ours")
+    assert type(back.blocks[0]).__name__ == "DiffParallelScalingBlock"
+    assert back.cls_token is not None and back.reg_token is None
+    pixels = np.random.default_rng(2).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
+    expected = eva_pixels_and_logits(pixels)(back.eval())
+    assert_close(model(keras_vit.preprocess_inputs(pixels)), expected, 1e-5)
+    again = keras_vit.from_pretrained(str(tmp_path / "ours"))
+    assert again.spec == model.spec.replace(  # the name and resampling are timm's
+        variant="B/16", position_embedding_interpolation="bicubic")
+    assert_close(again(keras_vit.preprocess_inputs(pixels)), expected, 1e-5)
+
+
 # DINOv3 (Siméoni et al. 2025): transformers' DINOv3ViTModel loads as a model without a head
 # whose output is its pooler_output (the final LayerNorm's class token): RoPE at the patch
 # centres in [-1, 1] ("axial_normalized"), no position embeddings, registers, LayerScale.
@@ -1093,6 +1175,25 @@ def test_timm_hybrids_both_ways(tmp_path, architecture):
     with torch.no_grad():
         assert_close(back.eval()(torch.tensor(images.transpose(0, 3, 1, 2))).numpy(), expected,
                      tolerance)
+
+
+def test_a_timm_hybrid_of_differential_attention_both_ways(tmp_path):
+    """timm's hybrids are VisionTransformers: attn_layer='diff' in their model_args gives
+    DiffAttention blocks, read and written back as attention_layer 'differential'."""
+    args = dict(depth=1, img_size=64, num_classes=10, attn_layer="diff")
+    theirs = coverage_benchmark().order_one(torch, timm.create_model("vit_tiny_r_s16_p8_224",
+                                                                      **args))
+    ours = through_timm_files(theirs, tmp_path / "theirs", args)
+    assert (ours.spec.variant, ours.spec.attention_layer) == ("R+Ti/16", "differential")
+    images = np.random.default_rng(0).uniform(-1, 1, (2, 64, 64, 3)).astype("float32")
+    with torch.no_grad():
+        expected = theirs(torch.tensor(images.transpose(0, 3, 1, 2))).numpy()
+    assert_close(ours(images), expected, 1e-5)
+    back = back_in_timm(ours, tmp_path / "ours")
+    assert type(back.blocks[0].attn).__name__ == "DiffAttention"
+    with torch.no_grad():
+        assert_close(back.eval()(torch.tensor(images.transpose(0, 3, 1, 2))).numpy(), expected,
+                     1e-5)
 
 
 def test_a_hybrid_of_the_originals_numerics_is_refused_for_timm(tmp_path):
