@@ -48,14 +48,8 @@ def spec_from_config(config, state, architecture):
             "(big_vision's, temperature^(-k/(D/4 - 1))) does not give. Load an AIMv2 of "
             "learned position embeddings (is_native=False).")
     patch = config.get("patch_size", 14)
-    image_size = config.get("image_size", 224)
-    kernel = tensor(state, prefix + "embeddings.patch_embed.weight", "transformers")
-    if tuple(kernel.shape[-2:]) != (patch, patch):
-        raise LayoutError(f"config.json says patch_size {patch}, but model.safetensors holds "
-                          f"{kernel.shape[-2]}x{kernel.shape[-1]} patch kernels: use the "
-                          "config.json written with these weights.")
-    positions = tensor(state, prefix + "embeddings.position_embedding.weight", "transformers")
-    common.check_grid(positions[None], image_size, patch, 0, "image_size")
+    image_size = transformers_common.tower_patches(
+        config, state, prefix, patch, 0, kernel_key="embeddings.patch_embed.weight")
     qkv_bias, mlp_bias = config.get("qkv_bias", False), config.get("mlp_bias", False)
     pooling = (dict(classifier="map", map_mlp_dim=0) if config.get("use_head", True)
                else dict(classifier="gap"))

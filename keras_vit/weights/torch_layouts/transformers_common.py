@@ -184,12 +184,13 @@ def tower_pairs(spec, prefix, stem, final_norm):
     return pairs + common.norm_pairs(final_norm, prefix + "post_layernorm")
 
 
-def tower_patches(config, state, prefix, patch, prefix_rows):
+def tower_patches(config, state, prefix, patch, prefix_rows,
+                  kernel_key="embeddings.patch_embedding.weight"):
     """The image_size of a vision tower's config.json of `patch`-pixel patches, or a
-    LayoutError where its weights (under `prefix`, `prefix_rows` position rows before the
-    patches') contradict it."""
+    LayoutError where its weights (under `prefix`: the patch kernel `kernel_key`, `prefix_rows`
+    position rows before the patches') contradict it."""
     image_size = config.get("image_size", 224)
-    kernel = tensor(state, prefix + "embeddings.patch_embedding.weight", "transformers")
+    kernel = tensor(state, prefix + kernel_key, "transformers")
     if tuple(kernel.shape[-2:]) != (patch, patch):
         raise LayoutError(f"config.json says patch_size {patch}, but model.safetensors holds "
                           f"{kernel.shape[-2]}x{kernel.shape[-1]} patch kernels: use the "

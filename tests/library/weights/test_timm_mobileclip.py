@@ -16,27 +16,15 @@ timm = pytest.importorskip("timm")
 
 import keras_vit  # noqa: E402
 from keras_vit.weights.torch_layouts import LayoutError  # noqa: E402
+from test_library_parity import coverage_benchmark  # noqa: E402
 
 PIXELS = np.random.default_rng(2).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
 
 
 def order_one(model):
-    """Kernels N(0, 1 / fan_in), biases and tokens N(0, 0.3), norm scales 1 + N(0, 0.1),
-    BatchNorm's running means N(0, 0.3) and variances U(0.5, 1.5): activations of order 1 at
-    width 768, and no statistic that does nothing."""
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            unit = ("norm" in name or ".bn." in name) and name.endswith("weight")
-            kernel = parameter.dim() >= 2 and "pos_embed" not in name and "token" not in name
-            std = parameter[0].numel() ** -0.5 if kernel else 0.1 if unit else 0.3
-            parameter.copy_(torch.randn_like(parameter) * std + float(unit))
-        for name, buffer in model.named_buffers():
-            if name.endswith("running_mean"):
-                buffer.copy_(torch.randn_like(buffer) * 0.3)
-            elif name.endswith("running_var"):
-                buffer.copy_(torch.rand_like(buffer) + 0.5)
-    return model.eval()
+    """timm's model with the coverage benchmark's random weights of order 1 (its BatchNorms'
+    running statistics too)."""
+    return coverage_benchmark().order_one(torch, model)
 
 
 def timm_logits(model):
