@@ -6,6 +6,9 @@ size; beside each, its agreement with Keras.
 
     python benchmarks/export_latency.py --variant=Ti/16 --variant=B/16 --threads=2
 
+(`--separate_processes` writes each file in a process of its own: the converters keep memory
+they do not give back, and B/16's files written in one process outgrow a 24 GB machine.)
+
 The variant's fields can be changed (`--hidden_size`, `--num_layers`, ...), to time the
 model you will deploy, e.g. the quickstart's architecture:
 
@@ -30,6 +33,7 @@ either way, no resize.
 
 import argparse
 import collections
+import multiprocessing
 import os
 import tempfile
 
@@ -60,14 +64,64 @@ def perturbed(model, seed=0, scale=0.02):
     return model
 
 
-def runners(model, image_size, batch, threads, workdir, notes, tf2onnx_graph=False):
+def _write(model, kind, path, quantization, calibration):
+    """Writes one file of `model` at `path`: kind "saved_model" (version 1 below `path`),
+    "tflite", "onnx", or "tf2onnx" (the float32 ONNX file without keras_vit's rewrites)."""
+    if kind == "saved_model":
+        export.export_saved_model(model, path, version=1)
+    elif kind == "tflite":
+        export.export_tflite(model, path, quantization, representative_data=calibration)
+    elif kind == "onnx":
+        export.export_onnx(model, path, quantization=quantization,
+                           representative_data=calibration)
+    else:
+        with open(path, "wb") as handle:
+            handle.write(onnx_export.onnx_model(model, rewrite=False).SerializeToString())
+
+
+def _write_in_child(model_path, kind, path, quantization, calibration_path):
+    import keras
+    _write(keras.saving.load_model(model_path), kind, path, quantization,
+           np.load(calibration_path))
+
+
+def writer(model, workdir, calibration, separate_processes):
+    """A function (kind, path, quantization) that writes one file of `model` (`_write`): in
+    this process, or with `separate_processes` each in a process of its own that loads the
+    model from a .keras file, so that the memory the converters keep is returned after each
+    file (B/16's files, written in one process, outgrow a 24 GB machine)."""
+    if not separate_processes:
+        return lambda kind, path, quantization="none": _write(
+            model, kind, path, quantization, calibration)
+    model_path = os.path.join(workdir, "model.keras")
+    calibration_path = os.path.join(workdir, "calibration.npy")
+    model.save(model_path)
+    np.save(calibration_path, calibration)
+    context = multiprocessing.get_context("spawn")
+
+    def write(kind, path, quantization="none"):
+        process = context.Process(target=_write_in_child,
+                                  args=(model_path, kind, path, quantization, calibration_path))
+        process.start()
+        process.join()
+        if process.exitcode:
+            raise SystemExit(f"Writing {os.path.basename(path)} in its own process failed "
+                             f"(exit code {process.exitcode}; -9 is a kill, as the kernel's "
+                             "when memory runs out).")
+    return write
+
+
+def runners(model, image_size, batch, threads, workdir, notes, tf2onnx_graph=False,
+            separate_processes=False):
     """{format: (size in bytes, runner for one image, runner for `batch`)}, every runner taking
     float32 pixels in 0..255 and returning logits; lines to print after the table in `notes`."""
     rng = np.random.default_rng(1)
     calibration = rng.uniform(0, 255, (8, image_size, image_size, 3)).astype(np.float32)
+    write = writer(model, workdir, calibration, separate_processes)
     keras_run = runtimes.keras_runner(model)
     formats = {"Keras (XLA-compiled call)": (None, keras_run, keras_run)}
-    saved = export.export_saved_model(model, os.path.join(workdir, "saved_model"))
+    write("saved_model", os.path.join(workdir, "saved_model"))
+    saved = os.path.join(workdir, "saved_model", "1")
     signature = tf.saved_model.load(saved).signatures["serving_images"]
 
     def saved_run(pixels):
@@ -76,7 +130,7 @@ def runners(model, image_size, batch, threads, workdir, notes, tf2onnx_graph=Fal
     formats["SavedModel (TF)"] = (directory_size(saved), saved_run, saved_run)
     for quantization in export.QUANTIZATIONS:
         path = os.path.join(workdir, f"{quantization}.tflite")
-        export.export_tflite(model, path, quantization, representative_data=calibration)
+        write("tflite", path, quantization)
         name = "float32" if quantization == "none" else quantization
         formats[f"TFLite {name}"] = (os.path.getsize(path), tflite_runner(path, 1, threads),
                                      tflite_runner(path, batch, threads))
@@ -85,14 +139,12 @@ def runners(model, image_size, batch, threads, workdir, notes, tf2onnx_graph=Fal
     paths = {}
     for name, quantization in (("float32", "none"), ("int8", "int8")):
         paths[name] = path = os.path.join(workdir, f"{quantization}.onnx")
-        export.export_onnx(model, path, quantization=quantization,
-                           representative_data=calibration)
+        write("onnx", path, quantization)
         run = runtimes.onnx_runtime_runner(path, threads)
         formats[f"ONNX Runtime {name}"] = (os.path.getsize(path), run, run)
     if tf2onnx_graph:
         paths["float32, tf2onnx's graph"] = path = os.path.join(workdir, "tf2onnx.onnx")
-        with open(path, "wb") as handle:
-            handle.write(onnx_export.onnx_model(model, rewrite=False).SerializeToString())
+        write("tf2onnx", path)
         run = runtimes.onnx_runtime_runner(path, threads)
         formats["ONNX Runtime float32, tf2onnx's graph"] = (os.path.getsize(path), run, run)
         notes += op_counts({name: paths[name] for name in ("float32, tf2onnx's graph",
@@ -127,14 +179,15 @@ def op_counts(paths):
 
 
 def measure(model, image_size, batch, threads, repeats, workdir, batch_repeats=None,
-            tf2onnx_graph=False):
+            tf2onnx_graph=False, separate_processes=False):
     """[(format, size in bytes or None, batch-1 seconds, batch images/s, top-1 agreement with
     Keras %, largest logit difference)], [lines to print after the table]."""
     rng = np.random.default_rng(0)
     one = rng.uniform(0, 255, (1, image_size, image_size, 3)).astype(np.float32)
     many = rng.uniform(0, 255, (batch, image_size, image_size, 3)).astype(np.float32)
     notes = []
-    formats = runners(model, image_size, batch, threads, workdir, notes, tf2onnx_graph)
+    formats = runners(model, image_size, batch, threads, workdir, notes, tf2onnx_graph,
+                      separate_processes)
     latency = runtimes.interleaved_medians(
         {name: run for name, (_, run, _) in formats.items()}, [one], repeats)
     seconds = runtimes.interleaved_medians(
@@ -160,6 +213,8 @@ def main():
     parser.add_argument("--batch_repeats", type=int, help="batch rounds (default --repeats)")
     parser.add_argument("--tf2onnx_graph", action="store_true",
                         help="also time the ONNX file without keras_vit's rewrites")
+    parser.add_argument("--separate_processes", action="store_true",
+                        help="write each file in a process of its own (B/16 on 24 GB)")
     parser.add_argument("--num_classes", type=int, default=1000)
     for field in TABLE_FIELDS:
         parser.add_argument(f"--{field}", type=int, help="instead of the variant's")
@@ -187,7 +242,7 @@ def main():
         with tempfile.TemporaryDirectory() as workdir:
             rows, variant_notes = measure(model, args.image_size, args.batch_size, args.threads,
                                           args.repeats, workdir, args.batch_repeats,
-                                          args.tf2onnx_graph)
+                                          args.tf2onnx_graph, args.separate_processes)
             notes += [f"{variant}: {line}" for line in variant_notes]
             for name, size, latency, throughput, agree, difference in rows:
                 size = "–" if size is None else f"{size / 2**20:.2f}"

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from train_fixtures import REPO
@@ -99,6 +100,30 @@ def test_export_latency_benchmark_times_a_variant_with_changed_fields():
     if onnx:  # both files' ops, as written: the rewrites' LayerNormalization in one only
         counts = [line for line in result.stdout.splitlines() if ", written: " in line]
         assert [("LayerNormalization" in line) for line in counts] == [False, True], counts
+
+
+@pytest.mark.processes  # a process for each file
+def test_export_latency_writes_each_file_in_a_process_of_its_own(tmp_path):
+    """`--separate_processes`: a child loads the model's .keras file and writes the file, whose
+    model computes the parent's logits; a child that fails stops the benchmark with one line."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import export_latency
+    import keras_vit
+    from litert_runner import tflite_runner
+
+    model = keras_vit.vit("Ti/16", image_size=16, patch_size=8, hidden_size=8, mlp_dim=16,
+                          num_heads=2, num_layers=1, num_classes=3)
+    export_latency.perturbed(model)
+    pixels = np.random.default_rng(0).uniform(0, 255, (2, 16, 16, 3)).astype("float32")
+    write = export_latency.writer(model, str(tmp_path), pixels, separate_processes=True)
+    write("tflite", str(tmp_path / "none.tflite"))
+    expected = model((pixels - 127.5) / 127.5)
+    np.testing.assert_allclose(tflite_runner(str(tmp_path / "none.tflite"), 2, 1)(pixels),
+                               expected, atol=1e-5)
+    os.remove(tmp_path / "model.keras")
+    with pytest.raises(SystemExit, match=r"Writing int8.tflite in its own process failed "
+                                         r"\(exit code 1;"):
+        write("tflite", str(tmp_path / "int8.tflite"), "int8")
 
 
 @pytest.mark.processes  # simulated hosts on two formats and two pipelines
