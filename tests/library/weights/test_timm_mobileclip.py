@@ -112,7 +112,7 @@ def test_a_conv_stem_is_written_only_as_timms_mobileclip(tmp_path):
 
 @pytest.mark.parametrize("change, reason", [
     ({"act": "ReLU", "act_approximate": None}, r"activation ReLU \(keras_vit's conv_stem: "
-                                               "exact GELU\)"),
+                                               r"exact GELU\)"),
     ({"kernel_size": [3, 3, 3], "padding": [1, 1, 1]}, r"kernels \[3, 3, 3\], strides "
                                                        r"\[4, 2, 2\] and paddings \[1, 1, 1\]"),
     ({"channels": [64, 128, 768]}, r"channels \[64, 128, 768\]"),
