@@ -1015,14 +1015,21 @@ def test_differential_parallel_blocks_from_scratch_are_timms_and_refused_elsewhe
     back = back_in_timm(model, tmp_path / "ours")
     assert type(back.blocks[0]).__name__ == "DiffParallelScalingBlock"
     assert back.cls_token is not None and back.reg_token is None
+    _gives_timms_logits_and_reads_back(model, back, tmp_path / "ours")
+
+
+
+def _gives_timms_logits_and_reads_back(model, back, written):
+    """keras_vit's `model`, written for timm in `written` and loaded by timm as `back`: it gives
+    timm's logits (1e-5), and the files load here as the same model (the name and resampling
+    timm's)."""
     pixels = np.random.default_rng(2).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
     expected = eva_pixels_and_logits(pixels)(back.eval())
     assert_close(model(keras_vit.preprocess_inputs(pixels)), expected, 1e-5)
-    again = keras_vit.from_pretrained(str(tmp_path / "ours"))
-    assert again.spec == model.spec.replace(  # the name and resampling are timm's
+    again = keras_vit.from_pretrained(str(written))
+    assert again.spec == model.spec.replace(
         variant="B/16", position_embedding_interpolation="bicubic")
     assert_close(again(keras_vit.preprocess_inputs(pixels)), expected, 1e-5)
-
 
 # DINOv3 (Siméoni et al. 2025): transformers' DINOv3ViTModel loads as a model without a head
 # whose output is its pooler_output (the final LayerNorm's class token): RoPE at the patch
@@ -1119,13 +1126,7 @@ def test_sapiens2s_options_from_scratch_are_timms_eva_and_refused_elsewhere(tmp_
     assert isinstance(back, Eva) and back.rope is None
     assert [block.attn.num_kv_heads for block in back.blocks] == [2, 1]
     assert type(back.blocks[0].norm1).__name__ == "RmsNorm"
-    pixels = np.random.default_rng(2).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
-    expected = eva_pixels_and_logits(pixels)(back.eval())
-    assert_close(model(keras_vit.preprocess_inputs(pixels)), expected, 1e-5)
-    again = keras_vit.from_pretrained(str(tmp_path / "ours"))
-    assert again.spec == model.spec.replace(  # the name and resampling are timm's
-        variant="B/16", position_embedding_interpolation="bicubic")
-    assert_close(again(keras_vit.preprocess_inputs(pixels)), expected, 1e-5)
+    _gives_timms_logits_and_reads_back(model, back, tmp_path / "ours")
 
 
 @pytest.mark.parametrize("fields", [dict(rope="axial"), dict(mlp_inner_norm=True)],
