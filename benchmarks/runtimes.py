@@ -63,13 +63,16 @@ def onnx_runtime_runner(model_file, threads):
 
 def openvino_runner(path, threads):
     """OpenVINO's CPU plugin on the same ONNX file, read as it is (`read_model`), latency hint:
-    one inference at a time, as the batch-1 rows measure."""
+    one inference at a time, as the batch-1 rows measure. In float32: on a CPU with bfloat16
+    instructions (AMX, AVX-512 BF16) the plugin otherwise computes in bfloat16
+    (`INFERENCE_PRECISION_HINT`'s default there), which moved logits by 1e-3 of the largest."""
     import openvino
 
     core = openvino.Core()
     compiled = core.compile_model(core.read_model(path), "CPU",
                                   {"INFERENCE_NUM_THREADS": threads,
-                                   "PERFORMANCE_HINT": "LATENCY"})
+                                   "PERFORMANCE_HINT": "LATENCY",
+                                   "INFERENCE_PRECISION_HINT": "f32"})
     output = compiled.output(0)
 
     def run(pixels):
