@@ -14,12 +14,17 @@ same command to resume); anything else is a failure.
 import sys
 import traceback
 
-from absl import app, flags, logging
+from .engines import malloc
 
-from .console import cli
-from .run import config_checks, config_flag, run_config, starting_point
-from .engines import startup
-from .engines.tf_strategy import STRATEGIES
+if __name__ == "__main__":  # before TensorFlow and JAX load (the console script: in run())
+    malloc.restart_with_huge_pages()
+
+from absl import app, flags, logging  # noqa: E402
+
+from .console import cli  # noqa: E402
+from .run import config_checks, config_flag, run_config, starting_point  # noqa: E402
+from .engines import startup  # noqa: E402
+from .engines.tf_strategy import STRATEGIES  # noqa: E402
 
 # Missing files, syntax errors and bad file.py:arguments as one line (see config_flag).
 config_flag.define_config_flag("Experiment config: a shipped one by name (quickstart, "
@@ -172,6 +177,7 @@ def _train_on_tensorflow(config, start):
 
 def run():
     """The `keras-vit-train` command (an installed package's console script)."""
+    malloc.restart_with_huge_pages()
     cli.run(main)
 
 

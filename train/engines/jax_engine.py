@@ -35,7 +35,7 @@ from ..run import starting_point
 from ..run.engine import Engine
 from ..run.loop import Stopped
 from ..run.model_config import model_spec
-from . import startup
+from . import malloc, startup
 from .jax_mesh import make_distribution
 from .jax_step import JaxStep
 
@@ -137,21 +137,23 @@ def is_chief_process():
     return jax.process_index() == 0
 
 
-def allocator_hint():
-    """A line for a run on JAX's CPU devices under glibc's malloc, None elsewhere. JAX's CPU
-    runtime allocates a step's temporaries afresh at every call, and glibc maps and unmaps
-    large blocks each time: in `perf`, the kernel's page-fault handling is among the hottest
-    symbols of a step. With tcmalloc, which keeps the pages, the README's main job ran in
-    1 min 44 s against 2 min 33 s (2-core AMD EPYC; TensorFlow's engine: 1 min 36 s)."""
+def allocator_line():
+    """How this process allocates memory, in a line for a run on JAX's CPU devices: glibc's
+    malloc on transparent huge pages where train.main restarted with them (train.engines.malloc
+    says why), or how to run faster where it could not; None on other devices or with another
+    allocator preloaded (tcmalloc, as on Cloud TPU VMs)."""
     if jax.devices()[0].platform != "cpu":
         return None
     try:
         with open("/proc/self/maps") as handle:
-            if "tcmalloc" in handle.read():
+            if "malloc" in handle.read():  # libtcmalloc*, libjemalloc, libmimalloc loaded
                 return None
     except OSError:  # not Linux: nothing known to say
         return None
-    return ("JAX on CPU runs this engine about 1.5x faster with tcmalloc: `sudo apt-get install "
+    if malloc.TUNABLE in os.environ.get("GLIBC_TUNABLES", ""):
+        return (f"Memory: glibc's malloc on transparent huge pages (GLIBC_TUNABLES={malloc.TUNABLE}"
+                f", set at start-up; {malloc.SWITCH}=system leaves malloc as it is).")
+    return ("JAX on CPU runs this engine faster with tcmalloc: `sudo apt-get install "
             "libtcmalloc-minimal4`, then start the command with "
             "LD_PRELOAD=libtcmalloc_minimal.so.4 (Cloud TPU VMs preload tcmalloc already).")
 
@@ -166,9 +168,9 @@ class JaxEngine(Engine):
         self.config, self.workdir = config, workdir
         # What the run starts from (train.run.starting_point.resolve), loaded unless it resumes.
         self.start = start or starting_point.StartingPoint(config.pretrained)
-        hint = allocator_hint()
-        if hint and is_chief_process():
-            logging.info(hint)
+        line = allocator_line()
+        if line and is_chief_process():
+            logging.info(line)
         self.distribution = distribution or make_distribution(config.model_parallel,
                                                               fsdp=config.fsdp)
         self.batch_devices = self.distribution.device_mesh.shape[0]

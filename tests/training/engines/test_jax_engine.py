@@ -21,6 +21,7 @@ pytest.importorskip("orbax.checkpoint")
 
 from train_fixtures import (REPO, error_lines, flags, main_command,  # noqa: E402
                             read_metrics, wait_for_progress, wait_then_exit)
+from train.engines import malloc  # noqa: E402
 
 
 def jax_command(data, workdir, *extra, **overrides):
@@ -104,6 +105,10 @@ def test_a_jax_run_trains_evaluates_checkpoints_and_resumes(fake_fmnist, tmp_pat
     losses = [r["loss"] for r in records if "loss" in r]
     assert losses[-1] < losses[0], losses  # it learned (6 steps of the fake data: no accuracy)
     assert "loop.py" in first.stderr and "step 6/6" in first.stderr
+    # train.main restarted on huge pages where the machine has them (train.engines.malloc).
+    huge_pages = malloc.tunables_for(fake_fmnist.env(), malloc._libc(), malloc._thp_mode(),
+                                     "jax") is not None
+    assert ("glibc's malloc on transparent huge pages" in first.stderr) == huge_pages
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2", "4", "6"]
     again = run_jax(fake_fmnist, workdir, total_steps=8, eval_every_steps=8)
     assert "Resumed from" in again.stderr and "at step 6" in again.stderr
@@ -458,18 +463,27 @@ def test_fsdp_steps_equal_the_replicated_steps(fake_fmnist, tmp_path):
 
 
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
-HINT = "from train.engines import jax_engine; print(jax_engine.allocator_hint())"
+ALLOCATOR_LINE = "from train.engines import jax_engine; print(jax_engine.allocator_line())"
 
 
-def test_on_cpu_without_tcmalloc_the_engine_says_how_to_run_faster():
-    env = dict(os.environ, KERAS_BACKEND="jax", CUDA_VISIBLE_DEVICES="")
-    env.pop("LD_PRELOAD", None)
-    result = subprocess.run([sys.executable, "-c", HINT], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=120)
-    assert "LD_PRELOAD=libtcmalloc_minimal.so.4" in result.stdout, result.stderr[-2000:]
+def test_on_cpu_the_engine_says_how_it_allocates_memory():
+    """On huge pages (as train.main restarts): says so; on plain glibc malloc: how to run
+    faster; with tcmalloc preloaded: nothing."""
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("LD_PRELOAD", "GLIBC_TUNABLES", "KERAS_VIT_MALLOC")}
+    env.update(KERAS_BACKEND="jax", CUDA_VISIBLE_DEVICES="")
+
+    def line(**environ):
+        result = subprocess.run([sys.executable, "-c", ALLOCATOR_LINE], cwd=REPO,
+                                env=dict(env, **environ), capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return result.stdout.strip()
+
+    assert "LD_PRELOAD=libtcmalloc_minimal.so.4" in line()
+    huge_pages = line(GLIBC_TUNABLES="glibc.malloc.hugetlb=1")
+    assert huge_pages.startswith("Memory: glibc's malloc on transparent huge pages"), huge_pages
+    assert "KERAS_VIT_MALLOC=system" in huge_pages
     if not os.path.exists(TCMALLOC):
         pytest.skip("libtcmalloc-minimal4 is not installed here")
-    result = subprocess.run([sys.executable, "-c", HINT], cwd=REPO,
-                            env=dict(env, LD_PRELOAD=TCMALLOC), capture_output=True, text=True,
-                            timeout=120)
-    assert result.stdout.strip() == "None", result.stdout + result.stderr[-2000:]
+    assert line(LD_PRELOAD=TCMALLOC) == "None"
