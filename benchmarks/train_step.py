@@ -9,11 +9,11 @@ A case is a `--variant` at `--image_size` and `--batch_size` (AdamW, global-norm
 batch 128, its optimizer). Every contender trains the case on one synthetic batch; the
 contenders, and the peer under Keras' loops (keras-hub's `ViTImageClassifier`, or keras_vit's own
 model for hybrids), are in benchmarks/train_contenders.py. The Keras backend is fixed per
-process, so each `--backend` runs in a process of its own (JAX's with glibc's malloc on
-transparent huge pages where `python -m train.main` restarts so: train/engines/malloc.py);
-both stay up and this script interleaves their timed runs (each repeat times every contender of
-every backend once, one process working at a time), so that a slower moment of a shared machine
-does not fall on one backend only. The table gives the fastest of `--repeats` timed runs of `--steps` optimizer steps
+process, so each `--backend` runs in a process of its own (JAX's with the settings
+`python -m train.main` restarts with: train/engines/jax_cpu_settings.py); both stay up and this
+script interleaves their timed runs (each repeat times every contender of every backend once,
+one process working at a time), so that a slower moment of a shared machine does not fall on
+one backend only. The table gives the fastest of `--repeats` timed runs of `--steps` optimizer steps
 each (other work on a shared machine only slows a run), after one untimed run that compiles.
 
 FLOPs: `keras_vit.analysis.flops.training_flops`, 3x the forward pass's (2 per multiply-add; the
@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import machine  # noqa: E402
-from train.engines import malloc  # noqa: E402  (the standard library only: no Keras here)
+from train.engines import jax_cpu_settings  # noqa: E402  (no Keras: the standard library)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHILD = os.path.join(HERE, "train_contenders.py")
@@ -60,7 +60,7 @@ class Child:
     def __init__(self, backend):
         self.backend = backend
         self.process = subprocess.Popen(  # its stderr (progress, logs) shows
-            [sys.executable, CHILD], env=malloc.environment(
+            [sys.executable, CHILD], env=jax_cpu_settings.environment(
                 dict(os.environ, KERAS_BACKEND=backend), backend),  # as train.main runs it
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 

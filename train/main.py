@@ -14,10 +14,10 @@ same command to resume); anything else is a failure.
 import sys
 import traceback
 
-from .engines import malloc
+from .engines import jax_cpu_settings
 
 if __name__ == "__main__":  # before TensorFlow and JAX load (the console script: in run())
-    malloc.restart_with_huge_pages()
+    jax_cpu_settings.restart_with_settings()
 
 from absl import app, flags, logging  # noqa: E402
 
@@ -177,7 +177,7 @@ def _train_on_tensorflow(config, start):
 
 def run():
     """The `keras-vit-train` command (an installed package's console script)."""
-    malloc.restart_with_huge_pages()
+    jax_cpu_settings.restart_with_settings()
     cli.run(main)
 
 

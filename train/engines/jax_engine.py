@@ -35,7 +35,7 @@ from ..run import starting_point
 from ..run.engine import Engine
 from ..run.loop import Stopped
 from ..run.model_config import model_spec
-from . import malloc, startup
+from . import jax_cpu_settings, startup
 from .jax_mesh import make_distribution
 from .jax_step import JaxStep
 
@@ -137,22 +137,22 @@ def is_chief_process():
     return jax.process_index() == 0
 
 
-def allocator_line():
-    """How this process allocates memory, in a line for a run on JAX's CPU devices: glibc's
-    malloc on transparent huge pages where train.main restarted with them (train.engines.malloc
-    says why), or how to run faster where it could not; None on other devices or with another
-    allocator preloaded (tcmalloc, as on Cloud TPU VMs)."""
+def cpu_settings_line():
+    """For a run on JAX's CPU devices, a line on what train.main set at start-up for it
+    (train.engines.jax_cpu_settings), or on how to run faster where it could not; None on
+    other devices or with another allocator preloaded (tcmalloc, as on Cloud TPU VMs)."""
     if jax.devices()[0].platform != "cpu":
         return None
+    settings = jax_cpu_settings.active(os.environ)
+    if settings:
+        return (f"JAX on CPU: {' and '.join(settings)}, set at start-up "
+                f"({jax_cpu_settings.SWITCH}=off leaves the process as it is).")
     try:
         with open("/proc/self/maps") as handle:
             if "malloc" in handle.read():  # libtcmalloc*, libjemalloc, libmimalloc loaded
                 return None
     except OSError:  # not Linux: nothing known to say
         return None
-    if malloc.TUNABLE in os.environ.get("GLIBC_TUNABLES", ""):
-        return (f"Memory: glibc's malloc on transparent huge pages (GLIBC_TUNABLES={malloc.TUNABLE}"
-                f", set at start-up; {malloc.SWITCH}=system leaves malloc as it is).")
     return ("JAX on CPU runs this engine faster with tcmalloc: `sudo apt-get install "
             "libtcmalloc-minimal4`, then start the command with "
             "LD_PRELOAD=libtcmalloc_minimal.so.4 (Cloud TPU VMs preload tcmalloc already).")
@@ -168,7 +168,7 @@ class JaxEngine(Engine):
         self.config, self.workdir = config, workdir
         # What the run starts from (train.run.starting_point.resolve), loaded unless it resumes.
         self.start = start or starting_point.StartingPoint(config.pretrained)
-        line = allocator_line()
+        line = cpu_settings_line()
         if line and is_chief_process():
             logging.info(line)
         self.distribution = distribution or make_distribution(config.model_parallel,

@@ -21,7 +21,7 @@ pytest.importorskip("orbax.checkpoint")
 
 from train_fixtures import (REPO, error_lines, flags, main_command,  # noqa: E402
                             read_metrics, wait_for_progress, wait_then_exit)
-from train.engines import malloc  # noqa: E402
+from train.engines import jax_cpu_settings  # noqa: E402
 
 
 def jax_command(data, workdir, *extra, **overrides):
@@ -105,10 +105,10 @@ def test_a_jax_run_trains_evaluates_checkpoints_and_resumes(fake_fmnist, tmp_pat
     losses = [r["loss"] for r in records if "loss" in r]
     assert losses[-1] < losses[0], losses  # it learned (6 steps of the fake data: no accuracy)
     assert "loop.py" in first.stderr and "step 6/6" in first.stderr
-    # train.main restarted on huge pages where the machine has them (train.engines.malloc).
-    huge_pages = malloc.tunables_for(fake_fmnist.env(), malloc._libc(), malloc._thp_mode(),
-                                     "jax") is not None
-    assert ("glibc's malloc on transparent huge pages" in first.stderr) == huge_pages
+    # train.main restarted with the CPU settings where the machine takes them.
+    restarted = jax_cpu_settings.environment(fake_fmnist.env(), "jax")
+    for setting in jax_cpu_settings.active(restarted):
+        assert setting in first.stderr, first.stderr[-3000:]
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2", "4", "6"]
     again = run_jax(fake_fmnist, workdir, total_steps=8, eval_every_steps=8)
     assert "Resumed from" in again.stderr and "at step 6" in again.stderr
@@ -463,27 +463,29 @@ def test_fsdp_steps_equal_the_replicated_steps(fake_fmnist, tmp_path):
 
 
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
-ALLOCATOR_LINE = "from train.engines import jax_engine; print(jax_engine.allocator_line())"
+SETTINGS_LINE = "from train.engines import jax_engine; print(jax_engine.cpu_settings_line())"
 
 
-def test_on_cpu_the_engine_says_how_it_allocates_memory():
-    """On huge pages (as train.main restarts): says so; on plain glibc malloc: how to run
-    faster; with tcmalloc preloaded: nothing."""
+def test_on_cpu_the_engine_says_what_was_set_at_start_up_or_how_to_run_faster():
+    """With the settings train.main restarts with: names them; with none on glibc's malloc:
+    how to run faster; with none and tcmalloc preloaded: nothing."""
     env = {name: value for name, value in os.environ.items()
-           if name not in ("LD_PRELOAD", "GLIBC_TUNABLES", "KERAS_VIT_MALLOC")}
+           if name not in ("LD_PRELOAD", "GLIBC_TUNABLES", "XLA_FLAGS",
+                           jax_cpu_settings.SWITCH)}
     env.update(KERAS_BACKEND="jax", CUDA_VISIBLE_DEVICES="")
 
     def line(**environ):
-        result = subprocess.run([sys.executable, "-c", ALLOCATOR_LINE], cwd=REPO,
+        result = subprocess.run([sys.executable, "-c", SETTINGS_LINE], cwd=REPO,
                                 env=dict(env, **environ), capture_output=True, text=True,
                                 timeout=120)
         assert result.returncode == 0, result.stderr[-2000:]
         return result.stdout.strip()
 
     assert "LD_PRELOAD=libtcmalloc_minimal.so.4" in line()
-    huge_pages = line(GLIBC_TUNABLES="glibc.malloc.hugetlb=1")
-    assert huge_pages.startswith("Memory: glibc's malloc on transparent huge pages"), huge_pages
-    assert "KERAS_VIT_MALLOC=system" in huge_pages
+    both = line(GLIBC_TUNABLES=jax_cpu_settings.TUNABLE, XLA_FLAGS=jax_cpu_settings.XLA_FLAG)
+    assert both == ("JAX on CPU: glibc's malloc on transparent huge pages and XLA:CPU's "
+                    "YNNPACK matrix products, set at start-up (KERAS_VIT_JAX_CPU_SETTINGS=off "
+                    "leaves the process as it is)."), both
     if not os.path.exists(TCMALLOC):
         pytest.skip("libtcmalloc-minimal4 is not installed here")
     assert line(LD_PRELOAD=TCMALLOC) == "None"

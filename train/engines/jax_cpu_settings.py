@@ -1,0 +1,160 @@
+"""What a run on Keras' JAX backend asks of its process before it starts, for JAX's CPU runtime:
+glibc's malloc on transparent huge pages, and XLA:CPU's YNNPACK kernels for matrix products.
+
+Memory. JAX's CPU runtime allocates a step's temporaries afresh at every call. glibc's malloc
+serves large blocks from memory it maps and returns to the kernel when they are freed (and its
+threads' arenas give back whole heaps), so the step page-faults on the same memory again at
+every call: 7.6 million page faults in 300 steps of the README's main job. The tunable
+`glibc.malloc.hugetlb=1` (glibc 2.35 and later; glibc's manual, "Memory Allocation Tunables":
+https://sourceware.org/glibc/manual/latest/html_node/Memory-Allocation-Tunables.html) backs
+malloc's memory with transparent huge pages: 0.4 million faults, as with tcmalloc. Keeping freed
+memory instead (the mmap and trim thresholds, `mallopt`'s settings) did not help: the faults
+come from the arenas' heaps, which glibc frees whatever the thresholds say, and one arena for
+every thread (`arena_max=1`) made the threads wait for each other.
+
+Matrix products. XLA:CPU can hand dot products to YNNPACK
+(`--xla_cpu_experimental_ynn_fusion_type=dot`; XLA's flag, off by default), which trained the
+main job's model 1.3x as fast on a 2-core Intel Xeon with the same float32 results to 1.4e-6 of
+the largest (B/16's features). The flag is experimental: an XLA that does not know it stops at
+start-up, so it is set only for the jaxlib releases it was measured on (JAXLIB_WITH_FLAG).
+
+Both are read when a process starts (the tunable by the dynamic loader, the flag when JAX
+starts its CPU backend), so `python -m train.main` restarts itself once (`os.execve`: the same
+process id and arguments, the environment plus these) before TensorFlow and JAX load. Each is
+left as it is where it cannot help or is already decided: another allocator preloaded
+(tcmalloc, as on Cloud TPU VMs, or jemalloc), a system other than Linux with glibc 2.35+,
+transparent huge pages off, the user's own GLIBC_TUNABLES or XLA_FLAGS setting the same thing;
+all of it on other Keras backends and with KERAS_VIT_JAX_CPU_SETTINGS=off. The standard library
+only here: it runs before anything else loads."""
+
+import json
+import os
+import sys
+from importlib import metadata
+
+TUNABLE = "glibc.malloc.hugetlb=1"
+XLA_FLAG = "--xla_cpu_experimental_ynn_fusion_type=dot"
+JAXLIB_WITH_FLAG = ((0, 10), (0, 11))  # [first, last) jaxlib releases measured with XLA_FLAG
+SWITCH = "KERAS_VIT_JAX_CPU_SETTINGS"  # "off": the process as it is; the restart sets "on"
+_THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def tunables_for(environ, libc, thp_mode):
+    """The GLIBC_TUNABLES a JAX run should start with, or None to leave them.
+
+    Args:
+        environ: the process's environment (a mapping).
+        libc: `os.confstr("CS_GNU_LIBC_VERSION")`, e.g. "glibc 2.36"; None elsewhere.
+        thp_mode: the kernel's transparent huge page mode ("always", "madvise", "never"), or
+            None where unknown.
+    """
+    if not thp_mode or thp_mode == "never" or not _version_at_least(libc, "glibc", (2, 35)):
+        return None
+    if "malloc" in environ.get("LD_PRELOAD", ""):  # libtcmalloc*, libjemalloc, libmimalloc
+        return None
+    current = environ.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc.hugetlb" in current:
+        return None
+    return f"{current}:{TUNABLE}" if current else TUNABLE
+
+
+def xla_flags_for(environ, jaxlib_version):
+    """The XLA_FLAGS a JAX run should start with, or None to leave them. `jaxlib_version`:
+    the installed jaxlib's version string, or None where it is not installed."""
+    first, last = JAXLIB_WITH_FLAG
+    version = _release(jaxlib_version)
+    if version is None or not first <= version < last:
+        return None
+    current = environ.get("XLA_FLAGS", "")
+    if "xla_cpu_experimental_ynn_fusion_type" in current:
+        return None
+    return f"{current} {XLA_FLAG}" if current else XLA_FLAG
+
+
+def environment(environ, backend):
+    """`environ` with what `tunables_for` and `xla_flags_for` add, for a process of Keras'
+    `backend` to start with (train.main restarts into it; benchmarks start their JAX processes
+    with it); `environ` itself where they add nothing."""
+    if backend != "jax" or environ.get(SWITCH):
+        return environ
+    settings = {"GLIBC_TUNABLES": tunables_for(environ, _libc(), _thp_mode()),
+                "XLA_FLAGS": xla_flags_for(environ, _jaxlib_version())}
+    settings = {name: value for name, value in settings.items() if value is not None}
+    if not settings:
+        return environ
+    return dict(environ, **settings, **{SWITCH: "on"})
+
+
+def restart_with_settings():
+    """Restarts this command in `environment` where that differs (see the module doc); returns
+    where the process runs as it is."""
+    environ = environment(os.environ, _keras_backend())
+    if environ is os.environ:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environ)
+
+
+def active(environ):
+    """What of this module's settings `environ` holds, in words (for the run's log)."""
+    words = []
+    if TUNABLE in environ.get("GLIBC_TUNABLES", ""):
+        words.append("glibc's malloc on transparent huge pages")
+    if XLA_FLAG in environ.get("XLA_FLAGS", ""):
+        words.append("XLA:CPU's YNNPACK matrix products")
+    return words
+
+
+def _release(version):
+    """(major, minor) of a version string such as "0.10.2" or "0.10.2.dev20260101"."""
+    parts = (version or "").split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def _version_at_least(libc, name, version):
+    """Whether `libc` ("glibc 2.36") is `name` at `version` or later."""
+    found, _, number = (libc or "").partition(" ")
+    release = _release(number)
+    return found == name and release is not None and release >= version
+
+
+def _libc():
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION")
+    except (AttributeError, ValueError, OSError):  # not a POSIX system, or not glibc
+        return None
+
+
+def _jaxlib_version():
+    try:
+        return metadata.version("jaxlib")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _thp_mode():
+    """The bracketed word of the kernel's setting, e.g. "always [madvise] never"."""
+    try:
+        with open(_THP_MODE) as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    start, end = text.find("["), text.find("]")
+    return text[start + 1:end] if 0 <= start < end else None
+
+
+def _keras_backend():
+    """Keras' backend as Keras will choose it: $KERAS_BACKEND, else keras.json's "backend" in
+    $KERAS_HOME (default ~/.keras), else TensorFlow."""
+    if os.environ.get("KERAS_BACKEND"):
+        return os.environ["KERAS_BACKEND"]
+    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    try:
+        with open(os.path.join(home, "keras.json")) as handle:
+            return json.load(handle).get("backend", "tensorflow")
+    except (OSError, ValueError, AttributeError):
+        return "tensorflow"
