@@ -52,10 +52,7 @@ def tunables_for(environ, libc, thp_mode):
         return None
     if "malloc" in environ.get("LD_PRELOAD", ""):  # libtcmalloc*, libjemalloc, libmimalloc
         return None
-    current = environ.get("GLIBC_TUNABLES", "")
-    if "glibc.malloc.hugetlb" in current:
-        return None
-    return f"{current}:{TUNABLE}" if current else TUNABLE
+    return _added(environ.get("GLIBC_TUNABLES", ""), TUNABLE, "glibc.malloc.hugetlb", ":")
 
 
 def xla_flags_for(environ, jaxlib_version):
@@ -65,10 +62,8 @@ def xla_flags_for(environ, jaxlib_version):
     version = _release(jaxlib_version)
     if version is None or not first <= version < last:
         return None
-    current = environ.get("XLA_FLAGS", "")
-    if "xla_cpu_experimental_ynn_fusion_type" in current:
-        return None
-    return f"{current} {XLA_FLAG}" if current else XLA_FLAG
+    return _added(environ.get("XLA_FLAGS", ""), XLA_FLAG, "xla_cpu_experimental_ynn_fusion_type",
+                  " ")
 
 
 def environment(environ, backend):
@@ -104,6 +99,14 @@ def active(environ):
     if XLA_FLAG in environ.get("XLA_FLAGS", ""):
         words.append("XLA:CPU's YNNPACK matrix products")
     return words
+
+
+def _added(current, setting, name, separator):
+    """`current` (a variable's value) with `setting` after it, or None where `current` names
+    `name` already: the user's own choice wins."""
+    if name in current:
+        return None
+    return f"{current}{separator}{setting}" if current else setting
 
 
 def _release(version):
