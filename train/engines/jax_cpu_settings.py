@@ -15,8 +15,9 @@ every thread (`arena_max=1`) made the threads wait for each other.
 Matrix products. XLA:CPU can hand dot products to YNNPACK
 (`--xla_cpu_experimental_ynn_fusion_type=dot`; XLA's flag, off by default), which trained the
 main job's model 1.3x as fast on a 2-core Intel Xeon with the same float32 results to 1.4e-6 of
-the largest (B/16's features). The flag is experimental: an XLA that does not know it stops at
-start-up, so it is set only for the jaxlib releases it was measured on (JAXLIB_WITH_FLAG).
+the largest (B/16's features); on B/16 at batch 8 it gained nothing. The flag is
+experimental: an XLA that does not know it stops at start-up, so it is set only for the jaxlib
+releases it was measured on (JAXLIB_WITH_FLAG).
 
 Both are read when a process starts (the tunable by the dynamic loader, the flag when JAX
 starts its CPU backend), so `python -m train.main` restarts itself once (`os.execve`: the same
@@ -69,8 +70,13 @@ def xla_flags_for(environ, jaxlib_version):
 def environment(environ, backend):
     """`environ` with what `tunables_for` and `xla_flags_for` add, for a process of Keras'
     `backend` to start with (train.main restarts into it; benchmarks start their JAX processes
-    with it); `environ` itself where they add nothing."""
-    if backend != "jax" or environ.get(SWITCH):
+    with it); `environ` itself where they add nothing. ValueError for a switch that is
+    neither "off" nor "on"."""
+    switch = environ.get(SWITCH)
+    if switch not in (None, "", "off", "on"):
+        raise ValueError(f"{SWITCH}={switch!r} is not a setting: set it to 'off' to leave the "
+                         "process as it is, or unset it.")
+    if backend != "jax" or switch:
         return environ
     settings = {"GLIBC_TUNABLES": tunables_for(environ, _libc(), _thp_mode()),
                 "XLA_FLAGS": xla_flags_for(environ, _jaxlib_version())}
@@ -82,8 +88,11 @@ def environment(environ, backend):
 
 def restart_with_settings():
     """Restarts this command in `environment` where that differs (see the module doc); returns
-    where the process runs as it is."""
-    environ = environment(os.environ, _keras_backend())
+    where the process runs as it is, and exits with one line for a bad switch."""
+    try:
+        environ = environment(os.environ, _keras_backend())
+    except ValueError as error:
+        sys.exit(f"Error: {error}")
     if environ is os.environ:
         return
     sys.stdout.flush()

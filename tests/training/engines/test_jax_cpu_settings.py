@@ -71,6 +71,14 @@ def test_the_environment_adds_them_only_for_jax_and_not_when_switched_off(monkey
         == ["glibc's malloc on transparent huge pages", "XLA:CPU's YNNPACK matrix products"]
 
 
+@pytest.mark.parametrize("switch", ["no", "0", "OFF", "true", " off"])
+def test_a_switch_that_is_not_off_is_refused_naming_it(switch):
+    for backend in ("jax", "tensorflow"):
+        with pytest.raises(ValueError, match=f"KERAS_VIT_JAX_CPU_SETTINGS='{switch}' is not a "
+                                             "setting: set it to 'off'"):
+            settings.environment({settings.SWITCH: switch}, backend)
+
+
 def test_the_backend_is_read_as_keras_reads_it(tmp_path, monkeypatch):
     monkeypatch.delenv("KERAS_BACKEND", raising=False)
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))
@@ -109,3 +117,10 @@ def test_train_main_restarts_once_with_the_settings_on_jax(tmp_path):
     assert starts(KERAS_BACKEND="jax") == ["start: None None", second]
     assert starts(KERAS_BACKEND="jax", **{settings.SWITCH: "off"}) == ["start: None None"]
     assert starts(KERAS_BACKEND="tensorflow") == ["start: None None"]
+    bad = subprocess.run([sys.executable, "-m", "train.main", "--help"], cwd=REPO,
+                         env=dict(env, KERAS_BACKEND="jax", **{settings.SWITCH: "no"}),
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr, bad.stderr[-2000:]
+    assert bad.stderr.strip() == ("Error: KERAS_VIT_JAX_CPU_SETTINGS='no' is not a setting: set "
+                                  "it to 'off' to leave the process as it is, or unset it."), \
+        bad.stderr
