@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+import cli_cases
 import keras_vit
 from train_fixtures import (FLAT_LAYOUT_CONFIG_JSON, REPO, TINY, override_flags, png_bytes,
                             tiny_config)
@@ -129,27 +130,44 @@ def test_cli_on_a_workdir_written_before_config_model(fake_fmnist, workdir, tmp_
     assert json.loads((out / "analysis.json").read_text())["distance_images"] == 4
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--images={bad}"], "is not a PNG, JPEG, GIF or BMP image"),
-    (["--images={missing}"], "does not exist"),
-    (["--shots=1,x"], "give whole numbers"),
-    (["--distance_images=0"], "--distance_images must be at least 1"),
-    (["--l2_reg=0"], "--l2_reg must be > 0"),
-    (["--shots=60", "--few_shot_train=50", "--num_images=1", "--distance_images=2"],
-     "60-shot needs 60 training examples"),
-])
-def test_cli_errors(fake_fmnist, workdir, tmp_path, args, message):
-    bad = tmp_path / "bad.png"
+ERROR_CASES = {
+    # name: (arguments, words of the error)
+    "not_an_image": (["--images={bad}"], "is not a PNG, JPEG, GIF or BMP image"),
+    "missing_image": (["--images={missing}"], "does not exist"),
+    "shots_not_numbers": (["--shots=1,x"], "give whole numbers"),
+    "no_distance_images": (["--distance_images=0"], "--distance_images must be at least 1"),
+    "l2_reg_zero": (["--l2_reg=0"], "--l2_reg must be > 0"),
+    "too_few_examples": (["--shots=60", "--few_shot_train=50", "--num_images=1",
+                          "--distance_images=2"], "60-shot needs 60 training examples"),
+}
+
+
+@pytest.fixture(scope="module")
+def errors(fake_fmnist, workdir, tmp_path_factory):
+    """{case: (result, out folder)} of the cases above, and of "no_model" (a config without
+    weights), run in one process (tests/cli_cases.py: TensorFlow imported once)."""
+    root = tmp_path_factory.mktemp("analyze_errors")
+    bad = root / "bad.png"
     bad.write_bytes(b"not an image at all")
-    args = [arg.format(bad=bad, missing=tmp_path / "missing.png") for arg in args]
-    result = run_analyze(fake_fmnist, f"--workdir={workdir}", f"--out={tmp_path / 'out'}", *args)
+    cases = {name: [f"--workdir={workdir}", f"--out={root / name}",
+                    *[arg.format(bad=bad, missing=root / "missing.png") for arg in args]]
+             for name, (args, _) in ERROR_CASES.items()}
+    cases["no_model"] = ["--config=configs/quickstart.py", f"--out={root / 'no_model'}"]
+    env = dict(fake_fmnist.env(), PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
+    results = cli_cases.run("train.analyze", list(cases.values()), env=env, cwd=REPO)
+    return {name: (result, root / name) for name, result in zip(cases, results)}
+
+
+@pytest.mark.parametrize("name", list(ERROR_CASES))
+def test_cli_errors(errors, name):
+    result, out = errors[name]
     assert result.returncode != 0
-    assert message in result.stderr
-    if "60-shot" in message:  # the figures and numbers before the few-shot step are kept
-        assert (tmp_path / "out" / "analysis.json").exists()
+    assert ERROR_CASES[name][1] in result.stderr
+    if name == "too_few_examples":  # the figures and numbers before the few-shot step are kept
+        assert (out / "analysis.json").exists()
 
 
-def test_cli_needs_a_model(fake_fmnist, tmp_path):
-    result = run_analyze(fake_fmnist, "--config=configs/quickstart.py", f"--out={tmp_path}")
+def test_cli_needs_a_model(errors):
+    result, _ = errors["no_model"]
     assert result.returncode != 0
     assert "Nothing to analyze" in result.stderr

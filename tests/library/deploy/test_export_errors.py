@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import cli_cases
 from export_fixtures import NUM_CLASSES, SIZE, WITHOUT_KERAS_VIT, tiny_vit
 from keras_vit.deploy import export
 from train_fixtures import REPO
@@ -383,11 +384,10 @@ def workdirs(model, tmp_path_factory):
     return root
 
 
-def _export_cli(*args, timeout=120):
+def _cli_env():
     env = _env()
-    env["PYTHONPATH"] = REPO
-    return subprocess.run([sys.executable, "-m", "train.export", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    env["PYTHONPATH"] = os.pathsep.join([REPO, os.path.join(REPO, "tests")])
+    return env
 
 
 def _check_one_error(result, words):
@@ -439,26 +439,46 @@ CLI_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(CLI_CASES))
-def test_cli_user_error(workdirs, name):
-    arguments, words = CLI_CASES[name]
-    result = _export_cli(*[argument.format(root=workdirs) for argument in arguments])
-    _check_one_error(result, words)
-    # Nothing exported anywhere.
-    for folder in ("good", "truncated", "bad_json"):
+# Run after CLI_CASES, in the same process (tests/cli_cases.py: TensorFlow imported once).
+LOADING_CASES = {
+    # A complete zip whose content Keras rejects: still one Error line, with Keras' reason.
+    "model_keras_cannot_be_loaded": ["--workdir={root}/bad_config"],
+    "verbose": ["--workdir={root}/truncated", "--verbose"],
+}
+
+
+@pytest.fixture(scope="module")
+def cli_results(workdirs):
+    """{case name: result} of `python -m train.export` for every case above."""
+    cases = {name: arguments for name, (arguments, _) in CLI_CASES.items()}
+    cases.update(LOADING_CASES)
+    results = cli_cases.run("train.export", [[argument.format(root=workdirs)
+                                              for argument in arguments]
+                                             for arguments in cases.values()],
+                            env=_cli_env(), cwd=REPO)
+    return dict(zip(cases, results))
+
+
+def _nothing_exported(workdirs):
+    for folder in ("good", "truncated", "bad_json", "bad_config"):
         assert not os.path.exists(workdirs / folder / "export" / "saved_model")
     assert (workdirs / "a_file").read_text() == "x"
 
 
-def test_cli_model_keras_cannot_be_loaded(workdirs):
-    """A complete zip whose content Keras rejects: still one Error line, with Keras' reason."""
-    result = _export_cli(f"--workdir={workdirs}/bad_config", timeout=180)
-    _check_one_error(result, ["could not be loaded as a keras_vit model", "rerunning"])
-    assert not os.path.exists(workdirs / "bad_config" / "export" / "saved_model")
+@pytest.mark.parametrize("name", list(CLI_CASES))
+def test_cli_user_error(workdirs, cli_results, name):
+    _check_one_error(cli_results[name], CLI_CASES[name][1])
+    _nothing_exported(workdirs)
 
 
-def test_cli_verbose_shows_the_traceback(workdirs):
-    result = _export_cli(f"--workdir={workdirs}/truncated", "--verbose")
+def test_cli_model_keras_cannot_be_loaded(workdirs, cli_results):
+    _check_one_error(cli_results["model_keras_cannot_be_loaded"],
+                     ["could not be loaded as a keras_vit model", "rerunning"])
+    _nothing_exported(workdirs)
+
+
+def test_cli_verbose_shows_the_traceback(cli_results):
+    result = cli_results["verbose"]
     assert result.returncode == 1
     assert "Traceback" in result.stderr and "BadZipFile" in result.stderr
     assert result.stderr.rstrip().splitlines()[-1].startswith("Error:")

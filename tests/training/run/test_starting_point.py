@@ -5,6 +5,7 @@ image_size=S)`, for directories in both libraries' layouts and every architectur
 carry; the runs of both engines are in tests/training/engines/test_jax_engine.py."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("safetensors")
+import cli_cases  # noqa: E402
 import keras_vit  # noqa: E402
 from keras_vit.weights.hub import from_pretrained, save_pretrained  # noqa: E402
 from model_fixtures import random_tiny_vit  # noqa: E402
@@ -189,22 +191,23 @@ def test_the_run_evaluates_with_the_checkpoints_resize_and_crop(fake_fmnist, tmp
 
 def test_a_checkpoint_that_cannot_be_read_is_one_paragraph_before_any_slow_work(tmp_path):
     (tmp_path / "not_a_model").mkdir()
-    command = [sys.executable, "-m", "train.main",
-               "--config=configs/finetune.py:dataset=fashion_mnist_local",
-               f"--workdir={tmp_path / 'run'}",
-               *override_flags({**{name: value for name, value in TINY.items() if name != "model"},
-                                "image_size": 48})]
-    for pretrained, shown in ((tmp_path / "not_a_model", "No config.json in"),
-                              ("timm:no_such_model_anywhere", "could not be downloaded"),
-                              (tmp_path / "missing", "is neither an existing file or directory")):
-        result = subprocess.run([*command, f"--config.pretrained={pretrained}"], cwd=REPO,
-                                env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
-                                     "PYTHONPATH": REPO}, capture_output=True, text=True,
-                                timeout=120)
+    flags = ["--config=configs/finetune.py:dataset=fashion_mnist_local",
+             f"--workdir={tmp_path / 'run'}",
+             *override_flags({**{name: value for name, value in TINY.items() if name != "model"},
+                              "image_size": 48})]
+    cases = ((tmp_path / "not_a_model", "No config.json in"),
+             ("timm:no_such_model_anywhere", "could not be downloaded"),
+             (tmp_path / "missing", "is neither an existing file or directory"))
+    results = cli_cases.run(  # one process for the three (tests/cli_cases.py)
+        "train.main", [[*flags, f"--config.pretrained={pretrained}"] for pretrained, _ in cases],
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
+             "PYTHONPATH": os.pathsep.join([REPO, os.path.join(REPO, "tests")])}, cwd=REPO,
+        timeout=120)
+    for (_, shown), result in zip(cases, results):
         assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
         errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
         assert len(errors) == 1 and shown in errors[0], result.stderr[-2000:]
-        assert not (tmp_path / "run").exists()
+    assert not (tmp_path / "run").exists()
 
 
 def test_what_a_checkpoint_field_names_is_told_apart_from_nothing_in_process(tmp_path):
