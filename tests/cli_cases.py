@@ -22,7 +22,8 @@ REPLY_PREFIX = "cli_cases reply: "
 
 def run(module, cases, env, cwd, timeout=300):
     """The results (`returncode`, `stdout`, `stderr`) of `module` run with each argument list
-    of `cases`, in order, in one new process with environment `env` and directory `cwd`."""
+    of `cases`, in order, in one new process with environment `env` (its PYTHONPATH naming the checkout) and
+    directory `cwd`."""
     child = subprocess.run([sys.executable, os.path.abspath(__file__), module],
                            input=json.dumps([list(map(str, args)) for args in cases]),
                            env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
@@ -35,6 +36,8 @@ def run(module, cases, env, cwd, timeout=300):
 
 
 def _run_one(module, args):
+    # Here, not at the top: the tests import this module, and train.console.cli changes how
+    # the process that imports it logs.
     from absl import flags
 
     from train.console import cli
@@ -44,9 +47,10 @@ def _run_one(module, args):
     argv = [module.__name__, *args]
     sys.argv = argv  # as in a new process: ml_collections finds `--config.x` overrides there
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        sys.stdout.flush(), sys.stderr.flush()
+        _flush()
         saved = os.dup(1), os.dup(2)
-        os.dup2(out.fileno(), 1), os.dup2(err.fileno(), 2)
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
         try:
             cli.run(module.main, argv=argv)
             returncode = 0
@@ -54,13 +58,20 @@ def _run_one(module, args):
             code = exit_.code
             returncode = code if isinstance(code, int) else (0 if code is None else 1)
         finally:
-            sys.stdout.flush(), sys.stderr.flush()
-            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
-            os.close(saved[0]), os.close(saved[1])
+            _flush()
+            for descriptor, copy in zip((1, 2), saved):
+                os.dup2(copy, descriptor)
+                os.close(copy)
             for name in set(flags.FLAGS) - defined:  # ml_collections' `--config.x` overrides
                 delattr(flags.FLAGS, name)
-        out.seek(0), err.seek(0)
+        out.seek(0)
+        err.seek(0)
         return {"returncode": returncode, "stdout": out.read(), "stderr": err.read()}
+
+
+def _flush():
+    sys.stdout.flush()
+    sys.stderr.flush()
 
 
 def _main(name):

@@ -153,8 +153,8 @@ def errors(fake_fmnist, workdir, tmp_path_factory):
                     *[arg.format(bad=bad, missing=root / "missing.png") for arg in args]]
              for name, (args, _) in ERROR_CASES.items()}
     cases["no_model"] = ["--config=configs/quickstart.py", f"--out={root / 'no_model'}"]
-    env = dict(fake_fmnist.env(), PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
-    results = cli_cases.run("train.analyze", list(cases.values()), env=env, cwd=REPO)
+    results = cli_cases.run("train.analyze", list(cases.values()), env=fake_fmnist.env(),
+                            cwd=REPO)
     return {name: (result, root / name) for name, result in zip(cases, results)}
 
 

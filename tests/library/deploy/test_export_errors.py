@@ -386,7 +386,7 @@ def workdirs(model, tmp_path_factory):
 
 def _cli_env():
     env = _env()
-    env["PYTHONPATH"] = os.pathsep.join([REPO, os.path.join(REPO, "tests")])
+    env["PYTHONPATH"] = REPO
     return env
 
 

@@ -5,7 +5,6 @@ image_size=S)`, for directories in both libraries' layouts and every architectur
 carry; the runs of both engines are in tests/training/engines/test_jax_engine.py."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -201,7 +200,7 @@ def test_a_checkpoint_that_cannot_be_read_is_one_paragraph_before_any_slow_work(
     results = cli_cases.run(  # one process for the three (tests/cli_cases.py)
         "train.main", [[*flags, f"--config.pretrained={pretrained}"] for pretrained, _ in cases],
         env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
-             "PYTHONPATH": os.pathsep.join([REPO, os.path.join(REPO, "tests")])}, cwd=REPO,
+             "PYTHONPATH": REPO}, cwd=REPO,
         timeout=120)
     for (_, shown), result in zip(cases, results):
         assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
