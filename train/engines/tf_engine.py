@@ -30,7 +30,7 @@ from ..run import config_checks, objectives, optimizers, run_files, step_math
 from ..run import starting_point
 from ..run.engine import Engine
 from ..run.optimizers import build_optimizer
-from . import tf_checkpoints
+from . import tf_checkpoints, tf_fused_updates
 from .preemption import PreemptionWatcher
 from .tf_strategy import is_chief, is_tpu
 
@@ -51,6 +51,12 @@ def check_config(config, num_replicas):
                          "every weight on every replica. Run on JAX, or set it to 1.")
 
 
+def update_compiled(config, strategy):
+    """Whether XLA compiles the optimizer's update: on TPUs, and with config.jit_compile on
+    one replica (`_make_train_loop`); elsewhere it runs op by op."""
+    return is_tpu(strategy) or (config.jit_compile and strategy.num_replicas_in_sync == 1)
+
+
 class TFEngine(Engine):
     """The training state on a tf.distribute strategy and the compiled functions that advance
     it."""
@@ -69,7 +75,9 @@ class TFEngine(Engine):
         with strategy.scope():
             self.model = self.objective.build()
             self.optimizer = build_optimizer(
-                config_checks.section(config, optimizers.FIELDS), self.model)
+                config_checks.section(config, optimizers.FIELDS), self.model,
+                fused_adam=None if update_compiled(config, strategy)
+                else tf_fused_updates.adam_update)
             self.optimizer.build(self.model.trainable_variables)
             self.ema = [tf.Variable(v, trainable=False, name="ema",
                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)

@@ -65,9 +65,12 @@ def layer_scales(model, variables, decay):
     return [float(decay ** (depth + 1 - index)) for index in model.layer_indices(variables)]
 
 
-def build_optimizer(config, model):
+def build_optimizer(config, model, fused_adam=None):
     """The optimizer of `config` for `model`, a keras_vit model: it says which of its weights
-    decay (`decays`) and how deep each lies (`layer_indices`)."""
+    decay (`decays`) and how deep each lies (`layer_indices`). `fused_adam`: None (Keras' own
+    ops), or a backend's kernel for Adam's update and the decay before it, called as
+    `fused_adam(optimizer, gradient, variable, learning_rate, weight_decay)`
+    (train.engines.tf_fused_updates.adam_update)."""
     schedule = WarmupDecay(config.learning_rate, config.warmup_steps,
                            config.total_steps, config.decay)
     layer_decay = config.layer_decay
@@ -92,7 +95,11 @@ def build_optimizer(config, model):
             index = self._get_variable_index(variable)
             if self.rate_scales[index] != 1.0:
                 learning_rate = learning_rate * self.rate_scales[index]
-            if weight_decay and self.decayed[index]:
+            decay = weight_decay if self.decayed[index] else 0.0
+            if fused_adam is not None and base is keras.optimizers.Adam:
+                fused_adam(self, gradient, variable, learning_rate, decay)
+                return
+            if decay:
                 # Keras' AdamW's decoupled decay: before the update, at the step's rate.
                 rate = keras.ops.cast(learning_rate, variable.dtype)
                 variable.assign(variable - variable * weight_decay * rate)

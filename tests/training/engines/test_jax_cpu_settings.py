@@ -1,5 +1,6 @@
-"""train.engines.jax_cpu_settings: what a run on the JAX backend restarts with (glibc's malloc on
-huge pages, XLA:CPU's YNNPACK dots), and that `python -m train.main` restarts with it."""
+"""train.engines.jax_cpu_settings: what a run on the JAX backend restarts with (glibc's malloc
+keeping freed memory, XLA:CPU's YNNPACK dots), and that `python -m train.main` restarts with
+it."""
 
 import os
 import subprocess
@@ -14,22 +15,55 @@ GLIBC = "glibc 2.36"
 TCMALLOC = {"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"}
 
 
-@pytest.mark.parametrize("environ, libc, thp_mode, expected", [
-    ({}, GLIBC, "madvise", settings.TUNABLE),
-    ({}, "glibc 2.35", "always", settings.TUNABLE),
-    ({"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}, GLIBC, "madvise",
-     "glibc.malloc.tcache_count=0:" + settings.TUNABLE),  # the user's tunables kept
-    ({}, "glibc 2.34", "madvise", None),  # no hugetlb tunable before 2.35
-    ({}, None, "madvise", None),  # not glibc (musl, macOS)
-    ({}, "glibc 2.x", "madvise", None),
-    ({}, GLIBC, "never", None),  # huge pages off: nothing to gain
-    ({}, GLIBC, None, None),
-    (TCMALLOC, GLIBC, "madvise", None),  # Cloud TPU VMs
-    ({"LD_PRELOAD": "libjemalloc.so.2"}, GLIBC, "madvise", None),
-    ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, GLIBC, "madvise", None),  # the user's choice
+@pytest.mark.parametrize("environ, libc, expected", [
+    ({}, GLIBC, settings.TUNABLE),
+    ({}, "glibc 2.26", settings.TUNABLE),
+    ({"GLIBC_TUNABLES": "glibc.cpu.x86_rep_movsb_threshold=4096"}, GLIBC,
+     "glibc.cpu.x86_rep_movsb_threshold=4096:" + settings.TUNABLE),  # the user's tunables kept
+    ({}, "glibc 2.25", None),  # no malloc tunables before 2.26
+    ({}, None, None),  # not glibc (musl, macOS)
+    ({}, "glibc 2.x", None),
+    (TCMALLOC, GLIBC, None),  # Cloud TPU VMs
+    ({"LD_PRELOAD": "libjemalloc.so.2"}, GLIBC, None),
+    ({"GLIBC_TUNABLES": "glibc.malloc.mmap_max=4"}, GLIBC, None),  # the user's choice
+    ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}, GLIBC, None),  # of malloc: theirs alone
 ])
-def test_tunables_for(environ, libc, thp_mode, expected):
-    assert settings.tunables_for(environ, libc, thp_mode) == expected
+def test_tunables_for(environ, libc, expected):
+    assert settings.tunables_for(environ, libc) == expected
+
+
+FAULTS_OF_REUSE = """
+import ctypes, resource
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+def touch_and_free(size):
+    block = libc.malloc(size)
+    ctypes.memset(block, 1, size)
+    libc.free(block)
+touch_and_free(48 << 20)  # a step's temporaries, the first time
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(5):
+    touch_and_free(48 << 20)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def test_the_tunables_make_malloc_keep_freed_memory():
+    """A 48 MiB block allocated, written and freed five more times: glibc's default maps and
+    unmaps it each time (a page fault per 4 KiB page), with the tunables it is reused."""
+    if settings.tunables_for({}, settings._libc()) is None:
+        pytest.skip("not glibc 2.26 or later")
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("LD_PRELOAD", "GLIBC_TUNABLES")}
+
+    def faults(**environ):
+        result = subprocess.run([sys.executable, "-c", FAULTS_OF_REUSE], env=dict(env, **environ),
+                                capture_output=True, text=True, timeout=60, check=True)
+        return int(result.stdout)
+
+    assert faults() > 5 * (48 << 20) // 4096 // 2  # most pages fault again every time
+    assert faults(GLIBC_TUNABLES=settings.TUNABLE) < 100
 
 
 @pytest.mark.parametrize("environ, jaxlib, expected", [
@@ -50,7 +84,6 @@ def test_xla_flags_for(environ, jaxlib, expected):
 
 def test_the_environment_adds_them_only_for_jax_and_not_when_switched_off(monkeypatch):
     monkeypatch.setattr(settings, "_libc", lambda: GLIBC)
-    monkeypatch.setattr(settings, "_thp_mode", lambda: "madvise")
     monkeypatch.setattr(settings, "_jaxlib_version", lambda: "0.10.2")
     environ = {"PATH": "/bin"}
     assert settings.environment(environ, "jax") == {
@@ -64,11 +97,11 @@ def test_the_environment_adds_them_only_for_jax_and_not_when_switched_off(monkey
         switched = dict(environ, **{settings.SWITCH: switch})
         assert settings.environment(switched, "jax") is switched
     monkeypatch.setattr(settings, "_jaxlib_version", lambda: "0.9.0")
-    monkeypatch.setattr(settings, "_thp_mode", lambda: "never")
+    monkeypatch.setattr(settings, "_libc", lambda: None)
     assert settings.environment(environ, "jax") is environ
     assert settings.active(environ) == []
     assert settings.active({"GLIBC_TUNABLES": settings.TUNABLE, "XLA_FLAGS": settings.XLA_FLAG}) \
-        == ["glibc's malloc on transparent huge pages", "XLA:CPU's YNNPACK matrix products"]
+        == ["glibc's malloc keeping freed memory", "XLA:CPU's YNNPACK matrix products"]
 
 
 @pytest.mark.parametrize("switch", ["no", "0", "OFF", "true", " off"])

@@ -483,7 +483,7 @@ def test_on_cpu_the_engine_says_what_was_set_at_start_up_or_how_to_run_faster():
 
     assert "LD_PRELOAD=libtcmalloc_minimal.so.4" in line()
     both = line(GLIBC_TUNABLES=jax_cpu_settings.TUNABLE, XLA_FLAGS=jax_cpu_settings.XLA_FLAG)
-    assert both == ("JAX on CPU: glibc's malloc on transparent huge pages and XLA:CPU's "
+    assert both == ("JAX on CPU: glibc's malloc keeping freed memory and XLA:CPU's "
                     "YNNPACK matrix products, set at start-up (KERAS_VIT_JAX_CPU_SETTINGS=off "
                     "leaves the process as it is)."), both
     if not os.path.exists(TCMALLOC):

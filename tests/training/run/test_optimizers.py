@@ -155,3 +155,55 @@ def test_same_updates_as_keras_adamw(fake_fmnist):
     for ours, theirs in zip(three_steps(lambda model: optimizers.build_optimizer(config, model)),
                             three_steps(lambda model: reference)):
         np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("fields", [
+    {"optimizer": "adamw", "weight_decay": 0.05, "layer_decay": DECAY},
+    {"optimizer": "adam", "weight_decay": 0.0},
+])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "tf_function"])
+def test_tensorflows_fused_kernels_update_as_keras_ops_do(fake_fmnist, fields, compiled):
+    """train.engines.tf_fused_updates: three steps of the fused Adam (and AdamW's decay) kernels
+    give the weights and moments of Keras' element-wise ops, to float32 rounding (the steps
+    move weights by about 0.1, the learning rate)."""
+    tf = pytest.importorskip("tensorflow")
+    from train.engines import tf_fused_updates
+
+    config = _config(fake_fmnist, warmup_steps=2, **fields)
+
+    def three_steps(fused_adam):
+        keras.utils.set_random_seed(0)
+        model = _model(variant="R+Ti/16", patch_size=1)
+        variables = model.trainable_variables
+        optimizer = optimizers.build_optimizer(config, model, fused_adam=fused_adam)
+        optimizer.build(variables)
+        apply = optimizer.apply
+        if compiled:
+            apply = tf.function(lambda grads: optimizer.apply(grads, variables))
+        rng = np.random.default_rng(0)
+        for _ in range(3):
+            grads = [rng.normal(size=v.shape).astype("float32") for v in variables]
+            apply(grads) if compiled else apply(grads, variables)
+        return [v.numpy() for v in variables + optimizer.variables]
+
+    calls = []
+
+    def counted(*args):
+        calls.append(args[2].name)
+        return tf_fused_updates.adam_update(*args)
+
+    fused, plain = three_steps(counted), three_steps(None)
+    assert len(calls) == (1 if compiled else 3) * len(_model(variant="R+Ti/16", patch_size=1)
+                                                      .trainable_variables)  # traced once
+    assert len(fused) == len(plain)
+    for ours, theirs in zip(fused, plain):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_the_tensorflow_engine_fuses_the_update_where_xla_does_not_compile_it(fake_fmnist):
+    tf = pytest.importorskip("tensorflow")
+    from train.engines import tf_engine
+
+    strategy = tf.distribute.get_strategy()
+    assert not tf_engine.update_compiled(_config(fake_fmnist, jit_compile=False), strategy)
+    assert tf_engine.update_compiled(_config(fake_fmnist, jit_compile=True), strategy)
