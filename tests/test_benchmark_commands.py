@@ -41,6 +41,24 @@ def test_train_step_benchmark_times_the_quickstart_model(fake_fmnist):
     assert rows[1].endswith("| 1.00x |")
 
 
+def test_step_parts_times_each_block_matmul_and_both_updates():
+    """`benchmarks/step_parts.py` on TensorFlow: a row per training matmul of a block (3 per
+    projection: Ti/16 at 32px, batch 2, is 10 rows of width 192) and the update both ways."""
+    env = dict(os.environ, BENCHMARK_PEAK_SIZE="256", KERAS_BACKEND="tensorflow")
+    command = [sys.executable, "benchmarks/step_parts.py", "--variant=Ti/16", "--image_size=32",
+               "--batch_size=2", "--repeats=1"]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line.split(" | ") for line in result.stdout.splitlines()
+            if line.startswith("| ") and not line.startswith("| matmul")]
+    assert [row[1] for row in rows[:3]] == ["10 x 192 x 576", "10 x 576 x 192", "192 x 10 x 576"]
+    assert [row[1] for row in rows[9:12]] == ["10 x 768 x 192", "10 x 192 x 768", "768 x 10 x 192"]
+    assert rows[12][0] == "| all" and len(rows) == 13
+    assert "AdamW's update of every weight, in a tf.function: Keras' ops " in result.stdout
+    assert "ms, fused kernels " in result.stdout
+
+
 def test_train_step_table_divides_by_the_highest_peak_of_the_compute_dtype():
     """benchmarks/train_step.py's rows from its two children's results: "% of peak" is images/s
     x training FLOPs over the higher backend's matmul peak in the policy's compute dtype (not
