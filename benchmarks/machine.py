@@ -44,13 +44,18 @@ def matmul_peak(compute_dtype="float32", size=None, repeats=5, library="tensorfl
 
         def run():
             matmul(a).numpy()
-    run()  # compiles
+    return 2 * size**3 / statistics.median(run_times(run, repeats))
+
+
+def run_times(run, repeats):
+    """Seconds of each of `repeats` calls of `run`, after one untimed call (it compiles)."""
+    run()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         run()
         times.append(time.perf_counter() - start)
-    return 2 * size**3 / statistics.median(times)
+    return times
 
 
 def describe(dtypes=("float32",)):

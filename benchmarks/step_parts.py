@@ -18,7 +18,6 @@ fastest of `--repeats` runs.
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -43,13 +42,7 @@ def block_matmuls(config, batch_size):
 
 
 def fastest(run, repeats):
-    run()  # compiles
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return min(machine.run_times(run, repeats))
 
 
 def matmul_run(shape):
