@@ -15,25 +15,25 @@ back). On a 2-core Intel Xeon with AMX, 3 runs of 100 of the main job's training
 | malloc | images/s | page faults | peak resident |
 |---|---|---|---|
 | `mmap_max=0`, `trim_threshold` 1 TiB (this module's) | 2,207-2,258 | 0.26 million | 1.42 GB |
-| on transparent huge pages (`hugetlb=1`, this module's before) | 1,905-2,002 | 0.38 million | 1.39 GB |
+| on huge pages (`hugetlb=1`, this module's before) | 1,905-2,002 | 0.38 million | 1.39 GB |
 | `mmap_threshold` 32 MiB (glibc's cap), `trim_threshold` 4 GiB | 1,722-1,741 | 6.4 million | |
 
 Huge pages also slowed B/16's step (batch 8) by a quarter once the process had been idle for
 10 s, as a benchmark's processes are between their timed runs: 1.46-1.51 images/s against
-1.95-2.0 back to back; 1.77-1.84 after the same pause with this module's tunables. One arena for every thread (`arena_max=1`) made the threads wait
-for each other.
+1.95-2.0 back to back; 1.77-1.84 after the same pause with this module's tunables. One arena
+for every thread (`arena_max=1`) made the threads wait for each other.
 
 Matrix products. XLA:CPU can hand dot products to YNNPACK
 (`--xla_cpu_experimental_ynn_fusion_type=dot`, an experimental XLA flag), which trained the
 main job's model 1.3x as fast on a 2-core Intel Xeon with the same float32 results to 1.4e-6 of
 the largest (B/16's features). On B/16 at batch 8 it costs about a tenth (1.9-2.15 against
 2.1-2.25 images/s): naming "dot" replaces XLA's default list, which holds "reduce" in jaxlib
-0.10 (though its help calls the list empty), and without
-YNNPACK's reductions XLA:CPU rewrites each reduction (LayerNorm's, softmax's) into a tree of
-reduce-windows, ten times slower on B/16's softmax. "dot,reduce" keeps B/16's speed but loses
-the main job's gain (1,390-1,460 against 1,740-1,920 images/s), so the flag stays "dot". The flag is
-experimental: an XLA that does not know it stops at start-up, so it is set only for the jaxlib
-releases it was measured on (JAXLIB_WITH_FLAG).
+0.10 (though its help calls the list empty), and without YNNPACK's reductions XLA:CPU rewrites
+each reduction (LayerNorm's, softmax's) into a tree of reduce-windows, ten times slower on
+B/16's softmax. "dot,reduce" keeps B/16's speed but loses the main job's gain (1,390-1,460
+against 1,740-1,920 images/s), so the flag stays "dot". The flag is experimental: an XLA that
+does not know it stops at start-up, so it is set only for the jaxlib releases it was measured
+on (JAXLIB_WITH_FLAG).
 
 Both are read when a process starts (the tunables by the dynamic loader, the flag when JAX
 starts its CPU backend), so `python -m train.main` restarts itself once (`os.execve`: the same
