@@ -49,8 +49,7 @@ import os
 import sys
 from importlib import metadata
 
-TUNABLES = {"glibc.malloc.mmap_max": "0", "glibc.malloc.trim_threshold": str(2**40)}
-TUNABLE = ":".join(f"{name}={value}" for name, value in TUNABLES.items())
+TUNABLE = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776"  # 1 TiB
 XLA_FLAG = "--xla_cpu_experimental_ynn_fusion_type=dot"
 JAXLIB_WITH_FLAG = ((0, 10), (0, 11))  # [first, last) jaxlib releases measured with XLA_FLAG
 SWITCH = "KERAS_VIT_JAX_CPU_SETTINGS"  # "off": the process as it is; the restart sets "on"
@@ -67,10 +66,8 @@ def tunables_for(environ, libc):
         return None
     if "malloc" in environ.get("LD_PRELOAD", ""):  # libtcmalloc*, libjemalloc, libmimalloc
         return None
-    current = environ.get("GLIBC_TUNABLES", "")
-    if "glibc.malloc." in current:  # the user's own choice of malloc's tunables wins
-        return None
-    return f"{current}:{TUNABLE}" if current else TUNABLE
+    # Any malloc tunable of the user's own means they chose malloc's behaviour: left alone.
+    return _added(environ.get("GLIBC_TUNABLES", ""), TUNABLE, "glibc.malloc.", ":")
 
 
 def xla_flags_for(environ, jaxlib_version):
