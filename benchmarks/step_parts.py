@@ -1,7 +1,8 @@
 """Where a training step's time goes, on the Keras backend of this process: the step's dense
 matmuls at their own shapes against the square matmul peak, and on TensorFlow the optimizer's
 update (AdamW over every weight) with Keras' element-wise ops and with TensorFlow's fused
-kernels (train/engines/tf_fused_updates.py).
+kernels (train/engines/tf_fused_updates.py), and a block's GELU and layer norm, forward and
+backward, op by op and as XLA computations (keras_vit/layers/fusion.py).
 
     python benchmarks/step_parts.py --variant=B/16 --image_size=224 --batch_size=8
     KERAS_BACKEND=jax python benchmarks/step_parts.py --variant=B/16 --image_size=224 \
@@ -85,6 +86,46 @@ def update_times(variant, image_size, batch_size, repeats):
     return times
 
 
+def layer_times(config, batch_size, repeats):
+    """Seconds of the forward and backward pass of a block's MLP activation and of its layer
+    norm at the block's shapes, in a `tf.function`: op by op, and as the layers run them in
+    training (`keras_vit.layers.fusion`). `{layer: (shape, {"ops": s, "XLA-fused": s})}`."""
+    import tensorflow as tf
+
+    from keras_vit.layers import blocks, fusion, normalization
+
+    rows = batch_size * (int(np.prod(config.image_size)) // config.patch_size**2 + 1)
+    width = config.hidden_size
+    cases = {
+        "GELU": (blocks._activated, {"kind": config.activation}, [(rows, config.mlp_dim)]),
+        "layer norm": (normalization._layer_norm,
+                       {"epsilon": config.layer_norm_epsilon, "scale": True, "center": True},
+                       [(rows, width), (width,), (width,)]),
+    }
+    times = {}
+    for layer, (fn, static, shapes) in cases.items():
+        inputs = [tf.random.normal(shape) for shape in shapes]
+        times[layer] = (shapes[0], {})
+        for name, training in (("ops", False), ("XLA-fused", True)):
+            function = fusion.for_training(fn, training, **static)
+            times[layer][1][name] = fastest(_forward_backward(function, inputs), repeats)
+    return times
+
+
+def _forward_backward(function, inputs):
+    """A `tf.function` of no arguments: `function(*inputs)` and its gradients."""
+    import tensorflow as tf
+
+    @tf.function
+    def run():
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            outputs = function(*inputs)
+        return tape.gradient(outputs, inputs, output_gradients=tf.ones_like(outputs))
+
+    return run
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--variant", default="B/16")
@@ -115,6 +156,11 @@ def main():
         times = update_times(args.variant, args.image_size, args.batch_size, args.repeats)
         print("\nAdamW's update of every weight, in a tf.function: " + ", ".join(
             f"{name} {1e3 * seconds:.0f} ms" for name, seconds in times.items()))
+        for layer, (shape, seconds) in layer_times(config, args.batch_size,
+                                                    args.repeats).items():
+            print(f"A block's {layer} ({' x '.join(map(str, shape))}), forward and backward "
+                  "in a tf.function: " + ", ".join(
+                      f"{name} {1e3 * value:.2f} ms" for name, value in seconds.items()))
 
 
 if __name__ == "__main__":

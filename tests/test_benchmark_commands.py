@@ -3,6 +3,7 @@ file the way the driver does (shipped configs import `from . import common`)."""
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -43,7 +44,8 @@ def test_train_step_benchmark_times_the_quickstart_model(fake_fmnist):
 
 def test_step_parts_times_each_block_matmul_and_both_updates():
     """`benchmarks/step_parts.py` on TensorFlow: a row per training matmul of a block (3 per
-    projection: Ti/16 at 32px, batch 2, is 10 rows of width 192) and the update both ways."""
+    projection: Ti/16 at 32px, batch 2, is 10 rows of width 192), the update both ways, and the
+    GELU and layer norm both ways."""
     env = dict(os.environ, BENCHMARK_PEAK_SIZE="256", KERAS_BACKEND="tensorflow")
     command = [sys.executable, "benchmarks/step_parts.py", "--variant=Ti/16", "--image_size=32",
                "--batch_size=2", "--repeats=1"]
@@ -57,6 +59,10 @@ def test_step_parts_times_each_block_matmul_and_both_updates():
     assert rows[12][0] == "| all" and len(rows) == 13
     assert "AdamW's update of every weight, in a tf.function: Keras' ops " in result.stdout
     assert "ms, fused kernels " in result.stdout
+    assert re.search(r"A block's GELU \(10 x 768\), forward and backward in a tf.function: "
+                     r"ops [\d.]+ ms, XLA-fused [\d.]+ ms", result.stdout), result.stdout
+    assert re.search(r"A block's layer norm \(10 x 192\), .*: ops [\d.]+ ms, XLA-fused",
+                     result.stdout), result.stdout
 
 
 def test_train_step_table_divides_by_the_highest_peak_of_the_compute_dtype():

@@ -12,7 +12,9 @@ One module per kind, in the model's reading order:
   `DropPath`, `LayerScale`);
 - `pooling`: the tokens to one vector for the head (`TokenPooling`, `AttentionPooling`);
 - `resnet`: the hybrids' ResNet stem and stages (also `keras_vit.layers.resnet`);
-- `shapes`: a rank check and the patch grid's sides, which the others share.
+- `shapes`: a rank check and the patch grid's sides, which the others share;
+- `fusion`: in training on TensorFlow, the GELU's and the norms' element-wise work as XLA
+  computations, forward and backward.
 
 Weights are named after the original checkpoint tree so that loading a released `.npz` file is
 a mechanical map. Keras finds a layer of a `.keras` file by the name it registers,

@@ -5,7 +5,7 @@ training) and Axial-ViT's block, whose attention runs along one axis of the patc
 import keras
 from keras import ops
 
-from keras_vit.layers import resample
+from keras_vit.layers import fusion, resample
 from keras_vit.layers.attention import (MultiHeadSelfAttention, _attention_impl,
                                         _attention_output_spec)
 from keras_vit.layers.normalization import make_norm
@@ -100,6 +100,13 @@ class LayerScale(keras.layers.Layer):
         return {**super().get_config(), "init_value": self.init_value}
 
 
+def _activated(x, kind):
+    """The MLP's activation `kind`: "gelu_tanh", "gelu" or "quick_gelu"."""
+    if kind == "quick_gelu":
+        return x * ops.sigmoid(1.702 * x)
+    return ops.gelu(x, approximate=kind == "gelu_tanh")
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class MlpBlock(keras.layers.Layer):
     """Dense(mlp_dim) -> GELU -> Dropout -> Dense(D) -> Dropout (weights `Dense_0`, `Dense_1`);
@@ -173,6 +180,8 @@ class MlpBlock(keras.layers.Layer):
         return ops.reshape(x, shape)
 
     def _gelu(self, x, training):
+        # In training on TensorFlow, forward and backward as one XLA computation each (fusion).
+        activate = fusion.for_training(_activated, training, kind=self.activation)
         if training and self.compute_dtype != "float32":
             # Training under a 16-bit policy: GELU in float32, which is also the more accurate.
             # TensorFlow's CPU kernels run its element-wise ops and their gradients faster in
@@ -180,13 +189,8 @@ class MlpBlock(keras.layers.Layer):
             # with it, 0.99x without; benchmarks/train_step.py). Not in inference, where
             # TensorFlow fuses the bfloat16 GELU into the matmul before it and a cast between
             # them would prevent that.
-            return ops.cast(self._activate(ops.cast(x, "float32")), self.compute_dtype)
-        return self._activate(x)
-
-    def _activate(self, x):
-        if self.activation == "quick_gelu":
-            return x * ops.sigmoid(1.702 * x)
-        return ops.gelu(x, approximate=self.activation == "gelu_tanh")
+            return ops.cast(activate(ops.cast(x, "float32")), self.compute_dtype)
+        return activate(x)
 
     def compute_output_shape(self, input_shape):
         return input_shape
