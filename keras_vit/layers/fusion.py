@@ -15,8 +15,9 @@ training step ran 1.06-1.08x as fast (docs/speed.md). The attention's softmax is
 TensorFlow's oneDNN softmax is one pass already, and the step was slower with it fused.
 
 Everywhere else the layers call the function itself: on the other backends (JAX's step is one
-XLA computation, PyTorch runs its own kernels), in inference (an exported SavedModel or LiteRT
-file must not need XLA to run) and where this TensorFlow cannot compile with XLA."""
+XLA computation, PyTorch runs its own kernels), on TPU hosts (the whole step is one XLA
+computation there), in inference (an exported SavedModel or LiteRT file must not need XLA to
+run) and where this TensorFlow cannot compile with XLA."""
 
 import functools
 
@@ -29,7 +30,7 @@ def for_training(fn, training, **static):
 
     `fn` takes tensors positionally and returns one tensor; it must be a module-level function
     (compiled functions are kept per `fn` and `static`, so that twelve blocks share one)."""
-    if not training or keras.backend.backend() != "tensorflow" or not _xla_compiles():
+    if not training or keras.backend.backend() != "tensorflow" or not _fusion_helps():
         return functools.partial(fn, **static)
     return _fused(fn, tuple(sorted(static.items())))
 
@@ -58,13 +59,16 @@ def _fused(fn, static):
 
 
 @functools.lru_cache(maxsize=None)
-def _xla_compiles():
-    """Whether this TensorFlow compiles with XLA on its default device (checked once, eagerly,
-    also when first asked while a graph is traced)."""
+def _fusion_helps():
+    """Whether this TensorFlow compiles with XLA on its default device, on a machine without
+    TPUs, whose step is one XLA computation anyway (checked once, eagerly, also when first
+    asked while a graph is traced)."""
     import tensorflow as tf
 
     try:
         with tf.init_scope():
+            if tf.config.list_logical_devices("TPU"):
+                return False
             tf.function(lambda x: x + 1.0, jit_compile=True)(tf.constant(1.0))
     except (tf.errors.OpError, ValueError, NotImplementedError):
         return False

@@ -1,6 +1,8 @@
 """keras_vit.layers.fusion: in training on TensorFlow, a layer's element-wise work runs as XLA
 computations with the values and gradients of its ops; an inference graph holds no XLA."""
 
+import functools
+
 import keras
 import numpy as np
 import pytest
@@ -59,7 +61,7 @@ def test_training_runs_xla_with_the_values_and_gradients_of_the_ops(name, monkey
             weight.assign(np.random.default_rng(1).normal(size=weight.shape) * 0.5 + 0.3)
 
     fused, fused_graph = _outputs_and_gradients(layer, x, training=True)
-    monkeypatch.setattr(fusion, "_xla_compiles", lambda: False)  # the ops, as elsewhere
+    monkeypatch.setattr(fusion, "_fusion_helps", lambda: False)  # the ops, as elsewhere
     plain, plain_graph = _outputs_and_gradients(layer, x, training=True)
 
     assert len(_xla_calls(fused_graph)) >= 2  # the forward and the backward computation
@@ -91,17 +93,26 @@ def test_twelve_blocks_share_one_compiled_function():
     assert first is again and first is not exact
 
 
-def test_where_xla_cannot_compile_training_runs_the_ops(monkeypatch):
-    """A TensorFlow whose XLA fails to compile (a build without it): the layer's own ops."""
-    fusion._xla_compiles.cache_clear()
+def _refuse_xla(*args, **kwargs):
+    raise tf.errors.UnimplementedError(None, None, "XLA is not built in")
 
-    def refuse(*args, **kwargs):
-        raise tf.errors.UnimplementedError(None, None, "XLA is not built in")
 
-    monkeypatch.setattr(tf, "function", refuse)
+@pytest.mark.parametrize("machine", ["no XLA", "TPU host"])
+def test_without_xla_or_on_a_tpu_host_training_runs_the_ops(machine, monkeypatch):
+    """A TensorFlow whose XLA fails to compile (a build without it), or a TPU host, whose step
+    XLA compiles whole: the layer's own ops."""
+    fusion._fusion_helps.cache_clear()
+    if machine == "no XLA":
+        monkeypatch.setattr(tf, "function", _refuse_xla)
+    else:
+        monkeypatch.setattr(tf.config, "list_logical_devices",
+                            lambda kind=None: ["/device:TPU:0"] if kind == "TPU" else [])
     try:
-        assert fusion._xla_compiles() is False
+        assert fusion._fusion_helps() is False
         activate = fusion.for_training(L.blocks._activated, True, kind="gelu")
+        assert isinstance(activate, functools.partial)
         np.testing.assert_allclose(activate(tf.constant([1.0])), [0.8413447], rtol=1e-6)
     finally:
-        fusion._xla_compiles.cache_clear()
+        monkeypatch.undo()
+        fusion._fusion_helps.cache_clear()
+    assert fusion._fusion_helps() is True  # this machine: XLA, no TPU
