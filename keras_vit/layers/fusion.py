@@ -10,8 +10,8 @@ function of tensors in `tf.custom_gradient`, running its forward pass as one
 whole inlines them. The backward pass keeps only the inputs, not the intermediates.
 
 On a 2-core Intel Xeon, B/16 at batch 8 (`benchmarks/step_parts.py`): a block's GELU forward
-and backward took 28.1 ms op by op and 3.8 ms so, its layer norm 7.8 and 3.9 ms, and the driver's
-training step ran 1.06-1.08x as fast (docs/speed.md). The attention's softmax is not among them:
+and backward took 28.1 ms op by op and 3.8 ms as XLA computations, its layer norm 7.8 and 3.9 ms,
+and the driver's training step ran 1.06-1.08x as fast (docs/speed.md). The attention's softmax is not among them:
 TensorFlow's oneDNN softmax is one pass already, and the step was slower with it fused.
 
 Everywhere else the layers call the function itself: on the other backends (JAX's step is one
