@@ -30,9 +30,15 @@ import keras_vit  # noqa: E402
 import machine  # noqa: E402
 
 
+def block_rows(config, batch_size):
+    """The rows of a block's activations: every token (the patches and the class token) of
+    every image in the batch."""
+    return batch_size * (int(np.prod(config.image_size)) // config.patch_size**2 + 1)
+
+
 def block_matmuls(config, batch_size):
     """`(name, (m, k, n))` of one encoder block's training matmuls, `[m, k] @ [k, n]`."""
-    rows = batch_size * (int(np.prod(config.image_size)) // config.patch_size**2 + 1)
+    rows = block_rows(config, batch_size)
     width, hidden = config.hidden_size, config.mlp_dim
     shapes = []
     for name, (k, n) in (("qkv", (width, 3 * width)), ("out", (width, width)),
@@ -94,8 +100,7 @@ def layer_times(config, batch_size, repeats):
 
     from keras_vit.layers import blocks, fusion, normalization
 
-    rows = batch_size * (int(np.prod(config.image_size)) // config.patch_size**2 + 1)
-    width = config.hidden_size
+    rows, width = block_rows(config, batch_size), config.hidden_size
     cases = {
         "GELU": (blocks._activated, {"kind": config.activation}, [(rows, config.mlp_dim)]),
         "layer norm": (normalization._layer_norm,

@@ -102,7 +102,7 @@ def build_optimizer(config, model, fused_adam=None):
             if decay:
                 # Keras' AdamW's decoupled decay: before the update, at the step's rate.
                 rate = keras.ops.cast(learning_rate, variable.dtype)
-                variable.assign(variable - variable * weight_decay * rate)
+                variable.assign(variable - variable * decay * rate)
             super().update_step(gradient, variable, learning_rate)
 
     # Named as Keras' own optimizer of that name (its variables are named after it).
