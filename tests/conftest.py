@@ -3,7 +3,6 @@ fixtures several test modules use."""
 
 import collections
 import os
-import shutil
 import subprocess
 
 import pytest
@@ -49,26 +48,6 @@ def fake_fmnist(tmp_path_factory):
     return fake_fashion_mnist(tmp_path_factory.mktemp("fake_fmnist"))
 
 
-def built_once(tmp_path_factory, name, build):
-    """The folder `name`, filled by `build(folder)` once per test session: by the first
-    pytest-xdist worker that asks, while the others wait for it and then read it (a session
-    fixture is otherwise built in every worker that uses it). Put nothing a test changes in it."""
-    import fcntl
-
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # the run's temporary folder, which holds each worker's own
-    folder = root / name
-    with open(root / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if not (folder / ".built").exists():
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir()
-            build(folder)
-            (folder / ".built").touch()
-    return folder
-
-
 QuickstartRun = collections.namedtuple("QuickstartRun", "workdir output")
 
 
@@ -79,7 +58,7 @@ def quickstart_run(fake_fmnist, tmp_path_factory):
     of these fixtures taken off). It prepares its own copy of the fake data, as a first run
     does. The docs' `trained:` blocks read the workdir, tests/training/console/test_cli_output.py
     the output; run once per session (`built_once`)."""
-    from train_fixtures import REPO, main_command
+    from train_fixtures import REPO, built_once, main_command
 
     def run(folder):
         env = fake_fmnist.env()

@@ -13,6 +13,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import sys
 import threading
 import time
@@ -162,6 +163,27 @@ def fake_fashion_mnist(root):
         from train.data import tf_pipeline
         tf_pipeline.get_builder(tiny_config(data))  # prepares it under data.data_dir
     return data
+
+
+def built_once(tmp_path_factory, name, build):
+    """The folder `name`, filled by `build(folder)` once per test session: by the first
+    pytest-xdist worker that asks, while the others wait for it and then read it (a session or
+    module fixture is otherwise built in every worker that uses it). Put nothing a test changes
+    in it."""
+    import fcntl
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's temporary folder, which holds each worker's own
+    folder = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (folder / ".built").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            (folder / ".built").touch()
+    return folder
 
 
 def tiny_config(data, **overrides):

@@ -2,8 +2,8 @@
 
 The multi-replica, multi-worker, XLA and interruption runs are `python -m train.main`
 subprocesses (the CPU can only be split into logical devices before TensorFlow starts). They all
-run on the tiny fake Fashion-MNIST and start together in one module fixture, to keep the wall
-time low on 2 cores:
+run on the tiny fake Fashion-MNIST and start together in one fixture, once per test session
+(`runs`), to keep the wall time low on 2 cores:
 
 - `one`: one device, 100 steps (the reference the others are compared with);
 - `two`: the same on 2 mirrored replicas (--cpu_devices=2), same seed and global batch;
@@ -42,7 +42,7 @@ from train.run.metrics import MetricsWriter
 from train.engines.preemption import RESUMABLE_EXIT_CODE
 from train.run.schedules import WarmupDecay
 from train.engines.tf_strategy import local_cluster
-from train_fixtures import (FLAT_LAYOUT_CONFIG_JSON, REPO, assert_same_values,
+from train_fixtures import (FLAT_LAYOUT_CONFIG_JSON, REPO, assert_same_values, built_once,
                             checkpoint_values, error_lines, latest_checkpoint_step, main_command,
                             merged, read_metrics, tiny_config, wait_then_exit,
                             write_image_folder)
@@ -145,48 +145,74 @@ RECIPE = {"augment": "medium2", "cutmix_alpha": 1.0, "random_erasing": 0.25,
           "label_smoothing": 0.1, "layer_decay": 0.75}
 
 
-@pytest.fixture(scope="module")
-def runs(fake_fmnist, tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("driver_runs"))
-    runs = {
-        "one": Run(fake_fmnist, root, "one", "--strategy=one_device", export=True),
-        "two": Run(fake_fmnist, root, "two", "--strategy=mirrored", "--cpu_devices=2"),
-        "workers": Cluster(fake_fmnist, root, "workers", export=True),
-        "kill": Run(fake_fmnist, root, "kill", "--strategy=one_device"),
+def _define_runs(data, root):
+    return {
+        "one": Run(data, root, "one", "--strategy=one_device", export=True),
+        "two": Run(data, root, "two", "--strategy=mirrored", "--cpu_devices=2"),
+        "workers": Cluster(data, root, "workers", export=True),
+        "kill": Run(data, root, "kill", "--strategy=one_device"),
         # Checkpoints only every 50 steps: the one it stops at is the one SIGTERM saves.
-        "term": Run(fake_fmnist, root, "term", "--strategy=one_device",
+        "term": Run(data, root, "term", "--strategy=one_device",
                     checkpoint_every_steps=TERM_CHECKPOINT_EVERY),
-        "workers_kill": Cluster(fake_fmnist, root, "workers_kill"),
-        "workers_term": Cluster(fake_fmnist, root, "workers_term",
+        "workers_kill": Cluster(data, root, "workers_kill"),
+        "workers_term": Cluster(data, root, "workers_term",
                                 checkpoint_every_steps=TERM_CHECKPOINT_EVERY),
-        "xla": Run(fake_fmnist, root, "xla", "--strategy=one_device", env={
+        "xla": Run(data, root, "xla", "--strategy=one_device", env={
             "TF_CPP_MIN_LOG_LEVEL": "0"}, jit_compile=True, total_steps=4, warmup_steps=2,
             eval_every_steps=4, **RECIPE),
-        "xla2": Run(fake_fmnist, root, "xla2", "--strategy=mirrored", "--cpu_devices=2",
+        "xla2": Run(data, root, "xla2", "--strategy=mirrored", "--cpu_devices=2",
                     jit_compile=True, total_steps=4, warmup_steps=2, eval_every_steps=4,
                     **RECIPE),
-        "mpp": Run(fake_fmnist, root, "mpp", "--strategy=one_device", export=True, **MPP),
-        "mpp_two": Run(fake_fmnist, root, "mpp_two", "--strategy=mirrored", "--cpu_devices=2",
-                       **MPP),
-        "mpp_kill": Run(fake_fmnist, root, "mpp_kill", "--strategy=one_device", **MPP),
-        "mpp_xla": Run(fake_fmnist, root, "mpp_xla", "--strategy=one_device", env={
+        "mpp": Run(data, root, "mpp", "--strategy=one_device", export=True, **MPP),
+        "mpp_two": Run(data, root, "mpp_two", "--strategy=mirrored", "--cpu_devices=2", **MPP),
+        "mpp_kill": Run(data, root, "mpp_kill", "--strategy=one_device", **MPP),
+        "mpp_xla": Run(data, root, "mpp_xla", "--strategy=one_device", env={
             "TF_CPP_MIN_LOG_LEVEL": "0"}, jit_compile=True, total_steps=4, warmup_steps=2,
             eval_every_steps=4, **MPP),
     }
-    try:
-        _run_all(runs)
-        yield runs
-    finally:
-        for run in runs.values():  # only if a test run was interrupted
-            for process in _processes(run):
-                if process.poll() is None:
-                    process.kill()
-                    process.wait()
+
+
+# What a finished run's tests read besides its folder: of the run (or cluster), and of each of
+# its processes.
+RUN_RECORD, PROCESS_RECORD = ("at_signal", "after_stop"), ("logs", "returncodes", "pids")
+
+
+@pytest.fixture(scope="module")
+def runs(fake_fmnist, tmp_path_factory):
+    """The runs of `_define_runs`, run once per session (`built_once`): by the first
+    pytest-xdist worker that asks, which records what the tests read besides the run folders
+    (RUN_RECORD, PROCESS_RECORD); another worker reads that record."""
+    def run_all(root):
+        runs = _define_runs(fake_fmnist, str(root))
+        try:
+            _run_all(runs)
+        finally:
+            for run in runs.values():  # only if the runs were interrupted
+                for process in _processes(run):
+                    if process.poll() is None:
+                        process.kill()
+                        process.wait()
+        record = {name: {"run": {key: getattr(run, key, None) for key in RUN_RECORD},
+                         "processes": [{key: getattr(member, key) for key in PROCESS_RECORD}
+                                       for member in _members(run)]}
+                  for name, run in runs.items()}
+        (root / "record.json").write_text(json.dumps(record))
+
+    root = built_once(tmp_path_factory, "driver_runs", run_all)
+    runs = _define_runs(fake_fmnist, str(root))
+    for name, record in json.loads((root / "record.json").read_text()).items():
+        vars(runs[name]).update(record["run"])
+        for member, recorded in zip(_members(runs[name]), record["processes"]):
+            vars(member).update(recorded)
+    return runs
+
+
+def _members(run):
+    return run.workers if isinstance(run, Cluster) else [run]
 
 
 def _processes(run):
-    members = run.workers if isinstance(run, Cluster) else [run]
-    return [member.process for member in members if getattr(member, "process", None)]
+    return [member.process for member in _members(run) if getattr(member, "process", None)]
 
 
 # What to interrupt, with what, and which worker of a cluster: SIGTERM goes to worker 1 (not

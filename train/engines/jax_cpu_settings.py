@@ -31,7 +31,9 @@ the largest (B/16's features). On B/16 at batch 8 it costs about a tenth (1.9-2.
 0.10 (though its help calls the list empty), and without YNNPACK's reductions XLA:CPU rewrites
 each reduction (LayerNorm's, softmax's) into a tree of reduce-windows, ten times slower on
 B/16's softmax. "dot,reduce" keeps B/16's speed but loses the main job's gain (1,390-1,460
-against 1,740-1,920 images/s), so the flag stays "dot". The flag is experimental: an XLA that
+against 1,740-1,920 images/s), and so does an empty list, no YNNPACK fusions at all (the main
+job 1,556-1,634 against 1,743-1,838 images/s, alternated from a fresh clone, though B/16 ran
+10-16% faster in three pairs of four), so the flag stays "dot". The flag is experimental: an XLA that
 does not know it stops at start-up, so it is set only for the jaxlib releases it was measured
 on (JAXLIB_WITH_FLAG).
 

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("jax")
 pytest.importorskip("orbax.checkpoint")
 
-from train_fixtures import (REPO, error_lines, flags, main_command,  # noqa: E402
+from train_fixtures import (REPO, built_once, error_lines, flags, main_command,  # noqa: E402
                             read_metrics, wait_for_progress, wait_then_exit)
 from train.engines import jax_cpu_settings  # noqa: E402
 
@@ -81,17 +81,19 @@ LONG = dict(total_steps=100_000, steps_per_loop=2, checkpoint_every_steps=100_00
 @pytest.fixture(scope="module")
 def short_runs(fake_fmnist, tmp_path_factory):
     """SHORT on one device, on 4 (data parallel), on a 2x2 mesh, and fully sharded over 8 (and
-    over 4 batch x 2 model devices), each run once for the module: {name: workdir}."""
-    root = tmp_path_factory.mktemp("short_runs")
+    over 4 batch x 2 model devices), each run once per session (`built_once`): {name: workdir}.
+    The tests only read them."""
     layouts = {"one": ((), {}), "four": (("--cpu_devices=4",), {}),
                "two_by_two": (("--cpu_devices=4",), {"model_parallel": 2}),
                "fsdp": (("--cpu_devices=8",), {"fsdp": True}),
                "fsdp_4x2": (("--cpu_devices=8",), {"fsdp": True, "model_parallel": 2})}
-    runs = {}
-    for name, (extra, overrides) in layouts.items():
-        runs[name] = str(root / name)
-        run_jax(fake_fmnist, runs[name], *extra, **SHORT, **overrides)
-    return runs
+
+    def run_all(root):
+        for name, (extra, overrides) in layouts.items():
+            run_jax(fake_fmnist, str(root / name), *extra, **SHORT, **overrides)
+
+    root = built_once(tmp_path_factory, "jax_short_runs", run_all)
+    return {name: str(root / name) for name in layouts}
 
 
 @pytest.mark.processes
