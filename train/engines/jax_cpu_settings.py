@@ -33,9 +33,9 @@ each reduction (LayerNorm's, softmax's) into a tree of reduce-windows, ten times
 B/16's softmax. "dot,reduce" keeps B/16's speed but loses the main job's gain (1,390-1,460
 against 1,740-1,920 images/s), and so does an empty list, no YNNPACK fusions at all (the main
 job 1,556-1,634 against 1,743-1,838 images/s, alternated from a fresh clone, though B/16 ran
-10-16% faster in three pairs of four), so the flag stays "dot". The flag is experimental: an XLA that
-does not know it stops at start-up, so it is set only for the jaxlib releases it was measured
-on (JAXLIB_WITH_FLAG).
+10-16% faster in three pairs of four), so the flag stays "dot". The flag is experimental: an
+XLA that does not know it stops at start-up, so it is set only for the jaxlib releases it was
+measured on (JAXLIB_WITH_FLAG).
 
 Both are read when a process starts (the tunables by the dynamic loader, the flag when JAX
 starts its CPU backend), so `python -m train.main` restarts itself once (`os.execve`: the same
