@@ -236,33 +236,37 @@ def test_the_largest_batch_is_predicted_from_two_plans_and_checked():
 
 
 
-@pytest.mark.processes
-def test_native_packing_benchmark_compares_the_three_layouts(fake_fmnist):
-    """`benchmarks/native_packing.py` on the fake data: a row per layout, packing's useful
-    tokens above padding's; with --step_only, the step alone on JAX (one compilation per
-    layout, the compiled step's memory) and the input alone; with --with_input, the steps on
-    their live pipelines (TensorFlow)."""
+def _native_packing(fake_fmnist, *flags):
+    """`benchmarks/native_packing.py` with `flags` on the fake data: its output lines."""
     fields = ["--", f"--config.data_dir={fake_fmnist.data_dir}", "--config.batch_size=32",
               "--config.pack_sequences=10", "--config.eval_batch_size=50",
               "--config.eval_split=test"]
-    command = [sys.executable, "benchmarks/native_packing.py", "--steps=3",
-               "--engines=tensorflow", *fields]
-    result = subprocess.run(command, cwd=REPO, env=fake_fmnist.env(), capture_output=True,
-                            text=True, timeout=900)
+    result = subprocess.run([sys.executable, "benchmarks/native_packing.py", *flags, *fields],
+                            cwd=REPO, env=fake_fmnist.env(), capture_output=True, text=True,
+                            timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
-    rows = {line.split(" | ")[1]: line.split(" | ") for line in result.stdout.splitlines()
+    return result.stdout.splitlines()
+
+
+# The benchmark's three modes are three tests, so that pytest-xdist can run them side by side.
+@pytest.mark.processes
+def test_native_packing_benchmark_compares_the_three_layouts(fake_fmnist):
+    """A row per layout, packing's useful tokens above padding's."""
+    lines = _native_packing(fake_fmnist, "--steps=3", "--engines=tensorflow")
+    rows = {line.split(" | ")[1]: line.split(" | ") for line in lines
             if line.startswith("| tensorflow |")}
     assert sorted(rows) == ["packed", "padded", "square"]
     useful = {mode: float(row[2].rstrip("%")) for mode, row in rows.items()}
     assert useful["square"] == 100 and useful["packed"] > useful["padded"]
     assert rows["padded"][3] == "100.0%" and rows["padded"][6].strip() == "1.00x |"
 
-    command = [sys.executable, "benchmarks/native_packing.py", "--step_only", "--engines=jax",
-               "--step_batches=2", "--repeats=1", *fields]
-    result = subprocess.run(command, cwd=REPO, env=fake_fmnist.env(), capture_output=True,
-                            text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-2000:]
-    lines = result.stdout.splitlines()
+
+@pytest.mark.processes
+def test_native_packing_benchmark_times_the_step_alone_on_jax(fake_fmnist):
+    """With --step_only, the step alone on JAX (one compilation per layout, the compiled
+    step's memory) and the input alone."""
+    lines = _native_packing(fake_fmnist, "--step_only", "--engines=jax", "--step_batches=2",
+                            "--repeats=1")
     steps = {line.split(" | ")[1]: line.split(" | ") for line in lines
              if line.startswith("| jax |")}
     assert sorted(steps) == ["packed", "padded", "square"]
@@ -273,12 +277,12 @@ def test_native_packing_benchmark_compares_the_three_layouts(fake_fmnist):
                                                          "| square |"))]
     assert len(inputs) == 3
 
-    command = [sys.executable, "benchmarks/native_packing.py", "--step_only", "--with_input",
-               "--engines=tensorflow", "--step_batches=2", "--repeats=1", *fields]
-    result = subprocess.run(command, cwd=REPO, env=fake_fmnist.env(), capture_output=True,
-                            text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-2000:]
-    lines = result.stdout.splitlines()
+
+@pytest.mark.processes
+def test_native_packing_benchmark_times_the_steps_on_their_live_pipelines(fake_fmnist):
+    """With --with_input, the steps on their live pipelines (TensorFlow)."""
+    lines = _native_packing(fake_fmnist, "--step_only", "--with_input", "--engines=tensorflow",
+                            "--step_batches=2", "--repeats=1")
     assert "Each step reads its live tf.data pipeline (input and step, interleaved)." in lines
     steps = {line.split(" | ")[1]: line.split(" | ") for line in lines
              if line.startswith("| tensorflow |")}
