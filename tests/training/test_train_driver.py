@@ -181,7 +181,8 @@ RUN_RECORD, PROCESS_RECORD = ("at_signal", "after_stop"), ("logs", "returncodes"
 def runs(fake_fmnist, tmp_path_factory):
     """The runs of `_define_runs`, run once per session (`built_once`): by the first
     pytest-xdist worker that asks, which records what the tests read besides the run folders
-    (RUN_RECORD, PROCESS_RECORD); another worker reads that record."""
+    (RUN_RECORD, PROCESS_RECORD); every worker, that one too, loads the record into Run and
+    Cluster objects of its own (which start nothing until asked)."""
     def run_all(root):
         runs = _define_runs(fake_fmnist, str(root))
         try:
