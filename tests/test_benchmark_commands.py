@@ -352,3 +352,70 @@ def test_native_aspect_study_evaluates_each_run_at_each_aspect(fake_fmnist, tmp_
     assert result.returncode != 0
     assert ("different data (--packed on fashion_mnist_canvas, --padded on fashion_mnist_canvas"
             ", --square on fashion_mnist_native)") in result.stderr
+
+
+def _step_profile():
+    spec = importlib.util.spec_from_file_location(
+        "step_profile", os.path.join(REPO, "benchmarks", "step_profile.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # (imports no Keras: main does)
+    return module
+
+
+def test_step_profile_names_each_kernel_by_its_op_and_layer():
+    step_profile = _step_profile()
+    assert step_profile.tf_kind(
+        "gradient_tape/vit_b16/encoderblock_0/MlpBlock_3/Dense_0/MatMul:_MklMatMul"
+    ) == "_MklMatMul in MlpBlock, backward"
+    assert step_profile.tf_kind("Adam/ResourceApplyAdam:ResourceApplyAdam") == (
+        "ResourceApplyAdam in Adam")
+    assert step_profile.jax_kind(
+        "ynn_fusion.22",
+        "jit(_step)/transpose(jvp(vit_b16))/encoderblock_3/MlpBlock_3/Dense_0/dot_general"
+    ) == "ynn_fusion: encoderblock_N/MlpBlock_3/Dense_0/dot_general, backward"
+    assert step_profile.jax_kind("multiply_add_fusion.4", "jit(_step)/adam_w/add") == (
+        "multiply_add_fusion: the optimizer (adam_w)")
+    assert step_profile.jax_kind("wrapped_reduce-window.3", "") == (
+        "wrapped_reduce-window: (no op name)")
+    # Overlapping and touching intervals count once; a gap does not count.
+    assert step_profile.covered([(5, 9), (0, 2), (1, 3), (3, 4)]) == 8
+
+
+@pytest.mark.parametrize("backend,rows", [
+    ("tensorflow", (r"_MklMatMul in MlpBlock, backward", r"ResourceApplyAdam in Adam",
+                    r"XLA \w+")),
+    ("jax", (r"\w+: encoderblock_N/MlpBlock_3/Dense_0/dot_general, backward",
+             r"\w+: the optimizer \(adam_w\)")),
+])
+def test_step_profile_tables_a_step_by_kernel(fake_fmnist, backend, rows):
+    """`benchmarks/step_profile.py` on Ti/16 at 32px: the step's time, then a row per kind of
+    kernel with its time per step, the largest first; on JAX the kernels named by the JAX ops
+    they compute (read from the trace's compiled program) and the step's wall time split."""
+    env = dict(fake_fmnist.env(), TFDS_DATA_DIR=fake_fmnist.data_dir,
+               BENCHMARK_PEAK_SIZE="256", KERAS_BACKEND=backend)
+    command = [sys.executable, "benchmarks/step_profile.py", "--variant=Ti/16",
+               "--image_size=32", "--batch_size=2", "--top=200"]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"{backend}, Ti/16 at 32, batch 2, float32" in result.stdout
+    assert re.search(r"step: [\d.]+ s, [\d.]+ images/s", result.stdout), result.stdout
+    table = [line.split(" | ") for line in result.stdout.splitlines()
+             if re.match(r"\| [\d.]+ \| [\d.]+% \| ", line)]
+    seconds = [float(row[0][2:]) for row in table]
+    assert seconds == sorted(seconds, reverse=True) and seconds[-1] >= 0
+    kinds = [row[2][:-2] for row in table]
+    for pattern in rows:
+        assert any(re.fullmatch(pattern, kind) for kind in kinds), (pattern, kinds)
+    walls = re.search(r"wall time per traced step: a YNNPACK matrix product ([\d.]+) s, "
+                      r"another traced kernel only ([\d.]+) s, no traced kernel", result.stdout)
+    assert (walls is not None) == (backend == "jax"), result.stdout
+
+
+def test_step_profile_refuses_a_count_below_one():
+    result = subprocess.run(
+        [sys.executable, "benchmarks/step_profile.py", "--steps=0"], cwd=REPO,
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "--steps=0 must be at least 1." in result.stderr
+    assert "Traceback" not in result.stderr
