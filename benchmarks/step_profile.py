@@ -107,16 +107,9 @@ def hlo_op_names(space):
                 proto = hlo_pb2.HloProto()
                 proto.ParseFromString(stat.bytes_value)
                 module = proto.hlo_module
-                # A wrapped kernel ("wrapped_reduce-window") names no op; its body does.
-                inner = {computation.id: next(
-                    (i.metadata.op_name for i in computation.instructions if i.metadata.op_name),
-                    "") for computation in module.computations}
                 for computation in module.computations:
                     for instruction in computation.instructions:
-                        names[(module.name, instruction.name)] = (
-                            instruction.metadata.op_name or next(
-                                (inner[i] for i in instruction.called_computation_ids
-                                 if inner.get(i)), ""))
+                        names[(module.name, instruction.name)] = instruction.metadata.op_name
     return names
 
 
