@@ -188,7 +188,10 @@ def main():
     batch = train_contenders.synthetic_batch(args.batch_size, args.image_size)
     contender = (train_contenders.driver_contender if backend == "tensorflow"
                  else train_contenders.jax_engine_contender)
-    run = contender(config, batch, tempfile.mkdtemp(prefix="step_profile_"))
+    try:  # the engines check the config (variant, sizes) before they build anything
+        run = contender(config, batch, tempfile.mkdtemp(prefix="step_profile_"))
+    except ValueError as error:
+        sys.exit(f"Error: {error}")
     print(machine.describe())
     print(f"{backend}, {args.variant} at {args.image_size}, batch {args.batch_size}, float32")
     run(args.steps)  # compiles

@@ -412,10 +412,15 @@ def test_step_profile_tables_a_step_by_kernel(fake_fmnist, backend, rows):
     assert (walls is not None) == (backend == "jax"), result.stdout
 
 
-def test_step_profile_refuses_a_count_below_one():
-    result = subprocess.run(
-        [sys.executable, "benchmarks/step_profile.py", "--steps=0"], cwd=REPO,
-        capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2
-    assert "--steps=0 must be at least 1." in result.stderr
+@pytest.mark.parametrize("flag,code,message", [
+    ("--steps=0", 2, "--steps=0 must be at least 1."),
+    ("--variant=X/99", 1, "Error: Invalid config value: config.model.variant='X/99': is not a "
+                          "ViT variant; valid names: Ti/16,"),
+])
+def test_step_profile_refuses_bad_flags_in_a_line(fake_fmnist, flag, code, message):
+    env = dict(fake_fmnist.env(), TFDS_DATA_DIR=fake_fmnist.data_dir, KERAS_BACKEND="tensorflow")
+    result = subprocess.run([sys.executable, "benchmarks/step_profile.py", flag], cwd=REPO,
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == code
+    assert message in result.stderr, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
