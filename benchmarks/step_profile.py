@@ -153,9 +153,9 @@ def jax_table(space, steps):
                  "otherwise.")
     every = products + others
     span = max(stop for _, stop in every) - min(start for start, _ in every)
-    both = covered(every)
-    walls = {"a YNNPACK matrix product": covered(products),
-             "another traced kernel only": both - covered(products),
+    both, in_products = covered(every), covered(products)
+    walls = {"a YNNPACK matrix product": in_products,
+             "another traced kernel only": both - in_products,
              "no traced kernel (Eigen's products, the host)": span - both}
     return ({kind: seconds / 1e12 / steps for kind, seconds in totals.items()},
             {what: seconds / 1e12 / steps for what, seconds in walls.items()})
@@ -194,7 +194,7 @@ def main():
         sys.exit(f"Error: {error}")
     print(machine.describe())
     print(f"{backend}, {args.variant} at {args.image_size}, batch {args.batch_size}, float32")
-    run(args.steps)  # compiles
+    # run_times calls `run` once untimed first, which compiles.
     seconds = min(machine.run_times(lambda: run(args.steps), args.repeats)) / args.steps
     print(f"step: {seconds:.3f} s, {args.batch_size / seconds:.2f} images/s (fastest of "
           f"{args.repeats} runs of {args.steps} steps)")
