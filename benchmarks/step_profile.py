@@ -170,7 +170,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=2, help="untraced runs, the fastest kept")
     parser.add_argument("--top", type=int, default=25, help="rows of the table")
     args = parser.parse_args()
-    for flag in ("steps", "repeats", "top"):
+    for flag in ("image_size", "batch_size", "steps", "repeats", "top"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag}={getattr(args, flag)} must be at least 1.")
     jax_cpu_settings.restart_with_settings()

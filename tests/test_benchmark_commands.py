@@ -414,6 +414,7 @@ def test_step_profile_tables_a_step_by_kernel(fake_fmnist, backend, rows):
 
 @pytest.mark.parametrize("flag,code,message", [
     ("--steps=0", 2, "--steps=0 must be at least 1."),
+    ("--image_size=-8", 2, "--image_size=-8 must be at least 1."),
     ("--variant=X/99", 1, "Error: Invalid config value: config.model.variant='X/99': is not a "
                           "ViT variant; valid names: Ti/16,"),
 ])
