@@ -1,5 +1,6 @@
-"""What a run on Keras' JAX backend asks of its process before it starts, for JAX's CPU runtime:
-glibc's malloc keeping the memory it frees, and XLA:CPU's YNNPACK kernels for matrix products.
+"""What a run on Keras' JAX backend asks of JAX's CPU runtime: glibc's malloc keeping the memory
+it frees (for the whole process, before it starts), and for hybrids YNNPACK for XLA:CPU's matrix
+products only (for the training and evaluation steps, as they compile).
 
 Memory. JAX's CPU runtime allocates a step's temporaries afresh at every call. By default glibc's
 malloc maps large blocks on their own and unmaps them when freed, and trims freed memory at the
@@ -10,7 +11,7 @@ https://sourceware.org/glibc/manual/latest/html_node/Memory-Allocation-Tunables.
 keep that memory for the next step, as tcmalloc does: `glibc.malloc.mmap_max=0` (no block is
 mapped on its own) and a `glibc.malloc.trim_threshold` of 1 TiB (no heap is trimmed or given
 back). On a 2-core Intel Xeon with AMX, 3 runs of 100 of the main job's training steps each
-(`/usr/bin/time`'s minor faults of the whole process, with the YNNPACK flag below):
+(`/usr/bin/time`'s minor faults of the whole process, with YNNPACK's products below):
 
 | malloc | images/s | page faults | peak resident |
 |---|---|---|---|
@@ -23,27 +24,42 @@ Huge pages also slowed B/16's step (batch 8) by a quarter once the process had b
 1.95-2.0 back to back; 1.77-1.84 after the same pause with this module's tunables. One arena
 for every thread (`arena_max=1`) made the threads wait for each other.
 
-Matrix products. XLA:CPU can hand dot products to YNNPACK
-(`--xla_cpu_experimental_ynn_fusion_type=dot`, an experimental XLA flag), which trained the
-main job's model 1.3x as fast on a 2-core Intel Xeon with the same float32 results to 1.4e-6 of
-the largest (B/16's features). On B/16 at batch 8 it costs about a tenth (1.9-2.15 against
-2.1-2.25 images/s): naming "dot" replaces XLA's default list, which holds "reduce" in jaxlib
-0.10 (though its help calls the list empty), and without YNNPACK's reductions XLA:CPU rewrites
-each reduction (LayerNorm's, softmax's) into a tree of reduce-windows, ten times slower on
-B/16's softmax. "dot,reduce" keeps B/16's speed but loses the main job's gain (1,390-1,460
-against 1,740-1,920 images/s), and so does an empty list, no YNNPACK fusions at all (the main
-job 1,556-1,634 against 1,743-1,838 images/s, alternated from a fresh clone, though B/16 ran
-10-16% faster in three pairs of four), so the flag stays "dot". The flag is experimental: an
-XLA that does not know it stops at start-up, so it is set only for the jaxlib releases it was
-measured on (JAXLIB_WITH_FLAG).
+Matrix products. XLA:CPU hands some kernels to YNNPACK (the option
+`xla_cpu_experimental_ynn_fusion_type`, an experimental XLA flag that a compilation can also set
+for itself). Its default list in jaxlib 0.10 holds the matrix products, the reductions and the
+convolutions (though its help calls the list empty); naming "dot" alone replaces it: YNNPACK
+computes the matrix products, with the same float32 results to 1.4e-6 of the largest (B/16's
+features), and XLA its own reductions (as trees of reduce-windows, ten times slower on B/16's
+softmax) and convolutions.
+Which is faster depends on the model. The engine's step on a 2-core Intel Xeon with AMX, the
+option set per compilation, alternated in one hour, two rounds (one for R50+B/16), images/s:
 
-Both are read when a process starts (the tunables by the dynamic loader, the flag when JAX
-starts its CPU backend), so `python -m train.main` restarts itself once (`os.execve`: the same
-process id and arguments, the environment plus these) before TensorFlow and JAX load. Each is
-left as it is where it cannot help or is already decided: another allocator preloaded
-(tcmalloc, as on Cloud TPU VMs, or jemalloc), a system other than Linux with glibc 2.26+, the
-user's own GLIBC_TUNABLES naming any of malloc's tunables or XLA_FLAGS setting the same flag;
-all of it on other Keras backends and with KERAS_VIT_JAX_CPU_SETTINGS=off. The standard library
+| model (hidden size), image size, batch | "dot" | XLA's default |
+|---|---|---|
+| the main job's hybrid R+Ti (64), 32px, 128 | 1,754-1,849 | 1,037-1,110 |
+| R50+B/16 (768), 224px, 8 | 0.816-0.823 | 0.751-0.777 |
+| a plain ViT 64 wide (8x8 patches), 32px, 128 | 561-681 | 619-724 |
+| Ti/16 (192), 32px, 128 | 379-504 | 427-501 |
+| Ti/16 at 128 wide, 224px, 8 | 14.3-17.3 | 17.1-18.6 |
+| Ti/16 (192), 224px, 8 | 10.5-12.4 | 11.2-13.1 |
+| S/16 (384), 224px, 8 | 3.97-4.24 | 4.34-4.60 |
+| B/16 (768), 224px, 8 | 1.35-1.54 | 1.61-1.73 |
+
+The hybrid's ResNet stem is what differs: under the default list its convolutions and its
+GroupNorms' reductions are YNNPACK's, and in the main job's traced step they took 46 ms of
+120 (`benchmarks/step_profile.py`). So `compile_options` names "dot" for hybrids and leaves
+XLA's default to plain ViTs. Until this choice per model, the process's flag set "dot" for every
+model (B/16: 1.49-1.56 images/s in the same hour). The option is experimental and a jaxlib that
+does not know it refuses to compile, so it is set for the jaxlib releases it was measured on
+(JAXLIB_WITH_YNN_DOTS).
+
+The tunables are read when a process starts (by the dynamic loader), so `python -m train.main`
+restarts itself once (`os.execve`: the same process id and arguments, the environment plus
+them) before TensorFlow and JAX load. Each setting is left as it is where it cannot help or is
+already decided: another allocator preloaded (tcmalloc, as on Cloud TPU VMs, or jemalloc), a
+system other than Linux with glibc 2.26+, devices other than CPUs, the user's own
+GLIBC_TUNABLES naming any of malloc's tunables or XLA_FLAGS naming the option; all of it on
+other Keras backends and with KERAS_VIT_JAX_CPU_SETTINGS=off. The standard library
 only here: it runs before anything else loads."""
 
 import json
@@ -52,8 +68,9 @@ import sys
 from importlib import metadata
 
 TUNABLE = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776"  # 1 TiB
-XLA_FLAG = "--xla_cpu_experimental_ynn_fusion_type=dot"
-JAXLIB_WITH_FLAG = ((0, 10), (0, 11))  # [first, last) jaxlib releases measured with XLA_FLAG
+YNN_OPTION = "xla_cpu_experimental_ynn_fusion_type"  # XLA's flag, also a compile option
+YNN_DOTS = "LIBRARY_FUSION_TYPE_DOT"
+JAXLIB_WITH_YNN_DOTS = ((0, 10), (0, 11))  # [first, last) jaxlib releases measured with it
 SWITCH = "KERAS_VIT_JAX_CPU_SETTINGS"  # "off": the process as it is; the restart sets "on"
 
 
@@ -72,34 +89,35 @@ def tunables_for(environ, libc):
     return _added(environ.get("GLIBC_TUNABLES", ""), TUNABLE, "glibc.malloc.", ":")
 
 
-def xla_flags_for(environ, jaxlib_version):
-    """The XLA_FLAGS a JAX run should start with, or None to leave them. `jaxlib_version`:
-    the installed jaxlib's version string, or None where it is not installed."""
-    first, last = JAXLIB_WITH_FLAG
-    version = _release(jaxlib_version)
-    if version is None or not first <= version < last:
-        return None
-    return _added(environ.get("XLA_FLAGS", ""), XLA_FLAG, "xla_cpu_experimental_ynn_fusion_type",
-                  " ")
+def compile_options(environ, platform, hybrid):
+    """XLA's compile options for the training and evaluation steps of a model on devices of
+    `platform` ("cpu", "tpu", ...): on CPU, for a `hybrid` (a ResNet stem), YNNPACK for the
+    matrix products only; {} otherwise (XLA's default), and {} where the user decided
+    (KERAS_VIT_JAX_CPU_SETTINGS=off, or XLA_FLAGS naming the option) or for a jaxlib it was not
+    measured on (one that does not know the option refuses to compile)."""
+    first, last = JAXLIB_WITH_YNN_DOTS
+    version = _release(_jaxlib_version())
+    if (platform != "cpu" or not hybrid or environ.get(SWITCH) == "off"
+            or YNN_OPTION in environ.get("XLA_FLAGS", "")
+            or version is None or not first <= version < last):
+        return {}
+    return {YNN_OPTION: YNN_DOTS}
 
 
 def environment(environ, backend):
-    """`environ` with what `tunables_for` and `xla_flags_for` add, for a process of Keras'
-    `backend` to start with (train.main restarts into it; benchmarks start their JAX processes
-    with it); `environ` itself where they add nothing. ValueError for a switch that is
-    neither "off" nor "on"."""
+    """`environ` with what `tunables_for` adds, for a process of Keras' `backend` to start with
+    (train.main restarts into it; benchmarks start their JAX processes with it); `environ`
+    itself where it adds nothing. ValueError for a switch that is neither "off" nor "on"."""
     switch = environ.get(SWITCH)
     if switch not in (None, "", "off", "on"):
         raise ValueError(f"{SWITCH}={switch!r} is not a setting: set it to 'off' to leave the "
                          "process as it is, or unset it.")
     if backend != "jax" or switch:
         return environ
-    settings = {"GLIBC_TUNABLES": tunables_for(environ, _libc()),
-                "XLA_FLAGS": xla_flags_for(environ, _jaxlib_version())}
-    settings = {name: value for name, value in settings.items() if value is not None}
-    if not settings:
+    tunables = tunables_for(environ, _libc())
+    if tunables is None:
         return environ
-    return dict(environ, **settings, **{SWITCH: "on"})
+    return dict(environ, GLIBC_TUNABLES=tunables, **{SWITCH: "on"})
 
 
 def restart_with_settings():
@@ -116,13 +134,14 @@ def restart_with_settings():
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environ)
 
 
-def active(environ):
-    """What of this module's settings `environ` holds, in words (for the run's log)."""
+def active(environ, options):
+    """What of this module's settings `environ` (the process's) and `options` (a step's
+    `compile_options`) hold, in words (for the run's log)."""
     words = []
     if TUNABLE in environ.get("GLIBC_TUNABLES", ""):
-        words.append("glibc's malloc keeping freed memory")
-    if XLA_FLAG in environ.get("XLA_FLAGS", ""):
-        words.append("XLA:CPU's YNNPACK matrix products")
+        words.append("glibc's malloc keeping freed memory, set at start-up")
+    if options.get(YNN_OPTION) == YNN_DOTS:
+        words.append("YNNPACK for XLA:CPU's matrix products only, for a hybrid's ResNet stem")
     return words
 
 

@@ -137,16 +137,17 @@ def is_chief_process():
     return jax.process_index() == 0
 
 
-def cpu_settings_line():
-    """For a run on JAX's CPU devices, a line on what train.main set at start-up for it
-    (train.engines.jax_cpu_settings), or on how to run faster where it could not; None on
-    other devices or with another allocator preloaded (tcmalloc, as on Cloud TPU VMs)."""
+def cpu_settings_line(compile_options):
+    """For a run on JAX's CPU devices, a line on what train.engines.jax_cpu_settings chose for
+    it (at start-up, and the step's `compile_options`), or on how to run faster where it could
+    not; None on other devices or with another allocator preloaded (tcmalloc, as on Cloud TPU
+    VMs)."""
     if jax.devices()[0].platform != "cpu":
         return None
-    settings = jax_cpu_settings.active(os.environ)
+    settings = jax_cpu_settings.active(os.environ, compile_options)
     if settings:
-        return (f"JAX on CPU: {' and '.join(settings)}, set at start-up "
-                f"({jax_cpu_settings.SWITCH}=off leaves the process as it is).")
+        return (f"JAX on CPU: {'; '.join(settings)} ({jax_cpu_settings.SWITCH}=off leaves "
+                f"{'it' if len(settings) == 1 else 'them'} out).")
     try:
         with open("/proc/self/maps") as handle:
             if "malloc" in handle.read():  # libtcmalloc*, libjemalloc, libmimalloc loaded
@@ -168,9 +169,6 @@ class JaxEngine(Engine):
         self.config, self.workdir = config, workdir
         # What the run starts from (train.run.starting_point.resolve), loaded unless it resumes.
         self.start = start or starting_point.StartingPoint(config.pretrained)
-        line = cpu_settings_line()
-        if line and is_chief_process():
-            logging.info(line)
         self.distribution = distribution or make_distribution(config.model_parallel,
                                                               fsdp=config.fsdp)
         self.batch_devices = self.distribution.device_mesh.shape[0]
@@ -185,6 +183,9 @@ class JaxEngine(Engine):
                 raise ValueError(f"config.model_parallel={config.model_parallel} must divide "
                                  f"the model's {field} ({getattr(spec, field)}).")
         self.jax_step = JaxStep(config, self.num_classes, self.distribution)
+        line = cpu_settings_line(self.jax_step.compile_options)
+        if line and is_chief_process():
+            logging.info(line)
         self.objective, self.model = self.jax_step.objective, self.jax_step.model
         native = self.objective.native
         if native is not None and native.mode == "packed" and (

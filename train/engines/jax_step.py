@@ -11,6 +11,7 @@ a device.
 """
 
 import contextlib
+import os
 
 import jax
 import keras
@@ -19,7 +20,9 @@ from keras_vit.scanned_blocks import ScannedBlocks
 
 from ..data import input_plan
 from ..run import config_checks, objectives, optimizers, step_math
+from ..run.model_config import model_spec
 from ..run.optimizers import build_optimizer
+from . import jax_cpu_settings
 from .jax_mesh import BATCH_AXIS
 
 
@@ -63,11 +66,16 @@ class JaxStep:
         self.state = self.initial_state()
         # The state keeps its layout from step to step (one compilation, donated buffers reused).
         replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        # On CPU: which kernels XLA takes from YNNPACK suits the model (a hybrid's stem or not).
+        self.compile_options = jax_cpu_settings.compile_options(
+            os.environ, self.mesh.devices.flat[0].platform,
+            model_spec(config, num_classes).is_hybrid)
         self.train_step = jax.jit(
             self._step, donate_argnums=0,
             out_shardings=(jax.tree.map(lambda array: array.sharding, self.state),
-                           (replicated, replicated)))
-        self.eval_step = jax.jit(self._eval_sums)
+                           (replicated, replicated)),
+            compiler_options=self.compile_options or None)
+        self.eval_step = jax.jit(self._eval_sums, compiler_options=self.compile_options or None)
 
     def initial_state(self):
         """The model's and the optimizer's variables as they are now, as a state (abstract:

@@ -1,7 +1,8 @@
 """train.engines.jax_cpu_settings: what a run on the JAX backend restarts with (glibc's malloc
-keeping freed memory, XLA:CPU's YNNPACK dots), and that `python -m train.main` restarts with
-it."""
+keeping freed memory), that `python -m train.main` restarts with it, and which library computes
+a step's kernels on CPU (YNNPACK's matrix products only, for a hybrid)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -66,42 +67,48 @@ def test_the_tunables_make_malloc_keep_freed_memory():
     assert faults(GLIBC_TUNABLES=settings.TUNABLE) < 100
 
 
-@pytest.mark.parametrize("environ, jaxlib, expected", [
-    ({}, "0.10.2", settings.XLA_FLAG),
-    ({}, "0.10.0.dev20260101", settings.XLA_FLAG),
-    ({"XLA_FLAGS": "--xla_cpu_use_thunk_runtime=true"}, "0.10.2",
-     "--xla_cpu_use_thunk_runtime=true " + settings.XLA_FLAG),  # the user's flags kept
-    ({"XLA_FLAGS": "--xla_cpu_experimental_ynn_fusion_type=eltwise"}, "0.10.2", None),
-    ({}, "0.9.1", None),  # not measured: an XLA that does not know the flag would stop
-    ({}, "0.11.0", None),
-    ({}, "1.0", None),
-    ({}, None, None),  # no jaxlib
-    ({}, "unknown", None),
+DOTS = {settings.YNN_OPTION: settings.YNN_DOTS}
+
+
+@pytest.mark.parametrize("environ, platform, hybrid, jaxlib, expected", [
+    ({}, "cpu", True, "0.10.2", DOTS),
+    ({}, "cpu", True, "0.10.0.dev20260101", DOTS),
+    ({"XLA_FLAGS": "--xla_cpu_use_thunk_runtime=true"}, "cpu", True, "0.10.2", DOTS),
+    ({}, "cpu", False, "0.10.2", {}),  # a plain ViT: XLA's default
+    ({}, "tpu", True, "0.10.2", {}),
+    ({}, "gpu", True, "0.10.2", {}),
+    ({"XLA_FLAGS": "--xla_cpu_experimental_ynn_fusion_type=dot"}, "cpu", False, "0.10.2", {}),
+    ({"XLA_FLAGS": "--xla_cpu_experimental_ynn_fusion_type="}, "cpu", True, "0.10.2", {}),
+    ({settings.SWITCH: "off"}, "cpu", True, "0.10.2", {}),
+    ({settings.SWITCH: "on"}, "cpu", True, "0.10.2", DOTS),  # restarted
+    ({}, "cpu", True, "0.9.1", {}),  # not measured: an XLA that does not know it would refuse
+    ({}, "cpu", True, "0.11.0", {}),
+    ({}, "cpu", True, None, {}),  # no jaxlib
+    ({}, "cpu", True, "unknown", {}),
 ])
-def test_xla_flags_for(environ, jaxlib, expected):
-    assert settings.xla_flags_for(environ, jaxlib) == expected
+def test_compile_options(environ, platform, hybrid, jaxlib, expected, monkeypatch):
+    monkeypatch.setattr(settings, "_jaxlib_version", lambda: jaxlib)
+    assert settings.compile_options(environ, platform, hybrid) == expected
 
 
 def test_the_environment_adds_them_only_for_jax_and_not_when_switched_off(monkeypatch):
     monkeypatch.setattr(settings, "_libc", lambda: GLIBC)
-    monkeypatch.setattr(settings, "_jaxlib_version", lambda: "0.10.2")
     environ = {"PATH": "/bin"}
     assert settings.environment(environ, "jax") == {
-        "PATH": "/bin", "GLIBC_TUNABLES": settings.TUNABLE, "XLA_FLAGS": settings.XLA_FLAG,
-        settings.SWITCH: "on"}
-    assert settings.environment(dict(environ, **TCMALLOC), "jax") == dict(
-        environ, **TCMALLOC, XLA_FLAGS=settings.XLA_FLAG, **{settings.SWITCH: "on"})
+        "PATH": "/bin", "GLIBC_TUNABLES": settings.TUNABLE, settings.SWITCH: "on"}
+    with_tcmalloc = dict(environ, **TCMALLOC)
+    assert settings.environment(with_tcmalloc, "jax") is with_tcmalloc  # no restart
     for backend in ("tensorflow", "torch"):
         assert settings.environment(environ, backend) is environ
     for switch in ("off", "on"):  # turned off, or restarted already
         switched = dict(environ, **{settings.SWITCH: switch})
         assert settings.environment(switched, "jax") is switched
-    monkeypatch.setattr(settings, "_jaxlib_version", lambda: "0.9.0")
     monkeypatch.setattr(settings, "_libc", lambda: None)
     assert settings.environment(environ, "jax") is environ
-    assert settings.active(environ) == []
-    assert settings.active({"GLIBC_TUNABLES": settings.TUNABLE, "XLA_FLAGS": settings.XLA_FLAG}) \
-        == ["glibc's malloc keeping freed memory", "XLA:CPU's YNNPACK matrix products"]
+    assert settings.active(environ, {}) == []
+    assert settings.active({"GLIBC_TUNABLES": settings.TUNABLE}, DOTS) == [
+        "glibc's malloc keeping freed memory, set at start-up",
+        "YNNPACK for XLA:CPU's matrix products only, for a hybrid's ResNet stem"]
 
 
 @pytest.mark.parametrize("switch", ["no", "0", "OFF", "true", " off"])
@@ -157,3 +164,51 @@ def test_train_main_restarts_once_with_the_settings_on_jax(tmp_path):
     assert bad.stderr.strip() == ("Error: KERAS_VIT_JAX_CPU_SETTINGS='no' is not a setting: set "
                                   "it to 'off' to leave the process as it is, or unset it."), \
         bad.stderr
+
+
+COMPILED_KERNELS = """
+import json, re
+import jax
+from configs import common
+from train.engines.jax_mesh import make_distribution
+from train.engines.jax_step import JaxStep
+# YNNPACK fusions of matrix products, and of anything else (XLA's default list: reductions).
+PRODUCTS = re.compile('op_name="[^"]*dot_general"[^\\n]*"__ynn_fusion"')
+OTHERS = re.compile('op_name="[^"]*(?<!dot_general)"[^\\n]*"__ynn_fusion"')
+found = {}
+for variant in ("R+Ti/16", "Ti/16"):
+    config = common.get_config()
+    config.model.update(variant=variant, hidden_size=64, mlp_dim=128, num_heads=2, num_layers=1)
+    config.update(image_size=32, batch_size=4)
+    step = JaxStep(config, 10, make_distribution(1), abstract=True)
+    batch = step.batch_spec(4, 32)
+    evaluated = dict(batch, mask=jax.ShapeDtypeStruct((4,), "float32"))  # padding's mask
+    texts = [step.train_step.lower(step.state, batch).compile().as_text(),
+             step.eval_step.lower(step.state, evaluated).compile().as_text()]
+    found[variant] = [step.compile_options] + [
+        [bool(PRODUCTS.search(text)), bool(OTHERS.search(text))] for text in texts]
+print(json.dumps(found))
+"""
+
+
+def test_on_cpu_a_hybrid_gives_ynnpack_only_its_products_a_plain_vit_xlas_default_list():
+    """The compiled training and evaluation steps on CPU: a hybrid's hold YNNPACK fusions of
+    matrix products and of nothing else; a plain ViT's those of XLA's default list (products
+    and reductions); with the switch off both the default."""
+    pytest.importorskip("jax")
+    if settings.compile_options({}, "cpu", True) == {}:
+        pytest.skip("a jaxlib the option was not measured on")
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("XLA_FLAGS", settings.SWITCH)}
+    env.update(KERAS_BACKEND="jax", CUDA_VISIBLE_DEVICES="", PYTHONPATH=REPO)
+
+    def kernels(**environ):
+        result = subprocess.run([sys.executable, "-c", COMPILED_KERNELS], cwd=REPO,
+                                env=dict(env, **environ), capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(result.stdout.splitlines()[-1])
+
+    default = [{}, [True, True], [True, True]]
+    assert kernels() == {"R+Ti/16": [DOTS, [True, False], [True, False]], "Ti/16": default}
+    assert kernels(**{settings.SWITCH: "off"}) == {"R+Ti/16": default, "Ti/16": default}

@@ -107,9 +107,10 @@ def test_a_jax_run_trains_evaluates_checkpoints_and_resumes(fake_fmnist, tmp_pat
     losses = [r["loss"] for r in records if "loss" in r]
     assert losses[-1] < losses[0], losses  # it learned (6 steps of the fake data: no accuracy)
     assert "loop.py" in first.stderr and "step 6/6" in first.stderr
-    # train.main restarted with the CPU settings where the machine takes them.
+    # train.main restarted with the CPU settings where the machine takes them (a plain ViT:
+    # no compile options).
     restarted = jax_cpu_settings.environment(fake_fmnist.env(), "jax")
-    for setting in jax_cpu_settings.active(restarted):
+    for setting in jax_cpu_settings.active(restarted, {}):
         assert setting in first.stderr, first.stderr[-3000:]
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2", "4", "6"]
     again = run_jax(fake_fmnist, workdir, total_steps=8, eval_every_steps=8)
@@ -465,29 +466,35 @@ def test_fsdp_steps_equal_the_replicated_steps(fake_fmnist, tmp_path):
 
 
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
-SETTINGS_LINE = "from train.engines import jax_engine; print(jax_engine.cpu_settings_line())"
+SETTINGS_LINE = ("import json, sys; from train.engines import jax_engine; "
+                 "print(jax_engine.cpu_settings_line(json.loads(sys.argv[1])))")
 
 
-def test_on_cpu_the_engine_says_what_was_set_at_start_up_or_how_to_run_faster():
-    """With the settings train.main restarts with: names them; with none on glibc's malloc:
-    how to run faster; with none and tcmalloc preloaded: nothing."""
+def test_on_cpu_the_engine_says_what_was_set_for_it_or_how_to_run_faster():
+    """With the settings train.main restarts with and a step's compile options: names them;
+    with none on glibc's malloc: how to run faster; with none and tcmalloc preloaded:
+    nothing."""
     env = {name: value for name, value in os.environ.items()
            if name not in ("LD_PRELOAD", "GLIBC_TUNABLES", "XLA_FLAGS",
                            jax_cpu_settings.SWITCH)}
     env.update(KERAS_BACKEND="jax", CUDA_VISIBLE_DEVICES="")
+    dots = {jax_cpu_settings.YNN_OPTION: jax_cpu_settings.YNN_DOTS}
 
-    def line(**environ):
-        result = subprocess.run([sys.executable, "-c", SETTINGS_LINE], cwd=REPO,
-                                env=dict(env, **environ), capture_output=True, text=True,
-                                timeout=120)
+    def line(options=None, **environ):
+        result = subprocess.run([sys.executable, "-c", SETTINGS_LINE, json.dumps(options or {})],
+                                cwd=REPO, env=dict(env, **environ), capture_output=True,
+                                text=True, timeout=120)
         assert result.returncode == 0, result.stderr[-2000:]
         return result.stdout.strip()
 
     assert "LD_PRELOAD=libtcmalloc_minimal.so.4" in line()
-    both = line(GLIBC_TUNABLES=jax_cpu_settings.TUNABLE, XLA_FLAGS=jax_cpu_settings.XLA_FLAG)
-    assert both == ("JAX on CPU: glibc's malloc keeping freed memory and XLA:CPU's "
-                    "YNNPACK matrix products, set at start-up (KERAS_VIT_JAX_CPU_SETTINGS=off "
-                    "leaves the process as it is)."), both
+    both = line(dots, GLIBC_TUNABLES=jax_cpu_settings.TUNABLE)
+    assert both == ("JAX on CPU: glibc's malloc keeping freed memory, set at start-up; YNNPACK "
+                    "for XLA:CPU's matrix products only, for a hybrid's ResNet stem "
+                    "(KERAS_VIT_JAX_CPU_SETTINGS=off leaves them out)."), both
+    assert line(GLIBC_TUNABLES=jax_cpu_settings.TUNABLE) == (
+        "JAX on CPU: glibc's malloc keeping freed memory, set at start-up "
+        "(KERAS_VIT_JAX_CPU_SETTINGS=off leaves it out).")
     if not os.path.exists(TCMALLOC):
         pytest.skip("libtcmalloc-minimal4 is not installed here")
     assert line(LD_PRELOAD=TCMALLOC) == "None"
