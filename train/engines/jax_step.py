@@ -74,8 +74,8 @@ class JaxStep:
             self._step, donate_argnums=0,
             out_shardings=(jax.tree.map(lambda array: array.sharding, self.state),
                            (replicated, replicated)),
-            compiler_options=self.compile_options or None)
-        self.eval_step = jax.jit(self._eval_sums, compiler_options=self.compile_options or None)
+            compiler_options=self.compile_options)
+        self.eval_step = jax.jit(self._eval_sums, compiler_options=self.compile_options)
 
     def initial_state(self):
         """The model's and the optimizer's variables as they are now, as a state (abstract:
